@@ -1,0 +1,197 @@
+"""The memory-cap axis: one interface, interchangeable backends (systemd, cgroup2, cgroup1, none).
+
+A backend owns one *slice* (the parent of all hostrun jobs on the host, limited to the slice size,
+swap 0) and makes one child *job cgroup* per job (limited to the job's cap, swap 0). Pure parsers of
+the kernel's files live here too, so they can be tested on recorded outputs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Whether a backend works here and, if not, what is missing (shown by ``hostrun doctor``)."""
+
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class SliceUsage:
+    limit: int
+    usage: int  # everything charged, page cache included
+    file_cache: int  # reclaimable page cache inside ``usage``
+
+    @property
+    def used(self) -> int:
+        """Usage that is not page cache: a finished job's cache must not block the next job."""
+        return max(0, self.usage - self.file_cache)
+
+
+@dataclass
+class OomVerdict:
+    """What the kernel counters say happened to one job."""
+
+    killed: bool = False  # the kernel OOM-killed a process of this job
+    own: bool = False  # ... because the job hit its own cap
+    slice_full: bool = False  # ... because the slice ran out
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+def parse_flat_keyed(text: str) -> dict[str, int]:
+    """``memory.stat``, ``memory.events``, ``memory.oom_control``: ``key value`` per line."""
+    result: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            try:
+                result[parts[0]] = int(parts[1])
+            except ValueError:
+                continue
+    return result
+
+
+def read_text(path: str) -> str:
+    with open(path, encoding="ascii") as fh:
+        return fh.read()
+
+
+def read_int(path: str) -> int:
+    value = read_text(path).strip()
+    return (1 << 63) - 1 if value == "max" else int(value)
+
+
+def read_keyed(path: str) -> dict[str, int]:
+    try:
+        return parse_flat_keyed(read_text(path))
+    except OSError:
+        return {}
+
+
+def write_text(path: str, value: str) -> None:
+    with open(path, "w", encoding="ascii") as fh:
+        fh.write(value)
+
+
+def read_pids(procs_file: str) -> list[int]:
+    try:
+        return [int(p) for p in read_text(procs_file).split()]
+    except (OSError, ValueError):
+        return []
+
+
+def kill_pids(procs_file: str, sig: int = signal.SIGKILL, settle: float = 5.0) -> bool:
+    """Signal every process listed in a cgroup.procs file; with SIGKILL, repeat until it is empty.
+
+    Repeating matters: a process may fork between our read and our kill. Returns True when the cgroup
+    is empty (always True for signals other than SIGKILL once they were sent).
+    """
+    deadline = time.monotonic() + settle
+    while True:
+        pids = read_pids(procs_file)
+        if not pids:
+            return True
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        if sig != signal.SIGKILL:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
+def remove_dir(path: str, settle: float = 2.0) -> None:
+    """rmdir a cgroup; EBUSY right after the last process died is transient, so retry briefly."""
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+class JobCgroup(ABC):
+    """One job's cgroup. Made before the job starts; the job's process enters it before exec."""
+
+    path: str
+    cap: int
+
+    def wrap_argv(self, argv: Sequence[str]) -> list[str]:
+        """The argv to exec; systemd wraps it in ``systemd-run --scope``, direct backends do not."""
+        return list(argv)
+
+    def preexec(self) -> None:  # noqa: B027 - optional hook
+        """Runs in the child between fork and exec (direct backends move the child in here)."""
+
+    def started(self, pid: int) -> None:  # noqa: B027 - optional hook
+        """The job's main process is running as ``pid`` (also its process-group id)."""
+
+    @abstractmethod
+    def sample(self) -> int:
+        """Memory in use now, page cache excluded (for the peak table)."""
+
+    @abstractmethod
+    def charged_peak(self) -> int:
+        """The kernel's own high-water mark (page cache included)."""
+
+    @abstractmethod
+    def pids(self) -> list[int]: ...
+
+    @abstractmethod
+    def signal_all(self, sig: int) -> None: ...
+
+    @abstractmethod
+    def kill_all(self) -> bool:
+        """SIGKILL every process until none is left; True when empty."""
+
+    @abstractmethod
+    def verdict(self) -> OomVerdict:
+        """Read the OOM counters; call after the job's processes are gone, before ``remove``."""
+
+    @abstractmethod
+    def remove(self) -> None: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release file descriptors (e.g. eventfds) held for this job."""
+
+
+class CapBackend(ABC):
+    name: str = ""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where the slice is, for ``hostrun doctor``."""
+
+    @abstractmethod
+    def ensure_slice(self, limit: int) -> None:
+        """Create the slice if missing and make its limit ``limit`` (swap 0)."""
+
+    @abstractmethod
+    def slice_usage(self) -> SliceUsage: ...
+
+    @abstractmethod
+    def create_job(self, job_id: str, cap: int) -> JobCgroup: ...
+
+    @abstractmethod
+    def job_at(self, path: str) -> JobCgroup | None:
+        """The job cgroup recorded at ``path`` in the ledger (for reclaiming a dead holder's job)."""
+
+    @property
+    def caps_memory(self) -> bool:
+        return True

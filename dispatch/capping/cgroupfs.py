@@ -1,0 +1,60 @@
+"""Locating cgroup hierarchies: pure parsers of /proc/self/cgroup and /proc/self/mountinfo."""
+
+from __future__ import annotations
+
+SLICE_NAME = "hostrun"
+
+
+def parse_proc_cgroup(text: str) -> dict[str, str]:
+    """Map controller name (``memory``, or ``""`` for the v2 unified line) to the cgroup path."""
+    result: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            result[""] = path
+        for ctl in controllers.split(","):
+            if ctl:
+                result[ctl] = path
+    return result
+
+
+def parse_mountinfo(text: str) -> dict[str, str]:
+    """Map ``memory`` (v1 memory controller) and ``cgroup2`` to their mount points."""
+    result: dict[str, str] = {}
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields = left.split()
+        rfields = right.split()
+        if len(fields) < 5 or len(rfields) < 3:
+            continue
+        mount_point, fstype, super_opts = fields[4], rfields[0], rfields[2]
+        if fstype == "cgroup2":
+            result.setdefault("cgroup2", mount_point)
+        elif fstype == "cgroup" and "memory" in super_opts.split(","):
+            result.setdefault("memory", mount_point)
+    return result
+
+
+def default_slice_path(own_cgroup: str) -> str:
+    """The slice as a child of the cgroup hostrun runs in, or the same slice when run from a job.
+
+    A hostrun started inside a hostrun job (its cgroup is ``…/hostrun/job-…``) must find the same slice,
+    not nest a new one inside the job.
+    """
+    parts = [p for p in own_cgroup.split("/") if p]
+    if SLICE_NAME in parts:
+        parts = parts[: parts.index(SLICE_NAME)]
+    return "/" + "/".join([*parts, SLICE_NAME])
+
+
+def read_self_files() -> tuple[str, str]:
+    with open("/proc/self/cgroup", encoding="utf-8") as fh:
+        cgroup = fh.read()
+    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+        mountinfo = fh.read()
+    return cgroup, mountinfo

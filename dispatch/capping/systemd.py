@@ -1,0 +1,78 @@
+"""systemd transient scopes: ``systemd-run --scope --slice=hostrun.slice -p MemoryMax= …``.
+
+Used when systemd is PID 1: on such machines systemd owns the cgroup tree and writing to it behind its
+back is not allowed. The job's scope and the slice are still read through cgroup v2 files (counters,
+usage), so OOM attribution is the cgroup2 rule. Not exercised against a real systemd here (these
+machines have none as PID 1); tests run it against a command recorder and a fake cgroupfs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from dispatch.capping.base import Probe
+from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job
+from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
+from dispatch.errors import BackendError
+
+SLICE_UNIT = "hostrun.slice"
+
+
+def _pid1_is_systemd(proc_root: str = "/proc") -> bool:
+    try:
+        with open(os.path.join(proc_root, "1", "comm"), encoding="utf-8") as fh:
+            return fh.read().strip() == "systemd"
+    except OSError:
+        return False
+
+
+class SystemdBackend(Cgroup2Backend):
+    name = "systemd"
+
+    def __init__(self, mount: str, slice_unit: str = SLICE_UNIT, systemd_run: str = "systemd-run",
+                 systemctl: str = "systemctl") -> None:
+        super().__init__(mount, "/" + slice_unit)
+        self.slice_unit = slice_unit
+        self.systemd_run = systemd_run
+        self.systemctl = systemctl
+
+    @classmethod
+    def probe(  # type: ignore[override]
+        cls, configured_slice: str | None = None, proc_root: str = "/proc",
+        files: tuple[str, str] | None = None,
+    ) -> tuple[Probe, SystemdBackend | None]:
+        if not _pid1_is_systemd(proc_root):
+            return Probe(False, "systemd is not PID 1"), None
+        run, ctl = shutil.which("systemd-run"), shutil.which("systemctl")
+        if not run or not ctl:
+            return Probe(False, "systemd-run or systemctl not on PATH"), None
+        try:
+            mount = parse_mountinfo((files or read_self_files())[1]).get("cgroup2")
+        except OSError as exc:
+            return Probe(False, f"cannot read /proc/self: {exc}"), None
+        if not mount:
+            return Probe(False, "systemd without a unified cgroup2 hierarchy"), None
+        unit = (configured_slice or "/" + SLICE_UNIT).strip("/")
+        if not unit.endswith(".slice") or "/" in unit:
+            return Probe(False, f"hosts.*.cgroup must name a slice unit (e.g. /hostrun.slice) "
+                                f"for systemd, not {configured_slice}"), None
+        return Probe(True, f"systemd-run at {run}"), cls(mount, unit, run, ctl)
+
+    def describe(self) -> str:
+        return f"{self.slice_unit} ({self.slice_dir})"
+
+    def ensure_slice(self, limit: int) -> None:
+        argv = [self.systemctl, "set-property", "--runtime", self.slice_unit,
+                f"MemoryMax={limit}", "MemorySwapMax=0"]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            why = (proc.stderr.strip() or f"exit {proc.returncode}").splitlines()[0]
+            raise BackendError(f"cannot set limits on {self.slice_unit}: {why}")
+
+    def create_job(self, job_id: str, cap: int) -> Cgroup2Job:
+        unit = f"hostrun-job-{job_id}.scope"
+        wrapper = [self.systemd_run, "--scope", "--quiet", "--collect", f"--slice={self.slice_unit}",
+                   f"--unit={unit}", "-p", f"MemoryMax={cap}", "-p", "MemorySwapMax=0"]
+        return Cgroup2Job(os.path.join(self.slice_dir, unit), cap, self.slice_dir, wrapper=wrapper)

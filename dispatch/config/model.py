@@ -1,0 +1,138 @@
+"""pydantic models of ``hosts.toml`` (the edge: imported only when a file must be validated).
+
+Every model forbids unknown keys, so a typo is an error naming the key, never a silent default.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated, Any, Optional
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from dispatch.errors import ConfigError
+from dispatch.settings import LOCAL, HostSettings, Settings
+from dispatch.units import parse_duration, parse_size
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, float):
+        raise ValueError(f"not a size: {value!r} (use e.g. 512M, 8G, 1.5GiB)")
+    return parse_size(value)
+
+
+def _duration(value: Any) -> float:
+    return parse_duration(value)
+
+
+Size = Annotated[int, BeforeValidator(_size)]
+Duration = Annotated[float, BeforeValidator(_duration)]
+BACKENDS = ("systemd", "cgroup2", "cgroup1", "none")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class HostModel(_Strict):
+    slice: Optional[Size] = None
+    reserve: Optional[Size] = None
+    heavy_threads: Optional[int] = Field(default=None, ge=1)
+    default_cap: Optional[Size] = None
+    gamble_size: Optional[Size] = None
+    cgroup: Optional[str] = None
+    backend: Optional[str] = None
+    ssh: Optional[str] = None
+    peer_memory_cap: Optional[Size] = None
+
+    def check(self, name: str) -> None:
+        if self.slice is not None and self.reserve is not None:
+            raise ValueError("set either slice or reserve, not both")
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}")
+        if self.cgroup is not None and not self.cgroup.startswith("/"):
+            raise ValueError("cgroup must be an absolute path inside the hierarchy, e.g. /hostrun")
+        if name != LOCAL and not self.ssh:
+            raise ValueError("a peer needs ssh = 'destination'")
+        if name == LOCAL and self.ssh:
+            raise ValueError("ssh is for peers; local is this machine")
+
+
+class ConfigModel(_Strict):
+    state_dir: Optional[str] = None
+    alert_file: Optional[str] = None
+    long_job_threshold: Duration = 7200.0
+    pending_window: Duration = 30.0
+    report_timeout: Duration = 12.0
+    report_deadline: Duration = 25.0
+    enable_across_machines: bool = False
+    gamble_size: Size = 512 << 20
+    status_interval: Duration = 60.0
+    kill_grace: Duration = 10.0
+    hosts: dict[str, HostModel] = Field(default_factory=dict)
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def _load_toml(path: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.9/3.10 only
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def validate_file(path: str) -> Settings:
+    """Settings from a TOML file, or ConfigError with one line naming the file and key."""
+    raw = _load_toml(path)
+    try:
+        model = ConfigModel.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        raise ConfigError(f"{path}: {_location(err['loc'])}: {msg}") from None
+    hosts: dict[str, HostSettings] = {}
+    for name, host in model.hosts.items():
+        try:
+            host.check(name)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: hosts.{name}: {exc}") from None
+        hosts[name] = HostSettings(
+            name=name,
+            slice_bytes=host.slice,
+            reserve_bytes=host.reserve,
+            heavy_threads=host.heavy_threads,
+            default_cap=host.default_cap,
+            gamble_size=host.gamble_size,
+            cgroup=host.cgroup,
+            backend=host.backend,
+            ssh=host.ssh,
+            peer_memory_cap=host.peer_memory_cap,
+        )
+    hosts.setdefault(LOCAL, HostSettings(LOCAL))
+    base = Settings()
+    return Settings(
+        state_dir=os.path.expanduser(model.state_dir) if model.state_dir else base.state_dir,
+        alert_file=os.path.expanduser(model.alert_file) if model.alert_file else None,
+        long_job_threshold=model.long_job_threshold,
+        pending_window=model.pending_window,
+        report_timeout=model.report_timeout,
+        report_deadline=model.report_deadline,
+        enable_across_machines=model.enable_across_machines,
+        gamble_size=model.gamble_size,
+        status_interval=model.status_interval,
+        kill_grace=model.kill_grace,
+        hosts=hosts,
+        source=os.path.abspath(path),
+    )

@@ -1,0 +1,52 @@
+"""Exceptions hostrun raises, each carrying the exit code the CLI will use.
+
+Errors are translated once, at the edge (``dispatch.cli``): library code raises one of these and never
+calls ``sys.exit``. The hierarchy::
+
+    HostrunError                    (exit_code from dispatch.exitcodes)
+    ├── UsageError                  2    bad arguments, bad or unreadable configuration
+    │   └── ConfigError             2    a configuration key or value is wrong (names the key)
+    ├── NotRunError                 78   a preflight condition was not met
+    ├── NeverFitsError              243  cap larger than the host's whole slice
+    ├── NoCapBackendError           78   no memory-cap backend works here and --no-cap was not given
+    └── BackendError                78   a backend failed while preparing the slice or the job
+"""
+
+from __future__ import annotations
+
+from dispatch.exitcodes import ExitCode
+
+
+class HostrunError(Exception):
+    """Base class: a one-line message plus the exit code that says what happened."""
+
+    exit_code: int = ExitCode.USAGE
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(HostrunError):
+    exit_code = ExitCode.USAGE
+
+
+class ConfigError(UsageError):
+    """A configuration problem; the message names the file and the key."""
+
+
+class NotRunError(HostrunError):
+    exit_code = ExitCode.NOT_RUN
+
+
+class NeverFitsError(HostrunError):
+    exit_code = ExitCode.NEVER_FITS
+
+
+class NoCapBackendError(HostrunError):
+    exit_code = ExitCode.NOT_RUN
+
+
+class BackendError(HostrunError):
+    exit_code = ExitCode.NOT_RUN

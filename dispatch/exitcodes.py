@@ -1,0 +1,66 @@
+"""The one table of hostrun's own exit codes (DESIGN.md, "Exit codes").
+
+A job's own exit status passes through unchanged; a job killed by signal N gives 128+N. Every other
+outcome hostrun can report has a distinct code here, so a caller never has to guess from a number.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """hostrun's own outcomes. The enum name, lower-cased with dashes, is the outcome name."""
+
+    USAGE = 2
+    NOT_RUN = 78
+    NEVER_FITS = 243
+    LONG_SINGLE_HOST = 244
+    VRAM = 245
+    PEER_UNREACHABLE = 246
+    TOOLCHAIN_MISMATCH = 247
+    ACROSS_DISABLED = 248
+    OVER_PEER_CAP = 249
+    OWN_CAP = 250
+    CONNECTION_LOST = 251
+    SYNC_FAILED = 252
+    MAX_RUNTIME = 253
+    SLICE_FULL = 254
+
+    @property
+    def outcome(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+    @property
+    def meaning(self) -> str:
+        return MEANINGS[self]
+
+
+MEANINGS: dict[ExitCode, str] = {
+    ExitCode.USAGE: "bad arguments or configuration; nothing ran",
+    ExitCode.NOT_RUN: "a preflight admission or run-condition was not met; nothing ran",
+    ExitCode.NEVER_FITS: "the job's cap is larger than the host's whole slice; it could never be admitted",
+    ExitCode.LONG_SINGLE_HOST: "recorded or declared duration over the long-job threshold on one host "
+    "without a long-job declaration",
+    ExitCode.VRAM: "GPU memory shortage during the run",
+    ExitCode.PEER_UNREACHABLE: "the peer was needed but could not be reached or read in time",
+    ExitCode.TOOLCHAIN_MISMATCH: "the peer's toolchain differs from this host's",
+    ExitCode.ACROSS_DISABLED: "a peer was asked for while enable_across_machines is off",
+    ExitCode.OVER_PEER_CAP: "the cap exceeds the peer's peer_memory_cap",
+    ExitCode.OWN_CAP: "the job was OOM-killed at its own cap",
+    ExitCode.CONNECTION_LOST: "the connection to the peer broke during the run; the remote job was stopped",
+    ExitCode.SYNC_FAILED: "the tree could not be synced to the peer",
+    ExitCode.MAX_RUNTIME: "the job ran past its max runtime (or a lock wait ran out) and was stopped",
+    ExitCode.SLICE_FULL: "the job was OOM-killed because the slice was full, though under its own cap",
+}
+
+SIGNAL_BASE = 128
+
+
+def from_wait_status(status: int) -> tuple[int, str]:
+    """Map a raw ``os.waitpid`` status to (exit code, outcome) for a job that hostrun did not judge."""
+    import os
+
+    if os.WIFSIGNALED(status):
+        return SIGNAL_BASE + os.WTERMSIG(status), "signal"
+    return os.WEXITSTATUS(status), "exit"

@@ -1,0 +1,98 @@
+"""Human output: the only module that imports rich. Programs use ``--json`` instead."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dispatch.ledger import Booking, PeakRecord
+from dispatch.units import format_duration, format_size
+
+console = Console()
+
+
+def codes(rows: Sequence[tuple[int, str, str]]) -> None:
+    table = Table(title="hostrun exit codes (a job's own status passes through; signal N → 128+N)")
+    table.add_column("code", justify="right")
+    table.add_column("name")
+    table.add_column("meaning")
+    for code, name, meaning in rows:
+        table.add_row(str(code), name, meaning)
+    console.print(table)
+
+
+def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord]) -> None:
+    now = time.time()
+    running = Table(title="running")
+    for col in ("id", "host", "label", "pid", "kind", "booked", "cap", "age", "session"):
+        running.add_column(col)
+    queue = Table(title="queue (FIFO)")
+    for col in ("id", "host", "label", "pid", "need", "waited", "reason"):
+        queue.add_column(col)
+    for b in bookings:
+        if b.state == "running":
+            running.add_row(str(b.id), b.host, b.label, str(b.pid), b.kind, format_size(b.size),
+                            format_size(b.cap), format_duration(now - (b.since or now)),
+                            b.session or "")
+        else:
+            queue.add_row(str(b.id), b.host, b.label, str(b.pid), format_size(b.size),
+                          format_duration(now - b.queued), b.reason or "")
+    table = Table(title="peak table")
+    for col in ("label", "host", "max peak", "last peak", "runs", "hit ceiling", "last duration"):
+        table.add_column(col)
+    for p in peaks:
+        table.add_row(p.label, p.host, format_size(p.max_peak), format_size(p.last_peak),
+                      str(p.runs), "yes" if p.hit_ceiling else "no", format_duration(p.last_duration))
+    console.print(running, queue, table)
+
+
+def report(data: dict[str, Any]) -> None:
+    s = data["slice"]
+    table = Table(title=f"host {data['host']} ({data['hostname']}), backend {data['backend']}",
+                  show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    table.add_row("memory", f"{format_size(data['memory']['available'])} available of "
+                            f"{format_size(data['memory']['total'])}")
+    table.add_row("slice", f"{format_size(s['limit'])} limit, {format_size(s['used'])} used "
+                           f"(cache excluded; {format_size(s['file_cache'])} cache)")
+    table.add_row("booked", f"{format_size(s['booked'])} ({format_size(s['booked_not_at_peak'])} "
+                            f"not yet at peak); {format_size(s['free'])} free to book")
+    table.add_row("load", " ".join(f"{x:.2f}" for x in data["load"]) + f" on {data['cores']} cores")
+    table.add_row("heavy threads", str(data["heavy_threads"]))
+    table.add_row("running", str(len(data["running"])))
+    table.add_row("queue", str(data["queue_length"]))
+    console.print(table)
+    if data["running"]:
+        jobs = Table(title="running jobs")
+        for col in ("label", "pid", "kind", "booked", "in use", "age"):
+            jobs.add_column(col)
+        for j in data["running"]:
+            jobs.add_row(j["label"], str(j["pid"]), j["kind"], format_size(j["booked"]),
+                         format_size(j["in_use"]), format_duration(j["age_s"]))
+        console.print(jobs)
+
+
+def doctor(data: dict[str, Any]) -> None:
+    console.print(f"hostrun {data['version']} (python {data['python']})")
+    console.print(f"config:   {data['config']}")
+    console.print(f"ledger:   {data['ledger']}")
+    console.print(f"backend:  [bold]{data['backend']}[/bold]"
+                  + (f" (forced by config: {data['forced_backend']})" if data["forced_backend"] else ""))
+    console.print(f"slice:    {data['slice'] or '-'}, limit {format_size(data['slice_limit'])} "
+                  f"of {format_size(data['memory_total'])} RAM")
+    console.print(f"threads:  {data['heavy_threads']}")
+    table = Table(title="memory-cap backends, in order of preference")
+    table.add_column("backend")
+    table.add_column("usable")
+    table.add_column("detail")
+    for p in data["probes"]:
+        table.add_row(p["backend"], "yes" if p["ok"] else "no", p["detail"])
+    table.add_row("none", "yes", "always; only with --no-cap")
+    console.print(table)
+    for problem in data["problems"]:
+        console.print(f"[red]problem:[/red] {problem}")

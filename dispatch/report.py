@@ -1,0 +1,74 @@
+"""This host's resources at a moment, as a plain dict ready for JSON (DESIGN.md, "report").
+
+Standard library only: the same code produces a peer's report when shipped there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from dispatch import __version__
+from dispatch.capping import select_backend
+from dispatch.hostfacts import cores, read_loadavg, read_meminfo
+from dispatch.ledger import Ledger
+from dispatch.settings import Settings
+
+
+def local_report(settings: Settings) -> dict[str, Any]:
+    host = settings.local
+    mem = read_meminfo()
+    backend = select_backend(host, mem.total)
+    limit = host.slice_limit(mem.total)
+    usage = backend.slice_usage()
+    ledger = Ledger(settings.state_dir)
+    try:
+        bookings = ledger.bookings(host.name)
+    finally:
+        ledger.close()
+    running = [b for b in bookings if b.state == "running"]
+    waiting = [b for b in bookings if b.state == "waiting"]
+    now = time.time()
+    jobs = []
+    not_at_peak = 0
+    for b in running:
+        job = backend.job_at(b.cgroup) if b.cgroup else None
+        in_use = job.sample() if job is not None else 0
+        not_at_peak += max(0, b.size - in_use)
+        jobs.append({
+            "id": b.id, "label": b.label, "pid": b.pid, "kind": b.kind, "booked": b.size,
+            "cap": b.cap, "in_use": in_use, "age_s": round(now - (b.since or now), 1),
+            "session": b.session, "command": b.command,
+        })
+    load = read_loadavg()
+    booked = sum(b.size for b in running)
+    return {
+        "host": host.name,
+        "hostname": os.uname().nodename,
+        "version": __version__,
+        "time": now,
+        "backend": backend.name,
+        "slice_path": backend.describe(),
+        "memory": {"total": mem.total, "available": mem.available},
+        "slice": {
+            "limit": limit,
+            "used": usage.used,
+            "usage_with_cache": usage.usage,
+            "file_cache": usage.file_cache,
+            "booked": booked,
+            "booked_not_at_peak": not_at_peak,
+            "free": limit - booked - max(0, usage.used - booked),
+        },
+        "load": list(load),
+        "cores": cores(),
+        "heavy_threads": host.threads(),
+        "gpus": [],
+        "running": jobs,
+        "queue_length": len(waiting),
+        "queue": [
+            {"id": b.id, "label": b.label, "pid": b.pid, "need": b.size, "reason": b.reason,
+             "waited_s": round(now - b.queued, 1)}
+            for b in waiting
+        ],
+    }

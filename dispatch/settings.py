@@ -1,0 +1,114 @@
+"""The normalized, validated configuration as plain dataclasses (standard library only).
+
+``dispatch.config`` builds these from TOML (validated by pydantic, cached as JSON) or from the
+embedded default; everything else reads only these. Sizes are bytes, durations seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+LOCAL = "local"
+GIB = 1 << 30
+
+
+def default_state_dir() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "hostrun")
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """One ``[hosts.NAME]`` table. ``None`` means "derive from the machine" (see the docs)."""
+
+    name: str
+    slice_bytes: int | None = None
+    reserve_bytes: int | None = None
+    heavy_threads: int | None = None
+    default_cap: int | None = None
+    gamble_size: int | None = None
+    cgroup: str | None = None
+    backend: str | None = None
+    ssh: str | None = None
+    peer_memory_cap: int | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.name == LOCAL
+
+    def slice_limit(self, mem_total: int) -> int:
+        """Slice size: ``slice`` if set, else RAM minus ``reserve`` (default 20% of RAM, >= 2 GiB)."""
+        if self.slice_bytes is not None:
+            return self.slice_bytes
+        reserve = self.reserve_bytes
+        if reserve is None:
+            reserve = max(2 * GIB, mem_total // 5)
+        return max(0, mem_total - reserve)
+
+    def threads(self) -> int:
+        return self.heavy_threads or os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Settings:
+    state_dir: str = field(default_factory=default_state_dir)
+    alert_file: str | None = None
+    long_job_threshold: float = 2 * 3600.0
+    pending_window: float = 30.0
+    report_timeout: float = 12.0
+    report_deadline: float = 25.0
+    enable_across_machines: bool = False
+    gamble_size: int = 512 << 20
+    status_interval: float = 60.0
+    kill_grace: float = 10.0
+    hosts: dict[str, HostSettings] = field(default_factory=lambda: {LOCAL: HostSettings(LOCAL)})
+    source: str = "<built-in default>"
+
+    @property
+    def local(self) -> HostSettings:
+        return self.hosts[LOCAL]
+
+    @property
+    def alerts_path(self) -> str:
+        return self.alert_file or os.path.join(self.state_dir, "alerts.jsonl")
+
+    def gamble_size_for(self, host: HostSettings) -> int:
+        return host.gamble_size if host.gamble_size is not None else self.gamble_size
+
+    def to_normalized(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["hosts"] = {name: dataclasses.asdict(h) for name, h in self.hosts.items()}
+        return data
+
+    @classmethod
+    def from_normalized(cls, data: dict[str, Any]) -> Settings:
+        hosts = {name: HostSettings(**h) for name, h in data["hosts"].items()}
+        rest = {k: v for k, v in data.items() if k != "hosts"}
+        return cls(hosts=hosts, **rest)
+
+    def with_env_overrides(self, environ: dict[str, str] | os._Environ[str]) -> Settings:
+        """Apply ``ENABLE_ACROSS_MACHINES`` and ``PEER_MEMORY_CAP`` (they beat the file)."""
+        from dispatch.errors import ConfigError
+        from dispatch.units import parse_size
+
+        changes: dict[str, Any] = {}
+        flag = environ.get("ENABLE_ACROSS_MACHINES")
+        if flag is not None and flag != "":
+            lowered = flag.strip().lower()
+            if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ConfigError(f"ENABLE_ACROSS_MACHINES={flag!r}: use 1 or 0")
+            changes["enable_across_machines"] = lowered in ("1", "true", "yes", "on")
+        cap = environ.get("PEER_MEMORY_CAP")
+        if cap:
+            try:
+                cap_bytes = parse_size(cap)
+            except ValueError as exc:
+                raise ConfigError(f"PEER_MEMORY_CAP: {exc}") from None
+            changes["hosts"] = {
+                name: h if h.is_local else dataclasses.replace(h, peer_memory_cap=cap_bytes)
+                for name, h in self.hosts.items()
+            }
+        return dataclasses.replace(self, **changes) if changes else self
