@@ -10,20 +10,19 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from dispatch.errors import NeverFitsError
+from dispatch.fingerprint import short_hash
 from dispatch.ledger import PeakRecord
 from dispatch.units import format_size
 
 OOM_SCORE_ADJ = {"cap": 0, "peak": 500, "gamble": 1000}
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     kind: str
     size: int  # what the ledger books
     limit: int  # the job cgroup's memory limit
@@ -32,7 +31,7 @@ class Plan:
 
 def default_label(argv: Sequence[str]) -> str:
     """A stable fingerprint of the command: readable program name plus a hash of the whole argv."""
-    digest = hashlib.sha256("\0".join(argv).encode("utf-8", "surrogateescape")).hexdigest()[:10]
+    digest = short_hash("\0".join(argv).encode("utf-8", "surrogateescape"))
     return f"{os.path.basename(argv[0]) or 'job'}-{digest}"
 
 

@@ -164,13 +164,12 @@ def cmd_ledger(argv: list[str]) -> int:
     finally:
         ledger.close()
     if args.json:
-        import dataclasses
         import json
 
         print(json.dumps({
-            "running": [dataclasses.asdict(b) for b in bookings if b.state == "running"],
-            "queue": [dataclasses.asdict(b) for b in bookings if b.state == "waiting"],
-            "peaks": [dataclasses.asdict(p) for p in peaks],
+            "running": [b._asdict() for b in bookings if b.state == "running"],
+            "queue": [b._asdict() for b in bookings if b.state == "waiting"],
+            "peaks": [p._asdict() for p in peaks],
         }, indent=2))
         return 0
     from dispatch import render
@@ -220,14 +219,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args and args[0] in ("-h", "--help"):
             _run_parser().print_help()
             return 0
+        leading: list[str] = []  # "hostrun --config X ledger" as well as "hostrun ledger --config X"
+        while args and (args[0] == "--config" or args[0].startswith("--config=")):
+            take = 2 if args[0] == "--config" else 1
+            leading, args = leading + args[:take], args[take:]
         if args and args[0] in SUBCOMMANDS:
-            name, rest = args[0], args[1:]
+            name, rest = args[0], args[1:] + leading
             if name == "run":
                 return cmd_run(rest)
             handler = {"doctor": cmd_doctor, "codes": cmd_codes, "ledger": cmd_ledger,
                        "report": cmd_report}[name]
             return handler(rest)
-        return cmd_run(args)
+        return cmd_run(leading + args)
     except HostrunError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)

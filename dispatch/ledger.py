@@ -12,7 +12,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional
 
 from dispatch.procinfo import is_alive
 
@@ -55,8 +55,7 @@ BOOKING_COLUMNS = (
 )
 
 
-@dataclass(frozen=True)
-class Booking:
+class Booking(NamedTuple):
     id: int
     host: str
     label: str
@@ -66,29 +65,27 @@ class Booking:
     size: int
     cap: int
     kind: str
-    cgroup: str | None
+    cgroup: Optional[str]
     command: str
-    session: str | None
+    session: Optional[str]
     queued: float
-    since: float | None
-    reason: str | None
+    since: Optional[float]
+    reason: Optional[str]
 
 
-@dataclass(frozen=True)
-class PeakRecord:
+class PeakRecord(NamedTuple):
     label: str
     host: str
     max_peak: int
     runs: int
     last_peak: int
     hit_ceiling: bool
-    last_duration: float | None
-    max_duration: float | None
+    last_duration: Optional[float]
+    max_duration: Optional[float]
     updated: float
 
 
-@dataclass(frozen=True)
-class Admission:
+class Admission(NamedTuple):
     """One admission attempt: whether it got in, and the figures a status line needs."""
 
     admitted: bool
@@ -97,6 +94,10 @@ class Admission:
     ahead: int  # bytes asked for by earlier waiters
     holders: list[Booking]
     reclaimed: list[Booking]
+
+
+def _peak(row: Any) -> PeakRecord:
+    return PeakRecord(*row[:5], bool(row[5]), *row[6:])
 
 
 def _ensure_private_dir(path: str) -> None:
@@ -233,14 +234,14 @@ class Ledger:
             " updated FROM peaks WHERE label = ? AND host = ?",
             (label, host),
         ).fetchone()
-        return PeakRecord(*row[:5], bool(row[5]), *row[6:]) if row else None
+        return _peak(row) if row else None
 
     def peaks(self) -> list[PeakRecord]:
         rows = self.db.execute(
             "SELECT label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration,"
             " updated FROM peaks ORDER BY host, label"
         ).fetchall()
-        return [PeakRecord(*r[:5], bool(r[5]), *r[6:]) for r in rows]
+        return [_peak(r) for r in rows]
 
     def record_peak(
         self, label: str, host: str, peak: int, hit_ceiling: bool, duration: float

@@ -2,37 +2,54 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
+FIELDS = (
+    "exit_code", "outcome", "host", "label", "argv", "cap_bytes", "booking_kind", "booked_bytes",
+    "peak_bytes", "duration_s", "waited_s", "backend", "cgroup", "counters", "message",
+)
 
-@dataclass
+
 class Outcome:
-    exit_code: int
-    outcome: str  # "exit", "signal", or an outcome name from dispatch.exitcodes
-    host: str
-    label: str
-    argv: list[str]
-    cap_bytes: int | None = None
-    booking_kind: str | None = None
-    booked_bytes: int | None = None
-    peak_bytes: int | None = None
-    duration_s: float = 0.0
-    waited_s: float = 0.0
-    backend: str | None = None
-    cgroup: str | None = None
-    counters: dict[str, int] = field(default_factory=dict)
-    message: str | None = None
+    """Filled in as the run goes; ``outcome`` is "exit", "signal", or a name from exitcodes."""
+
+    __slots__ = FIELDS
+
+    def __init__(
+        self, *, exit_code: int, outcome: str, host: str, label: str, argv: list[str],
+        cap_bytes: int | None = None, booking_kind: str | None = None,
+        booked_bytes: int | None = None, peak_bytes: int | None = None, duration_s: float = 0.0,
+        waited_s: float = 0.0, backend: str | None = None, cgroup: str | None = None,
+        counters: dict[str, int] | None = None, message: str | None = None,
+    ) -> None:
+        self.exit_code = exit_code
+        self.outcome = outcome
+        self.host = host
+        self.label = label
+        self.argv = argv
+        self.cap_bytes = cap_bytes
+        self.booking_kind = booking_kind
+        self.booked_bytes = booked_bytes
+        self.peak_bytes = peak_bytes
+        self.duration_s = duration_s
+        self.waited_s = waited_s
+        self.backend = backend
+        self.cgroup = cgroup
+        self.counters = counters or {}
+        self.message = message
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {name: getattr(self, name) for name in FIELDS}
+
+    def __repr__(self) -> str:
+        return f"Outcome({self.to_dict()!r})"
 
 
 def write_result(path: str, outcome: Outcome) -> None:
     """Write atomically, so a reader polling for the file never sees half of it."""
+    import json
+
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(outcome.to_dict(), fh, indent=2, sort_keys=True)

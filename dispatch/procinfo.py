@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 
 def start_time(pid: int) -> int | None:
     """Field 22 (starttime, clock ticks since boot) of /proc/PID/stat, or None if the pid is gone."""

@@ -59,7 +59,7 @@ def report(data: dict[str, Any]) -> None:
     table.add_row("memory", f"{format_size(data['memory']['available'])} available of "
                             f"{format_size(data['memory']['total'])}")
     table.add_row("slice", f"{format_size(s['limit'])} limit, {format_size(s['used'])} used "
-                           f"(cache excluded; {format_size(s['file_cache'])} cache)")
+                           f"(page cache excluded; {format_size(s['reclaimable'])} reclaimable)")
     table.add_row("booked", f"{format_size(s['booked'])} ({format_size(s['booked_not_at_peak'])} "
                             f"not yet at peak); {format_size(s['free'])} free to book")
     table.add_row("load", " ".join(f"{x:.2f}" for x in data["load"]) + f" on {data['cores']} cores")

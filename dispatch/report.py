@@ -55,7 +55,7 @@ def local_report(settings: Settings) -> dict[str, Any]:
             "limit": limit,
             "used": usage.used,
             "usage_with_cache": usage.usage,
-            "file_cache": usage.file_cache,
+            "reclaimable": max(0, usage.usage - usage.held),
             "booked": booked,
             "booked_not_at_peak": not_at_peak,
             "free": limit - booked - max(0, usage.used - booked),

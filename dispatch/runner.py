@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
 
 from dispatch.admission import stop_reclaimed, wait_for_room
 from dispatch.booking import Plan, default_label, plan_booking
@@ -34,17 +34,15 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 THREAD_KNOBS = ("CARGO_BUILD_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL")
 
 
-@dataclass
-class RunRequest:
+class RunRequest(NamedTuple):
     argv: Sequence[str]
-    label: str | None = None
-    cap: int | None = None
-    max_runtime: float | None = None
-    threads: int | None = None
+    label: Optional[str] = None
+    cap: Optional[int] = None
+    max_runtime: Optional[float] = None
+    threads: Optional[int] = None
     no_cap: bool = False
-    session: str | None = None
-    env: dict[str, str] | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
+    session: Optional[str] = None
+    env: Optional[dict[str, str]] = None  # the job's environment (default: hostrun's own)
 
 
 def job_environment(base: dict[str, str], threads: int, forced: bool) -> dict[str, str]:
@@ -185,7 +183,6 @@ def _supervise(
     request: RunRequest, label: str, plan: Plan, say: Callable[[str], None],
 ) -> Outcome:
     base_env = dict(os.environ if request.env is None else request.env)
-    base_env.update(request.extra_env)
     env = job_environment(base_env, request.threads or host.threads(), request.threads is not None)
     result = Outcome(
         exit_code=0, outcome="exit", host=host.name, label=label, argv=list(request.argv),

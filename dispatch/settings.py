@@ -1,15 +1,16 @@
-"""The normalized, validated configuration as plain dataclasses (standard library only).
+"""The normalized, validated configuration as plain records (standard library only).
 
 ``dispatch.config`` builds these from TOML (validated by pydantic, cached as JSON) or from the
-embedded default; everything else reads only these. Sizes are bytes, durations seconds.
+embedded default; everything else reads only these. Sizes are bytes, durations seconds. NamedTuples
+rather than dataclasses: dataclasses compile their methods with ``exec`` at import time, which costs
+``hostrun -- CMD`` milliseconds on every call.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Optional
 
 LOCAL = "local"
 GIB = 1 << 30
@@ -20,20 +21,19 @@ def default_state_dir() -> str:
     return os.path.join(base, "hostrun")
 
 
-@dataclass(frozen=True)
-class HostSettings:
+class HostSettings(NamedTuple):
     """One ``[hosts.NAME]`` table. ``None`` means "derive from the machine" (see the docs)."""
 
     name: str
-    slice_bytes: int | None = None
-    reserve_bytes: int | None = None
-    heavy_threads: int | None = None
-    default_cap: int | None = None
-    gamble_size: int | None = None
-    cgroup: str | None = None
-    backend: str | None = None
-    ssh: str | None = None
-    peer_memory_cap: int | None = None
+    slice_bytes: Optional[int] = None
+    reserve_bytes: Optional[int] = None
+    heavy_threads: Optional[int] = None
+    default_cap: Optional[int] = None
+    gamble_size: Optional[int] = None
+    cgroup: Optional[str] = None
+    backend: Optional[str] = None
+    ssh: Optional[str] = None
+    peer_memory_cap: Optional[int] = None
 
     @property
     def is_local(self) -> bool:
@@ -52,10 +52,10 @@ class HostSettings:
         return self.heavy_threads or os.cpu_count() or 1
 
 
-@dataclass(frozen=True)
-class Settings:
-    state_dir: str = field(default_factory=default_state_dir)
-    alert_file: str | None = None
+class Settings(NamedTuple):
+    state_dir: str
+    hosts: Mapping[str, HostSettings]
+    alert_file: Optional[str] = None
     long_job_threshold: float = 2 * 3600.0
     pending_window: float = 30.0
     report_timeout: float = 12.0
@@ -64,8 +64,15 @@ class Settings:
     gamble_size: int = 512 << 20
     status_interval: float = 60.0
     kill_grace: float = 10.0
-    hosts: dict[str, HostSettings] = field(default_factory=lambda: {LOCAL: HostSettings(LOCAL)})
     source: str = "<built-in default>"
+
+    @classmethod
+    def default(cls, **changes: Any) -> Settings:
+        """The embedded default: this host only, state in ``$XDG_STATE_HOME/hostrun``."""
+        values: dict[str, Any] = {"state_dir": default_state_dir(),
+                                  "hosts": {LOCAL: HostSettings(LOCAL)}}
+        values.update(changes)
+        return cls(**values)
 
     @property
     def local(self) -> HostSettings:
@@ -79,24 +86,23 @@ class Settings:
         return host.gamble_size if host.gamble_size is not None else self.gamble_size
 
     def to_normalized(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["hosts"] = {name: dataclasses.asdict(h) for name, h in self.hosts.items()}
+        data = self._asdict()
+        data["hosts"] = {name: h._asdict() for name, h in self.hosts.items()}
         return data
 
     @classmethod
-    def from_normalized(cls, data: dict[str, Any]) -> Settings:
+    def from_normalized(cls, data: Mapping[str, Any]) -> Settings:
         hosts = {name: HostSettings(**h) for name, h in data["hosts"].items()}
-        rest = {k: v for k, v in data.items() if k != "hosts"}
-        return cls(hosts=hosts, **rest)
+        return cls(**{**data, "hosts": hosts})
 
-    def with_env_overrides(self, environ: dict[str, str] | os._Environ[str]) -> Settings:
+    def with_env_overrides(self, environ: Mapping[str, str]) -> Settings:
         """Apply ``ENABLE_ACROSS_MACHINES`` and ``PEER_MEMORY_CAP`` (they beat the file)."""
         from dispatch.errors import ConfigError
         from dispatch.units import parse_size
 
         changes: dict[str, Any] = {}
         flag = environ.get("ENABLE_ACROSS_MACHINES")
-        if flag is not None and flag != "":
+        if flag:
             lowered = flag.strip().lower()
             if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
                 raise ConfigError(f"ENABLE_ACROSS_MACHINES={flag!r}: use 1 or 0")
@@ -108,7 +114,7 @@ class Settings:
             except ValueError as exc:
                 raise ConfigError(f"PEER_MEMORY_CAP: {exc}") from None
             changes["hosts"] = {
-                name: h if h.is_local else dataclasses.replace(h, peer_memory_cap=cap_bytes)
+                name: h if h.is_local else h._replace(peer_memory_cap=cap_bytes)
                 for name, h in self.hosts.items()
             }
-        return dataclasses.replace(self, **changes) if changes else self
+        return self._replace(**changes) if changes else self

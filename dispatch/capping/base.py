@@ -13,37 +13,35 @@ import signal
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Probe:
+class Probe(NamedTuple):
     """Whether a backend works here and, if not, what is missing (shown by ``hostrun doctor``)."""
 
     ok: bool
     detail: str
 
 
-@dataclass(frozen=True)
-class SliceUsage:
+class SliceUsage(NamedTuple):
     limit: int
-    usage: int  # everything charged, page cache included
-    file_cache: int  # reclaimable page cache inside ``usage``
+    usage: int  # everything charged: page cache and kernel memory included
+    held: int  # anonymous + shmem: what reclaim cannot free
 
     @property
     def used(self) -> int:
-        """Usage that is not page cache: a finished job's cache must not block the next job."""
-        return max(0, self.usage - self.file_cache)
+        """What counts against room: page cache never does (a finished job's cache must not block
+        the next job)."""
+        return self.held
 
 
-@dataclass
-class OomVerdict:
+class OomVerdict(NamedTuple):
     """What the kernel counters say happened to one job."""
 
     killed: bool = False  # the kernel OOM-killed a process of this job
     own: bool = False  # ... because the job hit its own cap
     slice_full: bool = False  # ... because the slice ran out
-    counters: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, int] = {}  # noqa: RUF012 - never mutated
 
 
 def parse_flat_keyed(text: str) -> dict[str, int]:

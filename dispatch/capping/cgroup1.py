@@ -38,8 +38,13 @@ from dispatch.errors import BackendError
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _file_cache(stat: dict[str, int]) -> int:
-    return stat.get("total_active_file", 0) + stat.get("total_inactive_file", 0)
+def _held(stat: dict[str, int]) -> int:
+    """Memory processes hold and the kernel cannot reclaim: anonymous plus shmem (tmpfs).
+
+    Not ``usage - file cache``: usage also carries kernel memory left behind by finished jobs' dead
+    cgroups, which would make an empty slice look occupied.
+    """
+    return stat.get("total_rss", 0) + stat.get("total_shmem", 0)
 
 
 def set_limit(directory: str, limit: int) -> None:
@@ -99,11 +104,7 @@ class Cgroup1Job(JobCgroup):
         return read_keyed(os.path.join(self.path, "memory.stat"))
 
     def sample(self) -> int:
-        try:
-            usage = read_int(os.path.join(self.path, "memory.usage_in_bytes"))
-        except OSError:
-            return 0
-        return max(0, usage - _file_cache(self._stat()))
+        return _held(self._stat())
 
     def charged_peak(self) -> int:
         try:
@@ -185,13 +186,11 @@ class Cgroup1Backend(CapBackend):
     def slice_usage(self) -> SliceUsage:
         d = self.slice_dir
         try:
-            return SliceUsage(
-                limit=read_int(os.path.join(d, "memory.limit_in_bytes")),
-                usage=read_int(os.path.join(d, "memory.usage_in_bytes")),
-                file_cache=_file_cache(read_keyed(os.path.join(d, "memory.stat"))),
-            )
+            usage = read_int(os.path.join(d, "memory.usage_in_bytes"))
+            limit = read_int(os.path.join(d, "memory.limit_in_bytes"))
         except OSError:
-            return SliceUsage(limit=0, usage=0, file_cache=0)
+            return SliceUsage(limit=0, usage=0, held=0)
+        return SliceUsage(limit=limit, usage=usage, held=_held(read_keyed(os.path.join(d, "memory.stat"))))
 
     def create_job(self, job_id: str, cap: int) -> Cgroup1Job:
         directory = os.path.join(self.slice_dir, f"job-{job_id}")

@@ -37,6 +37,11 @@ from dispatch.capping.cgroupfs import (
 from dispatch.errors import BackendError
 
 
+def held(stat: dict[str, int]) -> int:
+    """Anonymous plus shmem: what processes hold that reclaim cannot free (page cache excluded)."""
+    return stat.get("anon", 0) + stat.get("shmem", 0)
+
+
 def set_limit(directory: str, limit: int) -> None:
     write_text(os.path.join(directory, "memory.max"), str(limit))
     swap = os.path.join(directory, "memory.swap.max")
@@ -70,11 +75,7 @@ class Cgroup2Job(JobCgroup):
             write_text(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))
 
     def sample(self) -> int:
-        try:
-            current = read_int(os.path.join(self.path, "memory.current"))
-        except OSError:
-            return 0
-        return max(0, current - read_keyed(os.path.join(self.path, "memory.stat")).get("file", 0))
+        return held(read_keyed(os.path.join(self.path, "memory.stat")))
 
     def charged_peak(self) -> int:
         try:
@@ -165,13 +166,11 @@ class Cgroup2Backend(CapBackend):
     def slice_usage(self) -> SliceUsage:
         d = self.slice_dir
         try:
-            return SliceUsage(
-                limit=read_int(os.path.join(d, "memory.max")),
-                usage=read_int(os.path.join(d, "memory.current")),
-                file_cache=read_keyed(os.path.join(d, "memory.stat")).get("file", 0),
-            )
+            usage = read_int(os.path.join(d, "memory.current"))
+            limit = read_int(os.path.join(d, "memory.max"))
         except OSError:
-            return SliceUsage(limit=0, usage=0, file_cache=0)
+            return SliceUsage(limit=0, usage=0, held=0)
+        return SliceUsage(limit=limit, usage=usage, held=held(read_keyed(os.path.join(d, "memory.stat"))))
 
     def create_job(self, job_id: str, cap: int) -> Cgroup2Job:
         directory = os.path.join(self.slice_dir, f"job-{job_id}")

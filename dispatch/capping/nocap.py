@@ -73,7 +73,7 @@ class NoCapBackend(CapBackend):
         self.limit = limit
 
     def slice_usage(self) -> SliceUsage:
-        return SliceUsage(limit=self.limit, usage=0, file_cache=0)
+        return SliceUsage(limit=self.limit, usage=0, held=0)
 
     def create_job(self, job_id: str, cap: int) -> NoCapJob:
         return NoCapJob(cap)

@@ -9,8 +9,6 @@ machines have none as PID 1); tests run it against a command recorder and a fake
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 
 from dispatch.capping.base import Probe
 from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job
@@ -45,6 +43,8 @@ class SystemdBackend(Cgroup2Backend):
     ) -> tuple[Probe, SystemdBackend | None]:
         if not _pid1_is_systemd(proc_root):
             return Probe(False, "systemd is not PID 1"), None
+        import shutil
+
         run, ctl = shutil.which("systemd-run"), shutil.which("systemctl")
         if not run or not ctl:
             return Probe(False, "systemd-run or systemctl not on PATH"), None
@@ -66,6 +66,8 @@ class SystemdBackend(Cgroup2Backend):
     def ensure_slice(self, limit: int) -> None:
         argv = [self.systemctl, "set-property", "--runtime", self.slice_unit,
                 f"MemoryMax={limit}", "MemorySwapMax=0"]
+        import subprocess
+
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             why = (proc.stderr.strip() or f"exit {proc.returncode}").splitlines()[0]

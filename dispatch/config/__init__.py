@@ -10,13 +10,13 @@ inode; later runs read the JSON with the standard library while the file is unch
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
 
 from dispatch import __version__
 from dispatch.errors import ConfigError
+from dispatch.fingerprint import short_hash
 from dispatch.settings import Settings
 
 CACHE_FORMAT = 1
@@ -57,14 +57,14 @@ def load_settings(explicit: str | None = None, environ: Mapping[str, str] | None
     env: Mapping[str, str] = os.environ if environ is None else environ
     path = find_config(explicit, env)
     if path is None:
-        return Settings().with_env_overrides(env)
+        return Settings.default().with_env_overrides(env)
     return _load_file(path, env).with_env_overrides(env)
 
 
 def _load_file(path: str, environ: Mapping[str, str]) -> Settings:
     key = _cache_key(path)
     cache_file = os.path.join(
-        _cache_dir(environ), hashlib.sha256(str(key[2]).encode()).hexdigest()[:32] + ".json"
+        _cache_dir(environ), short_hash(str(key[2]).encode(), 32) + ".json"
     )
     try:
         with open(cache_file, encoding="utf-8") as fh:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from dispatch.errors import ConfigError
-from dispatch.settings import LOCAL, HostSettings, Settings
+from dispatch.settings import LOCAL, HostSettings, Settings, default_state_dir
 from dispatch.units import parse_duration, parse_size
 
 
@@ -121,9 +121,8 @@ def validate_file(path: str) -> Settings:
             peer_memory_cap=host.peer_memory_cap,
         )
     hosts.setdefault(LOCAL, HostSettings(LOCAL))
-    base = Settings()
-    return Settings(
-        state_dir=os.path.expanduser(model.state_dir) if model.state_dir else base.state_dir,
+    return Settings.default(
+        state_dir=os.path.expanduser(model.state_dir) if model.state_dir else default_state_dir(),
         alert_file=os.path.expanduser(model.alert_file) if model.alert_file else None,
         long_job_threshold=model.long_job_threshold,
         pending_window=model.pending_window,
