@@ -97,7 +97,9 @@ class Admission(NamedTuple):
 
 
 def _peak(row: Any) -> PeakRecord:
-    return PeakRecord(*row[:5], bool(row[5]), *row[6:])
+    fields = list(row)
+    fields[5] = bool(fields[5])
+    return PeakRecord(*fields)
 
 
 def _ensure_private_dir(path: str) -> None:

@@ -56,6 +56,16 @@ def enable_memory(directory: str) -> None:
         write_text(control, "+memory")
 
 
+def _blocks_children(directory: str) -> bool:
+    """True when ``+memory`` cannot be written to ``directory``'s subtree_control: it is not enabled
+    yet and the (non-root) cgroup has processes of its own; the kernel answers EBUSY then."""
+    try:
+        enabled = "memory" in read_text(os.path.join(directory, "cgroup.subtree_control")).split()
+    except OSError:
+        return False
+    return not enabled and bool(read_pids(os.path.join(directory, "cgroup.procs")))
+
+
 class Cgroup2Job(JobCgroup):
     def __init__(self, directory: str, cap: int, slice_dir: str, wrapper: list[str] | None = None):
         self.path = directory
@@ -146,6 +156,10 @@ class Cgroup2Backend(CapBackend):
             return Probe(False, f"no cgroup.controllers in {parent}"), None
         if "memory" not in controllers:
             return Probe(False, f"memory controller not available in cgroup v2 at {parent}"), None
+        if parent != mount.rstrip("/") and _blocks_children(parent):
+            return Probe(False, f"{parent} holds processes of its own, so cgroup v2 cannot give its "
+                                f"children the memory controller (no-internal-process rule); set "
+                                f"hosts.*.cgroup to a slice outside it"), None
         if not os.access(parent, os.W_OK):
             return Probe(False, f"cannot create cgroups under {parent} (need write access)"), None
         return Probe(True, f"cgroup2 at {mount}"), cls(mount, slice_path)
@@ -158,7 +172,9 @@ class Cgroup2Backend(CapBackend):
             enable_memory(os.path.dirname(self.slice_dir))
             os.makedirs(self.slice_dir, exist_ok=True)
             enable_memory(self.slice_dir)
-            if read_int(os.path.join(self.slice_dir, "memory.max")) != limit:
+            swap = os.path.join(self.slice_dir, "memory.swap.max")
+            if (read_int(os.path.join(self.slice_dir, "memory.max")) != limit
+                    or (os.path.exists(swap) and read_int(swap) != 0)):
                 set_limit(self.slice_dir, limit)
         except OSError as exc:
             raise BackendError(f"cannot prepare slice {self.slice_dir}: {exc.strerror}") from None
@@ -176,6 +192,9 @@ class Cgroup2Backend(CapBackend):
         directory = os.path.join(self.slice_dir, f"job-{job_id}")
         try:
             os.mkdir(directory)
+        except OSError as exc:  # an existing directory is another job's: never remove it
+            raise BackendError(f"cannot create job cgroup {directory}: {exc.strerror}") from None
+        try:
             set_limit(directory, cap)
         except OSError as exc:
             try:

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 SLICE_NAME = "hostrun"
+
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def _unescape(field: str) -> str:
+    """The kernel writes space, tab, newline and backslash in mountinfo paths as ``\\040`` etc."""
+    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
 def parse_proc_cgroup(text: str) -> dict[str, str]:
@@ -32,7 +41,7 @@ def parse_mountinfo(text: str) -> dict[str, str]:
         rfields = right.split()
         if len(fields) < 5 or len(rfields) < 3:
             continue
-        mount_point, fstype, super_opts = fields[4], rfields[0], rfields[2]
+        mount_point, fstype, super_opts = _unescape(fields[4]), rfields[0], rfields[2]
         if fstype == "cgroup2":
             result.setdefault("cgroup2", mount_point)
         elif fstype == "cgroup" and "memory" in super_opts.split(","):

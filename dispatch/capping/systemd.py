@@ -26,12 +26,25 @@ def _pid1_is_systemd(proc_root: str = "/proc") -> bool:
         return False
 
 
+def slice_cgroup_path(unit: str) -> str:
+    """Where systemd puts a slice unit in the cgroup tree: a dash nests (systemd.slice(5)), so
+    ``hostrun.slice`` is ``/hostrun.slice`` and ``hostrun-jobs.slice`` is
+    ``/hostrun.slice/hostrun-jobs.slice``."""
+    parts = unit[: -len(".slice")].split("-")
+    return "".join("/" + "-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
+
+
+def _valid_slice_unit(unit: str) -> bool:
+    name = unit[: -len(".slice")] if unit.endswith(".slice") else ""
+    return bool(name) and "/" not in unit and all(name.split("-"))
+
+
 class SystemdBackend(Cgroup2Backend):
     name = "systemd"
 
     def __init__(self, mount: str, slice_unit: str = SLICE_UNIT, systemd_run: str = "systemd-run",
                  systemctl: str = "systemctl") -> None:
-        super().__init__(mount, "/" + slice_unit)
+        super().__init__(mount, slice_cgroup_path(slice_unit))
         self.slice_unit = slice_unit
         self.systemd_run = systemd_run
         self.systemctl = systemctl
@@ -55,7 +68,7 @@ class SystemdBackend(Cgroup2Backend):
         if not mount:
             return Probe(False, "systemd without a unified cgroup2 hierarchy"), None
         unit = (configured_slice or "/" + SLICE_UNIT).strip("/")
-        if not unit.endswith(".slice") or "/" in unit:
+        if not _valid_slice_unit(unit):
             return Probe(False, f"hosts.*.cgroup must name a slice unit (e.g. /hostrun.slice) "
                                 f"for systemd, not {configured_slice}"), None
         return Probe(True, f"systemd-run at {run}"), cls(mount, unit, run, ctl)

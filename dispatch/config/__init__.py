@@ -1,7 +1,7 @@
 """Find, validate and cache the configuration.
 
 Search order: ``--config PATH``, then ``$HOSTRUN_CONFIG``, then ``./hosts.toml``, then
-``~/.config/hostrun/hosts.toml``; with none, the embedded default (this host only) serves.
+``$XDG_CONFIG_HOME/hostrun/hosts.toml`` (``~/.config/hostrun/hosts.toml``); with none, the embedded default (this host only) serves.
 
 pydantic costs ~150 ms to import, so it stays off the hot path of ``hostrun -- CMD``: a file is
 validated once, and its normalized form is cached as JSON keyed by the file's path, size, mtime and
@@ -33,17 +33,17 @@ def find_config(explicit: str | None, environ: Mapping[str, str]) -> str | None:
         if not os.path.isfile(env_path):
             raise ConfigError(f"HOSTRUN_CONFIG names a missing file: {env_path}")
         return env_path
-    for candidate in (
-        "hosts.toml",
-        os.path.join(os.path.expanduser("~"), ".config", "hostrun", "hosts.toml"),
-    ):
+    home = environ.get("HOME") or os.path.expanduser("~")
+    config_home = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    for candidate in ("hosts.toml", os.path.join(config_home, "hostrun", "hosts.toml")):
         if os.path.isfile(candidate):
             return candidate
     return None
 
 
 def _cache_dir(environ: Mapping[str, str]) -> str:
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    home = environ.get("HOME") or os.path.expanduser("~")
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     return os.path.join(base, "hostrun", "config")
 
 

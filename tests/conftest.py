@@ -1,0 +1,181 @@
+"""Shared fixtures: real cgroup v1 slices under this test process's own memory cgroup.
+
+Every test that runs jobs gets its own config, state directory and slice cgroup (a child of the memory
+cgroup this process is in, read from /proc/self/cgroup). Teardown is a leak check in the mitogen
+style: it fails the test if a job cgroup, a process in the slice or a booking is left behind, then
+cleans up anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ON_CI = os.environ.get("CI") == "true"
+
+
+def _memory_cgroup() -> tuple[str, str] | None:
+    """(mount point of the v1 memory controller, this process's path in it), or None."""
+    mount = None
+    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+        for line in fh:
+            left, _, right = line.partition(" - ")
+            rf = right.split()
+            if len(rf) >= 3 and rf[0] == "cgroup" and "memory" in rf[2].split(","):
+                mount = left.split()[4]
+    own = None
+    with open("/proc/self/cgroup", encoding="utf-8") as fh:
+        for line in fh:
+            _, ctl, path = line.rstrip("\n").split(":", 2)
+            if "memory" in ctl.split(","):
+                own = path
+    if mount is None or own is None:
+        return None
+    return mount, own
+
+
+def require_real_cgroups() -> tuple[str, str]:
+    """Skip where cgroup v1 + root are missing; on CI (CI=true) that is a failure, never a skip."""
+    found = _memory_cgroup()
+    problem = None
+    if os.geteuid() != 0:
+        problem = "these tests need root (they create real memory cgroups)"
+    elif found is None:
+        problem = "no cgroup v1 memory controller mounted"
+    elif not os.access(found[0] + found[1], os.W_OK):
+        problem = f"cannot create cgroups under {found[0] + found[1]}"
+    if problem:
+        if ON_CI:
+            pytest.fail(f"CI=true but {problem}")
+        pytest.skip(problem)
+    assert found is not None
+    return found
+
+
+def _kill_tree(directory: Path) -> None:
+    for procs in directory.rglob("cgroup.procs"):
+        for pid in procs.read_text().split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    time.sleep(0.05)
+    for sub in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        try:
+            sub.rmdir()
+        except OSError:
+            pass
+    try:
+        directory.rmdir()
+    except OSError:
+        pass
+
+
+class Hostrun:
+    """One isolated hostrun installation: config file, state dir and slice cgroup."""
+
+    def __init__(self, tmp_path: Path, mount: str, own: str) -> None:
+        self.tmp = tmp_path
+        self.mount = mount
+        self.cgroup = f"{own.rstrip('/')}/hostrun-test-{uuid.uuid4().hex[:8]}"
+        self.slice_dir = Path(mount + self.cgroup)
+        self.state_dir = tmp_path / "state"
+        self.config_path = tmp_path / "hosts.toml"
+        self.configure()
+
+    def configure(self, slice: str = "300M", top: str = "", host: str = "") -> None:
+        self.config_path.write_text(
+            f'state_dir = "{self.state_dir}"\n'
+            'kill_grace = "2s"\n'
+            'status_interval = "1s"\n'
+            f"{top}\n"
+            "[hosts.local]\n"
+            f'slice = "{slice}"\n'
+            f'cgroup = "{self.cgroup}"\n'
+            f"{host}\n"
+        )
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "dispatch", "--config", str(self.config_path), *args]
+
+    def run(self, *args: str, timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:
+        kw.setdefault("capture_output", True)
+        return subprocess.run(self.argv(*args), text=True, timeout=timeout, check=False, **kw)
+
+    def popen(self, *args: str, **kw: Any) -> subprocess.Popen[str]:
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        return subprocess.Popen(self.argv(*args), text=True, **kw)
+
+    def bookings(self) -> list[tuple[Any, ...]]:
+        db = self.state_dir / "ledger.sqlite3"
+        if not db.exists():
+            return []
+        con = sqlite3.connect(db, timeout=30)
+        try:
+            return con.execute("SELECT id, label, state, pid, size, cgroup FROM bookings").fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):  # created, schema not yet written
+                return []
+            raise
+        finally:
+            con.close()
+
+    def job_dirs(self) -> list[Path]:
+        return sorted(self.slice_dir.glob("job-*")) if self.slice_dir.exists() else []
+
+    def slice_pids(self) -> list[int]:
+        if not self.slice_dir.exists():
+            return []
+        return [int(p) for f in self.slice_dir.rglob("cgroup.procs") for p in f.read_text().split()]
+
+
+@pytest.fixture
+def hostrun(tmp_path: Path) -> Iterator[Hostrun]:
+    mount, own = require_real_cgroups()
+    h = Hostrun(tmp_path, mount, own)
+    try:
+        yield h
+        leaks = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            leaks = [f"process {p} in slice" for p in h.slice_pids()]
+            leaks += [f"job cgroup {d.name}" for d in h.job_dirs()]
+            leaks += [f"booking {b}" for b in h.bookings()]
+            if not leaks:
+                break
+            time.sleep(0.1)
+        assert not leaks, f"left behind: {leaks}"
+    finally:
+        _kill_tree(h.slice_dir)
+
+
+def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll until predicate() is truthy; returns its value or fails the test after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout} s: {predicate}")
+        time.sleep(interval)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != b"Z"

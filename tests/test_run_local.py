@@ -1,0 +1,266 @@
+"""`hostrun -- CMD` on this host, end to end, with real cgroup v1 memory cgroups and a real ledger.
+
+Each test runs the real CLI (``python -m dispatch``) as a subprocess against its own slice (a child of
+this process's memory cgroup) and its own state directory; the fixture's teardown fails the test if a
+process, a job cgroup or a booking is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import Hostrun, pid_alive, wait_for
+
+PY = sys.executable
+MiB = 1 << 20
+
+
+def result(path: Path) -> dict[str, object]:
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+def test_exit_status_passes_through(hostrun: Hostrun) -> None:
+    assert hostrun.run("-m", "64M", "--", "true").returncode == 0
+    assert hostrun.run("-m", "64M", "--", "sh", "-c", "exit 3").returncode == 3
+    assert hostrun.run("-m", "64M", "--", "sh", "-c", "kill -TERM $$").returncode == 128 + 15
+    assert hostrun.run("-m", "64M", "--", "sh", "-c", "kill -KILL $$").returncode == 128 + 9
+
+
+def test_result_file_for_plain_exit(hostrun: Hostrun, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = hostrun.run("-m", "64M", "--label", "three", "--result-file", str(out), "--",
+                       "sh", "-c", "exit 3")
+    assert proc.returncode == 3
+    r = result(out)
+    assert r["exit_code"] == 3 and r["outcome"] == "exit"
+    assert r["host"] == "local" and r["label"] == "three"
+    assert r["cap_bytes"] == 64 * MiB and r["booking_kind"] == "cap" and r["booked_bytes"] == 64 * MiB
+    assert r["backend"] == "cgroup1"
+    assert set(r["counters"]) == {"oom_kill", "job_oom_events", "slice_oom_events"}  # type: ignore[arg-type]
+
+
+def test_argv_reaches_the_job_intact(hostrun: Hostrun, tmp_path: Path) -> None:
+    out = tmp_path / "argv.json"
+    tricky = ["a b", "it's", 'say "hi"', "line1\nline2", "$(touch /tmp/pwned)", "`id`", "ünïcødé ✓",
+              "*", "--", "-m", ""]
+    code = f"import json, sys; json.dump(sys.argv[1:], open({str(out)!r}, 'w'))"
+    proc = hostrun.run("-m", "64M", "--", PY, "-c", code, *tricky)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text()) == tricky
+
+
+def test_command_without_double_dash(hostrun: Hostrun) -> None:
+    proc = hostrun.run("-m", "64M", "sh", "-c", "echo $0 $1", "x", "y")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == "x y"
+
+
+def test_missing_command_is_127_and_releases(hostrun: Hostrun) -> None:
+    proc = hostrun.run("-m", "64M", "--", "/nonexistent/tool")
+    assert proc.returncode == 127
+    assert "cannot run '/nonexistent/tool'" in proc.stderr
+
+
+def test_over_own_cap_is_250_with_peak_near_cap(hostrun: Hostrun, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = hostrun.run("-m", "100M", "--label", "hog", "--result-file", str(out), "--",
+                       PY, "-c", "x = bytearray(300 << 20)")
+    assert proc.returncode == 250, proc.stderr
+    assert "own-cap" in proc.stderr
+    r = result(out)
+    assert r["outcome"] == "own-cap"
+    assert r["counters"]["oom_kill"] >= 1 and r["counters"]["job_oom_events"] >= 1  # type: ignore[index]
+    assert r["counters"]["slice_oom_events"] == 0  # type: ignore[index]
+    assert 90 * MiB <= r["peak_bytes"] <= 100 * MiB  # type: ignore[operator]
+    # The peak table marks the ceiling, so the next run is booked at its cap, not its peak.
+    ledger = json.loads(hostrun.run("ledger", "--json").stdout)
+    (peak,) = [p for p in ledger["peaks"] if p["label"] == "hog"]
+    assert peak["hit_ceiling"] is True and peak["runs"] == 1
+
+
+def test_own_cap_behind_a_shell_is_still_250(hostrun: Hostrun) -> None:
+    """The exit status alone cannot tell (the shell exits 137 or 1); the counters decide."""
+    proc = hostrun.run("-m", "100M", "--", "sh", "-c",
+                       f"{PY} -c 'x = bytearray(300 << 20)'; echo after; exit 1")
+    assert proc.returncode == 250
+    assert "after" in proc.stdout
+
+
+def test_slice_full_victim_gets_254_and_the_other_finishes(hostrun: Hostrun, tmp_path: Path) -> None:
+    """Two gamble-booked jobs, each under its own cap (the slice), together overflow a 300M slice."""
+    hostrun.configure(slice="300M", top='gamble_size = "50M"')
+    ready = tmp_path / "a-ready"
+    a_out, b_out = tmp_path / "a.json", tmp_path / "b.json"
+    a = hostrun.popen("--label", "a", "--result-file", str(a_out), "--", PY, "-c",
+                      f"import time, pathlib; x = bytearray(200 << 20); "
+                      f"pathlib.Path({str(ready)!r}).touch(); time.sleep(4)")
+    wait_for(ready.exists, timeout=20)
+    b = hostrun.run("--label", "b", "--result-file", str(b_out), "--", PY, "-c",
+                    "import time; x = bytearray(150 << 20); time.sleep(0.5)")
+    a.wait(timeout=30)
+    codes = sorted([a.returncode, b.returncode])
+    assert codes == [0, 254], (a.returncode, b.returncode, b.stderr)
+    victim = result(a_out) if a.returncode == 254 else result(b_out)
+    assert victim["outcome"] == "slice-full"
+    assert victim["counters"]["slice_oom_events"] >= 1 and victim["counters"]["oom_kill"] >= 1  # type: ignore[index]
+
+
+def test_admission_waits_for_room_instead_of_overcommitting(hostrun: Hostrun, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    first = hostrun.popen("-m", "200M", "--label", "first", "--", "sh", "-c",
+                          f"echo first-start >> {marks}; sleep 1.5; echo first-end >> {marks}")
+    wait_for(lambda: marks.exists() and "first-start" in marks.read_text())
+    second = hostrun.run("-m", "200M", "--label", "second", "--", "sh", "-c",
+                         f"echo second-start >> {marks}")
+    first.wait(timeout=30)
+    assert first.returncode == 0 and second.returncode == 0
+    assert marks.read_text().split() == ["first-start", "first-end", "second-start"]
+    assert "waiting: 200M needed" in second.stderr and "held by first" in second.stderr
+
+
+def test_never_fits_is_243_at_once(hostrun: Hostrun) -> None:
+    proc = hostrun.run("-m", "1G", "--", "true")
+    assert proc.returncode == 243
+    assert "larger than the whole slice" in proc.stderr
+    assert hostrun.bookings() == []
+
+
+def test_max_runtime_is_253(hostrun: Hostrun, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    started = time.monotonic()
+    proc = hostrun.run("-m", "64M", "--max-runtime", "0.5s", "--result-file", str(out), "--",
+                       "sleep", "30")
+    assert proc.returncode == 253
+    assert time.monotonic() - started < 20
+    assert result(out)["outcome"] == "max-runtime"
+
+
+def test_max_runtime_kills_a_job_that_ignores_sigterm(hostrun: Hostrun) -> None:
+    started = time.monotonic()
+    proc = hostrun.run("-m", "64M", "--max-runtime", "0.5s", "--", "sh", "-c",
+                       "trap '' TERM; sleep 30 & wait; sleep 30")
+    assert proc.returncode == 253
+    assert time.monotonic() - started < 20  # kill_grace is 2 s in the test config
+
+
+def test_setsid_child_is_killed_with_the_job(hostrun: Hostrun, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    proc = hostrun.run("-m", "64M", "--", "sh", "-c",
+                       f"setsid sleep 300 > /dev/null 2>&1 & echo $! > {pidfile}; exit 0")
+    assert proc.returncode == 0
+    pid = int(pidfile.read_text())
+    wait_for(lambda: not pid_alive(pid), timeout=5)
+
+
+def test_sigkill_of_hostrun_stops_the_job_and_releases_the_booking(hostrun: Hostrun, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    proc = hostrun.popen("-m", "64M", "--", "sh", "-c",
+                         f"sleep 300 & echo $! >> {pidfile}; setsid sleep 300 & echo $! >> {pidfile}; wait")
+    wait_for(lambda: pidfile.exists() and len(pidfile.read_text().split()) == 2)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert hostrun.bookings(), "the job should be booked while it runs"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    # The guardian does this on its own, without any later hostrun noticing.
+    wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=5)
+    wait_for(lambda: hostrun.bookings() == [] and hostrun.job_dirs() == [], timeout=5)
+    assert hostrun.run("-m", "64M", "--", "true").returncode == 0
+
+
+def test_sigint_is_forwarded_to_the_job(hostrun: Hostrun, tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    proc = hostrun.popen("-m", "64M", "--", "sh", "-c", f"touch {started}; exec sleep 30")
+    wait_for(started.exists)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=15)
+    assert proc.returncode == 128 + signal.SIGINT
+
+
+def test_sigterm_while_waiting_leaves_the_queue(hostrun: Hostrun, tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    holder = hostrun.popen("-m", "250M", "--", "sh", "-c", f"touch {started}; sleep 30")
+    wait_for(started.exists)
+    waiter = hostrun.popen("-m", "250M", "--label", "waiter", "--", "true")
+    wait_for(lambda: any(b[1] == "waiter" and b[2] == "waiting" for b in hostrun.bookings()))
+    waiter.send_signal(signal.SIGTERM)
+    waiter.wait(timeout=10)
+    assert waiter.returncode == 128 + signal.SIGTERM
+    assert not any(b[1] == "waiter" for b in hostrun.bookings())
+    holder.send_signal(signal.SIGTERM)
+    holder.wait(timeout=15)
+
+
+def test_peak_is_recorded_and_books_the_next_run(hostrun: Hostrun, tmp_path: Path) -> None:
+    code = "import time; x = bytearray(60 << 20); x[::4096] = b'x' * len(x[::4096]); time.sleep(0.5)"
+    out1, out2 = tmp_path / "1.json", tmp_path / "2.json"
+    assert hostrun.run("-m", "200M", "--label", "p", "--result-file", str(out1), "--",
+                       PY, "-c", code).returncode == 0
+    first = result(out1)
+    assert first["booking_kind"] == "cap"
+    assert 55 * MiB <= first["peak_bytes"] < 200 * MiB  # type: ignore[operator]
+    assert hostrun.run("-m", "200M", "--label", "p", "--result-file", str(out2), "--",
+                       PY, "-c", code).returncode == 0
+    second = result(out2)
+    assert second["booking_kind"] == "peak"
+    assert second["booked_bytes"] == first["peak_bytes"]
+    assert second["cap_bytes"] == 200 * MiB
+
+
+def test_gamble_booking_without_cap_or_history(hostrun: Hostrun, tmp_path: Path) -> None:
+    hostrun.configure(slice="300M", top='gamble_size = "32M"')
+    out = tmp_path / "r.json"
+    code = "print(open('/proc/self/oom_score_adj').read().strip())"
+    proc = hostrun.run("--result-file", str(out), "--", PY, "-c", code)
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == "1000"
+    r = result(out)
+    assert r["booking_kind"] == "gamble" and r["booked_bytes"] == 32 * MiB
+    assert r["cap_bytes"] == 300 * MiB
+
+
+def test_cap_booking_gets_oom_score_adj_zero(hostrun: Hostrun) -> None:
+    proc = hostrun.run("-m", "64M", "--", "cat", "/proc/self/oom_score_adj")
+    assert proc.stdout.strip() == "0"
+
+
+def test_job_runs_inside_its_capped_cgroup(hostrun: Hostrun) -> None:
+    proc = hostrun.run("-m", "64M", "--", "sh", "-c",
+                       "grep memory /proc/self/cgroup; "
+                       "cat /sys/fs/cgroup/memory$(grep memory /proc/self/cgroup | cut -d: -f3)"
+                       "/memory.limit_in_bytes")
+    line, limit = proc.stdout.split()
+    assert line.split(":", 2)[2].startswith(hostrun.cgroup + "/job-")
+    assert int(limit) == 64 * MiB
+
+
+def test_slice_limit_and_swap_are_set(hostrun: Hostrun) -> None:
+    assert hostrun.run("-m", "64M", "--", "true").returncode == 0
+    assert int((hostrun.slice_dir / "memory.limit_in_bytes").read_text()) == 300 * MiB
+    memsw = hostrun.slice_dir / "memory.memsw.limit_in_bytes"
+    if memsw.exists():
+        assert int(memsw.read_text()) == 300 * MiB
+
+
+def test_heavy_thread_environment(hostrun: Hostrun) -> None:
+    hostrun.configure(slice="300M", host="heavy_threads = 7")
+    show = "echo $HOSTRUN_THREADS $MAKEFLAGS $CARGO_BUILD_JOBS $CMAKE_BUILD_PARALLEL_LEVEL"
+    assert hostrun.run("-m", "64M", "--", "sh", "-c", show).stdout.split() == ["7", "-j7", "7", "7"]
+    env = {**os.environ, "MAKEFLAGS": "-j2"}
+    assert hostrun.run("-m", "64M", "--", "sh", "-c", show, env=env).stdout.split() == ["7", "-j2", "7", "7"]
+    forced = hostrun.run("-m", "64M", "--threads", "3", "--", "sh", "-c", show, env=env)
+    assert forced.stdout.split() == ["3", "-j3", "3", "3"]
+
+
+def test_state_files_are_private(hostrun: Hostrun) -> None:
+    assert hostrun.run("-m", "64M", "--", "true").returncode == 0
+    assert (hostrun.state_dir.stat().st_mode & 0o777) == 0o700
+    for name in ("ledger.sqlite3", "ledger.sqlite3-wal", "ledger.tick"):
+        path = hostrun.state_dir / name
+        if path.exists():
+            assert (path.stat().st_mode & 0o077) == 0, name
+    assert (hostrun.state_dir / "ledger.sqlite3").exists()
