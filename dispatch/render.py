@@ -47,7 +47,9 @@ def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord]) -> None:
     for p in peaks:
         table.add_row(p.label, p.host, format_size(p.max_peak), format_size(p.last_peak),
                       str(p.runs), "yes" if p.hit_ceiling else "no", format_duration(p.last_duration))
-    console.print(running, queue, table)
+    console.print(running if running.row_count else "running: none")
+    console.print(queue if queue.row_count else "queue: empty")
+    console.print(table if table.row_count else "peak table: empty")
 
 
 def report(data: dict[str, Any]) -> None:

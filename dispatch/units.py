@@ -60,6 +60,8 @@ def format_duration(seconds: float | None) -> str:
     """``'12 min'``, ``'3 s'``, ``'2.1 h'``: the precision a person reads in a status line."""
     if seconds is None:
         return "-"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 60:
         return f"{seconds:.0f} s"
     if seconds < 3600:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from dispatch.capping.base import Probe
+from dispatch.capping.base import Probe, read_text
 from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job
 from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
 from dispatch.errors import BackendError
@@ -67,6 +67,13 @@ class SystemdBackend(Cgroup2Backend):
             return Probe(False, f"cannot read /proc/self: {exc}"), None
         if not mount:
             return Probe(False, "systemd without a unified cgroup2 hierarchy"), None
+        try:
+            controllers = read_text(os.path.join(mount, "cgroup.controllers")).split()
+        except OSError:
+            controllers = []
+        if "memory" not in controllers:  # hybrid mode: memory is on v1, our counters would be absent
+            return Probe(False, f"memory controller not in the cgroup2 hierarchy at {mount} "
+                                f"(systemd in hybrid mode)"), None
         unit = (configured_slice or "/" + SLICE_UNIT).strip("/")
         if not _valid_slice_unit(unit):
             return Probe(False, f"hosts.*.cgroup must name a slice unit (e.g. /hostrun.slice) "
