@@ -1,10 +1,11 @@
 """A tiny forked watcher that stops the job if hostrun itself dies, even by SIGKILL.
 
-hostrun keeps the write end of a pipe; the guardian blocks reading the other end. A clean finish
-writes one byte; hostrun's death (any signal) closes the pipe, the read returns EOF, and the guardian
-kills every process in the job's cgroup (setsid children included), removes the cgroup and releases
-the booking. It runs in its own session, outside the job's cgroup, so killing hostrun's process group
-or the job's cgroup does not take it down with them.
+hostrun keeps the write end of a pipe; the guardian blocks reading the other end. hostrun tells it the
+booking id once it has one, and one byte ``x`` when it has cleaned up itself. hostrun's death (any
+signal) closes the pipe instead: the read returns EOF, and the guardian kills every process in the
+job's cgroup (setsid children included), removes the cgroup and releases the booking. It runs in its
+own session, outside the job's cgroup, so neither killing hostrun's process group nor killing the
+job's cgroup takes it down.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class Guardian:
         self._write_fd = write_fd
 
     @classmethod
-    def start(cls, state_dir: str, booking_id: int, job: JobCgroup) -> Guardian:
+    def start(cls, state_dir: str, job: JobCgroup) -> Guardian:
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the forked child; tested end to end
@@ -34,14 +35,16 @@ class Guardian:
                 devnull = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(devnull, fd)
-                if not os.read(read_fd, 1):
-                    _clean_up(state_dir, booking_id, job)
+                _watch(read_fd, state_dir, job)
             except BaseException:
                 status = 1
             finally:
                 os._exit(status)
         os.close(read_fd)
         return cls(pid, write_fd)
+
+    def booked(self, booking_id: int) -> None:
+        os.write(self._write_fd, f"B{booking_id}\n".encode())
 
     def dismiss(self) -> None:
         """hostrun finished its own clean-up: let the guardian exit without touching anything."""
@@ -56,14 +59,28 @@ class Guardian:
             pass
 
 
-def _clean_up(state_dir: str, booking_id: int, job: JobCgroup) -> None:
-    from dispatch.ledger import Ledger
-
+def _watch(read_fd: int, state_dir: str, job: JobCgroup) -> None:  # pragma: no cover - child
+    booking_id = None
+    pending = b""
+    while True:
+        data = os.read(read_fd, 64)
+        if not data:
+            break  # hostrun is gone
+        pending += data
+        if b"x" in pending:
+            return  # hostrun cleaned up itself
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.startswith(b"B"):
+                booking_id = int(line[1:])
     job.kill_all()
     try:
         job.remove()
     except OSError:
         pass
-    ledger = Ledger(state_dir)
-    ledger.release(booking_id)
-    ledger.close()
+    if booking_id is not None:
+        from dispatch.ledger import Ledger
+
+        ledger = Ledger(state_dir)
+        ledger.release(booking_id)
+        ledger.close()

@@ -156,12 +156,12 @@ class Ledger:
 
     def enqueue(
         self, *, host: str, label: str, pid: int, pid_start: int, size: int, cap: int, kind: str,
-        command: str, session: str | None,
+        command: str, session: str | None, cgroup: str | None = None,
     ) -> int:
         cur = self.db.execute(
             "INSERT INTO bookings (host, label, state, pid, pid_start, size, cap, kind, command,"
-            " session, queued) VALUES (?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?)",
-            (host, label, pid, pid_start, size, cap, kind, command, session, time.time()),
+            " session, queued, cgroup) VALUES (?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (host, label, pid, pid_start, size, cap, kind, command, session, time.time(), cgroup),
         )
         assert cur.lastrowid is not None
         return cur.lastrowid

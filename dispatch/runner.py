@@ -1,9 +1,12 @@
 """Run one job on this host: book it, wait for room, run it capped, judge the outcome, release.
 
-The job runs in its own process group and its own cgroup (entered before exec). hostrun forwards
-SIGINT/SIGTERM/SIGHUP/SIGQUIT to the job's process group, then kills the whole cgroup after the grace
-period; a second signal kills at once. When the main process exits, whatever it left in the cgroup is
-killed too: nothing may run unbooked. A forked guardian does the same if hostrun itself dies.
+Order of events, chosen so that nothing can run unbooked and the kernel's slow cgroup entry overlaps
+hostrun's own work: make the job's cgroup, start the guardian, fork the job's process (it enters the
+cgroup and waits), enqueue and wait for admission in the ledger, then let the process exec.
+
+The job runs in its own process group. hostrun forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to that group,
+then kills the whole cgroup after ``kill_grace``; a second signal kills at once. When the main process
+exits, whatever it left in the cgroup is killed too. A forked guardian does the same if hostrun dies.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import os
 import select
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Optional
@@ -20,7 +22,7 @@ from dispatch.admission import stop_reclaimed, wait_for_room
 from dispatch.booking import Plan, default_label, plan_booking
 from dispatch.capping import select_backend
 from dispatch.capping.base import CapBackend, JobCgroup
-from dispatch.errors import NoCapBackendError, UsageError
+from dispatch.errors import NeverFitsError, NoCapBackendError, UsageError
 from dispatch.exitcodes import SIGNAL_BASE, ExitCode
 from dispatch.guardian import Guardian
 from dispatch.hostfacts import read_meminfo
@@ -28,6 +30,8 @@ from dispatch.ledger import Ledger
 from dispatch.outcome import Outcome
 from dispatch.procinfo import start_time
 from dispatch.settings import HostSettings, Settings
+from dispatch.spawn import PreparedChild
+from dispatch.units import format_size
 
 SAMPLE_INTERVAL = 0.05
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -57,7 +61,7 @@ def job_environment(base: dict[str, str], threads: int, forced: bool) -> dict[st
 
 
 class _Signals:
-    """Collects forwarded signals while the job runs; restores the old handlers afterwards."""
+    """While the job runs: collect forwarded signals; restore the old handlers afterwards."""
 
     def __init__(self) -> None:
         self.pending: list[int] = []
@@ -74,6 +78,8 @@ class _Signals:
 
 
 class _Interrupted(Exception):
+    """A signal arrived while the job was still waiting for room (nothing ran yet)."""
+
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
@@ -96,94 +102,81 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
             "pass --no-cap to run uncapped anyway"
         )
     limit = host.slice_limit(mem.total)
-    label = request.label or default_label(request.argv)
     cap = request.cap if request.cap is not None else host.default_cap
-    ledger = Ledger(settings.state_dir)
-    try:
-        plan = plan_booking(
-            cap=cap, peak=ledger.peak(label, host.name), slice_limit=limit,
-            gamble_size=settings.gamble_size_for(host),
+    if cap is not None and cap > limit:
+        raise NeverFitsError(
+            f"cap {format_size(cap)} is larger than the whole slice ({format_size(limit)}); "
+            "it could never be admitted"
         )
-        backend.ensure_slice(limit)
-        return _book_and_run(settings, host, backend, ledger, request, label, plan, limit, say)
-    finally:
-        ledger.close()
-
-
-def _book_and_run(
-    settings: Settings, host: HostSettings, backend: CapBackend, ledger: Ledger,
-    request: RunRequest, label: str, plan: Plan, limit: int, say: Callable[[str], None],
-) -> Outcome:
-    me = os.getpid()
-    booking_id = ledger.enqueue(
-        host=host.name, label=label, pid=me, pid_start=start_time(me) or 0, size=plan.size,
-        cap=plan.limit, kind=plan.kind, command=" ".join(request.argv), session=request.session,
+    backend.ensure_slice(limit)
+    env = job_environment(
+        dict(os.environ if request.env is None else request.env),
+        request.threads or host.threads(), request.threads is not None,
     )
-    old_term = signal.signal(signal.SIGTERM, _raise_interrupted)
-    old_hup = signal.signal(signal.SIGHUP, _raise_interrupted)
-    job: JobCgroup | None = None
-    guardian: Guardian | None = None
+    me = os.getpid()
+    job = backend.create_job(f"{me}-{start_time(me) or 0}", cap if cap is not None else limit)
+    guardian = Guardian.start(settings.state_dir, job)
+    child = PreparedChild.fork(job, request.argv, env)
+    ledger: Ledger | None = None
+    booking_id: int | None = None
     try:
-        try:
-            waited = wait_for_room(
-                ledger, backend, host.name, booking_id, limit, settings.status_interval, say
+        ledger = Ledger(settings.state_dir)
+        label = request.label or default_label(request.argv)
+        plan = plan_booking(cap=cap, peak=ledger.peak(label, host.name), slice_limit=limit,
+                            gamble_size=settings.gamble_size_for(host))
+        booking_id = ledger.enqueue(
+            host=host.name, label=label, pid=me, pid_start=start_time(me) or 0, size=plan.size,
+            cap=plan.limit, kind=plan.kind, command=" ".join(request.argv), session=request.session,
+            cgroup=job.path or None,
+        )
+        guardian.booked(booking_id)
+        waited, signum = _wait(settings, ledger, backend, host, booking_id, limit, say)
+        if waited is None:
+            child.cancel()
+            return Outcome(
+                exit_code=SIGNAL_BASE + signum, outcome="signal", host=host.name, label=label,
+                argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
             )
-            job = backend.create_job(f"{booking_id}-{me}", plan.limit)
-            ledger.set_cgroup(booking_id, job.path)
-            guardian = Guardian.start(settings.state_dir, booking_id, job)
-        except KeyboardInterrupt:
-            return _interrupted(host, label, request, signal.SIGINT)
-        except _Interrupted as exc:
-            return _interrupted(host, label, request, exc.signum)
-        finally:
-            signal.signal(signal.SIGTERM, old_term)
-            signal.signal(signal.SIGHUP, old_hup)
-        outcome = _supervise(settings, host, backend, job, request, label, plan, say)
+        outcome = _run(settings, host, backend, job, child, request, label, plan, say)
         outcome.waited_s = round(waited, 3)
         if outcome.peak_bytes is not None:
-            ledger.record_peak(
-                label, host.name, outcome.peak_bytes, outcome.outcome == ExitCode.OWN_CAP.outcome,
-                outcome.duration_s,
-            )
+            ledger.record_peak(label, host.name, outcome.peak_bytes,
+                               outcome.outcome == ExitCode.OWN_CAP.outcome, outcome.duration_s)
         return outcome
     finally:
-        if job is not None:
-            job.kill_all()
-            try:
-                job.remove()
-            except OSError as exc:
-                say(f"warning: could not remove {job.path}: {exc.strerror}")
-        ledger.release(booking_id)
-        if guardian is not None:
-            guardian.dismiss()
-        stop_reclaimed(backend, ledger.reclaim(host.name))
+        child.cancel()
+        job.kill_all()
+        try:
+            job.remove()
+        except OSError as exc:
+            say(f"warning: could not remove {job.path}: {exc.strerror}")
+        if ledger is not None:
+            if booking_id is not None:
+                ledger.release(booking_id)
+            ledger.close()
+        guardian.dismiss()
 
 
-def _interrupted(host: HostSettings, label: str, request: RunRequest, signum: int) -> Outcome:
-    return Outcome(
-        exit_code=SIGNAL_BASE + signum, outcome="signal", host=host.name, label=label,
-        argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
-    )
+def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSettings,
+          booking_id: int, limit: int, say: Callable[[str], None]) -> tuple[float | None, int]:
+    """(seconds waited for admission, 0), or (None, signal) when a signal ended the wait."""
+    old = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return wait_for_room(ledger, backend, host.name, booking_id, limit, settings.status_interval,
+                             say), 0
+    except KeyboardInterrupt:
+        return None, signal.SIGINT
+    except _Interrupted as exc:
+        return None, exc.signum
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
-def _spawn(job: JobCgroup, argv: list[str], env: dict[str, str], adj: int) -> subprocess.Popen[bytes]:
-    def enter() -> None:
-        os.setpgid(0, 0)
-        with open("/proc/self/oom_score_adj", "w", encoding="ascii") as fh:
-            fh.write(str(adj))
-        job.preexec()
-        for sig in FORWARDED:
-            signal.signal(sig, signal.SIG_DFL)
-
-    return subprocess.Popen(job.wrap_argv(argv), env=env, preexec_fn=enter, close_fds=True)
-
-
-def _supervise(
-    settings: Settings, host: HostSettings, backend: CapBackend, job: JobCgroup,
+def _run(
+    settings: Settings, host: HostSettings, backend: CapBackend, job: JobCgroup, child: PreparedChild,
     request: RunRequest, label: str, plan: Plan, say: Callable[[str], None],
 ) -> Outcome:
-    base_env = dict(os.environ if request.env is None else request.env)
-    env = job_environment(base_env, request.threads or host.threads(), request.threads is not None)
     result = Outcome(
         exit_code=0, outcome="exit", host=host.name, label=label, argv=list(request.argv),
         cap_bytes=plan.limit, booking_kind=plan.kind, booked_bytes=plan.size,
@@ -191,44 +184,44 @@ def _supervise(
     )
     started = time.monotonic()
     with _Signals() as signals:
-        try:
-            proc = _spawn(job, list(request.argv), env, plan.oom_score_adj)
-        except OSError as exc:
-            result.exit_code = 126 if isinstance(exc, PermissionError) else 127
-            result.message = f"cannot run {request.argv[0]!r}: {exc.strerror}"
-            result.duration_s = 0.0
+        failed = child.go(plan.oom_score_adj)
+        if failed is not None:
+            result.exit_code, reason = failed
+            result.message = f"cannot run {request.argv[0]!r}: {reason}"
             return result
-        job.started(proc.pid)
-        peak, timed_out = _watch(settings, job, proc, request.max_runtime, signals, say)
+        status, peak, timed_out = _watch(settings, job, child.pid, request.max_runtime, signals, say)
     result.duration_s = round(time.monotonic() - started, 3)
-    status = proc.returncode
     job.kill_all()
     verdict = job.verdict()
     result.counters = verdict.counters
     if verdict.own:
         peak = max(peak, job.charged_peak())
     result.peak_bytes = peak
+    failed_run = not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
     if timed_out:
         result.exit_code, result.outcome = ExitCode.MAX_RUNTIME, ExitCode.MAX_RUNTIME.outcome
-    elif verdict.own and status != 0:
+    elif verdict.own and failed_run:
         result.exit_code, result.outcome = ExitCode.OWN_CAP, ExitCode.OWN_CAP.outcome
-    elif verdict.slice_full and status != 0:
+    elif verdict.slice_full and failed_run:
         result.exit_code, result.outcome = ExitCode.SLICE_FULL, ExitCode.SLICE_FULL.outcome
-    elif status < 0:
-        result.exit_code, result.outcome = SIGNAL_BASE - status, "signal"
+    elif os.WIFSIGNALED(status):
+        result.exit_code, result.outcome = SIGNAL_BASE + os.WTERMSIG(status), "signal"
     else:
-        result.exit_code = status
-    if verdict.killed and status == 0:
+        result.exit_code = os.WEXITSTATUS(status)
+    if verdict.killed and not failed_run:
         say("warning: a process of the job was OOM-killed, but the job exited 0; passing 0 through")
     return result
 
 
 def _watch(
-    settings: Settings, job: JobCgroup, proc: subprocess.Popen[bytes], max_runtime: float | None,
-    signals: _Signals, say: Callable[[str], None],
-) -> tuple[int, bool]:
-    """Wait for the main process, sampling memory; enforce max runtime and forwarded signals."""
-    pidfd = os.pidfd_open(proc.pid)
+    settings: Settings, job: JobCgroup, pid: int, max_runtime: float | None, signals: _Signals,
+    say: Callable[[str], None],
+) -> tuple[int, int, bool]:
+    """Wait for the main process, sampling memory; enforce max runtime and forwarded signals.
+
+    Returns (raw wait status, peak bytes sampled, whether max runtime stopped it).
+    """
+    pidfd = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     deadline = time.monotonic() + max_runtime if max_runtime is not None else None
@@ -244,22 +237,22 @@ def _watch(
                 if kill_at is not None:
                     job.kill_all()
                 else:
-                    _signal_group(proc.pid, sig)
+                    _signal_group(pid, sig)
                     kill_at = now + settings.kill_grace
             if deadline is not None and now >= deadline and not timed_out:
                 timed_out = True
                 say(f"max runtime reached; stopping the job (SIGTERM, SIGKILL after "
                     f"{settings.kill_grace:g} s)")
-                _signal_group(proc.pid, signal.SIGTERM)
+                _signal_group(pid, signal.SIGTERM)
                 job.signal_all(signal.SIGTERM)
                 kill_at = now + settings.kill_grace
             if kill_at is not None and now >= kill_at:
                 job.kill_all()
                 kill_at = now + 3600
-        proc.wait()
+        _, status = os.waitpid(pid, 0)
     finally:
         os.close(pidfd)
-    return peak, timed_out
+    return status, peak, timed_out
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -111,9 +111,10 @@ def test_fifo_a_small_job_does_not_jump_a_waiting_big_one(hostrun: Hostrun, tmp_
     wait_for(started.exists)
     big = hostrun.popen("-m", "250M", "--label", "big", "--", "sh", "-c", f"echo big >> {marks}")
     wait_for(lambda: any(b[1] == "big" for b in hostrun.bookings()))
-    small = hostrun.popen("-m", "50M", "--label", "small", "--", "sh", "-c", f"echo small >> {marks}")
+    small = hostrun.popen("-m", "60M", "--label", "small", "--", "sh", "-c", f"echo small >> {marks}")
     for p in (holder, big, small):
         p.wait(timeout=30)
         assert p.returncode == 0
-    # 150M held + 50M small would fit at once, but it would delay big: FIFO says big first.
+    # 150M held + 60M small would fit at once, but it would delay big (250M + 60M > 300M): FIFO says
+    # big first, and small only once big is done.
     assert marks.read_text().split() == ["big", "small"]
