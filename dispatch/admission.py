@@ -2,7 +2,10 @@
 
 Room = slice limit - bookings of running jobs - cache-free usage above those bookings. Waiters watch
 the ledger's tick file (a stat every 20 ms) and retry as soon as anything is released, plus once a
-second regardless (usage can fall without a release). Every ``status_interval`` a waiter prints one
+second regardless (usage can fall without a release). Only a waiter that could get in takes the write
+lock; the others just read. The periodic locked retry, which also reclaims stale bookings, comes every
+second for the head of the queue and less often further back, so a long queue does not keep the lock
+busy. Every ``status_interval`` a waiter prints one
 line naming who holds the room.
 """
 
@@ -17,6 +20,7 @@ from dispatch.units import format_duration, format_size
 
 POLL = 0.02
 RECHECK = 1.0
+RECHECK_MAX = 10.0
 
 
 def room_function(backend: CapBackend, limit: int) -> Callable[[int], int]:
@@ -64,23 +68,28 @@ def wait_for_room(
     room = room_function(backend, limit)
     started = time.monotonic()
     last_tick: tuple[int, int, int] | None = None
-    last_check = last_status = 0.0
+    last_locked = last_status = 0.0
     last_reason = ""
+    recheck = RECHECK
     while True:
         tick = ledger.tick()
         now = time.monotonic()
-        if tick != last_tick or now - last_check >= RECHECK:
-            last_tick, last_check = tick, now
-            adm = ledger.try_admit(booking_id, host, room)
-            stop_reclaimed(backend, adm.reclaimed)
-            if adm.admitted:
-                return time.monotonic() - started
-            line = status_line(adm)
-            reason = f"memory: need {format_size(adm.need)}, free {format_size(max(0, adm.free))}"
-            if reason != last_reason:
-                ledger.set_reason(booking_id, reason)
-                last_reason = reason
+        due = now - last_locked >= recheck
+        if tick != last_tick or due:
+            last_tick = tick
+            adm = ledger.peek(booking_id, host, room)
+            recheck = min(RECHECK_MAX, RECHECK * (1 + adm.position))
+            if adm.admitted or due:
+                last_locked = now
+                adm = ledger.try_admit(booking_id, host, room)
+                stop_reclaimed(backend, adm.reclaimed)
+                if adm.admitted:
+                    return time.monotonic() - started
+                reason = f"memory: need {format_size(adm.need)}, free {format_size(max(0, adm.free))}"
+                if reason != last_reason:  # a write: only on the once-a-second path
+                    ledger.set_reason(booking_id, reason)
+                    last_reason = reason
             if last_status == 0.0 or now - last_status >= status_interval:
-                say(line)
+                say(status_line(adm))
                 last_status = now
         time.sleep(POLL)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from dispatch.errors import NeverFitsError
 from dispatch.fingerprint import short_hash
 from dispatch.ledger import PeakRecord
+from dispatch.records import NamedTuple
 from dispatch.units import format_size
 
 OOM_SCORE_ADJ = {"cap": 0, "peak": 500, "gamble": 1000}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+MYPY = False
+if MYPY:
+    from typing import Any
+
 
 sha256: Any
 try:

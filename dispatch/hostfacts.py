@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+
+from dispatch.records import NamedTuple
 
 
 class MemInfo(NamedTuple):

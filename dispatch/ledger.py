@@ -12,9 +12,13 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple, Optional
 
 from dispatch.procinfo import is_alive
+from dispatch.records import NamedTuple
+
+MYPY = False
+if MYPY:
+    from typing import Any, Optional
 
 SCHEMA_VERSION = 1
 SCHEMA = """
@@ -92,6 +96,7 @@ class Admission(NamedTuple):
     need: int
     free: int
     ahead: int  # bytes asked for by earlier waiters
+    position: int  # how many earlier waiters there are
     holders: list[Booking]
     reclaimed: list[Booking]
 
@@ -185,36 +190,51 @@ class Ledger:
             self.touch()
         return stale
 
+    def _evaluate(self, booking_id: int, host: str, room: Callable[[int], int]) -> Admission:
+        rows = self._rows("host = ?", (host,))
+        running = [b for b in rows if b.state == "running"]
+        me = next((b for b in rows if b.id == booking_id), None)
+        if me is None:
+            raise LookupError(f"booking {booking_id} vanished from the ledger")
+        earlier = [b for b in rows if b.state == "waiting" and b.id < booking_id]
+        ahead = sum(b.size for b in earlier)
+        free = room(sum(b.size for b in running))
+        admitted = me.state == "running" or free - ahead >= me.size
+        return Admission(admitted, me.size, free, ahead, len(earlier), running, [])
+
+    def peek(self, booking_id: int, host: str, room: Callable[[int], int]) -> Admission:
+        """Would ``try_admit`` admit now? A plain read: takes no lock and changes nothing.
+
+        Waiters peek on every change and lock only when they could get in (or once a second, to
+        reclaim stale bookings), so a release does not send every waiter into the write lock.
+        """
+        return self._evaluate(booking_id, host, room)
+
     def try_admit(self, booking_id: int, host: str, room: Callable[[int], int]) -> Admission:
         """Admit ``booking_id`` if ``room(booked)`` minus what earlier waiters need covers its size.
 
         ``room`` gets the bytes booked by running jobs and returns the free room in the slice (slice
         limit - booked - cache-free usage above the bookings). Reserving room for every earlier waiter
-        keeps FIFO: a later job can only start when it cannot delay an earlier one.
+        keeps FIFO: a later job can only start when it cannot delay an earlier one. Stale bookings are
+        reclaimed first, in the same transaction.
         """
         self.db.execute("BEGIN IMMEDIATE")
         try:
             reclaimed = self._reclaim_locked(host)
-            rows = self._rows("host = ?", (host,))
-            running = [b for b in rows if b.state == "running"]
-            me = next((b for b in rows if b.id == booking_id), None)
-            if me is None:
-                raise LookupError(f"booking {booking_id} vanished from the ledger")
-            ahead = sum(b.size for b in rows if b.state == "waiting" and b.id < booking_id)
-            free = room(sum(b.size for b in running))
-            admitted = me.state == "running" or free - ahead >= me.size
-            if admitted and me.state != "running":
+            adm = self._evaluate(booking_id, host, room)
+            if adm.admitted:
                 self.db.execute(
-                    "UPDATE bookings SET state = 'running', since = ?, reason = NULL WHERE id = ?",
+                    "UPDATE bookings SET state = 'running', since = ?, reason = NULL"
+                    " WHERE id = ? AND state = 'waiting'",
                     (time.time(), booking_id),
                 )
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
-        if admitted or reclaimed:
+        if adm.admitted or reclaimed:
             self.touch()
-        return Admission(admitted, me.size, free, ahead, running, reclaimed)
+        return adm._replace(reclaimed=reclaimed)
 
     def set_reason(self, booking_id: int, reason: str) -> None:
         self.db.execute("UPDATE bookings SET reason = ? WHERE id = ?", (reason, booking_id))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+
+MYPY = False
+if MYPY:
+    from typing import Any
 
 FIELDS = (
     "exit_code", "outcome", "host", "label", "argv", "cap_bytes", "booking_kind", "booked_bytes",

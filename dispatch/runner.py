@@ -16,9 +16,8 @@ import select
 import signal
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, Optional
 
-from dispatch.admission import stop_reclaimed, wait_for_room
+from dispatch.admission import wait_for_room
 from dispatch.booking import Plan, default_label, plan_booking
 from dispatch.capping import select_backend
 from dispatch.capping.base import CapBackend, JobCgroup
@@ -29,9 +28,14 @@ from dispatch.hostfacts import read_meminfo
 from dispatch.ledger import Ledger
 from dispatch.outcome import Outcome
 from dispatch.procinfo import start_time
+from dispatch.records import NamedTuple
 from dispatch.settings import HostSettings, Settings
 from dispatch.spawn import PreparedChild
 from dispatch.units import format_size
+
+MYPY = False
+if MYPY:
+    from typing import Optional
 
 SAMPLE_INTERVAL = 0.05
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, NamedTuple, Optional
+
+from dispatch.records import NamedTuple
+
+MYPY = False
+if MYPY:
+    from typing import Any, Optional
 
 LOCAL = "local"
 GIB = 1 << 30

@@ -13,7 +13,8 @@ import signal
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import NamedTuple
+
+from dispatch.records import NamedTuple
 
 
 class Probe(NamedTuple):

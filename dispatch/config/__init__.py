@@ -1,17 +1,20 @@
 """Find, validate and cache the configuration.
 
 Search order: ``--config PATH``, then ``$HOSTRUN_CONFIG``, then ``./hosts.toml``, then
-``$XDG_CONFIG_HOME/hostrun/hosts.toml`` (``~/.config/hostrun/hosts.toml``); with none, the embedded default (this host only) serves.
+``$XDG_CONFIG_HOME/hostrun/hosts.toml`` (``~/.config/hostrun/hosts.toml``); with none, the embedded
+default (this host only) serves.
 
 pydantic costs ~150 ms to import, so it stays off the hot path of ``hostrun -- CMD``: a file is
-validated once, and its normalized form is cached as JSON keyed by the file's path, size, mtime and
-inode; later runs read the JSON with the standard library while the file is unchanged.
+validated once, and its normalized form is cached (``marshal``: no ``json``/``re`` import on the hot
+path) keyed by the file's path, size, mtime and inode; later runs read that while the file is
+unchanged. The cache is private to its owner, like every state file.
 """
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
+import sys
 from collections.abc import Mapping
 
 from dispatch import __version__
@@ -19,7 +22,7 @@ from dispatch.errors import ConfigError
 from dispatch.fingerprint import short_hash
 from dispatch.settings import Settings
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 
 def find_config(explicit: str | None, environ: Mapping[str, str]) -> str | None:
@@ -49,7 +52,8 @@ def _cache_dir(environ: Mapping[str, str]) -> str:
 
 def _cache_key(path: str) -> list[object]:
     st = os.stat(path)
-    return [CACHE_FORMAT, __version__, os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino]
+    return [CACHE_FORMAT, __version__, sys.hexversion, os.path.realpath(path), st.st_size, st.st_mtime_ns,
+            st.st_ino]
 
 
 def load_settings(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -64,14 +68,14 @@ def load_settings(explicit: str | None = None, environ: Mapping[str, str] | None
 def _load_file(path: str, environ: Mapping[str, str]) -> Settings:
     key = _cache_key(path)
     cache_file = os.path.join(
-        _cache_dir(environ), short_hash(str(key[2]).encode(), 32) + ".json"
+        _cache_dir(environ), short_hash(str(key[3]).encode(), 32) + ".marshal"
     )
     try:
-        with open(cache_file, encoding="utf-8") as fh:
-            cached = json.load(fh)
+        with open(cache_file, "rb") as fh:
+            cached = marshal.load(fh)
         if cached.get("key") == key:
             return Settings.from_normalized(cached["settings"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, EOFError, AttributeError):
         pass
     from dispatch.config.model import validate_file  # pydantic: only on a cache miss
 
@@ -87,8 +91,8 @@ def _write_cache(cache_file: str, payload: dict[str, object]) -> None:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         tmp = f"{cache_file}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh)
+        with os.fdopen(fd, "wb") as fh:
+            marshal.dump(payload, fh)
         os.replace(tmp, cache_file)
     except OSError:
         pass

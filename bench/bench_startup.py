@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Startup cost of ``hostrun -- true`` against a bare Python start, measured in the same run.
+
+What is measured
+----------------
+* ``hostrun --config PRIVATE -- true``: the whole path of a real job on this host (config from the
+  cache, ledger booking and release, slice/job cgroup, running ``true``, recording its peak).
+* the baseline: ``PYTHON -c pass`` with the SAME interpreter hostrun runs on (the venv's
+  ``sys.executable``, i.e. the ``#!`` of the ``hostrun`` script), so the ratio shows hostrun's own cost
+  and not the difference between two Pythons.
+
+The two are interleaved (A B, B A, A B, ...), so both see the same machine noise. One warm-up run of
+hostrun comes first and is not counted: it validates the config with pydantic and writes the cached,
+normalized form that every later run reads.
+
+Reported: median, p10 and p90 wall time of each, the ratio of the medians and the target
+(``hostrun -- true`` <= 3x bare ``python -c pass``; about 70 ms on the reference machines), then the
+top entries of ``python -X importtime -m dispatch -- true`` by cumulative import time.
+
+Isolation: a private temporary config (own ``state_dir``, own slice cgroup
+``<this process's memory cgroup>/hostrun-bench-<pid>``, own ``XDG_CACHE_HOME`` for the config cache),
+passed with ``--config``, so nobody's ledger is touched. Everything is removed in a ``finally`` block;
+anything hostrun leaves behind (job cgroups, bookings) is reported before it is cleaned up.
+
+Needs: root and a cgroup v1 memory controller (as on the reference machines), or whatever backend
+hostrun picks here. Standard library only. Run by hand, e.g.::
+
+    .venv/bin/python bench/bench_startup.py --runs 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TARGET_RATIO = 3.0
+MEMORY_MOUNT = "/sys/fs/cgroup/memory"
+
+
+# ---------------------------------------------------------------- shared setup helpers
+def find_hostrun(explicit: str | None) -> str:
+    path = explicit or os.path.join(os.path.dirname(sys.executable), "hostrun")
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        sys.exit(f"bench: hostrun not found at {path} (use --hostrun PATH or run with the venv python)")
+    return os.path.abspath(path)
+
+
+def interpreter_of(script: str) -> str:
+    """The Python a console script runs on (its ``#!`` line), else this interpreter."""
+    try:
+        with open(script, "rb") as fh:
+            first = fh.readline().decode("utf-8", "replace").strip()
+    except OSError:
+        return sys.executable
+    if first.startswith("#!"):
+        parts = first[2:].split()
+        if parts and os.path.basename(parts[0]) != "env" and os.access(parts[0], os.X_OK):
+            return parts[0]
+    return sys.executable
+
+
+def own_memory_cgroup() -> str | None:
+    with open("/proc/self/cgroup", encoding="utf-8") as fh:
+        for line in fh:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if "memory" in controllers.split(","):
+                return path
+    return None
+
+
+def write_config(tmp: str, slice_size: str) -> tuple[str, str | None]:
+    """A private config; returns (config path, slice cgroup directory or None)."""
+    cgroup = own_memory_cgroup()
+    slice_rel = f"{(cgroup or '').rstrip('/')}/hostrun-bench-{os.getpid()}" if cgroup else None
+    lines = [f'state_dir = "{tmp}/state"', "", "[hosts.local]", f'slice = "{slice_size}"']
+    if slice_rel:
+        lines.append(f'cgroup = "{slice_rel}"')
+    path = os.path.join(tmp, "hosts.toml")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+    slice_dir = MEMORY_MOUNT + slice_rel if slice_rel and os.path.isdir(MEMORY_MOUNT) else None
+    return path, slice_dir
+
+
+def private_env(tmp: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")  # hostrun's config cache goes here
+    env.pop("HOSTRUN_CONFIG", None)
+    return env
+
+
+def leftovers(state_dir: str, slice_dir: str | None) -> list[str]:
+    """What hostrun left behind once all its runs ended: bookings, job cgroups, processes."""
+    found: list[str] = []
+    db = os.path.join(state_dir, "ledger.sqlite3")
+    if os.path.exists(db):
+        try:
+            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+            try:
+                rows = conn.execute("SELECT id, state, label, pid, size FROM bookings").fetchall()
+            finally:
+                conn.close()
+            found += [f"ledger booking left: id={r[0]} state={r[1]} label={r[2]} pid={r[3]} size={r[4]}"
+                      for r in rows]
+        except sqlite3.Error as exc:
+            found.append(f"could not read ledger {db}: {exc}")
+    if slice_dir and os.path.isdir(slice_dir):
+        for dirpath, dirnames, _ in os.walk(slice_dir):
+            for name in dirnames:
+                found.append(f"cgroup left: {os.path.join(dirpath, name)}")
+            try:
+                with open(os.path.join(dirpath, "cgroup.procs"), encoding="utf-8") as fh:
+                    pids = fh.read().split()
+            except OSError:
+                pids = []
+            if pids:
+                found.append(f"processes left in {dirpath}: {' '.join(pids)}")
+    return found
+
+
+def remove_slice(slice_dir: str | None) -> None:
+    """rmdir the slice and any (empty) job cgroups under it, deepest first."""
+    if not slice_dir or not os.path.isdir(slice_dir):
+        return
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            for dirpath, _, _ in sorted(os.walk(slice_dir), key=lambda w: -w[0].count("/")):
+                if os.path.isdir(dirpath):
+                    os.rmdir(dirpath)
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                print(f"bench: warning: could not remove {slice_dir}: {exc}", file=sys.stderr)
+                return
+            time.sleep(0.1)
+
+
+def pct(values: list[float], q: int) -> float:
+    """q-th percentile (inclusive method), q in 1..99."""
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+# ---------------------------------------------------------------- the benchmark
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, int, str]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+    return time.perf_counter() - t0, proc.returncode, proc.stderr.decode("utf-8", "replace")
+
+
+def bytecode_state(python: str, env: dict[str, str]) -> str:
+    """Whether dispatch's modules load from cached bytecode in ``env``, in words."""
+    probe = ("import importlib.util, os, sys, dispatch.cli as m; "
+             "c = importlib.util.cache_from_source(m.__file__); "
+             "print(os.path.exists(c), sys.dont_write_bytecode, sys.pycache_prefix or '-', c)")
+    out = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True).stdout.split()
+    if len(out) != 4:
+        return "unknown"
+    exists, dont_write, _prefix, path = out
+    if exists == "True":
+        return f"cached ({path})"
+    why = "PYTHONDONTWRITEBYTECODE is set" if dont_write == "True" else "not written yet"
+    return f"NOT cached ({why}): dispatch/*.py is compiled on every run"
+
+
+def importtime_profile(python: str, config: str, env: dict[str, str], top: int,
+                       title: str, repeat: int = 5) -> None:
+    """One ``-X importtime`` run is noisy: run it ``repeat`` times and show the median run."""
+    argv = [python, "-X", "importtime", "-m", "dispatch", "--config", config, "--", "true"]
+    runs = []
+    for _ in range(repeat):
+        proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+        rows: list[tuple[int, int, str]] = []
+        other: list[str] = []
+        for line in proc.stderr.decode("utf-8", "replace").splitlines():
+            if not line.startswith("import time:"):
+                other.append(line)
+                continue
+            parts = line[len("import time:"):].split("|")
+            try:
+                rows.append((int(parts[0]), int(parts[1]), parts[2].rstrip()))
+            except (ValueError, IndexError):
+                continue  # the header line
+        runs.append((sum(r[0] for r in rows), proc.returncode, rows, other))
+    runs.sort(key=lambda r: r[0])
+    _, returncode, rows, other = runs[len(runs) // 2]
+    print(f"\nImport-time profile, {title} (median of {repeat} runs by total):")
+    print(f"  {os.path.basename(python)} -X importtime -m dispatch --config PRIVATE -- true"
+          f"  (exit {returncode})")
+    if not rows:
+        print("  (no importtime output)")
+        return
+    total_self = sum(r[0] for r in rows)
+    ours = sum(r[0] for r in rows if r[2].strip().split(".")[0] == "dispatch")
+    print(f"  {len(rows)} modules imported, {total_self / 1000:.1f} ms in all "
+          f"(dispatch.* modules' own time: {ours / 1000:.1f} ms)")
+    if top <= 0:
+        return
+    print(f"  top {top} by cumulative time:")
+    print(f"  {'cumul ms':>9} {'self ms':>8}  module")
+    for self_us, cum_us, name in sorted(rows, key=lambda r: -r[1])[:top]:
+        print(f"  {cum_us / 1000:9.1f} {self_us / 1000:8.1f}  {name}")
+    if other:
+        print("  stderr besides importtime:")
+        for line in other[:10]:
+            print(f"    {line}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=30, help="measured runs of each (>= 20; default 30)")
+    ap.add_argument("--hostrun", metavar="PATH",
+                    help="hostrun executable (default: <dir of sys.executable>/hostrun)")
+    ap.add_argument("--top", type=int, default=15, help="import-time entries to show (default 15)")
+    ap.add_argument("--slice", default="500M", help="slice size of the private config (default 500M)")
+    ap.add_argument("--no-cached-series", action="store_true",
+                    help="skip the extra series with a private bytecode cache (PYTHONPYCACHEPREFIX)")
+    args = ap.parse_args()
+    if args.runs < 20:
+        ap.error("--runs must be at least 20 (medians of >= 20 runs)")
+
+    hostrun = find_hostrun(args.hostrun)
+    python = interpreter_of(hostrun)
+    tmp = tempfile.mkdtemp(prefix="hostrun-bench-startup-")
+    slice_dir: str | None = None
+    try:
+        config, slice_dir = write_config(tmp, args.slice)
+        env = private_env(tmp)
+        # The same, but with bytecode written to (and read from) a private cache: shows what
+        # hostrun costs where its .pyc files exist (a normal pip install, a normal shell).
+        env_cached = dict(env, PYTHONPYCACHEPREFIX=os.path.join(tmp, "pycache"))
+        env_cached.pop("PYTHONDONTWRITEBYTECODE", None)
+        version = subprocess.run([python, "-c", "import sys; print(sys.version.split()[0])"],
+                                 capture_output=True, text=True).stdout.strip()
+        print(f"hostrun:      {hostrun}")
+        print(f"interpreter:  {python} (Python {version}; hostrun's own, used for the baseline)")
+        print(f"config:       {config} (state_dir {tmp}/state, slice {args.slice})")
+        print(f"slice cgroup: {slice_dir or '(hostrun default)'}")
+        print(f"machine:      {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+        print(f"environment:  PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}; "
+              f"dispatch bytecode: {bytecode_state(python, env)}")
+
+        cmd_hostrun = [hostrun, "--config", config, "--", "true"]
+        cmd_python = [python, "-c", "pass"]
+
+        wall, rc, err = timed(cmd_hostrun, env)
+        print(f"\nwarm-up (validates and caches the config): {wall * 1000:.1f} ms, exit {rc}")
+        if rc != 0:
+            print(f"hostrun failed in the warm-up:\n{err}", file=sys.stderr)
+            return 1
+        series = [("hostrun", "hostrun -- true", cmd_hostrun, env),
+                  ("python", "python -c pass (same python)", cmd_python, env)]
+        if not args.no_cached_series:
+            for argv in (cmd_hostrun, cmd_hostrun, cmd_python):  # fill the private bytecode cache
+                timed(argv, env_cached)
+            series.insert(1, ("cached", "hostrun -- true, .pyc cached [*]", cmd_hostrun, env_cached))
+
+        times: dict[str, list[float]] = {key: [] for key, _, _, _ in series}
+        failures: list[str] = []
+        for i in range(args.runs):
+            k = i % len(series)
+            for key, _, argv, run_env in series[k:] + series[:k]:  # rotate: share the noise
+                wall, rc, err = timed(argv, run_env)
+                times[key].append(wall)
+                if rc != 0:
+                    failures.append(f"run {i} {key}: exit {rc}: {err.strip()[:200]}")
+
+        print(f"\n{args.runs} runs each, interleaved; wall time in ms")
+        print(f"  {'':36} {'median':>8} {'p10':>8} {'p90':>8} {'min':>8} {'max':>8}")
+        med = {}
+        for key, label, _, _ in series:
+            v = times[key]
+            med[key] = statistics.median(v)
+            print(f"  {label:36} {med[key] * 1000:8.1f} {pct(v, 10) * 1000:8.1f} "
+                  f"{pct(v, 90) * 1000:8.1f} {min(v) * 1000:8.1f} {max(v) * 1000:8.1f}")
+        ratio = med["hostrun"] / med["python"]
+        verdict = "PASS" if ratio <= TARGET_RATIO and not failures else "FAIL"
+        print(f"\n  ratio of medians, hostrun -- true / python -c pass: {ratio:.2f}x "
+              f"(hostrun's own cost {(med['hostrun'] - med['python']) * 1000:.1f} ms)")
+        print(f"  target: <= {TARGET_RATIO:.0f}x  -> {verdict}")
+        if "cached" in med:
+            print(f"  [*] with dispatch's bytecode cached (private PYTHONPYCACHEPREFIX, "
+                  f"PYTHONDONTWRITEBYTECODE unset): {med['cached'] / med['python']:.2f}x "
+                  f"({(med['cached'] - med['python']) * 1000:.1f} ms over python) -> "
+                  f"{'within' if med['cached'] / med['python'] <= TARGET_RATIO else 'over'} target")
+        if failures:
+            print(f"  {len(failures)} run(s) exited non-zero:")
+            for line in failures[:10]:
+                print(f"    {line}")
+            verdict = "FAIL"
+
+        importtime_profile(python, config, env, args.top, "environment as is")
+        if not args.no_cached_series:
+            importtime_profile(python, config, env_cached, args.top, "bytecode cached [*]")
+
+        left = leftovers(os.path.join(tmp, "state"), slice_dir)
+        print("\nleftovers after all runs: " + ("none" if not left else ""))
+        for line in left:
+            print(f"  {line}")
+        return 0 if verdict == "PASS" and not left else 1
+    finally:
+        remove_slice(slice_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
