@@ -20,6 +20,8 @@ if MYPY:
     import argparse
     from typing import Any, NoReturn
 
+    from dispatch.runner import RunRequest
+
 SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report")
 PROG = "hostrun"
 USAGE = f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{doctor,codes,ledger,report}} ..."
@@ -28,7 +30,10 @@ USAGE = f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{doctor,codes,le
 def _size(text: str) -> int:
     from dispatch.units import parse_size
 
-    return parse_size(text)
+    size = parse_size(text)
+    if size < 1 << 20:
+        raise ValueError(f"too small: {text!r} (a cap below 1M cannot run anything)")
+    return size
 
 
 def _duration(text: str) -> float:
@@ -170,7 +175,7 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def cmd_run(argv: list[str]) -> int:
-    from dispatch.runner import RunRequest, run_local
+    from dispatch.runner import RunRequest, enclosing_job, run_local, run_nested
 
     options, command = _split_command(argv)
     if "-h" in options or "--help" in options:
@@ -182,13 +187,27 @@ def cmd_run(argv: list[str]) -> int:
     args = parse_run_options(options)
     if not command:
         raise UsageError(f"no command given (usage: {PROG} [OPTIONS] -- CMD [ARGS...])")
-    settings = _settings(args["config"])
     request = RunRequest(
         argv=command, label=args["label"], cap=args["memory_cap"], max_runtime=args["max_runtime"],
         threads=args["threads"], no_cap=args["no_cap"],
         session=args["session"] or os.environ.get("HOSTRUN_SESSION"),
     )
-    outcome = run_local(settings, request, _say)
+    enclosing = enclosing_job(os.environ)
+    if enclosing is not None and not args["result_file"]:
+        try:  # already booked and capped by the enclosing job: become the command
+            os.execvp(command[0], command)
+        except OSError as exc:
+            _say(f"cannot run {command[0]!r}: {exc.strerror}")
+            return 127 if isinstance(exc, FileNotFoundError) else 126
+    try:
+        if enclosing is not None:
+            outcome = run_nested(request, enclosing)
+        else:
+            outcome = run_local(_settings(args["config"]), request, _say)
+    except HostrunError as exc:
+        if args["result_file"]:
+            _write_failure(args["result_file"], request, exc)
+        raise
     if outcome.message:
         _say(outcome.message)
     if outcome.exit_code in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL, ExitCode.MAX_RUNTIME):
@@ -199,6 +218,22 @@ def cmd_run(argv: list[str]) -> int:
 
         write_result(args["result_file"], outcome)
     return outcome.exit_code
+
+
+def _write_failure(path: str, request: RunRequest, exc: HostrunError) -> None:
+    """A caller never has to guess from a number: hostrun's own refusals get a result file too."""
+    from dispatch.booking import default_label
+    from dispatch.outcome import Outcome, write_result
+
+    argv = list(request.argv)
+    try:
+        name = ExitCode(exc.exit_code).outcome
+    except ValueError:
+        name = "error"
+    write_result(path, Outcome(
+        exit_code=int(exc.exit_code), outcome=name, host="local",
+        label=request.label or default_label(argv), argv=argv, message=str(exc),
+    ))
 
 
 def cmd_codes(argv: list[str]) -> int:

@@ -23,7 +23,9 @@ def diagnose(settings: Settings) -> dict[str, Any]:
     except BackendError as exc:
         active, slice_path = "none", ""
         problems.append(str(exc))
-    if active == "none":
+    if active == "none" and host.backend == "none":
+        problems.append("backend forced to none by the configuration: jobs run only with --no-cap")
+    elif active == "none":
         problems.append("no memory-cap backend works here: jobs run only with --no-cap")
     return {
         "version": __version__,

@@ -38,7 +38,8 @@ class ExitCode(enum.IntEnum):
 
 MEANINGS: dict[ExitCode, str] = {
     ExitCode.USAGE: "bad arguments or configuration; nothing ran",
-    ExitCode.NOT_RUN: "a preflight admission or run-condition was not met; nothing ran",
+    ExitCode.NOT_RUN: "a precondition was not met (no usable memory-cap backend, a cgroup that could "
+    "not be prepared); nothing ran",
     ExitCode.NEVER_FITS: "the job's cap is larger than the host's whole slice; it could never be admitted",
     ExitCode.LONG_SINGLE_HOST: "recorded or declared duration over the long-job threshold on one host "
     "without a long-job declaration",
@@ -50,7 +51,7 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.OWN_CAP: "the job was OOM-killed at its own cap",
     ExitCode.CONNECTION_LOST: "the connection to the peer broke during the run; the remote job was stopped",
     ExitCode.SYNC_FAILED: "the tree could not be synced to the peer",
-    ExitCode.MAX_RUNTIME: "the job ran past its max runtime (or a lock wait ran out) and was stopped",
+    ExitCode.MAX_RUNTIME: "the job ran past its max runtime and was stopped",
     ExitCode.SLICE_FULL: "the job was OOM-killed because the slice was full, though under its own cap",
 }
 

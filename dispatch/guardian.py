@@ -46,6 +46,10 @@ class Guardian:
     def booked(self, booking_id: int) -> None:
         os.write(self._write_fd, f"B{booking_id}\n".encode())
 
+    def job_started(self, pid: int) -> None:
+        """Backends that track the job by its process (no cgroup) need the pid to stop it."""
+        os.write(self._write_fd, f"P{pid}\n".encode())
+
     def dismiss(self) -> None:
         """hostrun finished its own clean-up: let the guardian exit without touching anything."""
         try:
@@ -73,6 +77,8 @@ def _watch(read_fd: int, state_dir: str, job: JobCgroup) -> None:  # pragma: no 
         for line in lines:
             if line.startswith(b"B"):
                 booking_id = int(line[1:])
+            elif line.startswith(b"P"):
+                job.started(int(line[1:]))
     job.kill_all()
     try:
         job.remove()

@@ -10,7 +10,7 @@ if MYPY:
 
 FIELDS = (
     "exit_code", "outcome", "host", "label", "argv", "cap_bytes", "booking_kind", "booked_bytes",
-    "peak_bytes", "duration_s", "waited_s", "backend", "cgroup", "counters", "message",
+    "peak_bytes", "hit_ceiling", "duration_s", "waited_s", "backend", "cgroup", "counters", "message",
 )
 
 
@@ -22,7 +22,8 @@ class Outcome:
     def __init__(
         self, *, exit_code: int, outcome: str, host: str, label: str, argv: list[str],
         cap_bytes: int | None = None, booking_kind: str | None = None,
-        booked_bytes: int | None = None, peak_bytes: int | None = None, duration_s: float = 0.0,
+        booked_bytes: int | None = None, peak_bytes: int | None = None, hit_ceiling: bool = False,
+        duration_s: float = 0.0,
         waited_s: float = 0.0, backend: str | None = None, cgroup: str | None = None,
         counters: dict[str, int] | None = None, message: str | None = None,
     ) -> None:
@@ -35,6 +36,7 @@ class Outcome:
         self.booking_kind = booking_kind
         self.booked_bytes = booked_bytes
         self.peak_bytes = peak_bytes
+        self.hit_ceiling = hit_ceiling
         self.duration_s = duration_s
         self.waited_s = waited_s
         self.backend = backend

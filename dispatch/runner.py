@@ -11,17 +11,18 @@ exits, whatever it left in the cgroup is killed too. A forked guardian does the 
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.admission import wait_for_room
 from dispatch.booking import Plan, default_label, plan_booking
 from dispatch.capping import select_backend
 from dispatch.capping.base import CapBackend, JobCgroup
-from dispatch.errors import NeverFitsError, NoCapBackendError, UsageError
+from dispatch.errors import BackendError, NeverFitsError, NoCapBackendError, UsageError
 from dispatch.exitcodes import SIGNAL_BASE, ExitCode
 from dispatch.guardian import Guardian
 from dispatch.hostfacts import read_meminfo
@@ -29,8 +30,8 @@ from dispatch.ledger import Ledger
 from dispatch.outcome import Outcome
 from dispatch.procinfo import start_time
 from dispatch.records import NamedTuple
-from dispatch.settings import HostSettings, Settings
-from dispatch.spawn import PreparedChild
+from dispatch.settings import LOCAL, HostSettings, Settings
+from dispatch.spawn import CGROUP_FAILED, PreparedChild
 from dispatch.units import format_size
 
 MYPY = False
@@ -38,8 +39,11 @@ if MYPY:
     from typing import Optional
 
 SAMPLE_INTERVAL = 0.05
+FAST_SAMPLE_INTERVAL = 0.01  # short jobs are over before a 50 ms sample would see them
+FAST_SAMPLING_FOR = 1.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 THREAD_KNOBS = ("CARGO_BUILD_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL")
+JOB_ENV = "HOSTRUN_JOB"  # set in every job: the job's cgroup, so a nested hostrun can tell
 
 
 class RunRequest(NamedTuple):
@@ -51,6 +55,57 @@ class RunRequest(NamedTuple):
     no_cap: bool = False
     session: Optional[str] = None
     env: Optional[dict[str, str]] = None  # the job's environment (default: hostrun's own)
+
+
+def enclosing_job(environ: Mapping[str, str]) -> str | None:
+    """The hostrun job this process runs inside, if any (its cgroup path), else None.
+
+    ``HOSTRUN_JOB`` alone could have leaked into an unrelated process's environment, so it counts
+    only while this process really is in that job's cgroup.
+    """
+    path = environ.get(JOB_ENV)
+    if not path:
+        return None
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        own = line.split(":", 2)[-1].rstrip("/")
+        if own and path.rstrip("/").endswith(own):
+            return path
+    return None
+
+
+def run_nested(request: RunRequest, enclosing: str) -> Outcome:
+    """Run inside an enclosing hostrun job: already booked and capped there, so just run and wait.
+
+    Booking again would count the same memory twice, and a job of its own would escape the
+    enclosing cap. Like ``system(3)``, ignore Ctrl-C while the command (in our process group) gets it.
+    """
+    env = dict(os.environ if request.env is None else request.env)
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT)}
+    started = time.monotonic()
+    try:
+        pid = os.posix_spawnp(request.argv[0], list(request.argv), env,
+                              setsigdef=(signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE))
+        _, status = os.waitpid(pid, 0)
+    except OSError as exc:
+        return Outcome(exit_code=127 if exc.errno == errno.ENOENT else 126, outcome="exit",
+                       host=LOCAL, label=request.label or default_label(request.argv),
+                       argv=list(request.argv), message=f"cannot run {request.argv[0]!r}: {exc.strerror}")
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    signaled = os.WIFSIGNALED(status)
+    return Outcome(
+        exit_code=SIGNAL_BASE + os.WTERMSIG(status) if signaled else os.WEXITSTATUS(status),
+        outcome="signal" if signaled else "exit", host=LOCAL,
+        label=request.label or default_label(request.argv), argv=list(request.argv),
+        duration_s=round(time.monotonic() - started, 3), cgroup=enclosing,
+        message=f"ran inside the enclosing hostrun job {enclosing}, booked and capped there",
+    )
 
 
 def job_environment(base: dict[str, str], threads: int, forced: bool) -> dict[str, str]:
@@ -79,6 +134,38 @@ class _Signals:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+class _Foreground:
+    """Give the terminal to the job while it runs, so it can read from it and gets Ctrl-C directly.
+
+    The job has its own process group; without this, a job reading the terminal would be stopped by
+    SIGTTIN. Only when hostrun itself holds the terminal's foreground.
+    """
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid = pgid
+        self.fd = -1
+
+    def __enter__(self) -> _Foreground:
+        try:
+            if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+                os.tcsetpgrp(0, self.pgid)
+                self.fd = 0
+        except OSError:
+            self.fd = -1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd < 0:
+            return
+        old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # we are in the background now
+        try:
+            os.tcsetpgrp(self.fd, os.getpgrp())
+        except OSError:
+            pass
+        finally:
+            signal.signal(signal.SIGTTOU, old)
 
 
 class _Interrupted(Exception):
@@ -119,11 +206,16 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
     )
     me = os.getpid()
     job = backend.create_job(f"{me}-{start_time(me) or 0}", cap if cap is not None else limit)
-    guardian = Guardian.start(settings.state_dir, job)
-    child = PreparedChild.fork(job, request.argv, env)
+    if job.path:
+        env[JOB_ENV] = job.path
+    guardian: Guardian | None = None
+    child: PreparedChild | None = None
     ledger: Ledger | None = None
     booking_id: int | None = None
     try:
+        guardian = Guardian.start(settings.state_dir, job)
+        child = PreparedChild.fork(job, request.argv, env)
+        guardian.job_started(child.pid)
         ledger = Ledger(settings.state_dir)
         label = request.label or default_label(request.argv)
         plan = plan_booking(cap=cap, peak=ledger.peak(label, host.name), slice_limit=limit,
@@ -144,27 +236,30 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
         outcome = _run(settings, host, backend, job, child, request, label, plan, say)
         outcome.waited_s = round(waited, 3)
         if outcome.peak_bytes is not None:
-            ledger.record_peak(label, host.name, outcome.peak_bytes,
-                               outcome.outcome == ExitCode.OWN_CAP.outcome, outcome.duration_s)
+            ledger.record_peak(label, host.name, outcome.peak_bytes, outcome.hit_ceiling,
+                               outcome.duration_s)
         return outcome
     finally:
-        child.cancel()
+        if child is not None:
+            child.cancel()
         job.kill_all()
+        if ledger is not None:
+            if booking_id is not None:
+                ledger.release(booking_id)  # first: the next job may start while we tidy up
+            ledger.close()
         try:
             job.remove()
         except OSError as exc:
             say(f"warning: could not remove {job.path}: {exc.strerror}")
-        if ledger is not None:
-            if booking_id is not None:
-                ledger.release(booking_id)
-            ledger.close()
-        guardian.dismiss()
+        if guardian is not None:
+            guardian.dismiss()
 
 
 def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSettings,
           booking_id: int, limit: int, say: Callable[[str], None]) -> tuple[float | None, int]:
     """(seconds waited for admission, 0), or (None, signal) when a signal ended the wait."""
-    old = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    caught = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    old = {sig: signal.signal(sig, _raise_interrupted) for sig in caught}
     try:
         return wait_for_room(ledger, backend, host.name, booking_id, limit, settings.status_interval,
                              say), 0
@@ -187,10 +282,13 @@ def _run(
         backend=backend.name, cgroup=job.path or None,
     )
     started = time.monotonic()
-    with _Signals() as signals:
+    with _Signals() as signals, _Foreground(child.pid):
         failed = child.go(plan.oom_score_adj)
         if failed is not None:
-            result.exit_code, reason = failed
+            code, reason = failed
+            if code == CGROUP_FAILED:
+                raise BackendError(reason)
+            result.exit_code = code
             result.message = f"cannot run {request.argv[0]!r}: {reason}"
             return result
         status, peak, timed_out = _watch(settings, job, child.pid, request.max_runtime, signals, say)
@@ -198,9 +296,13 @@ def _run(
     job.kill_all()
     verdict = job.verdict()
     result.counters = verdict.counters
+    # Sampling can miss a short spike; the kernel's high-water mark less the page cache still
+    # charged catches it. At its own cap the job used everything reclaim could not free.
+    peak = max(peak, job.peak_estimate())
     if verdict.own:
         peak = max(peak, job.charged_peak())
     result.peak_bytes = peak
+    result.hit_ceiling = verdict.own
     failed_run = not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
     if timed_out:
         result.exit_code, result.outcome = ExitCode.MAX_RUNTIME, ExitCode.MAX_RUNTIME.outcome
@@ -228,12 +330,16 @@ def _watch(
     pidfd = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
-    deadline = time.monotonic() + max_runtime if max_runtime is not None else None
+    begun = time.monotonic()
+    deadline = begun + max_runtime if max_runtime is not None else None
     kill_at: float | None = None
     timed_out = False
     peak = 0
     try:
-        while not poller.poll(SAMPLE_INTERVAL * 1000):
+        while not poller.poll(
+            (FAST_SAMPLE_INTERVAL if time.monotonic() - begun < FAST_SAMPLING_FOR else SAMPLE_INTERVAL)
+            * 1000
+        ):
             peak = max(peak, job.sample())
             now = time.monotonic()
             if signals.pending:

@@ -21,9 +21,10 @@ LOCAL = "local"
 GIB = 1 << 30
 
 
-def default_state_dir() -> str:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "hostrun")
+def default_state_dir(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    home = env.get("HOME") or os.path.expanduser("~")
+    return os.path.join(env.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state"), "hostrun")
 
 
 class HostSettings(NamedTuple):
@@ -54,7 +55,13 @@ class HostSettings(NamedTuple):
         return max(0, mem_total - reserve)
 
     def threads(self) -> int:
-        return self.heavy_threads or os.cpu_count() or 1
+        """``heavy_threads``, else the cores this process may run on (its CPU affinity)."""
+        if self.heavy_threads:
+            return self.heavy_threads
+        try:
+            return len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return os.cpu_count() or 1
 
 
 class Settings(NamedTuple):
@@ -101,11 +108,14 @@ class Settings(NamedTuple):
         return cls(**{**data, "hosts": hosts})
 
     def with_env_overrides(self, environ: Mapping[str, str]) -> Settings:
-        """Apply ``ENABLE_ACROSS_MACHINES`` and ``PEER_MEMORY_CAP`` (they beat the file)."""
+        """Apply ``ENABLE_ACROSS_MACHINES`` and ``PEER_MEMORY_CAP`` (they beat the file), and resolve
+        a ``state_dir`` the file left unset from ``$XDG_STATE_HOME``/``$HOME``."""
         from dispatch.errors import ConfigError
         from dispatch.units import parse_size
 
         changes: dict[str, Any] = {}
+        if not self.state_dir:
+            changes["state_dir"] = default_state_dir(environ)
         flag = environ.get("ENABLE_ACROSS_MACHINES")
         if flag:
             lowered = flag.strip().lower()

@@ -11,6 +11,7 @@ jobserver keeps working); hostrun's own descriptors are close-on-exec.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from dispatch.capping.base import JobCgroup
 
 # Python ignores SIGPIPE (and SIGXFSZ); an ignored signal stays ignored across exec, so restore them.
 _RESTORE = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(signal, name))
+CGROUP_FAILED = -1
 _DEFAULTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, *_RESTORE)
 
 
@@ -42,7 +44,11 @@ class PreparedChild:
                 os.setpgid(0, 0)
                 for sig in _DEFAULTS:
                     signal.signal(sig, signal.SIG_DFL)
-                job.preexec()
+                try:
+                    job.preexec()
+                except OSError as exc:
+                    os.write(err_w, f"{CGROUP_FAILED} cannot enter {job.path}: {exc.strerror}".encode())
+                    os._exit(code)
                 order = os.read(go_r, 64)
                 if not order.startswith(b"go "):
                     os._exit(0)  # hostrun gave up or died: run nothing
@@ -50,18 +56,30 @@ class PreparedChild:
                     fh.write(order[3:].decode().strip())
                 os.execvpe(exec_argv[0], exec_argv, env)
             except OSError as exc:
-                code = 126 if isinstance(exc, PermissionError) else 127
+                # As shells do: 127 when the command is not found, 126 when it cannot be executed.
+                code = 127 if exc.errno == errno.ENOENT else 126
                 os.write(err_w, f"{code} {exc.strerror}".encode())
             finally:
                 os._exit(code)
         os.close(go_r)
         os.close(err_w)
+        try:
+            os.setpgid(pid, pid)  # also here, so it holds before either side goes on
+        except OSError:
+            pass
         job.started(pid)
         return cls(pid, go_w, err_r)
 
     def go(self, oom_score_adj: int) -> tuple[int, str] | None:
-        """Let the child exec; returns (exit code, reason) if it could not, else None."""
-        os.write(self._go_fd, f"go {oom_score_adj}\n".encode())
+        """Let the child exec; returns (exit code, reason) if it could not, else None.
+
+        The code is 127/126 when the command could not be executed, ``CGROUP_FAILED`` when the child
+        could not even enter the job's cgroup (it then ran nothing).
+        """
+        try:
+            os.write(self._go_fd, f"go {oom_score_adj}\n".encode())
+        except BrokenPipeError:
+            pass  # the child already gave up; its reason is on the error pipe
         os.close(self._go_fd)
         self._go_fd = -1
         data = b""

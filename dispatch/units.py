@@ -43,17 +43,17 @@ def parse_duration(text: str | int | float) -> float:
 
 
 def format_size(n: int | float | None) -> str:
-    """``'5.0G'``, ``'512M'``: one decimal above MiB, as the status lines print sizes."""
+    """``'5.0 GiB'``, ``'512 MiB'``: one decimal from GiB up, as the status lines print sizes."""
     if n is None:
         return "-"
     n = float(n)
     sign = "-" if n < 0 else ""
     n = abs(n)
-    for unit, mult in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+    for unit, mult in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= mult:
             value = n / mult
-            return f"{sign}{value:.1f}{unit}" if unit in "TG" else f"{sign}{value:.0f}{unit}"
-    return f"{sign}{n:.0f}B"
+            return f"{sign}{value:.1f} {unit}" if unit in ("TiB", "GiB") else f"{sign}{value:.0f} {unit}"
+    return f"{sign}{n:.0f} B"
 
 
 def format_duration(seconds: float | None) -> str:

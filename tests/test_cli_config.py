@@ -18,7 +18,9 @@ from tests.conftest import Hostrun
 GiB = 1 << 30
 
 
-def cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "dispatch", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=60, check=False)
 
@@ -205,3 +207,18 @@ def test_report_shows_a_running_job(hostrun: Hostrun, tmp_path: Path) -> None:
     assert report["slice"]["booked"] == 64 << 20
     job.wait(timeout=20)
     assert job.returncode == 0
+
+
+def test_unset_state_dir_follows_the_environment_despite_the_cache(tmp_path: Path) -> None:
+    cfg = tmp_path / "hosts.toml"
+    cfg.write_text("[hosts.local]\nslice = '1G'\n")
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "HOME": str(tmp_path)}
+    first = load_settings(str(cfg), {**env, "XDG_STATE_HOME": str(tmp_path / "a")})
+    second = load_settings(str(cfg), {**env, "XDG_STATE_HOME": str(tmp_path / "b")})
+    assert first.state_dir == str(tmp_path / "a" / "hostrun")
+    assert second.state_dir == str(tmp_path / "b" / "hostrun")
+
+
+def test_memory_cap_below_one_mib_is_refused() -> None:
+    proc = cli("-m", "0", "--", "true")
+    assert proc.returncode == ExitCode.USAGE and "too small" in one_error_line(proc)

@@ -277,8 +277,9 @@ def test_parse_duration_rejects(bad: object) -> None:
 
 
 @pytest.mark.parametrize(("n", "expected"), [
-    (512 * MiB, "512M"), (5 * GiB, "5.0G"), (3 * GiB // 2, "1.5G"), (2 * TiB, "2.0T"), (1023, "1023B"),
-    (0, "0B"), (64 * KiB, "64K"), (-GiB, "-1.0G"), (None, "-"),
+    (512 * MiB, "512 MiB"), (5 * GiB, "5.0 GiB"), (3 * GiB // 2, "1.5 GiB"), (2 * TiB, "2.0 TiB"),
+    (1023, "1023 B"),
+    (0, "0 B"), (64 * KiB, "64 KiB"), (-GiB, "-1.0 GiB"), (None, "-"),
 ])
 def test_format_size(n: int | None, expected: str) -> None:
     assert format_size(n) == expected

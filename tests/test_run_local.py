@@ -120,7 +120,7 @@ def test_admission_waits_for_room_instead_of_overcommitting(hostrun: Hostrun, tm
     first.wait(timeout=30)
     assert first.returncode == 0 and second.returncode == 0
     assert marks.read_text().split() == ["first-start", "first-end", "second-start"]
-    assert "waiting: 200M needed" in second.stderr and "held by first" in second.stderr
+    assert "waiting: 200 MiB needed" in second.stderr and "held by first" in second.stderr
 
 
 def test_never_fits_is_243_at_once(hostrun: Hostrun) -> None:
@@ -264,3 +264,110 @@ def test_state_files_are_private(hostrun: Hostrun) -> None:
         if path.exists():
             assert (path.stat().st_mode & 0o077) == 0, name
     assert (hostrun.state_dir / "ledger.sqlite3").exists()
+
+
+def test_sigkill_of_hostrun_with_no_cap_still_stops_the_job(hostrun: Hostrun, tmp_path: Path) -> None:
+    """Without a cgroup the guardian tracks the job by its process group."""
+    hostrun.configure(slice="300M", host='backend = "none"')
+    pidfile = tmp_path / "pid"
+    proc = hostrun.popen("--no-cap", "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 300")
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip())
+    pid = int(pidfile.read_text())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    wait_for(lambda: not pid_alive(pid), timeout=5)
+    wait_for(lambda: hostrun.bookings() == [], timeout=5)
+
+
+def test_result_file_is_written_for_hostruns_own_refusals(hostrun: Hostrun, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = hostrun.run("-m", "1G", "--label", "big", "--result-file", str(out), "--", "true")
+    assert proc.returncode == 243
+    r = result(out)
+    assert r["exit_code"] == 243 and r["outcome"] == "never-fits" and r["label"] == "big"
+    assert "larger than the whole slice" in r["message"]  # type: ignore[operator]
+    hostrun.configure(slice="300M", host='backend = "none"')
+    proc = hostrun.run("--result-file", str(out), "--", "true")
+    assert proc.returncode == 78 and result(out)["outcome"] == "not-run"
+
+
+def test_script_without_interpreter_line_is_126(hostrun: Hostrun, tmp_path: Path) -> None:
+    script = tmp_path / "noshebang"
+    script.write_bytes(b"\x7fELF-not-really")
+    script.chmod(0o755)
+    proc = hostrun.run("-m", "64M", "--", str(script))
+    assert proc.returncode == 126
+    assert "cannot run" in proc.stderr
+
+
+def test_nested_hostrun_runs_inside_the_enclosing_job(hostrun: Hostrun, tmp_path: Path) -> None:
+    """An inner hostrun does not book again nor leave the outer cap: it runs in the outer cgroup."""
+    inner_out = tmp_path / "inner.json"
+    inner = f"{PY} -m dispatch --config {hostrun.config_path}"
+    script = (f"{inner} -m 200M -- sh -c 'grep memory /proc/self/cgroup'; "
+              f"{inner} -m 200M --result-file {inner_out} -- sh -c 'exit 7'; echo inner=$?")
+    proc = hostrun.run("-m", "100M", "--label", "outer", "--", "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    cgroup_line, status = proc.stdout.split()
+    assert "/job-" in cgroup_line and status == "inner=7"
+    r = result(inner_out)
+    assert r["exit_code"] == 7 and "enclosing hostrun job" in r["message"]  # type: ignore[operator]
+    assert cgroup_line.split(":", 2)[2] in r["cgroup"]  # type: ignore[operator]
+
+
+def test_sigquit_while_waiting_leaves_the_queue(hostrun: Hostrun, tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    holder = hostrun.popen("-m", "250M", "--", "sh", "-c", f"touch {started}; sleep 30")
+    wait_for(started.exists)
+    waiter = hostrun.popen("-m", "250M", "--label", "waiter", "--", "true")
+    wait_for(lambda: any(b[1] == "waiter" for b in hostrun.bookings()))
+    waiter.send_signal(signal.SIGQUIT)
+    waiter.wait(timeout=10)
+    assert waiter.returncode == 128 + signal.SIGQUIT
+    assert "nothing ran" in waiter.stderr.read()  # type: ignore[union-attr]
+    assert not any(b[1] == "waiter" for b in hostrun.bookings())
+    holder.send_signal(signal.SIGTERM)
+    holder.wait(timeout=15)
+
+
+def test_ceiling_is_marked_even_when_the_job_survives_an_oom_kill(hostrun: Hostrun) -> None:
+    proc = hostrun.run("-m", "100M", "--label", "survivor", "--", "sh", "-c",
+                       f"{PY} -c 'x = bytearray(300 << 20)'; exit 0")
+    assert proc.returncode == 0
+    assert "OOM-killed, but the job exited 0" in proc.stderr
+    (peak,) = json.loads(hostrun.run("ledger", "--json").stdout)["peaks"]
+    assert peak["hit_ceiling"] is True
+
+
+def test_short_spike_is_caught_in_the_recorded_peak(hostrun: Hostrun, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    code = "x = b'x' * (80 << 20)"  # allocated, written and gone within a few milliseconds
+    assert hostrun.run("-m", "200M", "--result-file", str(out), "--", PY, "-c", code).returncode == 0
+    assert result(out)["peak_bytes"] >= 80 * MiB  # type: ignore[operator]
+
+
+def test_interactive_job_reads_the_terminal(hostrun: Hostrun) -> None:
+    """In a real pseudo-terminal, the job gets the foreground: it can read input (no SIGTTIN hang)."""
+    import pty
+    import select
+
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - child
+        os.execv(PY, hostrun.argv("-m", "64M", "--", "sh", "-c", "read line; echo got:$line"))
+    os.write(fd, b"hello\n")
+    output = b""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(fd, 1024)
+            except OSError:
+                break
+            if not chunk:
+                break
+            output += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    assert b"got:hello" in output, output
+    assert os.WEXITSTATUS(status) == 0

@@ -149,6 +149,14 @@ class JobCgroup(ABC):
     def charged_peak(self) -> int:
         """The kernel's own high-water mark (page cache included)."""
 
+    def peak_estimate(self) -> int:
+        """The kernel's high-water mark less the page cache still charged now (0 if unknown).
+
+        Read after the job's processes are gone. It can only under-estimate when the job's cache grew
+        after its peak, so it is combined with the sampled peak by taking the larger.
+        """
+        return 0
+
     @abstractmethod
     def pids(self) -> list[int]: ...
 

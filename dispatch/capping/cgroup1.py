@@ -112,6 +112,11 @@ class Cgroup1Job(JobCgroup):
         except OSError:
             return 0
 
+    def peak_estimate(self) -> int:
+        stat = self._stat()
+        cache = stat.get("total_cache", 0) - stat.get("total_shmem", 0)
+        return max(0, self.charged_peak() - cache)
+
     def pids(self) -> list[int]:
         return read_pids(os.path.join(self.path, "cgroup.procs"))
 

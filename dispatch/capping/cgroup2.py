@@ -93,6 +93,10 @@ class Cgroup2Job(JobCgroup):
         except OSError:
             return 0
 
+    def peak_estimate(self) -> int:
+        stat = read_keyed(os.path.join(self.path, "memory.stat"))
+        return max(0, self.charged_peak() - (stat.get("file", 0) - stat.get("shmem", 0)))
+
     def pids(self) -> list[int]:
         return read_pids(os.path.join(self.path, "cgroup.procs"))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from dispatch.capping.base import Probe, read_text
+from dispatch.capping.base import Probe, read_int, read_text
 from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job
 from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
 from dispatch.errors import BackendError
@@ -84,6 +84,11 @@ class SystemdBackend(Cgroup2Backend):
         return f"{self.slice_unit} ({self.slice_dir})"
 
     def ensure_slice(self, limit: int) -> None:
+        try:
+            if read_int(os.path.join(self.slice_dir, "memory.max")) == limit:
+                return  # already right: skip a systemctl round trip on every job
+        except (OSError, ValueError):
+            pass
         argv = [self.systemctl, "set-property", "--runtime", self.slice_unit,
                 f"MemoryMax={limit}", "MemorySwapMax=0"]
         import subprocess

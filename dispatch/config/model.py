@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from dispatch.errors import ConfigError
-from dispatch.settings import LOCAL, HostSettings, Settings, default_state_dir
+from dispatch.settings import LOCAL, HostSettings, Settings
 from dispatch.units import parse_duration, parse_size
 
 
@@ -122,7 +122,8 @@ def validate_file(path: str) -> Settings:
         )
     hosts.setdefault(LOCAL, HostSettings(LOCAL))
     return Settings.default(
-        state_dir=os.path.expanduser(model.state_dir) if model.state_dir else default_state_dir(),
+        # Unset stays "" here and is resolved on every load: the cache must not freeze $XDG_STATE_HOME.
+        state_dir=os.path.expanduser(model.state_dir) if model.state_dir else "",
         alert_file=os.path.expanduser(model.alert_file) if model.alert_file else None,
         long_job_threshold=model.long_job_threshold,
         pending_window=model.pending_window,
