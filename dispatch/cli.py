@@ -22,7 +22,7 @@ if MYPY:
 
     from dispatch.runner import RunRequest
 
-SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report")
+SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts")
 PROG = "hostrun"
 USAGE = f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{doctor,codes,ledger,report}} ..."
 
@@ -56,8 +56,9 @@ class Option:
     """One run option: the single table behind both the fast parser and ``--help``."""
 
     def __init__(self, flags: tuple[str, ...], dest: str, help: str, metavar: str | None = None,
-                 convert: Callable[[str], Any] = str) -> None:
+                 convert: Callable[[str], Any] = str, optional_value: bool = False) -> None:
         self.flags, self.dest, self.help, self.metavar, self.convert = flags, dest, help, metavar, convert
+        self.optional_value = optional_value  # a flag that may carry a value, only as --flag=VALUE
 
     @property
     def takes_value(self) -> bool:
@@ -77,6 +78,13 @@ RUN_OPTIONS = (
     Option(("--result-file",), "result_file", "write the outcome as JSON to PATH", "PATH"),
     Option(("--no-cap",), "no_cap", "run even when no memory-cap backend works here (uncapped!)"),
     Option(("--session",), "session", "who is running this (default: $HOSTRUN_SESSION)", "NAME"),
+    Option(("--auto",), "auto", "run where the dispatcher decides (see 'hostrun dispatch')"),
+    Option(("--peer",), "peer", "run on a peer: --peer takes the first configured, --peer=NAME that one",
+           optional_value=True),
+    Option(("--expect-duration",), "expect_duration", "how long the job is expected to run, for the "
+           "long-job rule (default: its recorded durations)", "DUR", _duration),
+    Option(("--long-job",), "long_job", "the job is sharded/resumable/multi-host: exempt from the "
+           "long-job rule (a '# long-job:' header in the script says the same)"),
 )
 _BY_FLAG = {flag: opt for opt in RUN_OPTIONS for flag in opt.flags}
 
@@ -100,6 +108,8 @@ def _print_run_help() -> None:
     for opt in RUN_OPTIONS:
         if opt.takes_value:
             p.add_argument(*opt.flags, dest=opt.dest, metavar=opt.metavar, help=opt.help)
+        elif opt.optional_value:
+            p.add_argument(*opt.flags, dest=opt.dest, nargs="?", metavar="NAME", help=opt.help)
         else:
             p.add_argument(*opt.flags, dest=opt.dest, action="store_true", help=opt.help)
     p.print_help()
@@ -125,9 +135,9 @@ def parse_run_options(options: Sequence[str]) -> dict[str, Any]:
             raise UsageError(f"unrecognized arguments: {arg} (see '{PROG} --help')")
         shown = "/".join(opt.flags)
         if not opt.takes_value:
-            if inline is not None:
+            if inline is not None and not opt.optional_value:
                 raise UsageError(f"argument {shown}: ignored explicit argument {inline!r}")
-            values[opt.dest] = True
+            values[opt.dest] = inline if inline is not None else True
             continue
         if inline is None:
             if i >= len(options):
@@ -192,6 +202,8 @@ def cmd_run(argv: list[str]) -> int:
         threads=args["threads"], no_cap=args["no_cap"],
         session=args["session"] or os.environ.get("HOSTRUN_SESSION"),
     )
+    if args["peer"] or args["auto"]:
+        return _run_elsewhere(options, command, args, request)
     enclosing = enclosing_job(os.environ)
     if enclosing is not None and not args["result_file"]:
         try:  # already booked and capped by the enclosing job: become the command
@@ -218,6 +230,114 @@ def cmd_run(argv: list[str]) -> int:
 
         write_result(args["result_file"], outcome)
     return outcome.exit_code
+
+
+def _job(command: list[str], args: dict[str, Any]):  # type: ignore[no-untyped-def]
+    from dispatch.auto import make_job
+
+    return make_job(command, label=args["label"], cap=args["memory_cap"],
+                    gpu_memory=args.get("gpu_memory"), expect_duration=args["expect_duration"],
+                    long_job=args["long_job"])
+
+
+def _run_elsewhere(options: list[str], command: list[str], args: dict[str, Any],
+                   request: RunRequest) -> int:
+    """``--auto`` (run where the dispatcher decides) and ``--peer``."""
+    from dispatch.errors import AcrossDisabledError, PeerUnreachableError
+
+    settings = _settings(args["config"])
+    if args["peer"]:
+        from dispatch.peers import choose_peer
+
+        if not settings.enable_across_machines:
+            raise AcrossDisabledError("--peer: enable_across_machines is off (set it in the config "
+                                      "or ENABLE_ACROSS_MACHINES=1); not running locally instead")
+        choose_peer(settings, args["peer"], args["memory_cap"])
+        raise PeerUnreachableError("--peer: running jobs on a peer (sync and remote run) is not in "
+                                   "this version yet; nothing ran")
+    from dispatch.auto import consider, note_sent, peer_command
+
+    job = _job(command, args)
+    decision = consider(settings, job)
+    for reason in decision.reasons:
+        _say(f"dispatch: {reason}")
+    if decision.action == "refuse":
+        code = ExitCode(decision.exit_code)
+        _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
+        return code.value
+    if decision.action == "peer":
+        assert decision.host is not None
+        note_sent(settings, decision, job)
+        _say(f"dispatch: run it there with: {peer_command(options, decision.host, command)}")
+        raise PeerUnreachableError("--auto chose a peer, and running jobs on a peer is not in this "
+                                   "version yet; nothing ran")
+    from dispatch.runner import run_local
+
+    outcome = run_local(settings, request, _say)
+    if outcome.message:
+        _say(outcome.message)
+    if args["result_file"]:
+        from dispatch.outcome import write_result
+
+        write_result(args["result_file"], outcome)
+    return outcome.exit_code
+
+
+def cmd_dispatch(argv: list[str]) -> int:
+    """Print where a job would run, and why, without running it."""
+    options, command = _split_command(argv)
+    json_out = "--json" in options
+    options = [o for o in options if o != "--json"]
+    if "-h" in options or "--help" in options:
+        print(f"usage: {PROG} dispatch [--json] [RUN OPTIONS] -- CMD [ARGS...]\n\n"
+              "Print where CMD would run and why (the dispatcher's rules), without running it.")
+        return 0
+    args = parse_run_options(options)
+    if not command:
+        raise UsageError(f"no command given (usage: {PROG} dispatch [--json] [OPTIONS] -- CMD)")
+    from dispatch.auto import consider
+
+    decision = consider(_settings(args["config"]), _job(command, args))
+    if json_out:
+        import json
+
+        print(json.dumps(decision.as_dict(), indent=2))
+    else:
+        from dispatch import render
+
+        render.decision(decision)
+    return 0 if decision.action != "refuse" else int(decision.exit_code)
+
+
+def cmd_alerts(argv: list[str]) -> int:
+    p = _sub_parser("alerts", "List alerts (a waiting job that a peer could take now, ...).")
+    p.add_argument("--follow", action="store_true", help="wait for new alerts and print each")
+    args = p.parse_args(argv)
+    from dispatch import alerts
+
+    path = _settings(args.config).alerts_path
+    if args.follow:
+        import json
+
+        for record in alerts.follow(path):
+            print(json.dumps(record) if args.json else _alert_line(record), flush=True)
+        return 0
+    records = alerts.read_all(path)
+    if args.json:
+        import json
+
+        print(json.dumps(records, indent=2))
+    else:
+        for record in records:
+            print(_alert_line(record))
+    return 0
+
+
+def _alert_line(record: dict[str, Any]) -> str:
+    import time as _time
+
+    when = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(record.get("time", 0)))
+    return f"{when} {record.get('kind', '?')}: {record.get('message', '')}"
 
 
 def _write_failure(path: str, request: RunRequest, exc: HostrunError) -> None:
@@ -276,21 +396,28 @@ def cmd_ledger(argv: list[str]) -> int:
 
 
 def cmd_report(argv: list[str]) -> int:
-    args = _sub_parser("report", "This host's memory, slice, bookings, load and queue.").parse_args(
-        argv
-    )
-    from dispatch.report import local_report
+    p = _sub_parser("report", "Every configured host's memory, slice, bookings, load, GPUs and queue, "
+                              "read in parallel within the configured deadlines.")
+    p.add_argument("--host", action="append", metavar="NAME", help="only this host (repeatable)")
+    args = p.parse_args(argv)
+    from dispatch.reports import read_reports
 
-    data = local_report(_settings(args.config))
+    settings = _settings(args.config)
+    for name in args.host or []:
+        if name not in settings.hosts:
+            raise UsageError(f"--host {name}: no such host (configured: {', '.join(settings.hosts)})")
+    readings = read_reports(settings, args.host)
     if args.json:
         import json
 
-        print(json.dumps(data, indent=2))
-        return 0
-    from dispatch import render
+        print(json.dumps({"hosts": [
+            {"host": r.host, "ok": r.ok, "error": r.error, "elapsed_s": round(r.elapsed, 3),
+             "report": r.report} for r in readings]}, indent=2))
+    else:
+        from dispatch import render
 
-    render.report(data)
-    return 0
+        render.readings(readings)
+    return 0 if all(r.ok for r in readings) else int(ExitCode.PEER_UNREACHABLE)
 
 
 def cmd_doctor(argv: list[str]) -> int:
@@ -321,11 +448,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             take = 2 if args[0] == "--config" else 1
             leading, args = leading + args[:take], args[take:]
         if args and args[0] in SUBCOMMANDS:
-            name, rest = args[0], args[1:] + leading
+            name = args[0]
+            # Run-style commands end in "-- CMD": their options must come before it.
+            rest = leading + args[1:] if name in ("run", "dispatch") else args[1:] + leading
             if name == "run":
                 return cmd_run(rest)
             handler = {"doctor": cmd_doctor, "codes": cmd_codes, "ledger": cmd_ledger,
-                       "report": cmd_report}[name]
+                       "report": cmd_report, "dispatch": cmd_dispatch, "alerts": cmd_alerts}[name]
             return handler(rest)
         return cmd_run(leading + args)
     except HostrunError as exc:

@@ -9,7 +9,13 @@ calls ``sys.exit``. The hierarchy::
     ├── NotRunError                 78   a preflight condition was not met
     ├── NeverFitsError              243  cap larger than the host's whole slice
     ├── NoCapBackendError           78   no memory-cap backend works here and --no-cap was not given
-    └── BackendError                78   a backend failed while preparing the slice or the job
+    ├── BackendError                78   a backend failed while preparing the slice or the job
+    ├── LongJobError                244  too long for one host without a long-job declaration
+    ├── PeerUnreachableError        246  the peer could not be reached or read in time
+    │   ├── HostKeyError            246  its host key is unknown or changed (never retried)
+    │   └── PeerAuthError           246  authentication failed (never retried)
+    ├── AcrossDisabledError         248  a peer was asked for while enable_across_machines is off
+    └── OverPeerCapError            249  the cap exceeds the peer's peer_memory_cap
 """
 
 from __future__ import annotations
@@ -50,3 +56,27 @@ class NoCapBackendError(HostrunError):
 
 class BackendError(HostrunError):
     exit_code = ExitCode.NOT_RUN
+
+
+class LongJobError(HostrunError):
+    exit_code = ExitCode.LONG_SINGLE_HOST
+
+
+class PeerUnreachableError(HostrunError):
+    exit_code = ExitCode.PEER_UNREACHABLE
+
+
+class HostKeyError(PeerUnreachableError):
+    """Unknown or changed host key: a security decision for the user, so never retried."""
+
+
+class PeerAuthError(PeerUnreachableError):
+    """Authentication failed: retrying cannot help."""
+
+
+class AcrossDisabledError(HostrunError):
+    exit_code = ExitCode.ACROSS_DISABLED
+
+
+class OverPeerCapError(HostrunError):
+    exit_code = ExitCode.OVER_PEER_CAP

@@ -4,6 +4,10 @@ Shared by every hostrun process on the host. Each admission decision is one ``BE
 transaction, so two processes can never both take the same room, and a SIGKILL at any point leaves the
 store consistent (SQLite rolls back the unfinished transaction). Bookings whose holder is gone (pid and
 start time no longer match) are reclaimed inside the same transaction by whoever admits next.
+
+A job given ``--gpu-memory`` is booked on one GPU as well, in the same row and the same transaction:
+``gpu_bytes`` is what it asked for, ``gpu_index`` the device it was admitted on (NULL while waiting).
+The ledger never reads a GPU itself: the caller passes the room per device, read beforehand.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ MYPY = False
 if MYPY:
     from typing import Any, Optional
 
-SCHEMA_VERSION = 1
+    GpuRoom = Callable[[list["Booking"]], dict[int, int]]  # running bookings -> room per GPU index
+
+SCHEMA_VERSION = 2  # 2: bookings.gpu_index, bookings.gpu_bytes
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bookings (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -37,7 +43,9 @@ CREATE TABLE IF NOT EXISTS bookings (
     session TEXT,
     queued REAL NOT NULL,
     since REAL,
-    reason TEXT
+    reason TEXT,
+    gpu_index INTEGER,
+    gpu_bytes INTEGER
 );
 CREATE INDEX IF NOT EXISTS bookings_host_state ON bookings (host, state, id);
 CREATE TABLE IF NOT EXISTS peaks (
@@ -55,8 +63,10 @@ CREATE TABLE IF NOT EXISTS peaks (
 """
 BOOKING_COLUMNS = (
     "id, host, label, state, pid, pid_start, size, cap, kind, cgroup, command, session, queued, "
-    "since, reason"
+    "since, reason, gpu_index, gpu_bytes"
 )
+# Columns added after version 1, for ledgers created by an older hostrun: (name, declaration).
+ADDED_COLUMNS = (("gpu_index", "INTEGER"), ("gpu_bytes", "INTEGER"))
 
 
 class Booking(NamedTuple):
@@ -75,6 +85,8 @@ class Booking(NamedTuple):
     queued: float
     since: Optional[float]
     reason: Optional[str]
+    gpu_index: Optional[int] = None  # the GPU it was admitted on
+    gpu_bytes: Optional[int] = None  # VRAM asked for with --gpu-memory
 
 
 class PeakRecord(NamedTuple):
@@ -89,6 +101,29 @@ class PeakRecord(NamedTuple):
     updated: float
 
 
+def choose_gpu(rooms: dict[int, int], earlier: list[int], need: int
+               ) -> tuple[int | None, int | None, int, bool]:
+    """Pick a device for ``need`` bytes of VRAM, keeping FIFO among GPU waiters.
+
+    ``rooms``: room per device index after running bookings; ``earlier``: the VRAM asked for by
+    earlier GPU waiters, in queue order. Each earlier waiter is first set against the device with the
+    most room (as it would choose), whether or not it fits there, so a later job can only take room
+    an earlier one would not have taken. Then the device with the most room left that fits ``need``
+    is chosen (lowest index on a tie). Returns (device, room on the best device before the earlier
+    waiters, VRAM asked for by them, fits).
+    """
+    if not rooms:
+        return None, None, sum(earlier), False
+    best = max(rooms, key=lambda i: (rooms[i], -i))
+    left = dict(rooms)
+    for size in earlier:
+        first = max(left, key=lambda i: (left[i], -i))
+        left[first] -= size
+    device = max(left, key=lambda i: (left[i], -i))
+    fits = left[device] >= need
+    return (device if fits else best), rooms[best], sum(earlier), fits
+
+
 class Admission(NamedTuple):
     """One admission attempt: whether it got in, and the figures a status line needs."""
 
@@ -99,6 +134,14 @@ class Admission(NamedTuple):
     position: int  # how many earlier waiters there are
     holders: list[Booking]
     reclaimed: list[Booking]
+    # With --gpu-memory: VRAM asked for; the device chosen (admitted) or with the most room (not yet);
+    # the room on that device before earlier GPU waiters; VRAM asked for by those; what blocks.
+    gpu_need: int = 0
+    gpu_device: Optional[int] = None
+    gpu_free: Optional[int] = None
+    gpu_ahead: int = 0
+    memory_ok: bool = True
+    gpu_ok: bool = True
 
 
 def _peak(row: Any) -> PeakRecord:
@@ -128,10 +171,24 @@ class Ledger:
             self._create_schema()
 
     def _create_schema(self) -> None:
+        """Create the tables, or bring an older ledger up to date; safe to race with another process.
+
+        The version is written last, in the migration's transaction, so a crash in between leaves
+        an older version number and the next open migrates again.
+        """
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.executescript(
-            f"BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
-        )
+        self.db.executescript(f"BEGIN IMMEDIATE; {SCHEMA} COMMIT;")
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            have = {row[1] for row in self.db.execute("PRAGMA table_info(bookings)")}
+            for name, declaration in ADDED_COLUMNS:
+                if name not in have:
+                    self.db.execute(f"ALTER TABLE bookings ADD COLUMN {name} {declaration}")
+            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         self.db.close()
@@ -161,12 +218,13 @@ class Ledger:
 
     def enqueue(
         self, *, host: str, label: str, pid: int, pid_start: int, size: int, cap: int, kind: str,
-        command: str, session: str | None, cgroup: str | None = None,
+        command: str, session: str | None, cgroup: str | None = None, gpu_bytes: int | None = None,
     ) -> int:
         cur = self.db.execute(
             "INSERT INTO bookings (host, label, state, pid, pid_start, size, cap, kind, command,"
-            " session, queued, cgroup) VALUES (?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (host, label, pid, pid_start, size, cap, kind, command, session, time.time(), cgroup),
+            " session, queued, cgroup, gpu_bytes) VALUES (?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (host, label, pid, pid_start, size, cap, kind, command, session, time.time(), cgroup,
+             gpu_bytes),
         )
         assert cur.lastrowid is not None
         return cur.lastrowid
@@ -190,7 +248,8 @@ class Ledger:
             self.touch()
         return stale
 
-    def _evaluate(self, booking_id: int, host: str, room: Callable[[int], int]) -> Admission:
+    def _evaluate(self, booking_id: int, host: str, room: Callable[[int], int],
+                  gpu_room: GpuRoom | None = None) -> Admission:
         rows = self._rows("host = ?", (host,))
         running = [b for b in rows if b.state == "running"]
         me = next((b for b in rows if b.id == booking_id), None)
@@ -199,34 +258,51 @@ class Ledger:
         earlier = [b for b in rows if b.state == "waiting" and b.id < booking_id]
         ahead = sum(b.size for b in earlier)
         free = room(sum(b.size for b in running))
-        admitted = me.state == "running" or free - ahead >= me.size
-        return Admission(admitted, me.size, free, ahead, len(earlier), running, [])
+        if me.state == "running":
+            return Admission(True, me.size, free, ahead, len(earlier), running, [],
+                             gpu_need=me.gpu_bytes or 0, gpu_device=me.gpu_index)
+        memory_ok = free - ahead >= me.size
+        if not me.gpu_bytes:
+            return Admission(memory_ok, me.size, free, ahead, len(earlier), running, [],
+                             memory_ok=memory_ok)
+        rooms = gpu_room(running) if gpu_room is not None else {}
+        device, gpu_free, gpu_ahead, gpu_ok = choose_gpu(rooms, [b.gpu_bytes for b in earlier
+                                                                 if b.gpu_bytes], me.gpu_bytes)
+        return Admission(memory_ok and gpu_ok, me.size, free, ahead, len(earlier), running, [],
+                         gpu_need=me.gpu_bytes, gpu_device=device, gpu_free=gpu_free,
+                         gpu_ahead=gpu_ahead, memory_ok=memory_ok, gpu_ok=gpu_ok)
 
-    def peek(self, booking_id: int, host: str, room: Callable[[int], int]) -> Admission:
+    def peek(self, booking_id: int, host: str, room: Callable[[int], int],
+             gpu_room: GpuRoom | None = None) -> Admission:
         """Would ``try_admit`` admit now? A plain read: takes no lock and changes nothing.
 
         Waiters peek on every change and lock only when they could get in (or once a second, to
         reclaim stale bookings), so a release does not send every waiter into the write lock.
         """
-        return self._evaluate(booking_id, host, room)
+        return self._evaluate(booking_id, host, room, gpu_room)
 
-    def try_admit(self, booking_id: int, host: str, room: Callable[[int], int]) -> Admission:
+    def try_admit(self, booking_id: int, host: str, room: Callable[[int], int],
+                  gpu_room: GpuRoom | None = None) -> Admission:
         """Admit ``booking_id`` if ``room(booked)`` minus what earlier waiters need covers its size.
 
         ``room`` gets the bytes booked by running jobs and returns the free room in the slice (slice
         limit - booked - cache-free usage above the bookings). Reserving room for every earlier waiter
         keeps FIFO: a later job can only start when it cannot delay an earlier one. Stale bookings are
         reclaimed first, in the same transaction.
+
+        A booking with ``gpu_bytes`` also needs a GPU: ``gpu_room`` gets the running bookings and
+        returns the VRAM room per device index (see ``choose_gpu``); the device chosen is recorded
+        in ``gpu_index`` in the same transaction.
         """
         self.db.execute("BEGIN IMMEDIATE")
         try:
             reclaimed = self._reclaim_locked(host)
-            adm = self._evaluate(booking_id, host, room)
+            adm = self._evaluate(booking_id, host, room, gpu_room)
             if adm.admitted:
                 self.db.execute(
-                    "UPDATE bookings SET state = 'running', since = ?, reason = NULL"
-                    " WHERE id = ? AND state = 'waiting'",
-                    (time.time(), booking_id),
+                    "UPDATE bookings SET state = 'running', since = ?, reason = NULL,"
+                    " gpu_index = coalesce(gpu_index, ?) WHERE id = ? AND state = 'waiting'",
+                    (time.time(), adm.gpu_device if adm.gpu_need else None, booking_id),
                 )
             self.db.execute("COMMIT")
         except BaseException:
@@ -245,6 +321,10 @@ class Ledger:
     def release(self, booking_id: int) -> None:
         self.db.execute("DELETE FROM bookings WHERE id = ?", (booking_id,))
         self.touch()
+
+    def booking(self, booking_id: int) -> Booking | None:
+        rows = self._rows("id = ?", (booking_id,))
+        return rows[0] if rows else None
 
     def bookings(self, host: str | None = None) -> list[Booking]:
         return self._rows("host = ?", (host,)) if host else self._rows("1 = 1", ())

@@ -52,9 +52,35 @@ def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord]) -> None:
     console.print(table if table.row_count else "peak table: empty")
 
 
+def readings(items: Sequence[Any]) -> None:
+    """Every host's report, or why it could not be read."""
+    for reading in items:
+        if reading.report is None:
+            console.print(f"[bold]{reading.host}[/bold]: [red]could not read:[/red] {reading.error}")
+        else:
+            report(reading.report)
+
+
+def decision(d: Any) -> None:
+    verdict = {"local": "run here (local)", "peer": f"run on {d.host}",
+               "queue": f"wait in the queue on {d.host}", "refuse": f"refuse (exit {d.exit_code})"}
+    console.print(f"[bold]decision:[/bold] {verdict[d.action]}")
+    for reason in d.reasons:
+        console.print(f"  - {reason}")
+    if d.judgements:
+        table = Table(title="hosts")
+        for col in ("host", "fits", "need", "free", "why"):
+            table.add_column(col)
+        for j in d.judgements:
+            table.add_row(j.host, "yes" if j.fits else "no", format_size(j.need), format_size(j.free),
+                          j.reason)
+        console.print(table)
+
+
 def report(data: dict[str, Any]) -> None:
     s = data["slice"]
-    table = Table(title=f"host {data['host']} ({data['hostname']}), backend {data['backend']}",
+    table = Table(title=f"host {data['host']} ({data['hostname']}), backend {data['backend']}, "
+                        f"hostrun {data.get('agent_version') or data['version']}",
                   show_header=False)
     table.add_column("what")
     table.add_column("value")
@@ -66,6 +92,9 @@ def report(data: dict[str, Any]) -> None:
                             f"not yet at peak); {format_size(s['free'])} free to book")
     table.add_row("load", " ".join(f"{x:.2f}" for x in data["load"]) + f" on {data['cores']} cores")
     table.add_row("heavy threads", str(data["heavy_threads"]))
+    for gpu in data.get("gpus") or []:
+        table.add_row(f"GPU {gpu.get('index', '?')}", f"{gpu.get('name', '')}: "
+                      f"{format_size(gpu.get('free'))} free of {format_size(gpu.get('total'))}")
     table.add_row("running", str(len(data["running"])))
     table.add_row("queue", str(data["queue_length"]))
     console.print(table)

@@ -16,7 +16,8 @@ from dispatch.ledger import Ledger
 from dispatch.settings import Settings
 
 
-def local_report(settings: Settings) -> dict[str, Any]:
+def local_report(settings: Settings, label: str | None = None) -> dict[str, Any]:
+    """This host's report; with ``label``, also that label's record in this host's peak table."""
     host = settings.local
     mem = read_meminfo()
     backend = select_backend(host, mem.total)
@@ -25,6 +26,7 @@ def local_report(settings: Settings) -> dict[str, Any]:
     ledger = Ledger(settings.state_dir)
     try:
         bookings = ledger.bookings(host.name)
+        peak = ledger.peak(label, host.name) if label else None
     finally:
         ledger.close()
     running = [b for b in bookings if b.state == "running"]
@@ -58,6 +60,7 @@ def local_report(settings: Settings) -> dict[str, Any]:
             "reclaimable": max(0, usage.usage - usage.held),
             "booked": booked,
             "booked_not_at_peak": not_at_peak,
+            "queued": sum(b.size for b in waiting),
             "free": limit - booked - max(0, usage.used - booked),
         },
         "load": list(load),
@@ -66,6 +69,12 @@ def local_report(settings: Settings) -> dict[str, Any]:
         "gpus": [],
         "running": jobs,
         "queue_length": len(waiting),
+        "label_peak": peak._asdict() if peak else None,
+        "settings": {
+            "slice_bytes": host.slice_bytes, "reserve_bytes": host.reserve_bytes,
+            "default_cap": host.default_cap, "gamble_size": settings.gamble_size_for(host),
+            "peer_memory_cap": host.peer_memory_cap, "state_dir": settings.state_dir,
+        },
         "queue": [
             {"id": b.id, "label": b.label, "pid": b.pid, "need": b.size, "reason": b.reason,
              "waited_s": round(now - b.queued, 1)}

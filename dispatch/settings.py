@@ -39,6 +39,11 @@ class HostSettings(NamedTuple):
     cgroup: Optional[str] = None
     backend: Optional[str] = None
     ssh: Optional[str] = None
+    port: Optional[int] = None
+    ssh_config: Optional[str] = None
+    identity_file: Optional[str] = None
+    work_root: Optional[str] = None  # on the peer; default ~/hostrun-work
+    python: Optional[str] = None  # on the peer; default python3
     peer_memory_cap: Optional[int] = None
 
     @property
@@ -76,6 +81,7 @@ class Settings(NamedTuple):
     gamble_size: int = 512 << 20
     status_interval: float = 60.0
     kill_grace: float = 10.0
+    control_persist: float = 600.0
     source: str = "<built-in default>"
 
     @classmethod

@@ -93,7 +93,7 @@ class Hostrun:
         self.config_path = tmp_path / "hosts.toml"
         self.configure()
 
-    def configure(self, slice: str = "300M", top: str = "", host: str = "") -> None:
+    def configure(self, slice: str = "300M", top: str = "", host: str = "", peers: str = "") -> None:
         self.config_path.write_text(
             f'state_dir = "{self.state_dir}"\n'
             'kill_grace = "2s"\n'
@@ -103,6 +103,7 @@ class Hostrun:
             f'slice = "{slice}"\n'
             f'cgroup = "{self.cgroup}"\n'
             f"{host}\n"
+            f"{peers}\n"
         )
 
     def argv(self, *args: str) -> list[str]:
@@ -179,3 +180,56 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != b"Z"
+
+
+def require_sshd() -> None:
+    problem = None
+    if not os.path.exists("/usr/sbin/sshd"):
+        problem = "openssh-server is not installed (scripts/setup installs it as root)"
+    elif os.geteuid() != 0:
+        problem = "test peers need root (sshd privilege separation)"
+    if problem:
+        if ON_CI:
+            pytest.fail(f"CI=true but {problem}")
+        pytest.skip(problem)
+
+
+def _stop_masters(state_dir: Path) -> None:
+    """ControlMaster processes outlive the commands (ControlPersist): stop this test's ones."""
+    from dispatch.ssh import control_dir
+
+    subprocess.run(["pkill", "-f", f"ControlPath={control_dir(str(state_dir))}"], check=False)
+
+
+@pytest.fixture
+def peers(hostrun: Hostrun, tmp_path: Path) -> Iterator[Any]:
+    """A factory of real sshd peers: ``peers("peer1", "127.0.0.2")``. Each has its own config, state
+    dir and slice cgroup; teardown checks that nothing is left running or booked on any of them."""
+    from tests.sshd import SshdPeer
+
+    made: list[SshdPeer] = []
+    mount, own = hostrun.mount, hostrun.cgroup.rsplit("/", 1)[0]
+
+    def make(name: str = "peer1", address: str = "127.0.0.2", slice: str = "300M",
+             extra_env: dict[str, str] | None = None) -> SshdPeer:
+        require_sshd()
+        root = tmp_path / f"peer-{name}"
+        root.mkdir()
+        peer = SshdPeer(root, name, address, f"{own}/hostrun-test-{name}-{uuid.uuid4().hex[:6]}",
+                        slice, extra_env)
+        peer.start()
+        made.append(peer)
+        return peer
+
+    try:
+        yield make
+    finally:
+        _stop_masters(hostrun.state_dir)
+        for peer in made:
+            peer.stop()
+        for peer in made:
+            slice_dir = Path(mount + peer.cgroup)
+            leftovers = [p for f in slice_dir.rglob("cgroup.procs") for p in f.read_text().split()] \
+                if slice_dir.exists() else []
+            _kill_tree(slice_dir)
+            assert not leftovers, f"processes left in {peer.name}'s slice: {leftovers}"

@@ -182,7 +182,9 @@ def test_doctor_report_and_ledger(hostrun: Hostrun) -> None:
     assert doctor["slice"] == str(hostrun.slice_dir)
     assert {p["backend"]: p["ok"] for p in doctor["probes"]}["cgroup1"] is True
     assert hostrun.run("-m", "64M", "--label", "seen", "--", "true").returncode == 0
-    report = json.loads(hostrun.run("report", "--json").stdout)
+    (reading,) = json.loads(hostrun.run("report", "--json").stdout)["hosts"]
+    assert reading["host"] == "local" and reading["ok"] and reading["error"] is None
+    report = reading["report"]
     assert report["slice"]["limit"] == 300 << 20
     assert report["backend"] == "cgroup1" and report["queue_length"] == 0 and report["running"] == []
     for key in ("total", "available"):
@@ -201,7 +203,7 @@ def test_report_shows_a_running_job(hostrun: Hostrun, tmp_path: Path) -> None:
     from tests.conftest import wait_for
 
     wait_for(started.exists)
-    report = json.loads(hostrun.run("report", "--json").stdout)
+    report = json.loads(hostrun.run("report", "--json").stdout)["hosts"][0]["report"]
     (running,) = report["running"]
     assert running["label"] == "busy" and running["booked"] == 64 << 20 and running["kind"] == "cap"
     assert report["slice"]["booked"] == 64 << 20

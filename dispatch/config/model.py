@@ -5,14 +5,14 @@ Every model forbids unknown keys, so a typo is an error naming the key, never a 
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from dispatch.config.plain import settings_from_dict
 from dispatch.errors import ConfigError
-from dispatch.settings import LOCAL, HostSettings, Settings
+from dispatch.settings import LOCAL, Settings
 from dispatch.units import parse_duration, parse_size
 
 
@@ -44,6 +44,11 @@ class HostModel(_Strict):
     cgroup: Optional[str] = None
     backend: Optional[str] = None
     ssh: Optional[str] = None
+    port: Optional[int] = Field(default=None, ge=1, le=65535)
+    ssh_config: Optional[str] = None
+    identity_file: Optional[str] = None
+    work_root: Optional[str] = None
+    python: Optional[str] = None
     peer_memory_cap: Optional[Size] = None
 
     def check(self, name: str) -> None:
@@ -55,8 +60,11 @@ class HostModel(_Strict):
             raise ValueError("cgroup must be an absolute path inside the hierarchy, e.g. /hostrun")
         if name != LOCAL and not self.ssh:
             raise ValueError("a peer needs ssh = 'destination'")
-        if name == LOCAL and self.ssh:
-            raise ValueError("ssh is for peers; local is this machine")
+        peer_only = ("ssh", "port", "ssh_config", "identity_file", "work_root", "python",
+                     "peer_memory_cap")
+        if name == LOCAL and any(getattr(self, key) is not None for key in peer_only):
+            key = next(key for key in peer_only if getattr(self, key) is not None)
+            raise ValueError(f"{key} is for peers; local is this machine")
 
 
 class ConfigModel(_Strict):
@@ -70,6 +78,7 @@ class ConfigModel(_Strict):
     gamble_size: Size = 512 << 20
     status_interval: Duration = 60.0
     kill_grace: Duration = 10.0
+    control_persist: Duration = 600.0
     hosts: dict[str, HostModel] = Field(default_factory=dict)
 
 
@@ -102,37 +111,9 @@ def validate_file(path: str) -> Settings:
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         raise ConfigError(f"{path}: {_location(err['loc'])}: {msg}") from None
-    hosts: dict[str, HostSettings] = {}
     for name, host in model.hosts.items():
         try:
             host.check(name)
         except ValueError as exc:
             raise ConfigError(f"{path}: hosts.{name}: {exc}") from None
-        hosts[name] = HostSettings(
-            name=name,
-            slice_bytes=host.slice,
-            reserve_bytes=host.reserve,
-            heavy_threads=host.heavy_threads,
-            default_cap=host.default_cap,
-            gamble_size=host.gamble_size,
-            cgroup=host.cgroup,
-            backend=host.backend,
-            ssh=host.ssh,
-            peer_memory_cap=host.peer_memory_cap,
-        )
-    hosts.setdefault(LOCAL, HostSettings(LOCAL))
-    return Settings.default(
-        # Unset stays "" here and is resolved on every load: the cache must not freeze $XDG_STATE_HOME.
-        state_dir=os.path.expanduser(model.state_dir) if model.state_dir else "",
-        alert_file=os.path.expanduser(model.alert_file) if model.alert_file else None,
-        long_job_threshold=model.long_job_threshold,
-        pending_window=model.pending_window,
-        report_timeout=model.report_timeout,
-        report_deadline=model.report_deadline,
-        enable_across_machines=model.enable_across_machines,
-        gamble_size=model.gamble_size,
-        status_interval=model.status_interval,
-        kill_grace=model.kill_grace,
-        hosts=hosts,
-        source=os.path.abspath(path),
-    )
+    return settings_from_dict(raw, path)

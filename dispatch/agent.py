@@ -1,0 +1,67 @@
+"""The remote agent: hostrun's standard-library core, shipped to a peer as one zipapp.
+
+A peer needs only ``python3`` (>= 3.9) and ``rsync``; nothing is installed there. The controller
+builds a deterministic zip of the core modules (everything in ``dispatch`` that does not need
+pydantic or rich), names it by its content hash and sends it once, to
+``~/.cache/hostrun/agent-<hash>.pyz``. Different code means a different name, so version skew is
+impossible by construction: a peer either has exactly this agent or gets it sent again.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+
+from dispatch import __version__
+from dispatch.fingerprint import sha256
+
+# Modules that need pydantic or rich, or only make sense on the controller.
+CONTROLLER_ONLY = frozenset({
+    "cli.py", "render.py", "doctor.py", "__main__.py", "config/model.py", "agent.py", "peer.py",
+    "reports.py", "dispatcher.py",
+})
+REMOTE_DIR = ".cache/hostrun"
+ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+MAIN = b"import sys\nfrom dispatch.agentmain import main\nsys.exit(main(sys.argv[1:]))\n"
+
+_built: tuple[bytes, str] | None = None
+
+
+def _core_files() -> list[tuple[str, bytes]]:
+    root = os.path.dirname(os.path.abspath(__file__))
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if not name.endswith(".py"):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
+            if rel in CONTROLLER_ONLY:
+                continue
+            with open(os.path.join(dirpath, name), "rb") as fh:
+                files.append((f"dispatch/{rel}", fh.read()))
+    return files
+
+
+def build() -> tuple[bytes, str]:
+    """(zipapp bytes, content hash). Deterministic: same sources, same bytes, same name."""
+    global _built
+    if _built is None:
+        files = [*_core_files(), ("__main__.py", MAIN)]
+        digest = sha256()
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            for name, data in files:
+                digest.update(name.encode() + b"\0" + data + b"\0")
+                info = zipfile.ZipInfo(name, date_time=ZIP_EPOCH)
+                info.compress_type = zipfile.ZIP_DEFLATED
+                info.external_attr = 0o644 << 16
+                zf.writestr(info, data)
+        _built = (buf.getvalue(), f"{__version__}-{digest.hexdigest()[:16]}")
+    return _built
+
+
+def remote_path() -> str:
+    """Relative to the peer's home directory (ssh commands start there)."""
+    return f"{REMOTE_DIR}/agent-{build()[1]}.pyz"

@@ -1,0 +1,93 @@
+"""What the agent does on the peer (``python3 agent.pyz COMMAND ...``): standard library only.
+
+Commands print one JSON document on stdout:
+- ``report [--fallback JSON] [--label LABEL]``: the peer's resources, from its own ledger and slice.
+
+The peer's own configuration (``$HOSTRUN_CONFIG``, ``./hosts.toml`` or
+``~/.config/hostrun/hosts.toml``) decides its slice; the controller's ``[hosts.NAME]`` values, passed
+as ``--fallback``, fill only what the peer's file leaves unset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from dispatch import __version__
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+    from dispatch.settings import Settings
+
+# Host keys the controller may supply: where the peer has its own value, the peer's wins.
+FALLBACK_KEYS = ("slice_bytes", "reserve_bytes", "heavy_threads", "default_cap", "gamble_size",
+                 "cgroup", "backend")
+
+
+def _load_toml(path: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - old peers
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise RuntimeError(f"{path}: Python {sys.version.split()[0]} cannot read TOML "
+                               "(needs 3.11+, or tomli)") from None
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def peer_settings(fallback: dict[str, Any]) -> tuple[Settings, dict[str, Any]]:
+    """The peer's settings, and notes for the controller (config source, disagreements)."""
+    from dispatch.config import find_config
+    from dispatch.config.plain import settings_from_dict
+    from dispatch.settings import LOCAL, Settings
+
+    notes: dict[str, Any] = {"config": None, "config_error": None, "disagreements": []}
+    settings = Settings.default()
+    try:
+        path = find_config(None, os.environ)
+        if path is not None:
+            settings = settings_from_dict(_load_toml(path), path)
+            notes["config"] = os.path.abspath(path)
+    except Exception as exc:
+        notes["config_error"] = str(exc)
+    settings = settings.with_env_overrides(os.environ)
+    own = settings.local
+    merged = {}
+    for key in FALLBACK_KEYS:
+        mine, theirs = getattr(own, key), fallback.get(key)
+        if mine is None and theirs is not None:
+            merged[key] = theirs
+        elif mine is not None and theirs is not None and mine != theirs:
+            notes["disagreements"].append({"key": key, "peer": mine, "controller": theirs})
+    if merged:
+        settings = settings._replace(hosts={**settings.hosts, LOCAL: own._replace(**merged)})
+    return settings, notes
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) else None
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: agent.pyz report [--fallback JSON] [--label LABEL]", file=sys.stderr)
+        return 2
+    command = argv[0]
+    fallback = json.loads(_option(argv, "--fallback") or "{}")
+    if command == "report":
+        from dispatch.report import local_report
+
+        settings, notes = peer_settings(fallback)
+        data = local_report(settings, label=_option(argv, "--label"))
+        data.update(notes)
+        data["agent_version"] = __version__
+        data["python"] = sys.version.split()[0]
+        json.dump(data, sys.stdout)
+        return 0
+    print(f"agent: unknown command {command!r}", file=sys.stderr)
+    return 2

@@ -1,0 +1,65 @@
+"""Settings from an already-parsed TOML mapping, with the standard library only.
+
+pydantic (``dispatch.config.model``) validates a user's file strictly and then builds the settings
+here; the remote agent on a bare peer, which has no pydantic, builds the peer's own settings here
+directly (keys it does not know are ignored there: the peer's own hostrun validates its file).
+"""
+
+from __future__ import annotations
+
+import os
+
+from dispatch.settings import LOCAL, HostSettings, Settings
+from dispatch.units import parse_duration, parse_size
+
+MYPY = False
+if MYPY:
+    from collections.abc import Mapping
+    from typing import Any
+
+_HOST_SIZES = {"slice": "slice_bytes", "reserve": "reserve_bytes", "default_cap": "default_cap",
+               "gamble_size": "gamble_size", "peer_memory_cap": "peer_memory_cap"}
+_HOST_PLAIN = ("heavy_threads", "cgroup", "backend", "ssh", "port", "ssh_config", "identity_file",
+               "work_root", "python")
+_TOP_DURATIONS = ("long_job_threshold", "pending_window", "report_timeout", "report_deadline",
+                  "status_interval", "kill_grace", "control_persist")
+
+
+def _expand(path: Any) -> Any:
+    return os.path.expanduser(path) if isinstance(path, str) else path
+
+
+def host_from_dict(name: str, table: Mapping[str, Any]) -> HostSettings:
+    values: dict[str, Any] = {"name": name}
+    for key, field in _HOST_SIZES.items():
+        if table.get(key) is not None:
+            values[field] = parse_size(table[key])
+    for key in _HOST_PLAIN:
+        if table.get(key) is not None:
+            values[key] = table[key]
+    for key in ("ssh_config", "identity_file"):
+        if key in values:
+            values[key] = _expand(values[key])
+    return HostSettings(**values)
+
+
+def settings_from_dict(raw: Mapping[str, Any], source: str) -> Settings:
+    """Build Settings from a TOML mapping. A ``state_dir`` left unset stays "" so that it is
+    resolved from the environment on every load (see ``Settings.with_env_overrides``)."""
+    values: dict[str, Any] = {}
+    for key in _TOP_DURATIONS:
+        if raw.get(key) is not None:
+            values[key] = parse_duration(raw[key])
+    if raw.get("gamble_size") is not None:
+        values["gamble_size"] = parse_size(raw["gamble_size"])
+    if raw.get("enable_across_machines") is not None:
+        values["enable_across_machines"] = bool(raw["enable_across_machines"])
+    hosts = {name: host_from_dict(name, table or {}) for name, table in (raw.get("hosts") or {}).items()}
+    hosts.setdefault(LOCAL, HostSettings(LOCAL))
+    return Settings.default(
+        state_dir=_expand(raw.get("state_dir")) or "",
+        alert_file=_expand(raw.get("alert_file")) or None,
+        hosts=hosts,
+        source=os.path.abspath(source),
+        **values,
+    )

@@ -1,0 +1,70 @@
+"""Talking to a peer's agent over SSH: send the agent when missing, run a command, parse its JSON."""
+
+from __future__ import annotations
+
+import json
+
+from dispatch import agent
+from dispatch.errors import PeerUnreachableError
+from dispatch.settings import HostSettings, Settings
+from dispatch.ssh import SshPeer
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+AGENT_MISSING = 97
+# Run the agent if this exact version is there; say so (exit 97) if not. "$@" keeps argv intact.
+# Paths are relative to $HOME (sshd starts in the passwd home, which $HOME may override).
+_RUN = 'cd "$HOME" || exit 1; [ -f "$1" ] || exit 97; f=$1; py=$2; shift 2; exec "$py" -I "$f" "$@"'
+_SEND = 'cd "$HOME" && mkdir -p "$(dirname "$1")" && cat > "$1.tmp.$$" && mv "$1.tmp.$$" "$1"'
+
+FALLBACK_FIELDS = ("slice_bytes", "reserve_bytes", "heavy_threads", "default_cap", "gamble_size",
+                   "cgroup", "backend")
+
+
+class PeerClient:
+    def __init__(self, settings: Settings, host: HostSettings) -> None:
+        self.settings = settings
+        self.host = host
+        self.ssh = SshPeer(host, settings.state_dir, settings.report_timeout, settings.control_persist)
+
+    @property
+    def python(self) -> str:
+        return self.host.python or "python3"
+
+    def fallback(self) -> str:
+        """The controller's ``[hosts.NAME]`` values, for what the peer's own config leaves unset."""
+        values = {key: getattr(self.host, key) for key in FALLBACK_FIELDS}
+        return json.dumps({k: v for k, v in values.items() if v is not None})
+
+    async def agent_json(self, args: list[str], timeout: float) -> dict[str, Any]:
+        path = agent.remote_path()
+        command = ["sh", "-c", _RUN, "hostrun-agent", path, self.python, *args]
+        result = await self.ssh.run(command, timeout=timeout)
+        if result.returncode == AGENT_MISSING:
+            await self.ssh.run(["sh", "-c", _SEND, "hostrun-send", path], input=agent.build()[0],
+                               timeout=timeout)
+            result = await self.ssh.run(command, timeout=timeout)
+        if result.returncode == 127:
+            raise PeerUnreachableError(f"peer {self.host.name}: {self.python!r} not found there "
+                                       f"(set hosts.{self.host.name}.python)")
+        if result.returncode != 0:
+            last = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+            raise PeerUnreachableError(
+                f"peer {self.host.name}: agent failed (exit {result.returncode}): {last[0]}")
+        try:
+            data: dict[str, Any] = json.loads(result.stdout)
+        except ValueError:
+            raise PeerUnreachableError(f"peer {self.host.name}: agent answered no JSON") from None
+        return data
+
+    async def report(self, label: str | None = None, timeout: float | None = None) -> dict[str, Any]:
+        args = ["report", "--fallback", self.fallback()]
+        if label:
+            args += ["--label", label]
+        data = await self.agent_json(args, timeout or self.settings.report_timeout)
+        if data.get("agent_version") is None:
+            raise PeerUnreachableError(f"peer {self.host.name}: unexpected answer from the agent")
+        data["host"] = self.host.name
+        return data

@@ -1,0 +1,135 @@
+"""Real OpenSSH peers for tests: an ``sshd`` with its own config, host key and user key in a temporary
+directory, listening on a loopback address (127.0.0.2, ...). The peer is this same machine, but with its
+own hostrun configuration, state directory, slice cgroup and home (set through sshd's ``SetEnv``),
+so it has a ledger and slice of its own, as a second machine would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
+
+
+def keygen(path: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return Path(f"{path}.pub").read_text().strip()
+
+
+class SshdPeer:
+    def __init__(self, root: Path, name: str, address: str, peer_cgroup: str,
+                 slice: str = "300M", extra_env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.name = name
+        self.address = address
+        self.port = free_port(address)
+        self.home = root / "home"
+        self.state_dir = root / "state"
+        self.peer_config = root / "peer-hosts.toml"
+        self.cgroup = peer_cgroup
+        self.home.mkdir(parents=True)
+        host_key = root / "host_ed25519"
+        self.host_pub = keygen(host_key)
+        self.user_key = root / "id_ed25519"
+        user_pub = keygen(self.user_key)
+        (root / "authorized_keys").write_text(user_pub + "\n")
+        self.write_peer_config(slice)
+        env = {"HOSTRUN_CONFIG": str(self.peer_config), "HOME": str(self.home),
+               "XDG_CACHE_HOME": str(self.home / ".cache"), "PYTHONDONTWRITEBYTECODE": "1",
+               **(extra_env or {})}
+        setenv = " ".join(f'"{k}={v}"' for k, v in env.items())
+        self.sshd_config = root / "sshd_config"
+        self.sshd_config.write_text(
+            f"Port {self.port}\nListenAddress {address}\nHostKey {host_key}\n"
+            f"PidFile {root / 'sshd.pid'}\nAuthorizedKeysFile {root / 'authorized_keys'}\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPrintMotd no\n"
+            f"LogLevel ERROR\nSetEnv {setenv}\n"
+        )
+        self.known_hosts = root / "known_hosts"
+        self.known_hosts.write_text(f"[{address}]:{self.port} {self.host_pub}\n")
+        self.ssh_config = root / "ssh_config"
+        self.ssh_config.write_text(
+            f"Host {name}\n  HostName {address}\n  Port {self.port}\n  User root\n"
+            f"  IdentityFile {self.user_key}\n  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {self.known_hosts}\n  GlobalKnownHostsFile /dev/null\n"
+            "  LogLevel ERROR\n"
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def write_peer_config(self, slice: str, extra: str = "") -> None:
+        self.peer_config.write_text(
+            f'state_dir = "{self.state_dir}"\n{extra}\n[hosts.local]\nslice = "{slice}"\n'
+            f'cgroup = "{self.cgroup}"\n'
+        )
+
+    def start(self) -> None:
+        os.makedirs("/run/sshd", exist_ok=True)
+        self.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.sshd_config)],
+                                        stderr=open(self.root / "sshd.log", "wb"))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((self.address, self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"sshd on {self.address}:{self.port} did not start: "
+                           f"{(self.root / 'sshd.log').read_text()}")
+
+    def pids(self) -> list[int]:
+        """The listener and every process below it (per-connection sshd, sessions, agents)."""
+        if self.process is None:
+            return []
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as fh:
+                    ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+        found, todo = [], [self.process.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo.extend(children.get(pid, []))
+        return found
+
+    def freeze(self) -> None:
+        for pid in self.pids():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in self.pids():
+            os.kill(pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        self.thaw()
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    def host_table(self, extra: str = "") -> str:
+        """The controller's [hosts.NAME] table for this peer."""
+        return f'[hosts.{self.name}]\nssh = "{self.name}"\nssh_config = "{self.ssh_config}"\n{extra}\n'
