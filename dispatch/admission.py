@@ -7,16 +7,24 @@ lock; the others just read. The periodic locked retry, which also reclaims stale
 second for the head of the queue and less often further back, so a long queue does not keep the lock
 busy. Every ``status_interval`` a waiter prints one
 line naming who holds the room.
+
+A job with ``--gpu-memory`` also needs a GPU whose room (free VRAM now, less what running GPU
+bookings on it have yet to allocate) covers its request. nvidia-smi is read before each attempt,
+never inside the ledger's write lock, and at most once a second (``dispatch.gpu.GpuSnapshot``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from dispatch.capping.base import CapBackend
 from dispatch.ledger import Admission, Booking, Ledger
 from dispatch.units import format_duration, format_size
+
+MYPY = False
+if MYPY:
+    from dispatch.gpu import GpuSnapshot
 
 POLL = 0.02
 RECHECK = 1.0
@@ -44,15 +52,67 @@ def stop_reclaimed(backend: CapBackend, reclaimed: list[Booking]) -> None:
                     pass
 
 
-def status_line(adm: Admission, now: float | None = None) -> str:
+def gpu_room_function(backend: CapBackend, snapshot: GpuSnapshot
+                      ) -> Callable[[list[Booking]], dict[int, int]]:
+    """Room per GPU for the ledger: the snapshot's figures less running GPU bookings' unallocated part.
+
+    A running job's processes (its cgroup's ``cgroup.procs``) are matched against nvidia-smi's
+    per-process usage; where they cannot be, the whole booking is taken off.
+    """
+    def gpu_room(running: list[Booking]) -> dict[int, int]:
+        held: list[tuple[int, int, Sequence[int]]] = []
+        for b in running:
+            if b.gpu_index is None or not b.gpu_bytes:
+                continue
+            job = backend.job_at(b.cgroup) if b.cgroup and snapshot.apps else None
+            held.append((b.gpu_index, b.gpu_bytes, job.pids() if job is not None else []))
+        return snapshot.rooms(held)
+
+    return gpu_room
+
+
+def _holder(b: Booking, now: float) -> str:
+    vram = f", {format_size(b.gpu_bytes)} VRAM on GPU {b.gpu_index}" if b.gpu_index is not None else ""
+    return f"{b.label} (pid {b.pid}, {format_size(b.size)}{vram}, {format_duration(now - (b.since or now))})"
+
+
+def status_line(adm: Admission, now: float | None = None, gpu_error: str | None = None) -> str:
+    """One line: what the job waits for (memory, VRAM or both) and who holds it."""
     now = time.time() if now is None else now
-    holders = ", ".join(
-        f"{b.label} (pid {b.pid}, {format_size(b.size)}, {format_duration(now - (b.since or now))})"
-        for b in sorted(adm.holders, key=lambda b: -b.size)
-    ) or "nobody (usage outside bookings)"
-    ahead = f", {format_size(adm.ahead)} queued ahead" if adm.ahead else ""
-    return (f"waiting: {format_size(adm.need)} needed, {format_size(max(0, adm.free))} free{ahead}; "
-            f"held by {holders}")
+    holders = list(adm.holders)
+    parts = []
+    if adm.memory_ok and not adm.gpu_ok:  # only VRAM blocks: name the holders of that GPU (of any)
+        holders = [b for b in holders if b.gpu_index is not None
+                   and (adm.gpu_device is None or b.gpu_index == adm.gpu_device)]
+    else:
+        ahead = f", {format_size(adm.ahead)} queued ahead" if adm.ahead else ""
+        parts.append(f"{format_size(adm.need)} needed, {format_size(max(0, adm.free))} free{ahead}")
+    if not adm.gpu_ok:
+        if gpu_error:
+            parts.append(f"{format_size(adm.gpu_need)} VRAM needed; cannot read the GPUs: {gpu_error}")
+        elif adm.gpu_device is None:
+            parts.append(f"{format_size(adm.gpu_need)} VRAM needed, no GPU reports free memory")
+        else:
+            ahead = f", {format_size(adm.gpu_ahead)} VRAM queued ahead" if adm.gpu_ahead else ""
+            parts.append(f"{format_size(adm.gpu_need)} VRAM needed, "
+                         f"{format_size(max(0, adm.gpu_free or 0))} free on GPU {adm.gpu_device}{ahead}")
+    key = (lambda b: -(b.gpu_bytes or 0)) if adm.memory_ok and not adm.gpu_ok else (lambda b: -b.size)
+    held = ", ".join(_holder(b, now) for b in sorted(holders, key=key))
+    return f"waiting: {'; '.join(parts)}; held by {held or 'nobody (usage outside bookings)'}"
+
+
+def wait_reason(adm: Admission, gpu_error: str | None = None) -> str:
+    """The short reason stored with the queue entry (``hostrun ledger`` shows it)."""
+    reasons = []
+    if not (adm.memory_ok and not adm.gpu_ok):  # memory is short (or all there is to wait for)
+        reasons.append(f"memory: need {format_size(adm.need)}, free {format_size(max(0, adm.free))}")
+    if not adm.gpu_ok:
+        if gpu_error or adm.gpu_device is None:
+            reasons.append(f"vram: need {format_size(adm.gpu_need)}, {gpu_error or 'no GPU room known'}")
+        else:
+            reasons.append(f"vram: need {format_size(adm.gpu_need)}, free "
+                           f"{format_size(max(0, adm.gpu_free or 0))} on GPU {adm.gpu_device}")
+    return "; ".join(reasons)
 
 
 def wait_for_room(
@@ -63,9 +123,15 @@ def wait_for_room(
     limit: int,
     status_interval: float,
     say: Callable[[str], None],
+    gpu: GpuSnapshot | None = None,
 ) -> float:
-    """Block until admitted; returns the seconds waited."""
+    """Block until admitted; returns the seconds waited.
+
+    With ``gpu`` (a ``--gpu-memory`` booking) a GPU must have room too; the device chosen is in the
+    booking's ``gpu_index`` afterwards.
+    """
     room = room_function(backend, limit)
+    gpu_room = gpu_room_function(backend, gpu) if gpu is not None else None
     started = time.monotonic()
     last_tick: tuple[int, int, int] | None = None
     last_locked = last_status = 0.0
@@ -77,19 +143,21 @@ def wait_for_room(
         due = now - last_locked >= recheck
         if tick != last_tick or due:
             last_tick = tick
-            adm = ledger.peek(booking_id, host, room)
+            if gpu is not None:  # outside the write lock; at most once a second
+                gpu.refresh(lambda: any(b.gpu_index is not None for b in ledger.bookings(host)))
+            adm = ledger.peek(booking_id, host, room, gpu_room)
             recheck = min(RECHECK_MAX, RECHECK * (1 + adm.position))
             if adm.admitted or due:
                 last_locked = now
-                adm = ledger.try_admit(booking_id, host, room)
+                adm = ledger.try_admit(booking_id, host, room, gpu_room)
                 stop_reclaimed(backend, adm.reclaimed)
                 if adm.admitted:
                     return time.monotonic() - started
-                reason = f"memory: need {format_size(adm.need)}, free {format_size(max(0, adm.free))}"
+                reason = wait_reason(adm, gpu.error if gpu is not None else None)
                 if reason != last_reason:  # a write: only on the once-a-second path
                     ledger.set_reason(booking_id, reason)
                     last_reason = reason
             if last_status == 0.0 or now - last_status >= status_interval:
-                say(status_line(adm))
+                say(status_line(adm, gpu_error=gpu.error if gpu is not None else None))
                 last_status = now
         time.sleep(POLL)

@@ -8,14 +8,21 @@ second dispatch a second later sees that room as taken.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
+from dispatch import alerts
 from dispatch.booking import default_label
-from dispatch.dispatcher import Decision, Job, decide
+from dispatch.dispatcher import Decision, Job, Judgement, decide, judge
 from dispatch.headers import read_headers
 from dispatch.pending import Pending
 from dispatch.reports import read_reports
 from dispatch.settings import LOCAL, Settings
+from dispatch.units import format_size
+
+MYPY = False
+if MYPY:
+    from typing import Any
 
 
 def make_job(argv: Sequence[str], *, label: str | None, cap: int | None, gpu_memory: int | None,
@@ -53,3 +60,60 @@ def peer_command(options: Sequence[str], host: str, command: Sequence[str]) -> s
     """The exact command that runs the same job on ``host``."""
     kept = [o for o in options if o != "--auto"]
     return shlex.join(["hostrun", *kept, f"--peer={host}", "--", *command])
+
+
+class PeerWatch:
+    """While a local job waits: if a peer's report shows it could take the job now, raise one alert.
+
+    Reads the peers in a background thread (ssh must not stall the wait loop), at most one reading at
+    a time, and alerts once per wait. hostrun never moves the job itself: the alert and the printed
+    line give the exact command, and the main session decides.
+    """
+
+    def __init__(self, settings: Settings, job: Job, options: Sequence[str], command: Sequence[str],
+                 say: Callable[[str], None]) -> None:
+        self.settings = settings
+        self.job = job
+        self.options = list(options)
+        self.command = list(command)
+        self.say = say
+        self.alerted = False
+        self._busy = threading.Lock()
+
+    @property
+    def peers(self) -> list[str]:
+        if not self.settings.enable_across_machines:
+            return []
+        return [name for name in self.settings.hosts if name != LOCAL]
+
+    def __call__(self, adm: Any) -> None:
+        if self.alerted or not self.peers or not self._busy.acquire(blocking=False):
+            return
+        threading.Thread(target=self._check, daemon=True).start()
+
+    def _check(self) -> None:
+        try:
+            readings = read_reports(self.settings, self.peers, self.job.label)
+            pending = Pending(self.settings.state_dir)
+            try:
+                active = pending.active(self.settings.pending_window)
+            finally:
+                pending.close()
+            for reading in readings:
+                verdict = judge(self.settings, self.job, reading, active.get(reading.host, 0))
+                if verdict.fits and not self.alerted:
+                    self.alerted = True
+                    self._alert(reading.host, verdict)
+                    return
+        finally:
+            self._busy.release()
+
+    def _alert(self, host: str, verdict: Judgement) -> None:
+        move = peer_command(self.options, host, self.command)
+        message = (f"job {self.job.label} waits on local; {host} could take it now "
+                   f"(free {format_size(verdict.free)}, need {format_size(verdict.need)}): {move}")
+        alerts.append(self.settings.alerts_path, {
+            "kind": "peer-could-take", "label": self.job.label, "waiting_on": LOCAL, "host": host,
+            "free": verdict.free, "need": verdict.need, "command": move, "message": message,
+        })
+        self.say(f"alert: {message}")

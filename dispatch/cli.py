@@ -78,6 +78,8 @@ RUN_OPTIONS = (
     Option(("--result-file",), "result_file", "write the outcome as JSON to PATH", "PATH"),
     Option(("--no-cap",), "no_cap", "run even when no memory-cap backend works here (uncapped!)"),
     Option(("--session",), "session", "who is running this (default: $HOSTRUN_SESSION)", "NAME"),
+    Option(("--gpu-memory",), "gpu_memory", "book SIZE of VRAM on one GPU (e.g. 8G); the job gets it "
+           "in CUDA_VISIBLE_DEVICES, and a GPU out-of-memory exits 245", "SIZE", _size),
     Option(("--auto",), "auto", "run where the dispatcher decides (see 'hostrun dispatch')"),
     Option(("--peer",), "peer", "run on a peer: --peer takes the first configured, --peer=NAME that one",
            optional_value=True),
@@ -200,7 +202,7 @@ def cmd_run(argv: list[str]) -> int:
     request = RunRequest(
         argv=command, label=args["label"], cap=args["memory_cap"], max_runtime=args["max_runtime"],
         threads=args["threads"], no_cap=args["no_cap"],
-        session=args["session"] or os.environ.get("HOSTRUN_SESSION"),
+        session=args["session"] or os.environ.get("HOSTRUN_SESSION"), gpu_memory=args["gpu_memory"],
     )
     if args["peer"] or args["auto"]:
         return _run_elsewhere(options, command, args, request)
@@ -222,7 +224,7 @@ def cmd_run(argv: list[str]) -> int:
         raise
     if outcome.message:
         _say(outcome.message)
-    if outcome.exit_code in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL, ExitCode.MAX_RUNTIME):
+    if outcome.exit_code in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL, ExitCode.MAX_RUNTIME, ExitCode.VRAM):
         code = ExitCode(outcome.exit_code)
         _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
     if args["result_file"]:
@@ -423,9 +425,11 @@ def cmd_report(argv: list[str]) -> int:
 def cmd_doctor(argv: list[str]) -> int:
     args = _sub_parser("doctor", "Which memory-cap backend is active, and why the others are not.",
                        ).parse_args(argv)
-    from dispatch.doctor import diagnose
+    from dispatch.doctor import diagnose, diagnose_peers
 
-    data = diagnose(_settings(args.config))
+    settings = _settings(args.config)
+    data = diagnose(settings)
+    data["peers"] = diagnose_peers(settings)
     if args.json:
         import json
 

@@ -24,7 +24,7 @@ import errno
 import os
 import select
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.errors import NeverFitsError, NotRunError
 from dispatch.records import NamedTuple
@@ -178,11 +178,11 @@ def visible(gpus: Sequence[Gpu], spec: str | None) -> list[Gpu]:
         return list(gpus)
     chosen: list[Gpu] = []
     for token in (t.strip() for t in spec.split(",")):
-        match = [g for g in gpus if token == str(g.index)
+        found = [g for g in gpus if token == str(g.index)
                  or (token.startswith("GPU-") and g.uuid.startswith(token))]
-        if not token or not match:
+        if not token or not found:
             break
-        chosen.extend(g for g in match if g not in chosen)
+        chosen.extend(g for g in found if g not in chosen)
     return chosen
 
 
@@ -192,7 +192,10 @@ def preflight(need: int, environ: Mapping[str, str], timeout: float = SMI_TIMEOU
     No nvidia-smi, no GPU, none visible or none reporting its memory → NotRunError (78). ``need``
     above the total of every candidate → NeverFitsError (243). Nothing is booked before this passes.
     """
-    gpus = read_gpus(timeout)
+    try:
+        gpus = read_gpus(timeout)
+    except GpuError as exc:
+        raise GpuError(f"--gpu-memory: cannot read the GPUs: {exc}; nothing ran") from None
     if not gpus:
         found = "nvidia-smi lists no GPU" if _has_smi() else "nvidia-smi is not on PATH"
         raise NotRunError(f"--gpu-memory needs a GPU, but {found}; nothing ran")
@@ -226,7 +229,7 @@ def gpu_rooms(gpus: Sequence[Gpu], held: Sequence[tuple[int, int, Sequence[int]]
 
     ``held`` is (device index, booked bytes, pids of that job) per running GPU booking. A job's own
     allocation already shows in nvidia-smi's ``free``, so only the part of its booking it has not
-    allocated yet (booked − what its processes hold on that device, per ``apps``) is taken off. A job
+    allocated yet (booked - what its processes hold on that device, per ``apps``) is taken off. A job
     whose processes cannot be matched counts as having allocated nothing: room is underestimated,
     never overestimated.
     """
@@ -276,19 +279,23 @@ class GpuSnapshot:
         self.read_at = time.monotonic()
         self._apps_at = float("-inf")
 
-    def refresh(self, want_apps: bool) -> None:
-        """Re-read nvidia-smi if the figures are older than ``max_age`` (apps only when asked)."""
+    def refresh(self, want_apps: Callable[[], bool]) -> None:
+        """Re-read nvidia-smi if the figures are older than ``max_age``; the per-process usage too
+        when ``want_apps()`` says a running GPU booking could use it."""
         now = time.monotonic()
-        try:
-            if now - self.read_at >= self.max_age:
-                self.read_at = now
+        if now - self.read_at >= self.max_age:
+            self.read_at = now
+            try:
                 self.gpus = [g for g in read_gpus(self.timeout) if g.index in self.allowed]
                 self.error = None if self.gpus else "nvidia-smi lists none of the GPUs now"
-            if want_apps and now - self._apps_at >= self.max_age:
-                self._apps_at = now
+            except GpuError as exc:
+                self.gpus, self.error = [], str(exc)
+        if now - self._apps_at >= self.max_age and want_apps():
+            self._apps_at = now
+            try:
                 self.apps = read_gpu_apps(self.timeout)
-        except GpuError as exc:
-            self.gpus, self.apps, self.error = [], [], str(exc)
+            except GpuError:
+                self.apps = []  # no per-process figures: whole bookings come off (underestimates)
 
     def rooms(self, held: Sequence[tuple[int, int, Sequence[int]]]) -> dict[int, int]:
         return gpu_rooms(self.gpus, held, self.apps)
@@ -328,7 +335,8 @@ class _Stream:
         self.read_fd = read_fd
         self.target = target  # -1: hostrun's own stdout/stderr is closed; the output is discarded
         self.scanner = PatternScanner(OUTPUT_PATTERNS)
-        self.pending = b""  # read from the job, not yet written to the target
+        self.pending = b""  # the chunk read from the job that is being written to the target
+        self.sent = 0  # how much of it is written
         self.open = True
 
 
@@ -405,27 +413,27 @@ class OutputTee:
         s.scanner.feed(data)
         if s.target < 0:
             return True
-        s.pending = data
+        s.pending, s.sent = data, 0
         _unregister(poller, s.read_fd)  # paused until this chunk is written on
         self._flush(poller, s)
         return True
 
     def _flush(self, poller: select.poll, s: _Stream) -> None:
-        while s.pending:
+        while s.sent < len(s.pending):
             if not _writable(s.target):
                 poller.register(s.target, select.POLLOUT)
                 return
             try:
-                written = os.write(s.target, s.pending[:PIPE_BUF])
+                s.sent += os.write(s.target, s.pending[s.sent:s.sent + PIPE_BUF])
             except BlockingIOError:
                 poller.register(s.target, select.POLLOUT)
                 return
             except OSError:  # EPIPE & co: the reader of hostrun's output is gone
-                s.pending = b""
+                s.pending, s.sent = b"", 0
                 _unregister(poller, s.target)
                 self._close(poller, s)
                 return
-            s.pending = s.pending[written:]
+        s.pending, s.sent = b"", 0
         _unregister(poller, s.target)
         if s.open:
             poller.register(s.read_fd, select.POLLIN)
@@ -475,7 +483,7 @@ class OutputTee:
             if s.open:
                 os.close(s.read_fd)
                 s.open = False
-            s.pending = b""
+            s.pending, s.sent = b"", 0
 
     @property
     def evidence(self) -> str | None:

@@ -11,6 +11,7 @@ if MYPY:
 FIELDS = (
     "exit_code", "outcome", "host", "label", "argv", "cap_bytes", "booking_kind", "booked_bytes",
     "peak_bytes", "hit_ceiling", "duration_s", "waited_s", "backend", "cgroup", "counters", "message",
+    "gpu_index", "gpu_bytes", "vram_evidence",
 )
 
 
@@ -26,6 +27,7 @@ class Outcome:
         duration_s: float = 0.0,
         waited_s: float = 0.0, backend: str | None = None, cgroup: str | None = None,
         counters: dict[str, int] | None = None, message: str | None = None,
+        gpu_index: int | None = None, gpu_bytes: int | None = None, vram_evidence: str | None = None,
     ) -> None:
         self.exit_code = exit_code
         self.outcome = outcome
@@ -43,6 +45,9 @@ class Outcome:
         self.cgroup = cgroup
         self.counters = counters or {}
         self.message = message
+        self.gpu_index = gpu_index  # --gpu-memory: the GPU the job was booked on
+        self.gpu_bytes = gpu_bytes  # --gpu-memory: the VRAM booked
+        self.vram_evidence = vram_evidence  # what showed a GPU out-of-memory, if anything
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in FIELDS}

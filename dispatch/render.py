@@ -127,3 +127,12 @@ def doctor(data: dict[str, Any]) -> None:
     console.print(table)
     for problem in data["problems"]:
         console.print(f"[red]problem:[/red] {problem}")
+    for peer in data.get("peers", []):
+        state = "[green]ok[/green]" if peer["ok"] and not peer["problems"] else (
+            "[yellow]warnings[/yellow]" if peer["ok"] else "[red]unreachable[/red]")
+        rt = f", {peer['round_trip_ms']} ms per command" if "round_trip_ms" in peer else ""
+        details = (f", agent {peer['agent_version']} on python {peer['python']}, backend "
+                   f"{peer['backend']}") if peer["ok"] else ""
+        console.print(f"peer {peer['host']} ({peer['ssh']}): {state}{details}{rt}")
+        for problem in peer["problems"]:
+            console.print(f"  [red]problem:[/red] {problem}")

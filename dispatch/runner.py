@@ -7,6 +7,11 @@ cgroup and waits), enqueue and wait for admission in the ledger, then let the pr
 The job runs in its own process group. hostrun forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to that group,
 then kills the whole cgroup after ``kill_grace``; a second signal kills at once. When the main process
 exits, whatever it left in the cgroup is killed too. A forked guardian does the same if hostrun dies.
+
+With ``--gpu-memory`` (only then: ``dispatch.gpu`` is imported on that path alone) the job is booked on
+a GPU as well, gets that device in ``CUDA_VISIBLE_DEVICES``, has its stdout/stderr teed through pipes
+and scanned, and the kernel log is watched during the run: a GPU out-of-memory in either makes a
+failed run exit 245. Jobs without ``--gpu-memory`` are neither teed nor checked for 245.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ MYPY = False
 if MYPY:
     from typing import Optional
 
+    from dispatch.gpu import GpuRun
+
 SAMPLE_INTERVAL = 0.05
 FAST_SAMPLE_INTERVAL = 0.01  # short jobs are over before a 50 ms sample would see them
 FAST_SAMPLING_FOR = 1.0
@@ -55,6 +62,7 @@ class RunRequest(NamedTuple):
     no_cap: bool = False
     session: Optional[str] = None
     env: Optional[dict[str, str]] = None  # the job's environment (default: hostrun's own)
+    gpu_memory: Optional[int] = None  # VRAM to book on one GPU (--gpu-memory), bytes
 
 
 def enclosing_job(environ: Mapping[str, str]) -> str | None:
@@ -199,11 +207,15 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
             f"cap {format_size(cap)} is larger than the whole slice ({format_size(limit)}); "
             "it could never be admitted"
         )
+    base_env = dict(os.environ if request.env is None else request.env)
+    gpu: GpuRun | None = None
+    if request.gpu_memory is not None:
+        from dispatch.gpu import GpuRun, preflight
+
+        # Refuse at once what has no GPU or could never fit: before anything is created or booked.
+        gpu = GpuRun(request.gpu_memory, preflight(request.gpu_memory, base_env))
     backend.ensure_slice(limit)
-    env = job_environment(
-        dict(os.environ if request.env is None else request.env),
-        request.threads or host.threads(), request.threads is not None,
-    )
+    env = job_environment(base_env, request.threads or host.threads(), request.threads is not None)
     me = os.getpid()
     job = backend.create_job(f"{me}-{start_time(me) or 0}", cap if cap is not None else limit)
     if job.path:
@@ -214,7 +226,10 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
     booking_id: int | None = None
     try:
         guardian = Guardian.start(settings.state_dir, job)
-        child = PreparedChild.fork(job, request.argv, env)
+        outputs = gpu.start_output() if gpu is not None else None
+        child = PreparedChild.fork(job, request.argv, env, outputs)
+        if gpu is not None and gpu.tee is not None:
+            gpu.tee.parent_side()
         guardian.job_started(child.pid)
         ledger = Ledger(settings.state_dir)
         label = request.label or default_label(request.argv)
@@ -223,17 +238,23 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
         booking_id = ledger.enqueue(
             host=host.name, label=label, pid=me, pid_start=start_time(me) or 0, size=plan.size,
             cap=plan.limit, kind=plan.kind, command=" ".join(request.argv), session=request.session,
-            cgroup=job.path or None,
+            cgroup=job.path or None, gpu_bytes=request.gpu_memory,
         )
         guardian.booked(booking_id)
-        waited, signum = _wait(settings, ledger, backend, host, booking_id, limit, say)
+        waited, signum = _wait(settings, ledger, backend, host, booking_id, limit, say, gpu)
         if waited is None:
             child.cancel()
             return Outcome(
                 exit_code=SIGNAL_BASE + signum, outcome="signal", host=host.name, label=label,
                 argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
             )
-        outcome = _run(settings, host, backend, job, child, request, label, plan, say)
+        if gpu is not None:
+            booked = ledger.booking(booking_id)
+            index = booked.gpu_index if booked is not None else None
+            gpu.device = gpu.snapshot.device(index) if index is not None else None
+            if gpu.device is None:
+                raise BackendError(f"booked on GPU {index}, which nvidia-smi no longer lists")
+        outcome = _run(settings, host, backend, job, child, request, label, plan, say, gpu)
         outcome.waited_s = round(waited, 3)
         if outcome.peak_bytes is not None:
             ledger.record_peak(label, host.name, outcome.peak_bytes, outcome.hit_ceiling,
@@ -243,6 +264,8 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
         if child is not None:
             child.cancel()
         job.kill_all()
+        if gpu is not None:
+            gpu.close()
         if ledger is not None:
             if booking_id is not None:
                 ledger.release(booking_id)  # first: the next job may start while we tidy up
@@ -256,13 +279,14 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
 
 
 def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSettings,
-          booking_id: int, limit: int, say: Callable[[str], None]) -> tuple[float | None, int]:
+          booking_id: int, limit: int, say: Callable[[str], None],
+          gpu: GpuRun | None = None) -> tuple[float | None, int]:
     """(seconds waited for admission, 0), or (None, signal) when a signal ended the wait."""
     caught = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
     old = {sig: signal.signal(sig, _raise_interrupted) for sig in caught}
     try:
         return wait_for_room(ledger, backend, host.name, booking_id, limit, settings.status_interval,
-                             say), 0
+                             say, gpu.snapshot if gpu is not None else None), 0
     except KeyboardInterrupt:
         return None, signal.SIGINT
     except _Interrupted as exc:
@@ -274,16 +298,23 @@ def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSet
 
 def _run(
     settings: Settings, host: HostSettings, backend: CapBackend, job: JobCgroup, child: PreparedChild,
-    request: RunRequest, label: str, plan: Plan, say: Callable[[str], None],
+    request: RunRequest, label: str, plan: Plan, say: Callable[[str], None], gpu: GpuRun | None = None,
 ) -> Outcome:
     result = Outcome(
         exit_code=0, outcome="exit", host=host.name, label=label, argv=list(request.argv),
         cap_bytes=plan.limit, booking_kind=plan.kind, booked_bytes=plan.size,
         backend=backend.name, cgroup=job.path or None,
     )
+    extra_env = None
+    if gpu is not None and gpu.device is not None:
+        from dispatch.gpu import device_environment
+
+        extra_env = device_environment(gpu.device)
+        result.gpu_index, result.gpu_bytes = gpu.device.index, gpu.need
+        gpu.job_starts()  # the kernel log counts from here
     started = time.monotonic()
     with _Signals() as signals, _Foreground(child.pid):
-        failed = child.go(plan.oom_score_adj)
+        failed = child.go(plan.oom_score_adj, extra_env)
         if failed is not None:
             code, reason = failed
             if code == CGROUP_FAILED:
@@ -291,9 +322,11 @@ def _run(
             result.exit_code = code
             result.message = f"cannot run {request.argv[0]!r}: {reason}"
             return result
-        status, peak, timed_out = _watch(settings, job, child.pid, request.max_runtime, signals, say)
+        status, peak, timed_out = _watch(settings, job, child.pid, request.max_runtime, signals, say,
+                                         gpu)
     result.duration_s = round(time.monotonic() - started, 3)
     job.kill_all()
+    vram = gpu.finish() if gpu is not None else None  # the rest of its output, then the verdict
     verdict = job.verdict()
     result.counters = verdict.counters
     # Sampling can miss a short spike; the kernel's high-water mark less the page cache still
@@ -310,37 +343,58 @@ def _run(
         result.exit_code, result.outcome = ExitCode.OWN_CAP, ExitCode.OWN_CAP.outcome
     elif verdict.slice_full and failed_run:
         result.exit_code, result.outcome = ExitCode.SLICE_FULL, ExitCode.SLICE_FULL.outcome
+    elif vram is not None and failed_run:
+        result.exit_code, result.outcome = ExitCode.VRAM, ExitCode.VRAM.outcome
+        result.vram_evidence = vram
+        result.message = f"GPU out of memory: {vram}"
     elif os.WIFSIGNALED(status):
         result.exit_code, result.outcome = SIGNAL_BASE + os.WTERMSIG(status), "signal"
     else:
         result.exit_code = os.WEXITSTATUS(status)
     if verdict.killed and not failed_run:
         say("warning: a process of the job was OOM-killed, but the job exited 0; passing 0 through")
+    if vram is not None and not failed_run:
+        result.vram_evidence = vram
+        say(f"warning: {vram} (a GPU out-of-memory), but the job exited 0; passing 0 through")
     return result
 
 
 def _watch(
     settings: Settings, job: JobCgroup, pid: int, max_runtime: float | None, signals: _Signals,
-    say: Callable[[str], None],
+    say: Callable[[str], None], gpu: GpuRun | None = None,
 ) -> tuple[int, int, bool]:
     """Wait for the main process, sampling memory; enforce max runtime and forwarded signals.
 
+    With ``gpu``, also forward the job's teed output as it comes and scan the kernel log each sample.
     Returns (raw wait status, peak bytes sampled, whether max runtime stopped it).
     """
     pidfd = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
-    begun = time.monotonic()
+    tee = gpu.tee if gpu is not None else None
+    if tee is not None:
+        tee.register(poller)
+    begun = last = time.monotonic()
     deadline = begun + max_runtime if max_runtime is not None else None
     kill_at: float | None = None
     timed_out = False
     peak = 0
     try:
-        while not poller.poll(
-            (FAST_SAMPLE_INTERVAL if time.monotonic() - begun < FAST_SAMPLING_FOR else SAMPLE_INTERVAL)
-            * 1000
-        ):
+        while True:
+            interval = FAST_SAMPLE_INTERVAL if last - begun < FAST_SAMPLING_FOR else SAMPLE_INTERVAL
+            events = poller.poll(max(0.0, last + interval - time.monotonic()) * 1000)
+            if events:
+                if any(fd == pidfd for fd, _ in events):
+                    break
+                for fd, mask in events:
+                    if tee is not None:
+                        tee.handle(poller, fd, mask)
+                if time.monotonic() - last < interval:
+                    continue  # only output to forward: not yet time to sample
+            last = time.monotonic()
             peak = max(peak, job.sample())
+            if gpu is not None:
+                gpu.tick()
             now = time.monotonic()
             if signals.pending:
                 sig = signals.pending.pop(0)

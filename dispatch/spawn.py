@@ -6,7 +6,9 @@ the ledger and asks for admission, instead of after. Until told to go, the child
 pipe; if hostrun dies or gives up, the pipe closes and the child exits without running anything.
 
 The job inherits hostrun's inheritable file descriptors (like ``env`` or ``nice`` would, so a make
-jobserver keeps working); hostrun's own descriptors are close-on-exec.
+jobserver keeps working); hostrun's own descriptors are close-on-exec. With ``outputs`` (a
+``--gpu-memory`` job, whose output hostrun scans) its stdout and stderr are those two pipe ends
+instead. ``go`` may add environment variables decided only at admission (``CUDA_VISIBLE_DEVICES``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class PreparedChild:
         self._err_fd = err_fd
 
     @classmethod
-    def fork(cls, job: JobCgroup, argv: Sequence[str], env: dict[str, str]) -> PreparedChild:
+    def fork(cls, job: JobCgroup, argv: Sequence[str], env: dict[str, str],
+             outputs: tuple[int, int] | None = None) -> PreparedChild:
         exec_argv = job.wrap_argv(list(argv))
         go_r, go_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -42,6 +45,9 @@ class PreparedChild:
                 os.close(go_w)
                 os.close(err_r)
                 os.setpgid(0, 0)
+                if outputs is not None:
+                    os.dup2(outputs[0], 1)
+                    os.dup2(outputs[1], 2)
                 for sig in _DEFAULTS:
                     signal.signal(sig, signal.SIG_DFL)
                 try:
@@ -49,11 +55,21 @@ class PreparedChild:
                 except OSError as exc:
                     os.write(err_w, f"{CGROUP_FAILED} cannot enter {job.path}: {exc.strerror}".encode())
                     os._exit(code)
-                order = os.read(go_r, 64)
+                order = b""
+                while True:  # "go ADJ\n" then NAME=VALUE\0 items; EOF when hostrun closes its end
+                    chunk = os.read(go_r, 4096)
+                    if not chunk:
+                        break
+                    order += chunk
                 if not order.startswith(b"go "):
                     os._exit(0)  # hostrun gave up or died: run nothing
+                header, _, extra = order.partition(b"\n")
                 with open("/proc/self/oom_score_adj", "w", encoding="ascii") as fh:
-                    fh.write(order[3:].decode().strip())
+                    fh.write(header[3:].decode().strip())
+                for item in extra.split(b"\0"):
+                    name, eq, value = item.partition(b"=")
+                    if eq:
+                        env[name.decode(errors="surrogateescape")] = value.decode(errors="surrogateescape")
                 os.execvpe(exec_argv[0], exec_argv, env)
             except OSError as exc:
                 # As shells do: 127 when the command is not found, 126 when it cannot be executed.
@@ -70,14 +86,18 @@ class PreparedChild:
         job.started(pid)
         return cls(pid, go_w, err_r)
 
-    def go(self, oom_score_adj: int) -> tuple[int, str] | None:
+    def go(self, oom_score_adj: int, extra_env: dict[str, str] | None = None) -> tuple[int, str] | None:
         """Let the child exec; returns (exit code, reason) if it could not, else None.
 
         The code is 127/126 when the command could not be executed, ``CGROUP_FAILED`` when the child
-        could not even enter the job's cgroup (it then ran nothing).
+        could not even enter the job's cgroup (it then ran nothing). ``extra_env`` is added to the
+        job's environment (names and values without NUL bytes).
         """
+        order = f"go {oom_score_adj}\n".encode()
+        for name, value in (extra_env or {}).items():
+            order += f"{name}={value}".encode(errors="surrogateescape") + b"\0"
         try:
-            os.write(self._go_fd, f"go {oom_score_adj}\n".encode())
+            os.write(self._go_fd, order)
         except BrokenPipeError:
             pass  # the child already gave up; its reason is on the error pipe
         os.close(self._go_fd)

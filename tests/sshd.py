@@ -76,8 +76,10 @@ class SshdPeer:
 
     def start(self) -> None:
         os.makedirs("/run/sshd", exist_ok=True)
-        self.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.sshd_config)],
-                                        stderr=open(self.root / "sshd.log", "wb"))
+        with open(self.root / "sshd.log", "wb") as log:
+            self.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.sshd_config)],
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=log, start_new_session=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:

@@ -159,3 +159,17 @@ def test_long_job_rule_uses_recorded_durations(hostrun: Hostrun) -> None:
     proc = hostrun.run("--auto", "-m", "64M", "--label", "slow", "--", "sleep", "1.5")
     assert proc.returncode == ExitCode.LONG_SINGLE_HOST
     assert "recorded on local" in proc.stderr
+
+
+def test_doctor_reads_peers_and_warns_about_a_slow_login_shell(hostrun: Hostrun, peers: Any) -> None:
+    peer = peers("peer1", "127.0.0.2", slice="400M")
+    hostrun.configure(peers=peer.host_table('slice = "200M"'))
+    fine = json.loads(hostrun.run("doctor", "--json", timeout=120).stdout)
+    (entry,) = fine["peers"]
+    assert entry["ok"] and entry["backend"] == "cgroup1" and entry["round_trip_ms"] > 0
+    assert any("slice_bytes: the peer's own config says" in p for p in entry["problems"])
+    assert not any("login shell" in p for p in entry["problems"])
+    # Debian's bash reads ~/.bashrc for commands run by sshd: make it slow, as a pyenv set-up would.
+    (peer.home / ".bashrc").write_text("sleep 0.2\n")
+    slow = json.loads(hostrun.run("doctor", "--json", timeout=120).stdout)
+    assert any("login shell" in p for p in slow["peers"][0]["problems"]), slow["peers"]
