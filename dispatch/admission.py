@@ -31,10 +31,19 @@ RECHECK = 1.0
 RECHECK_MAX = 10.0
 
 
+USAGE_SLACK = 32 << 20
+
+
 def room_function(backend: CapBackend, limit: int) -> Callable[[int], int]:
+    """Room = limit - booked - usage above the bookings, ignoring the first ``USAGE_SLACK`` of it.
+
+    The slack absorbs what is in the slice without being a running job's: each waiting job's forked,
+    not yet exec'd process sits in its own cgroup (a few KiB to a few MiB), and kernel memory is
+    charged in page-sized steps. Without it a booking as large as the slice could never start.
+    """
     def room(booked: int) -> int:
         used = backend.slice_usage().used
-        return limit - booked - max(0, used - booked)
+        return limit - booked - max(0, used - booked - USAGE_SLACK)
 
     return room
 
@@ -124,11 +133,13 @@ def wait_for_room(
     status_interval: float,
     say: Callable[[str], None],
     gpu: GpuSnapshot | None = None,
+    on_wait: Callable[[Admission], None] | None = None,
 ) -> float:
     """Block until admitted; returns the seconds waited.
 
     With ``gpu`` (a ``--gpu-memory`` booking) a GPU must have room too; the device chosen is in the
-    booking's ``gpu_index`` afterwards.
+    booking's ``gpu_index`` afterwards. ``on_wait`` gets each status line's figures (at once, then
+    every ``status_interval``): the peer alert watch hooks in there.
     """
     room = room_function(backend, limit)
     gpu_room = gpu_room_function(backend, gpu) if gpu is not None else None
@@ -160,4 +171,6 @@ def wait_for_room(
             if last_status == 0.0 or now - last_status >= status_interval:
                 say(status_line(adm, gpu_error=gpu.error if gpu is not None else None))
                 last_status = now
+                if on_wait is not None:
+                    on_wait(adm)
         time.sleep(POLL)

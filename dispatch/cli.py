@@ -131,7 +131,7 @@ def parse_run_options(options: Sequence[str]) -> dict[str, Any]:
         if arg.startswith("--") and "=" in arg:
             name, inline = arg.split("=", 1)
         elif arg[:2] in _BY_FLAG and len(arg) > 2 and not arg.startswith("--"):
-            name, inline = arg[:2], arg[2:]
+            name, inline = arg[:2], arg[3:] if arg[2] == "=" else arg[2:]
         opt = _BY_FLAG.get(name)
         if opt is None:
             raise UsageError(f"unrecognized arguments: {arg} (see '{PROG} --help')")
@@ -204,9 +204,9 @@ def cmd_run(argv: list[str]) -> int:
         threads=args["threads"], no_cap=args["no_cap"],
         session=args["session"] or os.environ.get("HOSTRUN_SESSION"), gpu_memory=args["gpu_memory"],
     )
-    if args["peer"] or args["auto"]:
-        return _run_elsewhere(options, command, args, request)
     enclosing = enclosing_job(os.environ)
+    if enclosing is None and (args["peer"] or args["auto"]):
+        return _run_elsewhere(options, command, args, request)
     if enclosing is not None and not args["result_file"]:
         try:  # already booked and capped by the enclosing job: become the command
             os.execvp(command[0], command)
@@ -217,7 +217,8 @@ def cmd_run(argv: list[str]) -> int:
         if enclosing is not None:
             outcome = run_nested(request, enclosing)
         else:
-            outcome = run_local(_settings(args["config"]), request, _say)
+            settings = _settings(args["config"])
+            outcome = run_local(settings, request, _say, _peer_watch(settings, options, command, args))
     except HostrunError as exc:
         if args["result_file"]:
             _write_failure(args["result_file"], request, exc)
@@ -232,6 +233,16 @@ def cmd_run(argv: list[str]) -> int:
 
         write_result(args["result_file"], outcome)
     return outcome.exit_code
+
+
+def _peer_watch(settings: Any, options: list[str], command: list[str], args: dict[str, Any]
+                ) -> Callable[[Any], None] | None:
+    """While a local job waits, alert once if a peer could take it (only with peers enabled)."""
+    if not settings.enable_across_machines or len(settings.hosts) < 2:
+        return None  # the common case: no import of the dispatcher on the hot path
+    from dispatch.auto import PeerWatch
+
+    return PeerWatch(settings, _job(command, args), options, command, _say)
 
 
 def _job(command: list[str], args: dict[str, Any]):  # type: ignore[no-untyped-def]
@@ -275,7 +286,7 @@ def _run_elsewhere(options: list[str], command: list[str], args: dict[str, Any],
                                    "version yet; nothing ran")
     from dispatch.runner import run_local
 
-    outcome = run_local(settings, request, _say)
+    outcome = run_local(settings, request, _say, _peer_watch(settings, options, command, args))
     if outcome.message:
         _say(outcome.message)
     if args["result_file"]:
@@ -419,6 +430,8 @@ def cmd_report(argv: list[str]) -> int:
         from dispatch import render
 
         render.readings(readings)
+    if any(not r.ok and r.host == "local" for r in readings):
+        return int(ExitCode.NOT_RUN)  # this host's own report failed (e.g. a forced backend)
     return 0 if all(r.ok for r in readings) else int(ExitCode.PEER_UNREACHABLE)
 
 

@@ -31,7 +31,7 @@ from dispatch.errors import BackendError, NeverFitsError, NoCapBackendError, Usa
 from dispatch.exitcodes import SIGNAL_BASE, ExitCode
 from dispatch.guardian import Guardian
 from dispatch.hostfacts import read_meminfo
-from dispatch.ledger import Ledger
+from dispatch.ledger import Admission, Ledger
 from dispatch.outcome import Outcome
 from dispatch.procinfo import start_time
 from dispatch.records import NamedTuple
@@ -79,9 +79,10 @@ def enclosing_job(environ: Mapping[str, str]) -> str | None:
             lines = fh.read().splitlines()
     except OSError:
         return None
+    job = path.rstrip("/")
     for line in lines:
         own = line.split(":", 2)[-1].rstrip("/")
-        if own and path.rstrip("/").endswith(own):
+        if own and (job == own or job.endswith("/" + own.lstrip("/"))):
             return path
     return None
 
@@ -154,26 +155,54 @@ class _Foreground:
     def __init__(self, pgid: int) -> None:
         self.pgid = pgid
         self.fd = -1
+        self._old_ttou: object = None
+
+    @property
+    def active(self) -> bool:
+        return self.fd >= 0
 
     def __enter__(self) -> _Foreground:
         try:
             if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+                # In the background we must still print (status lines) and take the terminal back,
+                # even under ``stty tostop``.
+                self._old_ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
                 os.tcsetpgrp(0, self.pgid)
                 self.fd = 0
         except OSError:
             self.fd = -1
         return self
 
+    def follow_stop(self, pid: int) -> int | None:
+        """Job control, as a shell does it: when the job is stopped (Ctrl-Z), take the terminal
+        back and stop hostrun too, so the user's shell regains it; on ``fg`` (SIGCONT) hand the
+        terminal to the job again and continue it. Returns the wait status if the job has exited."""
+        try:
+            reaped, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
+        except ChildProcessError:
+            return None
+        if reaped == 0:
+            return None
+        if not os.WIFSTOPPED(status):
+            return status
+        os.tcsetpgrp(self.fd, os.getpgrp())
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns once our shell continues us
+        try:
+            os.tcsetpgrp(self.fd, self.pgid)
+        except OSError:
+            pass
+        _signal_group(self.pgid, signal.SIGCONT)
+        return None
+
     def __exit__(self, *exc: object) -> None:
         if self.fd < 0:
             return
-        old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # we are in the background now
         try:
             os.tcsetpgrp(self.fd, os.getpgrp())
         except OSError:
             pass
         finally:
-            signal.signal(signal.SIGTTOU, old)
+            signal.signal(signal.SIGTTOU, self._old_ttou)  # type: ignore[arg-type]
 
 
 class _Interrupted(Exception):
@@ -188,7 +217,8 @@ def _raise_interrupted(signum: int, _frame: object) -> None:
     raise _Interrupted(signum)
 
 
-def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None]) -> Outcome:
+def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
+              on_wait: Callable[[Admission], None] | None = None) -> Outcome:
     """Book, wait, run and judge one job on this host; the Outcome carries the exit code."""
     if not request.argv:
         raise UsageError("no command given (usage: hostrun [OPTIONS] -- CMD [ARGS...])")
@@ -241,7 +271,7 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
             cgroup=job.path or None, gpu_bytes=request.gpu_memory,
         )
         guardian.booked(booking_id)
-        waited, signum = _wait(settings, ledger, backend, host, booking_id, limit, say, gpu)
+        waited, signum = _wait(settings, ledger, backend, host, booking_id, limit, say, gpu, on_wait)
         if waited is None:
             child.cancel()
             return Outcome(
@@ -280,13 +310,14 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
 
 def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSettings,
           booking_id: int, limit: int, say: Callable[[str], None],
-          gpu: GpuRun | None = None) -> tuple[float | None, int]:
+          gpu: GpuRun | None = None, on_wait: Callable[[Admission], None] | None = None,
+          ) -> tuple[float | None, int]:
     """(seconds waited for admission, 0), or (None, signal) when a signal ended the wait."""
     caught = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
     old = {sig: signal.signal(sig, _raise_interrupted) for sig in caught}
     try:
         return wait_for_room(ledger, backend, host.name, booking_id, limit, settings.status_interval,
-                             say, gpu.snapshot if gpu is not None else None), 0
+                             say, gpu.snapshot if gpu is not None else None, on_wait), 0
     except KeyboardInterrupt:
         return None, signal.SIGINT
     except _Interrupted as exc:
@@ -313,7 +344,7 @@ def _run(
         result.gpu_index, result.gpu_bytes = gpu.device.index, gpu.need
         gpu.job_starts()  # the kernel log counts from here
     started = time.monotonic()
-    with _Signals() as signals, _Foreground(child.pid):
+    with _Signals() as signals, _Foreground(child.pid) as foreground:
         failed = child.go(plan.oom_score_adj, extra_env)
         if failed is not None:
             code, reason = failed
@@ -323,7 +354,7 @@ def _run(
             result.message = f"cannot run {request.argv[0]!r}: {reason}"
             return result
         status, peak, timed_out = _watch(settings, job, child.pid, request.max_runtime, signals, say,
-                                         gpu)
+                                         foreground, gpu)
     result.duration_s = round(time.monotonic() - started, 3)
     job.kill_all()
     vram = gpu.finish() if gpu is not None else None  # the rest of its output, then the verdict
@@ -361,7 +392,7 @@ def _run(
 
 def _watch(
     settings: Settings, job: JobCgroup, pid: int, max_runtime: float | None, signals: _Signals,
-    say: Callable[[str], None], gpu: GpuRun | None = None,
+    say: Callable[[str], None], foreground: _Foreground | None = None, gpu: GpuRun | None = None,
 ) -> tuple[int, int, bool]:
     """Wait for the main process, sampling memory; enforce max runtime and forwarded signals.
 
@@ -379,6 +410,7 @@ def _watch(
     kill_at: float | None = None
     timed_out = False
     peak = 0
+    status: int | None = None
     try:
         while True:
             interval = FAST_SAMPLE_INTERVAL if last - begun < FAST_SAMPLING_FOR else SAMPLE_INTERVAL
@@ -392,6 +424,10 @@ def _watch(
                 if time.monotonic() - last < interval:
                     continue  # only output to forward: not yet time to sample
             last = time.monotonic()
+            if foreground is not None and foreground.active:
+                status = foreground.follow_stop(pid)
+                if status is not None:
+                    break  # reaped while checking for a stop: it has exited
             peak = max(peak, job.sample())
             if gpu is not None:
                 gpu.tick()
@@ -413,7 +449,8 @@ def _watch(
             if kill_at is not None and now >= kill_at:
                 job.kill_all()
                 kill_at = now + 3600
-        _, status = os.waitpid(pid, 0)
+        if status is None:
+            _, status = os.waitpid(pid, 0)
     finally:
         os.close(pidfd)
     return status, peak, timed_out

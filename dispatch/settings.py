@@ -1,6 +1,6 @@
 """The normalized, validated configuration as plain records (standard library only).
 
-``dispatch.config`` builds these from TOML (validated by pydantic, cached as JSON) or from the
+``dispatch.config`` builds these from TOML (validated by pydantic, cached with ``marshal``) or from the
 embedded default; everything else reads only these. Sizes are bytes, durations seconds. NamedTuples
 rather than dataclasses: dataclasses compile their methods with ``exec`` at import time, which costs
 ``hostrun -- CMD`` milliseconds on every call.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -371,3 +372,51 @@ def test_interactive_job_reads_the_terminal(hostrun: Hostrun) -> None:
     os.close(fd)
     assert b"got:hello" in output, output
     assert os.WEXITSTATUS(status) == 0
+
+
+def test_ctrl_z_stops_the_job_and_hands_the_terminal_back(hostrun: Hostrun, tmp_path: Path) -> None:
+    """In a real pseudo-terminal under an interactive bash: Ctrl-Z stops the job and hostrun, the
+    shell gets its terminal back, and ``fg`` continues both (job control as a shell does it)."""
+    import pty
+    import select
+
+    marker = tmp_path / "resumed"
+    command = shlex.join(hostrun.argv("-m", "64M", "--", "sh", "-c",
+                                      f"sleep 1; touch {marker}; echo finished-$((40+2))"))
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - child
+        os.execvpe("bash", ["bash", "--norc", "--noprofile", "-i"], {**os.environ, "PS1": "PROMPT> "})
+
+    def read_until(needle: bytes, timeout: float = 20) -> bytes:
+        seen = b""
+        deadline = time.monotonic() + timeout
+        while needle not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if ready:
+                try:
+                    seen += os.read(fd, 4096)
+                except OSError:
+                    break
+        return seen
+
+    try:
+        read_until(b"PROMPT> ")
+        os.write(fd, command.encode() + b"\n")
+        time.sleep(0.5)
+        os.write(fd, b"\x1a")  # Ctrl-Z
+        stopped = read_until(b"PROMPT> ")
+        assert b"Stopped" in stopped, stopped
+        time.sleep(1.5)
+        assert not marker.exists()  # stopped means stopped
+        os.write(fd, b"fg\n")
+        resumed = read_until(b"finished-42")  # the command line itself says finished-$((40+2))
+        assert b"finished-42" in resumed, resumed
+        assert marker.exists()
+        os.write(fd, b"exit\n")
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        os.close(fd)

@@ -173,3 +173,36 @@ def test_doctor_reads_peers_and_warns_about_a_slow_login_shell(hostrun: Hostrun,
     (peer.home / ".bashrc").write_text("sleep 0.2\n")
     slow = json.loads(hostrun.run("doctor", "--json", timeout=120).stdout)
     assert any("login shell" in p for p in slow["peers"][0]["problems"]), slow["peers"]
+
+
+def test_waiting_job_raises_one_alert_that_follow_prints(
+    hostrun: Hostrun, peers: Any, tmp_path: Path
+) -> None:
+    from tests.conftest import wait_for
+
+    peer = peers("peer1", "127.0.0.2", slice="400M")
+    hostrun.configure(slice="300M", top="enable_across_machines = true", peers=peer.host_table())
+    follower = hostrun.popen("alerts", "--follow", "--json")
+    started = tmp_path / "started"
+    holder = hostrun.popen("-m", "250M", "--", "sh", "-c", f"touch {started}; sleep 4")
+    wait_for(started.exists)
+    waiter = hostrun.popen("-m", "250M", "--label", "waiter", "--", "true")
+    alert_file = hostrun.state_dir / "alerts.jsonl"
+    wait_for(lambda: alert_file.exists() and alert_file.read_text().strip(), timeout=20)
+    holder.wait(timeout=30)
+    waiter.wait(timeout=30)
+    assert holder.returncode == 0 and waiter.returncode == 0
+    lines = alert_file.read_text().splitlines()
+    assert len(lines) == 1, lines  # once per wait, not every poll
+    alert = json.loads(lines[0])
+    assert alert["kind"] == "peer-could-take" and alert["label"] == "waiter" and alert["host"] == "peer1"
+    assert alert["need"] == 250 * MiB and alert["free"] >= 250 * MiB
+    assert "--peer=peer1 -- true" in alert["command"]
+    assert "alert: job waiter waits on local; peer1 could take it now" in waiter.stderr.read()  # type: ignore[union-attr]
+    assert (alert_file.stat().st_mode & 0o077) == 0
+    try:
+        line = follower.stdout.readline()  # type: ignore[union-attr]
+    finally:
+        follower.kill()
+        follower.wait()
+    assert json.loads(line)["label"] == "waiter"

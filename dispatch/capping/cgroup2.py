@@ -42,8 +42,16 @@ def held(stat: dict[str, int]) -> int:
     return stat.get("anon", 0) + stat.get("shmem", 0)
 
 
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def page_rounded(limit: int) -> int:
+    """The kernel stores limits in whole pages and reads them back rounded down."""
+    return limit - limit % PAGE
+
+
 def set_limit(directory: str, limit: int) -> None:
-    write_text(os.path.join(directory, "memory.max"), str(limit))
+    write_text(os.path.join(directory, "memory.max"), str(page_rounded(limit)))
     swap = os.path.join(directory, "memory.swap.max")
     if os.path.exists(swap):
         write_text(swap, "0")
@@ -177,7 +185,7 @@ class Cgroup2Backend(CapBackend):
             os.makedirs(self.slice_dir, exist_ok=True)
             enable_memory(self.slice_dir)
             swap = os.path.join(self.slice_dir, "memory.swap.max")
-            if (read_int(os.path.join(self.slice_dir, "memory.max")) != limit
+            if (read_int(os.path.join(self.slice_dir, "memory.max")) != page_rounded(limit)
                     or (os.path.exists(swap) and read_int(swap) != 0)):
                 set_limit(self.slice_dir, limit)
         except OSError as exc:

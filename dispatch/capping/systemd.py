@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from dispatch.capping.base import Probe, read_int, read_text
-from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job
+from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job, page_rounded
 from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
 from dispatch.errors import BackendError
 
@@ -85,7 +85,9 @@ class SystemdBackend(Cgroup2Backend):
 
     def ensure_slice(self, limit: int) -> None:
         try:
-            if read_int(os.path.join(self.slice_dir, "memory.max")) == limit:
+            swap = os.path.join(self.slice_dir, "memory.swap.max")
+            if (read_int(os.path.join(self.slice_dir, "memory.max")) == page_rounded(limit)
+                    and (not os.path.exists(swap) or read_int(swap) == 0)):
                 return  # already right: skip a systemctl round trip on every job
         except (OSError, ValueError):
             pass
