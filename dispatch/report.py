@@ -44,6 +44,7 @@ def local_report(settings: Settings, label: str | None = None) -> dict[str, Any]
             "session": b.session, "command": b.command,
         })
     load = read_loadavg()
+    gpus, gpu_error = _gpus()
     booked = sum(b.size for b in running)
     return {
         "host": host.name,
@@ -66,7 +67,8 @@ def local_report(settings: Settings, label: str | None = None) -> dict[str, Any]
         "load": list(load),
         "cores": cores(),
         "heavy_threads": host.threads(),
-        "gpus": [],
+        "gpus": gpus,
+        "gpu_error": gpu_error,
         "running": jobs,
         "queue_length": len(waiting),
         "label_peak": peak._asdict() if peak else None,
@@ -81,3 +83,14 @@ def local_report(settings: Settings, label: str | None = None) -> dict[str, Any]
             for b in waiting
         ],
     }
+
+
+def _gpus() -> tuple[list[dict[str, Any]], str | None]:
+    """Per device: index, uuid, name, total/used/free bytes; no nvidia-smi means no GPUs, not an
+    error. A failing nvidia-smi is reported, and the rest of the report still stands."""
+    from dispatch.gpu import GpuError, read_gpus
+
+    try:
+        return [g._asdict() for g in read_gpus()], None
+    except GpuError as exc:
+        return [], str(exc)

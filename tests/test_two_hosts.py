@@ -206,3 +206,28 @@ def test_waiting_job_raises_one_alert_that_follow_prints(
         follower.kill()
         follower.wait()
     assert json.loads(line)["label"] == "waiter"
+
+
+def test_vram_aware_choice_with_a_fake_nvidia_smi_on_the_peer(hostrun: Hostrun, peers: Any,
+                                                              tmp_path: Path) -> None:
+    """FAKE GPU: no GPU exists here; the peer's PATH starts with a fake nvidia-smi (tests/test_gpu.py)
+    reporting one 80 GiB device. This checks the report's GPU list and the dispatcher's VRAM rule."""
+    from tests.test_gpu import FakeGpus
+
+    fake = FakeGpus(tmp_path)
+    fake.set((81920, 1024, 80896))
+    peer = peers("peer1", "127.0.0.2", slice="400M",
+                 extra_env={"PATH": f"{fake.bin}:/usr/local/bin:/usr/bin:/bin"})
+    hostrun.configure(top="enable_across_machines = true", peers=peer.host_table())
+    _, hosts = report(hostrun)
+    (gpu,) = hosts["peer1"]["report"]["gpus"]
+    assert gpu["name"] == "NVIDIA Fake GPU" and gpu["free"] == 80896 * MiB
+    assert hosts["local"]["report"]["gpus"] == []  # no nvidia-smi here: no GPUs, not an error
+    decision = json.loads(hostrun.run("dispatch", "--json", "-m", "64M", "--gpu-memory", "40G",
+                                      "--", "true").stdout)
+    assert decision["action"] == "peer" and decision["host"] == "peer1"
+    by_host = {j["host"]: j for j in decision["judgements"]}
+    assert by_host["local"]["reason"] == "no GPU"
+    too_big = json.loads(hostrun.run("dispatch", "--json", "-m", "64M", "--gpu-memory", "100G",
+                                     "--", "true").stdout)
+    assert too_big["action"] == "refuse"
