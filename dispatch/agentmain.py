@@ -1,7 +1,10 @@
 """What the agent does on the peer (``python3 agent.pyz COMMAND ...``): standard library only.
 
-Commands print one JSON document on stdout:
-- ``report [--fallback JSON] [--label LABEL]``: the peer's resources, from its own ledger and slice.
+Commands:
+- ``report [--fallback JSON] [--label LABEL]``: the peer's resources, from its own ledger and slice
+  (one JSON document on stdout);
+- ``probe --spec JSON``: toolchain probe outputs, and the job's work directory made ready;
+- ``run BASE64-JSON``: run one job here, framed (see ``dispatch.agentrun``).
 
 The peer's own configuration (``$HOSTRUN_CONFIG``, ``./hosts.toml`` or
 ``~/.config/hostrun/hosts.toml``) decides its slice; the controller's ``[hosts.NAME]`` values, passed
@@ -89,5 +92,34 @@ def main(argv: list[str]) -> int:
         data["python"] = sys.version.split()[0]
         json.dump(data, sys.stdout)
         return 0
+    if command == "run":
+        import base64
+
+        from dispatch.agentrun import run_job
+
+        return run_job(json.loads(base64.b64decode(argv[1])))
+    if command == "probe":
+        from dispatch.toolchain import probe_here
+
+        spec = json.loads(_option(argv, "--spec") or "{}")
+        workdir = spec.get("workdir")
+        data = {"probes": probe_here(spec.get("probes", []), _cache_dir()),
+                "agent_version": __version__}
+        if workdir:
+            path = os.path.abspath(os.path.expanduser(workdir))
+            try:
+                os.makedirs(path, exist_ok=True)
+                if not os.access(path, os.W_OK):
+                    raise PermissionError(13, "not writable")
+                data["workdir"] = path
+            except OSError as exc:
+                data["workdir_error"] = f"{path}: {exc.strerror}"
+        json.dump(data, sys.stdout)
+        return 0
     print(f"agent: unknown command {command!r}", file=sys.stderr)
     return 2
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "hostrun")

@@ -20,6 +20,7 @@ if MYPY:
     import argparse
     from typing import Any, NoReturn
 
+    from dispatch.outcome import Outcome
     from dispatch.runner import RunRequest
 
 SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts")
@@ -56,9 +57,11 @@ class Option:
     """One run option: the single table behind both the fast parser and ``--help``."""
 
     def __init__(self, flags: tuple[str, ...], dest: str, help: str, metavar: str | None = None,
-                 convert: Callable[[str], Any] = str, optional_value: bool = False) -> None:
+                 convert: Callable[[str], Any] = str, optional_value: bool = False,
+                 repeat: bool = False) -> None:
         self.flags, self.dest, self.help, self.metavar, self.convert = flags, dest, help, metavar, convert
         self.optional_value = optional_value  # a flag that may carry a value, only as --flag=VALUE
+        self.repeat = repeat  # may be given several times; the values form a list
 
     @property
     def takes_value(self) -> bool:
@@ -87,6 +90,11 @@ RUN_OPTIONS = (
            "long-job rule (default: its recorded durations)", "DUR", _duration),
     Option(("--long-job",), "long_job", "the job is sharded/resumable/multi-host: exempt from the "
            "long-job rule (a '# long-job:' header in the script says the same)"),
+    Option(("--tree",), "tree", "with --peer: the tree to sync (default: the git top level, else the "
+           "current directory)", "DIR"),
+    Option(("--return",), "returns", "with --peer: bring PATH (relative to the job's directory) back "
+           "after the run, even after a failure (repeatable)", "PATH", repeat=True),
+    Option(("--stdin",), "stdin", "with --peer: forward this terminal's/pipe's stdin to the job"),
 )
 _BY_FLAG = {flag: opt for opt in RUN_OPTIONS for flag in opt.flags}
 
@@ -109,7 +117,8 @@ def _print_run_help() -> None:
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     for opt in RUN_OPTIONS:
         if opt.takes_value:
-            p.add_argument(*opt.flags, dest=opt.dest, metavar=opt.metavar, help=opt.help)
+            p.add_argument(*opt.flags, dest=opt.dest, metavar=opt.metavar, help=opt.help,
+                           action="append" if opt.repeat else "store")
         elif opt.optional_value:
             p.add_argument(*opt.flags, dest=opt.dest, nargs="?", metavar="NAME", help=opt.help)
         else:
@@ -122,7 +131,9 @@ def parse_run_options(options: Sequence[str]) -> dict[str, Any]:
 
     Accepts ``--flag VALUE``, ``--flag=VALUE`` and ``-mVALUE``; errors read like argparse's.
     """
-    values: dict[str, Any] = {opt.dest: False if not opt.takes_value else None for opt in RUN_OPTIONS}
+    values: dict[str, Any] = {
+        opt.dest: [] if opt.repeat else (False if not opt.takes_value else None) for opt in RUN_OPTIONS
+    }
     i = 0
     while i < len(options):
         arg = options[i]
@@ -147,7 +158,10 @@ def parse_run_options(options: Sequence[str]) -> dict[str, Any]:
             inline = options[i]
             i += 1
         try:
-            values[opt.dest] = opt.convert(inline)
+            if opt.repeat:
+                values[opt.dest].append(opt.convert(inline))
+            else:
+                values[opt.dest] = opt.convert(inline)
         except ValueError as exc:
             raise UsageError(f"argument {shown}: {exc}") from None
     return values
@@ -199,14 +213,14 @@ def cmd_run(argv: list[str]) -> int:
     args = parse_run_options(options)
     if not command:
         raise UsageError(f"no command given (usage: {PROG} [OPTIONS] -- CMD [ARGS...])")
+    if (args["tree"] or args["returns"] or args["stdin"]) and not (args["peer"] or args["auto"]):
+        raise UsageError("--tree, --return and --stdin go with --peer or --auto")
     request = RunRequest(
         argv=command, label=args["label"], cap=args["memory_cap"], max_runtime=args["max_runtime"],
         threads=args["threads"], no_cap=args["no_cap"],
         session=args["session"] or os.environ.get("HOSTRUN_SESSION"), gpu_memory=args["gpu_memory"],
     )
     enclosing = enclosing_job(os.environ)
-    if enclosing is None and (args["peer"] or args["auto"]):
-        return _run_elsewhere(options, command, args, request)
     if enclosing is not None and not args["result_file"]:
         try:  # already booked and capped by the enclosing job: become the command
             os.execvp(command[0], command)
@@ -216,6 +230,8 @@ def cmd_run(argv: list[str]) -> int:
     try:
         if enclosing is not None:
             outcome = run_nested(request, enclosing)
+        elif args["peer"] or args["auto"]:
+            return _run_elsewhere(options, command, args, request)
         else:
             settings = _settings(args["config"])
             outcome = run_local(settings, request, _say, _peer_watch(settings, options, command, args))
@@ -223,16 +239,7 @@ def cmd_run(argv: list[str]) -> int:
         if args["result_file"]:
             _write_failure(args["result_file"], request, exc)
         raise
-    if outcome.message:
-        _say(outcome.message)
-    if outcome.exit_code in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL, ExitCode.MAX_RUNTIME, ExitCode.VRAM):
-        code = ExitCode(outcome.exit_code)
-        _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
-    if args["result_file"]:
-        from dispatch.outcome import write_result
-
-        write_result(args["result_file"], outcome)
-    return outcome.exit_code
+    return _finish(outcome, args)
 
 
 def _peer_watch(settings: Any, options: list[str], command: list[str], args: dict[str, Any]
@@ -256,7 +263,7 @@ def _job(command: list[str], args: dict[str, Any]):  # type: ignore[no-untyped-d
 def _run_elsewhere(options: list[str], command: list[str], args: dict[str, Any],
                    request: RunRequest) -> int:
     """``--auto`` (run where the dispatcher decides) and ``--peer``."""
-    from dispatch.errors import AcrossDisabledError, PeerUnreachableError
+    from dispatch.errors import AcrossDisabledError
 
     settings = _settings(args["config"])
     if args["peer"]:
@@ -265,10 +272,9 @@ def _run_elsewhere(options: list[str], command: list[str], args: dict[str, Any],
         if not settings.enable_across_machines:
             raise AcrossDisabledError("--peer: enable_across_machines is off (set it in the config "
                                       "or ENABLE_ACROSS_MACHINES=1); not running locally instead")
-        choose_peer(settings, args["peer"], args["memory_cap"])
-        raise PeerUnreachableError("--peer: running jobs on a peer (sync and remote run) is not in "
-                                   "this version yet; nothing ran")
-    from dispatch.auto import consider, note_sent, peer_command
+        return _finish(_on_peer(settings, choose_peer(settings, args["peer"], args["memory_cap"]),
+                                request, args), args)
+    from dispatch.auto import consider, note_sent
 
     job = _job(command, args)
     decision = consider(settings, job)
@@ -281,14 +287,30 @@ def _run_elsewhere(options: list[str], command: list[str], args: dict[str, Any],
     if decision.action == "peer":
         assert decision.host is not None
         note_sent(settings, decision, job)
-        _say(f"dispatch: run it there with: {peer_command(options, decision.host, command)}")
-        raise PeerUnreachableError("--auto chose a peer, and running jobs on a peer is not in this "
-                                   "version yet; nothing ran")
+        return _finish(_on_peer(settings, settings.hosts[decision.host], request, args), args)
     from dispatch.runner import run_local
 
-    outcome = run_local(settings, request, _say, _peer_watch(settings, options, command, args))
+    return _finish(run_local(settings, request, _say, _peer_watch(settings, options, command, args)),
+                   args)
+
+
+def _on_peer(settings: Any, host: Any, request: RunRequest, args: dict[str, Any]) -> Outcome:
+    from dispatch.peerrun import PeerRun
+
+    return PeerRun(settings, host, request, _say, tree=args["tree"], returns=args["returns"],
+                   forward_stdin=args["stdin"]).run()
+
+
+def _finish(outcome: Outcome, args: dict[str, Any]) -> int:
+    """Say what happened, write the result file, and return the exit code."""
     if outcome.message:
         _say(outcome.message)
+    if outcome.outcome not in ("exit", "signal"):  # hostrun's own verdict, not the job's status
+        try:
+            code = ExitCode(outcome.exit_code)
+            _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
+        except ValueError:
+            pass
     if args["result_file"]:
         from dispatch.outcome import write_result
 

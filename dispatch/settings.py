@@ -82,6 +82,8 @@ class Settings(NamedTuple):
     status_interval: float = 60.0
     kill_grace: float = 10.0
     control_persist: float = 600.0
+    toolchain_probes: tuple[str, ...] = ("rustc -Vv", "cargo -V")
+    sync_excludes: tuple[str, ...] = ()
     source: str = "<built-in default>"
 
     @classmethod

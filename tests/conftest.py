@@ -211,12 +211,12 @@ def peers(hostrun: Hostrun, tmp_path: Path) -> Iterator[Any]:
     mount, own = hostrun.mount, hostrun.cgroup.rsplit("/", 1)[0]
 
     def make(name: str = "peer1", address: str = "127.0.0.2", slice: str = "300M",
-             extra_env: dict[str, str] | None = None) -> SshdPeer:
+             extra_env: dict[str, str] | None = None, netns: str | None = None) -> SshdPeer:
         require_sshd()
         root = tmp_path / f"peer-{name}"
         root.mkdir()
         peer = SshdPeer(root, name, address, f"{own}/hostrun-test-{name}-{uuid.uuid4().hex[:6]}",
-                        slice, extra_env)
+                        slice, extra_env, netns)
         peer.start()
         made.append(peer)
         return peer

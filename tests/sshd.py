@@ -29,11 +29,13 @@ def keygen(path: Path) -> str:
 
 class SshdPeer:
     def __init__(self, root: Path, name: str, address: str, peer_cgroup: str,
-                 slice: str = "300M", extra_env: dict[str, str] | None = None) -> None:
+                 slice: str = "300M", extra_env: dict[str, str] | None = None,
+                 netns: str | None = None) -> None:
+        self.netns = netns
         self.root = root
         self.name = name
         self.address = address
-        self.port = free_port(address)
+        self.port = free_port("127.0.0.1") if netns else free_port(address)
         self.home = root / "home"
         self.state_dir = root / "state"
         self.peer_config = root / "peer-hosts.toml"
@@ -77,7 +79,10 @@ class SshdPeer:
     def start(self) -> None:
         os.makedirs("/run/sshd", exist_ok=True)
         with open(self.root / "sshd.log", "wb") as log:
-            self.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.sshd_config)],
+            # nsenter --net, not "ip netns exec": the latter also remounts /sys, which would hide the
+            # cgroup hierarchy from the peer's hostrun.
+            prefix = ["nsenter", f"--net=/var/run/netns/{self.netns}"] if self.netns else []
+            self.process = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(self.sshd_config)],
                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                             stderr=log, start_new_session=True)
         deadline = time.monotonic() + 10
@@ -135,3 +140,40 @@ class SshdPeer:
     def host_table(self, extra: str = "") -> str:
         """The controller's [hosts.NAME] table for this peer."""
         return f'[hosts.{self.name}]\nssh = "{self.name}"\nssh_config = "{self.ssh_config}"\n{extra}\n'
+
+
+class NetNs:
+    """A network namespace joined to this one by a veth pair, so a peer inside it can be cut off.
+
+    The addresses (10.253.N.1 here, 10.253.N.2 inside) exist only on this veth pair, which the test
+    creates and deletes itself: no traffic leaves this machine.
+    """
+
+    def __init__(self, index: int) -> None:
+        tag = f"{os.getpid() % 10000}{index}"
+        self.name = f"hrns{tag}"
+        self.outer = f"hrva{tag}"
+        self.inner = f"hrvb{tag}"
+        self.host_address = f"10.253.{index}.1"
+        self.address = f"10.253.{index}.2"
+
+    def _ip(self, *args: str, inside: bool = False) -> None:
+        prefix = ["ip", "netns", "exec", self.name] if inside else []
+        subprocess.run([*prefix, "ip", *args], check=True, capture_output=True)
+
+    def create(self) -> None:
+        self._ip("netns", "add", self.name)
+        self._ip("link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
+        self._ip("link", "set", self.inner, "netns", self.name)
+        self._ip("addr", "add", f"{self.host_address}/30", "dev", self.outer)
+        self._ip("link", "set", self.outer, "up")
+        self._ip("addr", "add", f"{self.address}/30", "dev", self.inner, inside=True)
+        self._ip("link", "set", self.inner, "up", inside=True)
+        self._ip("link", "set", "lo", "up", inside=True)
+
+    def cut(self) -> None:
+        self._ip("link", "set", self.outer, "down")
+
+    def delete(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], check=False, capture_output=True)
+        subprocess.run(["ip", "link", "del", self.outer], check=False, capture_output=True)

@@ -124,16 +124,20 @@ def test_dispatch_prefers_local_then_a_peer_that_fits(hostrun: Hostrun, peers: A
     assert not by_host["local"]["fits"] and by_host["peer1"]["fits"]
 
 
-def test_two_quick_dispatches_do_not_both_take_room_that_fits_one(hostrun: Hostrun, peers: Any) -> None:
+def test_two_quick_dispatches_do_not_both_take_room_that_fits_one(hostrun: Hostrun, peers: Any,
+                                                                  tmp_path: Path) -> None:
     peer = peers("peer1", "127.0.0.2", slice="300M")
-    hostrun.configure(slice="100M", top="enable_across_machines = true", peers=peer.host_table())
-    first = hostrun.run("--auto", "-m", "200M", "--label", "a", "--", "true")
-    assert first.returncode == ExitCode.PEER_UNREACHABLE  # the peer driver comes with issue 4
-    assert f"hostrun --config {hostrun.config_path} -m 200M --label a --peer=peer1 -- true" in first.stderr
+    hostrun.configure(slice="100M", peers=peer.host_table(),
+                      top='enable_across_machines = true\ntoolchain_probes = ["rsync --version"]')
+    first = hostrun.run("--auto", "-m", "200M", "--label", "a", "--", "echo", "ran-on-peer",
+                        cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "local does not fit; peer1 fits" in first.stderr and first.stdout == "ran-on-peer\n"
     second = json.loads(hostrun.run("dispatch", "--json", "-m", "200M", "--", "true").stdout)
     by_host = {j["host"]: j for j in second["judgements"]}
-    # The first job's 200M is pending on peer1: the second does not squeeze into the same room, it
-    # would wait in peer1's queue (the only slice that can ever hold it).
+    # The first job's 200M is still pending on peer1 (its booking may be gone already, but the
+    # dispatcher's own note lasts pending_window): the second does not count on that room; it would
+    # wait in peer1's queue, the only slice that can ever hold it.
     assert not by_host["peer1"]["fits"] and "200 MiB pending" in by_host["peer1"]["reason"]
     assert second["action"] == "peer" and "wait in its queue" in second["reasons"][-1]
 

@@ -79,6 +79,8 @@ class ConfigModel(_Strict):
     status_interval: Duration = 60.0
     kill_grace: Duration = 10.0
     control_persist: Duration = 600.0
+    toolchain_probes: list[str] = Field(default_factory=lambda: ["rustc -Vv", "cargo -V"])
+    sync_excludes: list[str] = Field(default_factory=list)
     hosts: dict[str, HostModel] = Field(default_factory=dict)
 
 

@@ -52,6 +52,9 @@ def settings_from_dict(raw: Mapping[str, Any], source: str) -> Settings:
             values[key] = parse_duration(raw[key])
     if raw.get("gamble_size") is not None:
         values["gamble_size"] = parse_size(raw["gamble_size"])
+    for key in ("toolchain_probes", "sync_excludes"):
+        if raw.get(key) is not None:
+            values[key] = tuple(str(item) for item in raw[key])
     if raw.get("enable_across_machines") is not None:
         values["enable_across_machines"] = bool(raw["enable_across_machines"])
     hosts = {name: host_from_dict(name, table or {}) for name, table in (raw.get("hosts") or {}).items()}

@@ -1,0 +1,543 @@
+#!/usr/bin/env python3
+"""``hostrun report`` for two hosts (this one + a real sshd peer) against a plain ``ssh peer true``,
+warm (through a ControlMaster) and cold (no master yet), measured in the same run.
+
+What is measured
+----------------
+One real OpenSSH peer is started with ``tests/sshd.py``'s ``SshdPeer`` on a loopback address
+(127.0.0.2 by default): its own sshd, host key, user key, known_hosts, ssh_config, hostrun config,
+state dir and slice cgroup. The controller's private config names ``local`` and that peer.
+
+Warm (a ControlMaster is up; hostrun's own, at ``dispatch.ssh.control_dir(state_dir)/%C``):
+
+* ``hostrun --config C report --json`` (both hosts)            -- the target series
+* ``hostrun --config C report`` (both hosts, rendered with rich) -- shown with its own ratio
+* baseline: ``ssh -F PEER_SSH_CONFIG -o ControlPath=<hostrun's> peer1 true``, through the same master
+* for information: ``report --json --host peer1`` (peer only), ``report --json --host local`` (local
+  only), the agent command exactly as hostrun sends it, run with plain ``ssh`` through the same master
+  (the peer's share: its shell + ``python3 -I agent.pyz report``), the agent run directly on this
+  machine with the peer's environment (no ssh), and, unless ``--no-cached-series``, ``report --json``
+  with dispatch's bytecode cached (private ``PYTHONPYCACHEPREFIX``, ``PYTHONDONTWRITEBYTECODE`` unset).
+
+Target: median of ``report --json`` <= 3x the median of the warm ``ssh peer1 true`` (issue 3: "the
+report is one round trip plus local reads"). ``--target-on rich`` judges the rendered form instead.
+
+Cold (the master is stopped with ``ssh -O exit`` before every run of both series, and the bench waits
+until no process with hostrun's ControlPath is left):
+
+* ``hostrun --config C report --json`` (both hosts; its first ssh starts a new master)  -- the target
+* baseline: ``ssh -F PEER_SSH_CONFIG -o ControlMaster=no -o ControlPath=none peer1 true``
+
+Target: ratio of medians <= 1.5x. The agent is sent to the peer in the warm-up, before anything is
+timed; its file's mtime is checked at the end, so a re-send (an upload counted as report time) fails
+the bench.
+
+All series of a phase are interleaved, the order rotating every round, so all share the machine's
+noise. Reported: median, p10, p90, min, max; the ratios; the per-host ``elapsed_s`` hostrun itself
+reports in the ``--json`` runs; and the top entries of ``python -X importtime -m dispatch --config C
+report [--json]`` (median of 5 runs by total import time).
+
+Isolation: a private temporary directory with the controller's config (own ``state_dir``, own slice
+cgroup ``<this process's memory cgroup>/hostrun-bench-<pid>``, own ``XDG_CACHE_HOME``) and the peer
+(its slice cgroup ``<this process's memory cgroup>/hostrun-bench-peer1-<pid>``). In a ``finally``
+block: the ControlMaster is stopped (``ssh -O exit``, then any process still carrying this run's
+ControlPath is killed by pid), sshd and everything below it is stopped, both slice cgroups and the
+directory are removed. Bookings, job cgroups or processes left behind are reported first as a failure.
+
+Needs root, ``/usr/sbin/sshd`` (openssh-server), the ``ssh`` client and a memory-cap backend (cgroup
+v1 on the reference machines). Standard library only (plus the repository's own ``tests/sshd.py`` and
+``dispatch.ssh.control_dir``/``dispatch.agent``/``dispatch.peer`` for the exact paths and command hostrun
+uses). Run by hand, e.g.::
+
+    .venv/bin/python bench/bench_report.py --runs 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from dispatch.agent import remote_path  # noqa: E402  (the agent's name: content hash of the core)
+from dispatch.peer import _RUN  # noqa: E402  (the exact remote command hostrun sends)
+from dispatch.ssh import control_dir, remote_command  # noqa: E402
+from tests.sshd import SshdPeer  # noqa: E402
+
+WARM_TARGET = 3.0
+COLD_TARGET = 1.5
+MEMORY_MOUNT = "/sys/fs/cgroup/memory"
+PEER = "peer1"
+
+
+# ---------------------------------------------------------------- shared setup helpers
+def find_hostrun(explicit: str | None) -> str:
+    path = explicit or os.path.join(os.path.dirname(sys.executable), "hostrun")
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        sys.exit(f"bench: hostrun not found at {path} (use --hostrun PATH or run with the venv python)")
+    return os.path.abspath(path)
+
+
+def interpreter_of(script: str) -> str:
+    """The Python a console script runs on (its ``#!`` line), else this interpreter."""
+    try:
+        with open(script, "rb") as fh:
+            first = fh.readline().decode("utf-8", "replace").strip()
+    except OSError:
+        return sys.executable
+    if first.startswith("#!"):
+        parts = first[2:].split()
+        if parts and os.path.basename(parts[0]) != "env" and os.access(parts[0], os.X_OK):
+            return parts[0]
+    return sys.executable
+
+
+def own_memory_cgroup() -> str | None:
+    with open("/proc/self/cgroup", encoding="utf-8") as fh:
+        for line in fh:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if "memory" in controllers.split(","):
+                return path
+    return None
+
+
+def private_env(tmp: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")  # hostrun's config cache goes here
+    env.pop("HOSTRUN_CONFIG", None)
+    return env
+
+
+def ledger_leftovers(state_dir: str, who: str) -> list[str]:
+    found: list[str] = []
+    db = os.path.join(state_dir, "ledger.sqlite3")
+    if os.path.exists(db):
+        try:
+            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+            try:
+                rows = conn.execute("SELECT id, state, label, pid, size FROM bookings").fetchall()
+            finally:
+                conn.close()
+            found += [f"{who}: ledger booking left: id={r[0]} state={r[1]} label={r[2]} pid={r[3]} "
+                      f"size={r[4]}" for r in rows]
+        except sqlite3.Error as exc:
+            if "no such table" not in str(exc):
+                found.append(f"{who}: could not read ledger {db}: {exc}")
+    return found
+
+
+def cgroup_leftovers(slice_dir: str | None, who: str) -> list[str]:
+    found: list[str] = []
+    if slice_dir and os.path.isdir(slice_dir):
+        for dirpath, dirnames, _ in os.walk(slice_dir):
+            for name in dirnames:
+                found.append(f"{who}: cgroup left: {os.path.join(dirpath, name)}")
+            try:
+                with open(os.path.join(dirpath, "cgroup.procs"), encoding="utf-8") as fh:
+                    pids = fh.read().split()
+            except OSError:
+                pids = []
+            if pids:
+                found.append(f"{who}: processes left in {dirpath}: {' '.join(pids)}")
+    return found
+
+
+def remove_slice(slice_dir: str | None) -> None:
+    """rmdir the slice and any (empty) job cgroups under it, deepest first."""
+    if not slice_dir or not os.path.isdir(slice_dir):
+        return
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            for dirpath, _, _ in sorted(os.walk(slice_dir), key=lambda w: -w[0].count("/")):
+                if os.path.isdir(dirpath):
+                    os.rmdir(dirpath)
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                print(f"bench: warning: could not remove {slice_dir}: {exc}", file=sys.stderr)
+                return
+            time.sleep(0.1)
+
+
+def pct(values: list[float], q: int) -> float:
+    """q-th percentile (inclusive method), q in 1..99."""
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def sources_digest() -> str:
+    """Names, sizes and mtimes of dispatch/**.py: the agent's name changes with them."""
+    parts = []
+    for dirpath, dirnames, filenames in os.walk(os.path.join(REPO, "dispatch")):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(f for f in filenames if f.endswith(".py")):
+            st = os.stat(os.path.join(dirpath, name))
+            parts.append(f"{dirpath}/{name}:{st.st_size}:{st.st_mtime_ns}")
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------- ssh master handling
+def pids_with(marker: str) -> list[int]:
+    """Processes whose command line contains ``marker`` (this run's private control dir)."""
+    found = []
+    needle = marker.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue
+        if needle in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def master_check(ssh_base: list[str]) -> str:
+    proc = subprocess.run([*ssh_base, "-O", "check", PEER], capture_output=True, text=True, timeout=10)
+    return (proc.stderr.strip() or proc.stdout.strip()) if proc.returncode == 0 else ""
+
+
+def stop_master(ssh_base: list[str], ctl_dir: str, kill: bool = False) -> None:
+    """``ssh -O exit``; then wait until no process carries this run's ControlPath (kill by pid at the
+    end, or when ``kill``)."""
+    subprocess.run([*ssh_base, "-O", "exit", PEER], capture_output=True, timeout=10, check=False)
+    marker = f"ControlPath={ctl_dir}"
+    deadline = time.monotonic() + (0.5 if kill else 5.0)
+    while pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    for pid in pids_with(marker):
+        if not kill:
+            print(f"bench: warning: ssh process {pid} still up after -O exit; killing it", file=sys.stderr)
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+# ---------------------------------------------------------------- the benchmark
+class Series:
+    def __init__(self, key: str, label: str, argv: list[str], env: dict[str, str],
+                 before: object = None, parse_json: bool = False) -> None:
+        self.key, self.label, self.argv, self.env = key, label, argv, env
+        self.before = before  # a callable run (untimed) before every timed run
+        self.parse_json = parse_json
+        self.times: list[float] = []
+        self.elapsed: dict[str, list[float]] = {}
+        self.failures: list[str] = []
+
+    def run_once(self, i: int) -> None:
+        if self.before is not None:
+            self.before()  # type: ignore[operator]
+        t0 = time.perf_counter()
+        proc = subprocess.run(self.argv, env=self.env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.times.append(time.perf_counter() - t0)
+        if proc.returncode != 0:
+            err = proc.stderr.decode("utf-8", "replace").strip()[-300:]
+            self.failures.append(f"run {i} {self.key}: exit {proc.returncode}: {err}")
+            return
+        if self.parse_json:
+            try:
+                hosts = json.loads(proc.stdout)["hosts"]
+            except (ValueError, KeyError) as exc:
+                self.failures.append(f"run {i} {self.key}: no JSON: {exc}")
+                return
+            for h in hosts:
+                if not h["ok"]:
+                    self.failures.append(f"run {i} {self.key}: host {h['host']}: {h['error']}")
+                self.elapsed.setdefault(h["host"], []).append(h["elapsed_s"])
+
+
+def run_phase(series: list[Series], runs: int) -> None:
+    for i in range(runs):
+        k = i % len(series)
+        for s in series[k:] + series[:k]:  # rotate: share the noise
+            s.run_once(i)
+
+
+def print_table(title: str, series: list[Series]) -> dict[str, float]:
+    print(f"\n{title}; wall time in ms")
+    print(f"  {'':52} {'median':>8} {'p10':>8} {'p90':>8} {'min':>8} {'max':>8}")
+    med = {}
+    for s in series:
+        v = s.times
+        med[s.key] = statistics.median(v)
+        print(f"  {s.label:52} {med[s.key] * 1000:8.1f} {pct(v, 10) * 1000:8.1f} "
+              f"{pct(v, 90) * 1000:8.1f} {min(v) * 1000:8.1f} {max(v) * 1000:8.1f}")
+    for s in series:
+        if s.elapsed:
+            parts = ", ".join(f"{host} {statistics.median(v) * 1000:.1f} ms"
+                              for host, v in s.elapsed.items())
+            print(f"    {s.key}: hostrun's own elapsed_s per host (median): {parts}")
+    return med
+
+
+def importtime_profile(python: str, config: str, env: dict[str, str], top: int, extra: list[str],
+                       repeat: int = 5) -> None:
+    """One ``-X importtime`` run is noisy: run it ``repeat`` times and show the median run."""
+    argv = [python, "-X", "importtime", "-m", "dispatch", "--config", config, "report", *extra]
+    runs = []
+    for _ in range(repeat):
+        proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+        rows: list[tuple[int, int, str]] = []
+        other: list[str] = []
+        for line in proc.stderr.decode("utf-8", "replace").splitlines():
+            if not line.startswith("import time:"):
+                other.append(line)
+                continue
+            parts = line[len("import time:"):].split("|")
+            try:
+                rows.append((int(parts[0]), int(parts[1]), parts[2].rstrip()))
+            except (ValueError, IndexError):
+                continue  # the header line
+        runs.append((sum(r[0] for r in rows), proc.returncode, rows, other))
+    runs.sort(key=lambda r: r[0])
+    _, returncode, rows, other = runs[len(runs) // 2]
+    shown = " ".join(["report", *extra])
+    print(f"\nImport-time profile of `{shown}` (median of {repeat} runs by total):")
+    print(f"  {os.path.basename(python)} -X importtime -m dispatch --config PRIVATE {shown}"
+          f"  (exit {returncode})")
+    if not rows:
+        print("  (no importtime output)")
+        return
+    total_self = sum(r[0] for r in rows)
+
+    def family(prefix: str) -> float:
+        return sum(r[0] for r in rows if r[2].strip().split(".")[0] == prefix) / 1000
+
+    print(f"  {len(rows)} modules imported, {total_self / 1000:.1f} ms in all; own time of "
+          f"dispatch.* {family('dispatch'):.1f} ms, asyncio.* {family('asyncio'):.1f} ms, "
+          f"rich.* {family('rich'):.1f} ms, pydantic* {family('pydantic') + family('pydantic_core'):.1f} ms")
+    if top > 0:
+        print(f"  top {top} by cumulative time:")
+        print(f"  {'cumul ms':>9} {'self ms':>8}  module")
+        for self_us, cum_us, name in sorted(rows, key=lambda r: -r[1])[:top]:
+            print(f"  {cum_us / 1000:9.1f} {self_us / 1000:8.1f}  {name}")
+    if other and returncode != 0:
+        print("  stderr besides importtime:")
+        for line in other[:10]:
+            print(f"    {line}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=20, help="measured runs of each series (>= 20)")
+    ap.add_argument("--hostrun", metavar="PATH",
+                    help="hostrun executable (default: <dir of sys.executable>/hostrun)")
+    ap.add_argument("--address", default="127.0.0.2", help="loopback address of the peer's sshd")
+    ap.add_argument("--top", type=int, default=15, help="import-time entries to show (default 15)")
+    ap.add_argument("--target-on", choices=("json", "rich"), default="json",
+                    help="which form of `hostrun report` the targets judge (default json)")
+    ap.add_argument("--no-cached-series", action="store_true",
+                    help="skip the series with a private bytecode cache (PYTHONPYCACHEPREFIX)")
+    args = ap.parse_args()
+    if args.runs < 20:
+        ap.error("--runs must be at least 20 (medians of >= 20 runs)")
+    if os.geteuid() != 0:
+        sys.exit("bench: needs root (sshd privilege separation, memory cgroups)")
+    if not os.path.exists("/usr/sbin/sshd") or shutil.which("ssh") is None:
+        sys.exit("bench: needs /usr/sbin/sshd (openssh-server) and the ssh client")
+
+    hostrun = find_hostrun(args.hostrun)
+    python = interpreter_of(hostrun)
+    tmp = tempfile.mkdtemp(prefix="hostrun-bench-report-")
+    own = (own_memory_cgroup() or "").rstrip("/")
+    slice_rel = f"{own}/hostrun-bench-{os.getpid()}"
+    peer_rel = f"{own}/hostrun-bench-{PEER}-{os.getpid()}"
+    mount_ok = os.path.isdir(MEMORY_MOUNT)
+    slice_dir = MEMORY_MOUNT + slice_rel if mount_ok else None
+    peer_slice_dir = MEMORY_MOUNT + peer_rel if mount_ok else None
+    state_dir = os.path.join(tmp, "state")
+    ctl_dir = control_dir(state_dir)
+    peer: SshdPeer | None = None
+    ssh_base: list[str] = []
+    try:
+        root = Path(tmp) / f"peer-{PEER}"
+        root.mkdir()
+        peer = SshdPeer(root, PEER, args.address, peer_rel, slice="300M")
+        peer.start()
+        config = os.path.join(tmp, "hosts.toml")
+        with open(config, "w", encoding="utf-8") as fh:
+            fh.write(f'state_dir = "{state_dir}"\n\n[hosts.local]\nslice = "300M"\n'
+                     f'cgroup = "{slice_rel}"\n\n{peer.host_table()}')
+        env = private_env(tmp)
+        env_cached = dict(env, PYTHONPYCACHEPREFIX=os.path.join(tmp, "pycache"))
+        env_cached.pop("PYTHONDONTWRITEBYTECODE", None)
+        ssh_cfg = str(peer.ssh_config)
+        ssh_base = ["ssh", "-F", ssh_cfg, "-o", f"ControlPath={os.path.join(ctl_dir, '%C')}"]
+        agent_rel = remote_path()
+        agent_file = peer.home / agent_rel
+        peer_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(peer.home),
+                    "HOSTRUN_CONFIG": str(peer.peer_config),
+                    "XDG_CACHE_HOME": str(peer.home / ".cache"), "PYTHONDONTWRITEBYTECODE": "1"}
+        peer_python = shutil.which("python3", path=peer_env["PATH"]) or "python3"
+
+        version = subprocess.run([python, "-c", "import sys; print(sys.version.split()[0])"],
+                                 capture_output=True, text=True).stdout.strip()
+        peer_version = subprocess.run([peer_python, "-c", "import sys; print(sys.version.split()[0])"],
+                                      capture_output=True, text=True).stdout.strip()
+        ssh_version = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
+        print(f"hostrun:      {hostrun}")
+        print(f"interpreter:  {python} (Python {version})")
+        print(f"config:       {config} (state_dir {state_dir}; hosts local + {PEER})")
+        print(f"slices:       local {slice_dir or '(hostrun default)'}\n"
+              f"              {PEER} {peer_slice_dir or '(hostrun default)'}")
+        print(f"peer:         sshd on {peer.address}:{peer.port} (this machine; ssh_config {ssh_cfg}); "
+              f"agent runs on {peer_python} (Python {peer_version})")
+        print(f"control path: {ctl_dir}/%C  ({ssh_version})")
+        print(f"machine:      {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+        print(f"environment:  PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}")
+
+        report_json = [hostrun, "--config", config, "report", "--json"]
+        report_rich = [hostrun, "--config", config, "report"]
+        for i in range(2):  # validates + caches the config, sends the agent, starts the master
+            t0 = time.perf_counter()
+            proc = subprocess.run(report_json, env=env, capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+            print(f"warm-up {i + 1} (config cache{', agent upload, master start' if i == 0 else ''}): "
+                  f"{wall * 1000:.1f} ms, exit {proc.returncode}")
+            if proc.returncode != 0:
+                print(f"hostrun report failed in the warm-up:\n{proc.stdout}\n{proc.stderr}",
+                      file=sys.stderr)
+                return 1
+        if not agent_file.is_file():
+            print(f"bench: the agent is not at {agent_file} after the warm-up", file=sys.stderr)
+            return 1
+        agent_mtime = agent_file.stat().st_mtime_ns
+        agent_dir = peer.home / ".cache" / "hostrun"
+        agents_before = sorted(p.name for p in agent_dir.glob("agent-*.pyz"))
+        sources_before = sources_digest()
+        for _ in range(3):  # fill the private bytecode cache
+            subprocess.run(report_json, env=env_cached, capture_output=True)
+        master_before = master_check(ssh_base)
+        print(f"agent:        {agent_file} ({agent_file.stat().st_size} bytes), present before timing")
+        print(f"master:       {master_before or 'NOT RUNNING'}")
+
+        # --- warm phase -------------------------------------------------------------------
+        agent_cmd = remote_command(["sh", "-c", _RUN, "hostrun-agent", agent_rel, "python3",
+                                    "report", "--fallback", "{}"])
+        warm = [
+            Series("json", "hostrun report --json (local + peer1)", report_json, env, parse_json=True),
+            Series("rich", "hostrun report (rich; local + peer1)", report_rich, env),
+            Series("ssh", "ssh peer1 true (warm master) [baseline]", [*ssh_base, PEER, "true"], env),
+            Series("peer", "hostrun report --json --host peer1", [*report_json, "--host", PEER], env,
+                   parse_json=True),
+            Series("local", "hostrun report --json --host local", [*report_json, "--host", "local"], env,
+                   parse_json=True),
+            Series("agent_ssh", "ssh peer1 <hostrun's agent command> (warm)",
+                   [*ssh_base, "-T", PEER, "--", agent_cmd], env),
+            Series("agent_direct", "python3 -I agent.pyz report (here, no ssh)",
+                   [peer_python, "-I", str(agent_file), "report", "--fallback", "{}"], peer_env),
+            Series("py_ssh", "ssh peer1 python3 -I -c pass (warm)",
+                   [*ssh_base, "-T", PEER, "python3", "-I", "-c", "pass"], env),
+            Series("py", "python -c pass (hostrun's interpreter)", [python, "-c", "pass"], env),
+        ]
+        if not args.no_cached_series:
+            warm.insert(1, Series("json_cached", "hostrun report --json, .pyc cached [*]", report_json,
+                                  env_cached, parse_json=True))
+        run_phase(warm, args.runs)
+        master_after = master_check(ssh_base)
+        med = print_table(f"WARM: {args.runs} runs each, interleaved, ControlMaster up", warm)
+        target_key = args.target_on
+        ok = True
+        warm_ratio = med[target_key] / med["ssh"]
+        print(f"\n  ratio of medians, report --json / ssh true: {med['json'] / med['ssh']:.2f}x; "
+              f"report (rich) / ssh true: {med['rich'] / med['ssh']:.2f}x; "
+              f"rich rendering costs {(med['rich'] - med['json']) * 1000:.1f} ms over --json")
+        print(f"  where the report's time goes (medians): local-only report {med['local'] * 1000:.1f} ms, "
+              f"peer-only report {med['peer'] * 1000:.1f} ms; the agent command over ssh "
+              f"{med['agent_ssh'] * 1000:.1f} ms (= ssh true + {(med['agent_ssh'] - med['ssh']) * 1000:.1f} ms "
+              f"on the peer), the agent alone {med['agent_direct'] * 1000:.1f} ms")
+        floor = med["py"] + med["py_ssh"]
+        print(f"  floor of any Python controller + Python agent (python -c pass + ssh python3 -I -c pass): "
+              f"{floor * 1000:.1f} ms = {floor / med['ssh']:.2f}x ssh true")
+        if "json_cached" in med:
+            print(f"  [*] with dispatch's bytecode cached: {med['json_cached'] / med['ssh']:.2f}x "
+                  f"({(med['json'] - med['json_cached']) * 1000:.1f} ms less than as is)")
+        verdict = "PASS" if warm_ratio <= WARM_TARGET else "FAIL"
+        ok &= verdict == "PASS"
+        print(f"  target (on report{' --json' if target_key == 'json' else ''}): "
+              f"{warm_ratio:.2f}x <= {WARM_TARGET:.0f}x -> {verdict}")
+        if master_before != master_after or not master_after:
+            print(f"  WARNING: the master changed during the warm phase: {master_before!r} -> "
+                  f"{master_after!r}")
+            ok = False
+
+        # --- cold phase -------------------------------------------------------------------
+        def cold() -> None:
+            stop_master(ssh_base, ctl_dir)
+
+        cold_series = [
+            Series("json", "hostrun report --json (local + peer1), no master", report_json, env,
+                   before=cold, parse_json=True),
+            Series("rich", "hostrun report (rich), no master", report_rich, env, before=cold),
+            Series("ssh", "ssh -o ControlMaster=no -o ControlPath=none peer1 true",
+                   ["ssh", "-F", ssh_cfg, "-o", "ControlMaster=no", "-o", "ControlPath=none", PEER,
+                    "true"], env, before=cold),
+        ]
+        run_phase(cold_series, args.runs)
+        stop_master(ssh_base, ctl_dir)
+        cmed = print_table(f"COLD: {args.runs} runs each, interleaved, master stopped before every run",
+                           cold_series)
+        cold_ratio = cmed[target_key] / cmed["ssh"]
+        print(f"\n  ratio of medians, report --json / cold ssh true: {cmed['json'] / cmed['ssh']:.2f}x; "
+              f"report (rich) / cold ssh true: {cmed['rich'] / cmed['ssh']:.2f}x")
+        verdict = "PASS" if cold_ratio <= COLD_TARGET else "FAIL"
+        ok &= verdict == "PASS"
+        print(f"  target (on report{' --json' if target_key == 'json' else ''}): "
+              f"{cold_ratio:.2f}x <= {COLD_TARGET} x -> {verdict}")
+
+        failures = [f for s in warm + cold_series for f in s.failures]
+        if failures:
+            ok = False
+            print(f"\n  {len(failures)} run(s) failed:")
+            for line in failures[:10]:
+                print(f"    {line}")
+        agents = sorted(p.name for p in agent_dir.glob("agent-*.pyz"))
+        resent = agent_file.stat().st_mtime_ns != agent_mtime or agents != agents_before
+        print(f"\n  agent on the peer: {', '.join(agents)}; sent during timing: "
+              f"{'YES (an upload was timed)' if resent else 'no'}")
+        ok &= not resent
+        if sources_digest() != sources_before:
+            print("  WARNING: dispatch/*.py changed while the bench ran: the runs measured different "
+                  "code (and a new agent was sent); rerun on a quiet tree")
+            ok = False
+
+        importtime_profile(python, config, env, args.top, ["--json"])
+        importtime_profile(python, config, env, 0, [])
+
+        left = ledger_leftovers(state_dir, "local") + ledger_leftovers(str(peer.state_dir), PEER)
+        left += cgroup_leftovers(slice_dir, "local") + cgroup_leftovers(peer_slice_dir, PEER)
+        print("\nleftovers after all runs: " + ("none" if not left else ""))
+        for line in left:
+            print(f"  {line}")
+        print(f"\nresult: {'PASS' if ok and not left else 'FAIL'}")
+        return 0 if ok and not left else 1
+    finally:
+        if ssh_base:
+            stop_master(ssh_base, ctl_dir, kill=True)
+        if peer is not None:
+            peer.stop()
+        remove_slice(slice_dir)
+        remove_slice(peer_slice_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""The agent's side of ``hostrun --peer``: run one job on this (the peer) machine, framed.
+
+Runs under the peer's own ledger, slice and peak table, through the same ``run_local`` as a local
+job. The job's stdout and stderr go through pipes that are pumped into frames on the agent's stdout;
+control frames (heartbeats, signals, stdin) come on its stdin. If they stop — the controller was
+killed, the link was cut, the machine froze — for ``SILENCE_LIMIT`` seconds, or stdin closes, the
+agent stops the job itself: nothing is left running or booked on the peer when anything breaks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, FrameReader, FrameWriter
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+
+class _Link:
+    """Reads control frames; notices when the controller is gone."""
+
+    def __init__(self, fd: int, stdin_fd: int | None) -> None:
+        self.fd = fd
+        self.stdin_fd = stdin_fd
+        self.last_seen = time.monotonic()
+        self.lost = threading.Event()
+
+    def read_loop(self) -> None:
+        reader = FrameReader()
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                self.lost.set()
+                return
+            self.last_seen = time.monotonic()
+            for kind, payload in reader.feed(data):
+                if kind == b"S":
+                    os.kill(os.getpid(), int(payload))
+                elif kind == b"D" and self.stdin_fd is not None:
+                    try:
+                        os.write(self.stdin_fd, payload)
+                    except OSError:
+                        pass
+                elif kind == b"Z" and self.stdin_fd is not None:
+                    os.close(self.stdin_fd)
+                    self.stdin_fd = None
+
+    def watchdog(self, done: threading.Event) -> None:
+        """Stop the job when the controller is gone: SIGTERM (forwarded to the job), then a second
+        signal a moment later, which makes the runner kill the job's whole cgroup at once."""
+        while not done.wait(0.5):
+            if self.lost.is_set() or time.monotonic() - self.last_seen > SILENCE_LIMIT:
+                os.kill(os.getpid(), signal.SIGTERM)
+                if done.wait(2.0):
+                    return
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+
+def _pump(fd: int, kind: bytes, writer: FrameWriter) -> None:
+    broken = False
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            os.close(fd)
+            return
+        if not broken:  # once the controller is gone, keep draining so the job never blocks
+            try:
+                writer.send(kind, data)
+            except OSError:
+                broken = True
+
+
+def run_job(spec: dict[str, Any]) -> int:
+    from dispatch.agentmain import peer_settings
+    from dispatch.runner import RunRequest, run_local
+
+    settings, _notes = peer_settings(spec.get("fallback") or {})
+    writer = FrameWriter(os.dup(1))
+    control_fd = os.dup(0)
+    stdin_w = None
+    if spec.get("stdin"):
+        stdin_r, stdin_w = os.pipe()
+        os.dup2(stdin_r, 0)
+        os.close(stdin_r)
+    else:
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+    pumps = []
+    for target, kind in ((1, b"O"), (2, b"E")):
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, target)
+        os.close(write_end)
+        thread = threading.Thread(target=_pump, args=(read_end, kind, writer), daemon=True)
+        thread.start()
+        pumps.append(thread)
+    link = _Link(control_fd, stdin_w)
+    done = threading.Event()
+    threading.Thread(target=link.read_loop, daemon=True).start()
+    threading.Thread(target=link.watchdog, args=(done,), daemon=True).start()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT):
+            try:
+                writer.send(b"H")
+            except OSError:
+                return
+
+    threading.Thread(target=beat, daemon=True).start()
+
+    def say(line: str) -> None:
+        try:
+            writer.send(b"M", line.encode())
+        except OSError:
+            pass
+
+    result: dict[str, Any]
+    try:
+        os.chdir(os.path.expanduser(spec["cwd"]))
+        request = RunRequest(
+            argv=spec["argv"], label=spec.get("label"), cap=spec.get("cap"),
+            max_runtime=spec.get("max_runtime"), threads=spec.get("threads"),
+            no_cap=bool(spec.get("no_cap")), session=spec.get("session"),
+            gpu_memory=spec.get("gpu_memory"),
+        )
+        outcome = run_local(settings, request, say)
+        result = outcome.to_dict()
+    except Exception as exc:
+        from dispatch.errors import HostrunError
+        from dispatch.exitcodes import ExitCode
+
+        code = int(exc.exit_code) if isinstance(exc, HostrunError) else 1
+        try:
+            name = ExitCode(code).outcome
+        except ValueError:
+            name = "error"
+        result = {"exit_code": code, "outcome": name, "message": str(exc),
+                  "error_type": type(exc).__name__}
+    finally:
+        done.set()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # our copies of the pipes' write ends: the pumps see EOF once the
+        os.dup2(devnull, 2)  # job's are gone too (its cgroup was emptied by run_local)
+        os.close(devnull)
+    for thread in pumps:
+        thread.join(timeout=10)
+    try:
+        writer.send(b"R", json.dumps(result).encode())
+    except OSError:
+        return 1
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,286 @@
+"""``hostrun --peer -- CMD``: the peer driver's seven steps (DESIGN.md, "The peer driver").
+
+1. ``enable_across_machines`` must be on (248), 2. the cap within the peer's ``peer_memory_cap``
+(249) — both in ``dispatch.peers``; 3. the toolchain probes agree on both hosts (247); 4. the tree is
+rsynced to a stable per-tree directory under the peer's work root, over the same ControlMaster (252);
+5-7. the agent books the job on the peer's own ledger, runs it under the peer's cap and reports the
+outcome; output is streamed live (stdout and stderr kept apart), signals are forwarded in-band (sshd
+refuses signal requests for root logins), heartbeats both ways detect a dead link (251), and
+``--return`` paths are copied back afterwards, even after a failed job.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from dispatch import agent
+from dispatch.errors import HostrunError, PeerUnreachableError
+from dispatch.exitcodes import ExitCode
+from dispatch.fingerprint import short_hash
+from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, FrameReader, encode
+from dispatch.outcome import Outcome
+from dispatch.peer import _RUN, PeerClient
+from dispatch.settings import HostSettings, Settings
+from dispatch.toolchain import ToolchainMismatchError, compare, probe_here
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+    from dispatch.runner import RunRequest
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+DEFAULT_WORK_ROOT = "~/hostrun-work"
+
+
+class SyncFailedError(HostrunError):
+    exit_code = ExitCode.SYNC_FAILED
+
+
+class ConnectionLostError(HostrunError):
+    exit_code = ExitCode.CONNECTION_LOST
+
+
+def source_tree(explicit: str | None) -> str:
+    """The tree to sync: ``--tree``, else the git top level around the current directory, else it."""
+    if explicit:
+        path = os.path.abspath(explicit)
+        if not os.path.isdir(path):
+            raise HostrunError(f"--tree {explicit}: not a directory")
+        return path
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                             timeout=10, check=False)
+        if top.returncode == 0 and top.stdout.strip():
+            return top.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return os.getcwd()
+
+
+def tree_id(tree: str) -> str:
+    """Stable per source tree (and per controller host), so the peer's copy stays incremental."""
+    base = os.path.basename(tree.rstrip("/")) or "root"
+    return f"{base}-{short_hash(f'{socket.gethostname()}:{tree}'.encode(), 12)}"
+
+
+class PeerRun:
+    def __init__(self, settings: Settings, host: HostSettings, request: RunRequest,
+                 say: Callable[[str], None], *, tree: str | None = None,
+                 returns: Sequence[str] = (), forward_stdin: bool = False) -> None:
+        self.settings = settings
+        self.host = host
+        self.request = request
+        self.say = say
+        self.client = PeerClient(settings, host)
+        self.tree = source_tree(tree)
+        cwd = os.getcwd()
+        rel = os.path.relpath(cwd, self.tree)
+        if rel.startswith(".."):
+            raise HostrunError(f"the current directory {cwd} is outside the tree {self.tree} (use --tree)")
+        self.rel_cwd = "" if rel == "." else rel
+        self.returns = list(returns)
+        self.forward_stdin = forward_stdin
+        work_root = (host.work_root or DEFAULT_WORK_ROOT).rstrip("/")
+        self.remote_tree_spec = f"{work_root}/{tree_id(self.tree)}"
+        self.remote_tree = ""
+
+    # -- step 3: toolchain, and the work directory made ready in the same round trip --
+    def prepare(self) -> None:
+        import asyncio
+
+        probes = list(self.settings.toolchain_probes)
+        spec = json.dumps({"probes": probes, "workdir": self.remote_tree_spec})
+        remote = asyncio.run(self.client.agent_json(["probe", "--spec", spec],
+                                                    self.settings.report_timeout * 2))
+        here = probe_here(probes, self.settings.state_dir)
+        differences = compare(here, remote["probes"], self.host.name)
+        if differences:
+            for line in differences:
+                self.say(f"toolchain: {line}")
+            raise ToolchainMismatchError(
+                f"the toolchain on {self.host.name} differs from this host's ({len(differences)} "
+                "line(s) above); nothing was synced or run")
+        if "workdir" not in remote:  # step 4 fails before it starts
+            raise SyncFailedError(f"cannot prepare the work directory on {self.host.name}: "
+                                  f"{remote.get('workdir_error', 'no answer')}")
+        self.remote_tree = remote["workdir"]
+
+    # -- step 4: sync --
+    def _rsync(self, args: list[str], what: str) -> None:
+        argv = ["rsync", "-a", "-e", self.client.ssh.rsync_rsh(), *args]
+        show_progress = os.isatty(2) and what == "sync"
+        if show_progress:
+            argv.insert(2, "--info=progress2")
+        try:
+            proc = subprocess.run(argv, stdout=None if show_progress else subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, check=False)
+        except OSError as exc:
+            raise SyncFailedError(f"{what}: cannot run rsync: {exc.strerror}") from None
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            raise SyncFailedError(f"{what} with {self.host.name} failed (rsync exit "
+                                  f"{proc.returncode}): {last}")
+
+    def sync(self) -> None:
+        excludes = [f"--exclude={pattern}" for pattern in self.settings.sync_excludes]
+        # --modify-window=-1: compare mtimes to the nanosecond. The default (whole seconds) misses an
+        # edit that keeps the size within the same second, which an agent's quick edits often do.
+        self._rsync(["--delete", "--modify-window=-1", "--filter=:- .gitignore", "--exclude=/.git/",
+                     *excludes,
+                     f"{self.tree}/", f"{self.host.ssh}:{self.remote_tree}/"], "sync")
+
+    def bring_back(self) -> list[str]:
+        """Copy ``--return`` paths back (relative to the job's directory); returns the failures."""
+        failures = []
+        local_dir = os.path.join(self.tree, self.rel_cwd)
+        remote_dir = os.path.join(self.remote_tree, self.rel_cwd)
+        for path in self.returns:
+            try:
+                self._rsync(["--relative", f"{self.host.ssh}:{remote_dir}/./{path}", f"{local_dir}/"],
+                            f"--return {path}")
+            except SyncFailedError as exc:
+                failures.append(str(exc))
+        return failures
+
+    # -- steps 5-7: the run --
+    def spec(self) -> str:
+        r = self.request
+        data = {
+            "argv": list(r.argv), "cwd": os.path.join(self.remote_tree, self.rel_cwd), "label": r.label,
+            "cap": r.cap, "max_runtime": r.max_runtime, "threads": r.threads, "no_cap": r.no_cap,
+            "session": r.session, "gpu_memory": r.gpu_memory, "stdin": self.forward_stdin,
+            "fallback": json.loads(self.client.fallback()),
+        }
+        return base64.b64encode(json.dumps(data).encode()).decode()
+
+    def run(self) -> Outcome:
+        self.prepare()
+        self.sync()
+        try:
+            outcome = self._stream()
+        finally:
+            failures = self.bring_back() if self.returns else []
+        for failure in failures:
+            self.say(f"error: {failure}")
+        if failures and outcome.exit_code == 0:
+            outcome.exit_code, outcome.outcome = ExitCode.SYNC_FAILED, ExitCode.SYNC_FAILED.outcome
+            outcome.message = "the job succeeded but --return could not bring everything back"
+        return outcome
+
+    def _stream(self) -> Outcome:
+        command = ["sh", "-c", _RUN, "hostrun-agent", agent.remote_path(), self.client.python, "run",
+                   self.spec()]
+        proc = subprocess.Popen(self.client.ssh.argv(command), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        pending: list[int] = []
+        old = {sig: signal.signal(sig, lambda s, _f: pending.append(s)) for sig in FORWARDED}
+        lock = threading.Lock()
+
+        def send(kind: bytes, payload: bytes = b"") -> None:
+            with lock:
+                try:
+                    proc.stdin.write(encode(kind, payload))  # type: ignore[union-attr]
+                    proc.stdin.flush()  # type: ignore[union-attr]
+                except (BrokenPipeError, ValueError, OSError):
+                    pass
+
+        if self.forward_stdin:
+            threading.Thread(target=_forward_stdin, args=(send,), daemon=True).start()
+        result: dict[str, Any] | None = None
+        ssh_errors = b""
+        reader = FrameReader()
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ, "out")
+        sel.register(proc.stderr, selectors.EVENT_READ, "err")
+        last_beat = last_heard = time.monotonic()
+        lost = False
+        try:
+            while sel.get_map():
+                for key, _ in sel.select(timeout=0.5):
+                    data = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        continue
+                    if key.data == "err":
+                        ssh_errors = (ssh_errors + data)[-4096:]
+                        continue
+                    last_heard = time.monotonic()
+                    for kind, payload in reader.feed(data):
+                        if kind == b"O":
+                            _write_all(1, payload)
+                        elif kind == b"E":
+                            _write_all(2, payload)
+                        elif kind == b"M":
+                            self.say(f"{self.host.name}: {payload.decode(errors='replace')}")
+                        elif kind == b"R":
+                            result = json.loads(payload)
+                now = time.monotonic()
+                while pending:
+                    send(b"S", str(pending.pop(0)).encode())
+                if now - last_beat >= HEARTBEAT:
+                    send(b"H")
+                    last_beat = now
+                if now - last_heard > SILENCE_LIMIT and result is None and not lost:
+                    lost = True  # the agent beats every 2 s: a silent link is a dead one
+                    proc.kill()
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+            sel.close()
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+            proc.wait()
+        if result is None:
+            why = ssh_errors.decode(errors="replace").strip().splitlines()[-1:] or ["no answer"]
+            if lost or proc.returncode == 255:
+                raise ConnectionLostError(
+                    f"the connection to {self.host.name} broke during the run ({why[0]}); the agent "
+                    "there stops the job and releases its booking on its own")
+            raise PeerUnreachableError(f"peer {self.host.name}: the agent ended without a result "
+                                       f"(exit {proc.returncode}): {why[0]}")
+        return _outcome(result, self.host.name, self.request)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BrokenPipeError:
+            return
+
+
+def _forward_stdin(send: Callable[[bytes, bytes], None]) -> None:
+    while True:
+        try:
+            data = os.read(0, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            send(b"Z", b"")
+            return
+        send(b"D", data)
+
+
+def _outcome(result: dict[str, Any], host: str, request: RunRequest) -> Outcome:
+    known = {k: result[k] for k in ("cap_bytes", "booking_kind", "booked_bytes", "peak_bytes",
+                                     "hit_ceiling", "duration_s", "waited_s", "backend", "cgroup",
+                                     "counters", "message") if k in result}
+    outcome = Outcome(exit_code=int(result["exit_code"]), outcome=str(result.get("outcome", "exit")),
+                      host=host, label=str(result.get("label") or request.label or ""),
+                      argv=list(request.argv), **known)
+    return outcome
+

@@ -1,0 +1,271 @@
+"""``hostrun --peer -- CMD`` end to end: real sshd peers, real rsync, real cgroups on the peer side.
+
+The peer is a real ``sshd`` on a loopback address (or inside a network namespace the test creates, to
+cut the link); it has its own hostrun config, ledger and slice cgroup, and its work root is a
+directory on this machine, so the tests can look at what the job did there. Teardown checks that
+nothing is left running in the peer's slice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dispatch.exitcodes import ExitCode
+from tests.conftest import Hostrun, pid_alive, wait_for
+
+PY = sys.executable
+MiB = 1 << 20
+TOP = 'enable_across_machines = true\ntoolchain_probes = ["rsync --version"]'
+
+
+def make_tree(tmp_path: Path) -> Path:
+    tree = tmp_path / "tree"
+    (tree / "src").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    (tree / ".gitignore").write_text("target/\n*.log\n")
+    (tree / "src" / "main.txt").write_text("fn main\n")
+    (tree / "README").write_text("readme v1\n")
+    (tree / "target").mkdir()
+    (tree / "target" / "big.bin").write_text("ignored build output\n")
+    (tree / "debug.log").write_text("ignored log\n")
+    return tree
+
+
+def setup(hostrun: Hostrun, peers: Any, tmp_path: Path, slice: str = "300M", host_extra: str = "",
+          **peer_kw: Any) -> tuple[Any, Path]:
+    peer = peers("peer1", "127.0.0.2", slice=slice, **peer_kw)
+    hostrun.configure(top=TOP, peers=peer.host_table(host_extra))
+    return peer, make_tree(tmp_path)
+
+
+def remote_tree(peer: Any) -> Path:
+    (tree,) = (peer.home / "hostrun-work").iterdir()
+    return tree
+
+
+def peer_bookings(peer: Any) -> list[tuple[Any, ...]]:
+    db = peer.state_dir / "ledger.sqlite3"
+    if not db.exists():
+        return []
+    con = sqlite3.connect(db, timeout=30)
+    try:
+        return con.execute("SELECT id, label, state FROM bookings").fetchall()
+    finally:
+        con.close()
+
+
+def test_build_like_job_runs_on_the_peer_and_returns_its_result(hostrun: Hostrun, peers: Any,
+                                                                 tmp_path: Path) -> None:
+    peer, tree = setup(hostrun, peers, tmp_path)
+    out = tmp_path / "r.json"
+    build = ("mkdir -p target && cat ../src/main.txt > target/app && echo built-on-peer; "
+             "echo to-stderr >&2; pwd")
+    proc = hostrun.run("--peer", "-m", "100M", "--label", "build", "--return", "target/app",
+                       "--result-file", str(out), "--", "sh", "-c", build, cwd=tree / "src")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "built-on-peer" and "to-stderr" in proc.stderr and "to-stderr" not in proc.stdout
+    assert lines[1] == str(remote_tree(peer) / "src")  # same relative directory as here
+    assert (tree / "src" / "target" / "app").read_text() == "fn main\n"  # brought back
+    r = json.loads(out.read_text())
+    assert r["host"] == "peer1" and r["exit_code"] == 0 and r["booking_kind"] == "cap"
+    assert r["cap_bytes"] == 100 * MiB
+    # The peak went to the peer's own peak table, never to ours.
+    con = sqlite3.connect(peer.state_dir / "ledger.sqlite3")
+    assert [row[0] for row in con.execute("SELECT label FROM peaks")] == ["build"]
+    con.close()
+    local_db = hostrun.state_dir / "ledger.sqlite3"
+    if local_db.exists():
+        con = sqlite3.connect(local_db)
+        assert con.execute("SELECT COUNT(*) FROM peaks").fetchone()[0] == 0
+        con.close()
+
+
+def test_incremental_sync_changes_adds_deletes_and_ignores(hostrun: Hostrun, peers: Any,
+                                                           tmp_path: Path) -> None:
+    peer, tree = setup(hostrun, peers, tmp_path)
+    assert hostrun.run("--peer", "-m", "64M", "--", "true", cwd=tree).returncode == 0
+    copy = remote_tree(peer)
+    assert (copy / "README").read_text() == "readme v1\n"
+    assert not (copy / "target").exists() and not (copy / "debug.log").exists()
+    assert not (copy / ".git").exists()
+    (tree / "README").write_text("readme v2\n")
+    (tree / "src" / "new.txt").write_text("added\n")
+    (tree / "src" / "main.txt").unlink()
+    (tree / "target" / "more.bin").write_text("still ignored\n")
+    assert hostrun.run("--peer", "-m", "64M", "--", "true", cwd=tree).returncode == 0
+    assert (copy / "README").read_text() == "readme v2\n"
+    assert (copy / "src" / "new.txt").read_text() == "added\n"
+    assert not (copy / "src" / "main.txt").exists()
+    assert not (copy / "target").exists()
+
+
+def test_exit_codes_pass_through_from_the_peer(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
+    _, tree = setup(hostrun, peers, tmp_path)
+    for script, code in (("exit 0", 0), ("exit 3", 3), ("kill -TERM $$", 128 + 15)):
+        proc = hostrun.run("--peer", "-m", "64M", "--", "sh", "-c", script, cwd=tree)
+        assert proc.returncode == code, (script, proc.stderr)
+
+
+def test_own_cap_on_the_peer_is_250(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
+    _, tree = setup(hostrun, peers, tmp_path)
+    out = tmp_path / "r.json"
+    proc = hostrun.run("--peer", "-m", "100M", "--result-file", str(out), "--", PY, "-c",
+                       "x = bytearray(300 << 20)", cwd=tree)
+    assert proc.returncode == ExitCode.OWN_CAP, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["outcome"] == "own-cap" and r["host"] == "peer1" and r["counters"]["oom_kill"] >= 1
+
+
+def test_slice_full_on_the_peer_is_254(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
+    peer, tree = setup(hostrun, peers, tmp_path, slice="300M")
+    peer.write_peer_config("300M", extra='gamble_size = "50M"')
+    ready = tmp_path / "ready"
+    a = hostrun.popen("--peer", "--label", "a", "--", PY, "-c",
+                      f"import time, pathlib; x = bytearray(200 << 20); x[::4096] = b'x' * len(x[::4096]);"
+                      f" pathlib.Path({str(ready)!r}).touch(); time.sleep(4)", cwd=tree)
+    wait_for(ready.exists, timeout=30)
+    b = hostrun.run("--peer", "--label", "b", "--", PY, "-c",
+                    "import time; x = bytearray(150 << 20); x[::4096] = b'x' * len(x[::4096]); "
+                    "time.sleep(0.5)", cwd=tree)
+    a.wait(timeout=60)
+    assert sorted([a.returncode, b.returncode]) == [0, ExitCode.SLICE_FULL], (a.returncode, b.stderr)
+
+
+def test_toolchain_mismatch_is_247_and_shows_the_lines(hostrun: Hostrun, peers: Any,
+                                                       tmp_path: Path) -> None:
+    """FAKE toolchains: scripts named rustc (and a tool found only on the peer) first on PATH."""
+    def fake_bin(name: str, tools: dict[str, str]) -> Path:
+        directory = tmp_path / name
+        directory.mkdir()
+        for tool, text in tools.items():
+            (directory / tool).write_text(f"#!/bin/sh\nprintf '{text}'\n")
+            (directory / tool).chmod(0o755)
+        return directory
+
+    there = fake_bin("peerbin", {"rustc": "rustc 1.99.0-peer (fake)\\nhost: x86_64\\n",
+                                 "onlypeer": "v1\\n"})
+    here = fake_bin("herebin", {"rustc": "rustc 1.95.0 (fake)\\nhost: x86_64\\n"})
+    peer, tree = setup(hostrun, peers, tmp_path,
+                       extra_env={"PATH": f"{there}:/usr/local/bin:/usr/bin:/bin"})
+    env = {**os.environ, "PATH": f"{here}:{os.environ['PATH']}"}
+    hostrun.configure(top='enable_across_machines = true\ntoolchain_probes = ["rustc -Vv"]',
+                      peers=peer.host_table())
+    proc = hostrun.run("--peer", "-m", "64M", "--", "touch", "should-not-exist", cwd=tree, env=env)
+    assert proc.returncode == ExitCode.TOOLCHAIN_MISMATCH, proc.stderr
+    assert ("toolchain: rustc -Vv: here 'rustc 1.95.0 (fake)' / peer1 'rustc 1.99.0-peer (fake)'"
+            in proc.stderr)
+    assert "host: x86_64" not in proc.stderr  # equal lines are not shown
+    work = peer.home / "hostrun-work"
+    assert not work.exists() or all(not any(d.iterdir()) for d in work.iterdir())  # nothing synced
+    hostrun.configure(top='enable_across_machines = true\ntoolchain_probes = ["onlypeer -V", '
+                          '"absent-everywhere -V"]', peers=peer.host_table())
+    proc = hostrun.run("--peer", "-m", "64M", "--", "true", cwd=tree, env=env)
+    assert proc.returncode == ExitCode.TOOLCHAIN_MISMATCH
+    assert "onlypeer -V: found only peer1" in proc.stderr and "absent-everywhere" not in proc.stderr
+
+
+def test_unwritable_work_root_is_252(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
+    _, tree = setup(hostrun, peers, tmp_path, host_extra='work_root = "/proc/hostrun-cannot"')
+    proc = hostrun.run("--peer", "-m", "64M", "--", "true", cwd=tree)
+    assert proc.returncode == ExitCode.SYNC_FAILED
+    assert "work directory" in proc.stderr
+
+
+def test_argv_arrives_intact_on_the_peer(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
+    _, tree = setup(hostrun, peers, tmp_path)
+    out = tmp_path / "argv.json"
+    tricky = ["a b", "it's", 'say "hi"', "line1\nline2", "$(touch /tmp/pwned-peer)", "`id`",
+              "ünïcødé ✓", "*", ";", "&&", "--", ""]
+    code = f"import json, sys; json.dump(sys.argv[1:], open({str(out)!r}, 'w'))"
+    proc = hostrun.run("--peer", "-m", "64M", "--", PY, "-c", code, *tricky, cwd=tree)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text()) == tricky
+    assert not Path("/tmp/pwned-peer").exists()
+
+
+def test_ctrl_c_stops_the_remote_job(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
+    peer, tree = setup(hostrun, peers, tmp_path)
+    pidfile = tmp_path / "remote.pid"
+    proc = hostrun.popen("--peer", "-m", "64M", "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 300",
+                         cwd=tree)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=30)
+    pid = int(pidfile.read_text())
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    assert proc.returncode == 128 + signal.SIGINT
+    wait_for(lambda: not pid_alive(pid), timeout=10)
+    wait_for(lambda: peer_bookings(peer) == [], timeout=10)
+
+
+def test_sigkill_of_local_hostrun_stops_the_remote_job(hostrun: Hostrun, peers: Any,
+                                                       tmp_path: Path) -> None:
+    peer, tree = setup(hostrun, peers, tmp_path)
+    pidfile = tmp_path / "remote.pid"
+    proc = hostrun.popen("--peer", "-m", "64M", "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 300",
+                         cwd=tree)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=30)
+    pid = int(pidfile.read_text())
+    assert peer_bookings(peer)
+    proc.kill()
+    proc.wait()
+    started = time.monotonic()
+    wait_for(lambda: not pid_alive(pid), timeout=40)
+    assert time.monotonic() - started < 30  # heartbeats stop: the agent stops it within ~15 s
+    wait_for(lambda: peer_bookings(peer) == [], timeout=15)
+
+
+def test_second_job_queues_on_the_peers_ledger(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
+    _, tree = setup(hostrun, peers, tmp_path, slice="300M")
+    marks = tmp_path / "marks"
+    first = hostrun.popen("--peer", "-m", "200M", "--label", "first", "--", "sh", "-c",
+                          f"echo first-start >> {marks}; sleep 2; echo first-end >> {marks}", cwd=tree)
+    wait_for(lambda: marks.exists(), timeout=30)
+    second = hostrun.run("--peer", "-m", "200M", "--label", "second", "--", "sh", "-c",
+                         f"echo second >> {marks}", cwd=tree)
+    first.wait(timeout=60)
+    assert first.returncode == 0 and second.returncode == 0, second.stderr
+    assert marks.read_text().split() == ["first-start", "first-end", "second"]
+    assert "peer1: waiting: 200 MiB needed" in second.stderr
+
+
+def test_stdin_is_forwarded_only_when_asked(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
+    _, tree = setup(hostrun, peers, tmp_path)
+    fed = hostrun.run("--peer", "--stdin", "-m", "64M", "--", "sh", "-c", "cat; echo done", cwd=tree,
+                      input="line one\nline two\n")
+    assert fed.returncode == 0 and fed.stdout == "line one\nline two\ndone\n"
+    closed = hostrun.run("--peer", "-m", "64M", "--", "sh", "-c", "cat; echo done", cwd=tree,
+                         input="not forwarded\n")
+    assert closed.returncode == 0 and closed.stdout == "done\n"
+
+
+def test_cut_link_is_251_and_nothing_is_left_on_the_peer(hostrun: Hostrun, peers: Any,
+                                                         tmp_path: Path) -> None:
+    from tests.sshd import NetNs
+
+    ns = NetNs(7)
+    ns.create()
+    try:
+        peer = peers("peer1", ns.address, netns=ns.name)
+        hostrun.configure(top=TOP, peers=peer.host_table())
+        tree = make_tree(tmp_path)
+        pidfile = tmp_path / "remote.pid"
+        proc = hostrun.popen("--peer", "-m", "64M", "--", "sh", "-c",
+                             f"echo $$ > {pidfile}; exec sleep 300", cwd=tree)
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=30)
+        pid = int(pidfile.read_text())
+        ns.cut()
+        proc.wait(timeout=60)
+        assert proc.returncode == ExitCode.CONNECTION_LOST, proc.stderr.read()  # type: ignore[union-attr]
+        wait_for(lambda: not pid_alive(pid), timeout=30)
+        wait_for(lambda: peer_bookings(peer) == [], timeout=15)
+    finally:
+        ns.delete()
