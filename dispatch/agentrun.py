@@ -131,8 +131,11 @@ def run_job(spec: dict[str, Any]) -> int:
     result: dict[str, Any]
     try:
         os.chdir(os.path.expanduser(spec["cwd"]))
+        cap = spec.get("cap")
+        if cap is None and settings.local.default_cap is None:
+            cap = spec.get("cap_if_none")  # the controller's peer_memory_cap bounds an uncapped job
         request = RunRequest(
-            argv=spec["argv"], label=spec.get("label"), cap=spec.get("cap"),
+            argv=spec["argv"], label=spec.get("label"), cap=cap,
             max_runtime=spec.get("max_runtime"), threads=spec.get("threads"),
             no_cap=bool(spec.get("no_cap")), session=spec.get("session"),
             gpu_memory=spec.get("gpu_memory"),

@@ -79,6 +79,8 @@ def judge(settings: Settings, job: Job, reading: HostReading, pending: int) -> J
     s = report["slice"]
     limit = int(s["limit"])
     cap = job.cap if job.cap is not None else report["settings"].get("default_cap")
+    if cap is None and not host.is_local:
+        cap = host.peer_memory_cap  # sent uncapped, a job runs there under the peer's cap
     try:
         plan = plan_booking(cap=cap, peak=_peak(report), slice_limit=limit,
                             gamble_size=int(report["settings"]["gamble_size"]))
@@ -94,9 +96,9 @@ def judge(settings: Settings, job: Job, reading: HostReading, pending: int) -> J
         gpus = report.get("gpus") or []
         if not gpus:
             return Judgement(reading.host, False, False, plan.size, free, "no GPU")
-        best = max(int(g["free"]) for g in gpus)
+        best = max(int(g.get("free") or 0) for g in gpus)  # "[N/A]" memory counts as none
         if best < job.gpu_memory:
-            ever = any(int(g["total"]) >= job.gpu_memory for g in gpus)
+            ever = any(int(g.get("total") or 0) >= job.gpu_memory for g in gpus)
             return Judgement(reading.host, False, ever, plan.size, free,
                              f"needs {format_size(job.gpu_memory)} VRAM, most free on a GPU "
                              f"{format_size(best)}")

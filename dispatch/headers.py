@@ -15,14 +15,20 @@ MAX_BYTES = 64 * 1024
 
 
 def script_path(argv: Sequence[str]) -> str | None:
-    """The script a command runs: CMD itself if it is a file, else its first argument that is one
-    (``python3 train.py``, ``bash build.sh``)."""
+    """The script a command runs: CMD itself if it is a text file, else its first argument if that
+    is one (``python3 train.py``, ``/usr/bin/bash build.sh``: the interpreter is a binary)."""
     for candidate in list(argv[:2]):
-        if os.path.isfile(candidate):
+        if os.path.isfile(candidate) and not _is_binary(candidate):
             return candidate
-        if candidate == argv[0] and "/" not in candidate:
-            continue  # a program found on PATH: its first argument may be the script
     return None
+
+
+def _is_binary(path: str) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return b"\0" in fh.read(1024)
+    except OSError:
+        return True
 
 
 def parse_headers(text: str) -> list[tuple[str, str]]:

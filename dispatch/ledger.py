@@ -26,7 +26,7 @@ if MYPY:
 
     GpuRoom = Callable[[list["Booking"]], dict[int, int]]  # running bookings -> room per GPU index
 
-SCHEMA_VERSION = 2  # 2: bookings.gpu_index, bookings.gpu_bytes
+SCHEMA_VERSION = 3  # 2: bookings.gpu_index, bookings.gpu_bytes; 3: the peak_runs table
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bookings (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -60,7 +60,22 @@ CREATE TABLE IF NOT EXISTS peaks (
     updated REAL NOT NULL,
     PRIMARY KEY (label, host)
 );
+CREATE TABLE IF NOT EXISTS peak_runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    label TEXT NOT NULL,
+    host TEXT NOT NULL,
+    peak INTEGER NOT NULL,
+    cap INTEGER,
+    hit_ceiling INTEGER NOT NULL,
+    duration REAL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS peak_runs_label_host ON peak_runs (label, host, id);
 """
+# The last PEAK_HISTORY runs of each (label, host) are kept in peak_runs, one row per run; ``cap`` is
+# the job's own cap, NULL when it had none (limited by the slice only). The peaks table keeps the
+# all-time figures; peak_runs is what says how much the peaks vary (see dispatch/capacity.py).
+PEAK_HISTORY = 20
 BOOKING_COLUMNS = (
     "id, host, label, state, pid, pid_start, size, cap, kind, cgroup, command, session, queued, "
     "since, reason, gpu_index, gpu_bytes"
@@ -99,6 +114,18 @@ class PeakRecord(NamedTuple):
     last_duration: Optional[float]
     max_duration: Optional[float]
     updated: float
+
+
+class PeakRun(NamedTuple):
+    """One run in the peak history (the last ``PEAK_HISTORY`` runs of a label on a host)."""
+
+    label: str
+    host: str
+    peak: int
+    cap: Optional[int]  # the job's own cap; None: it had none (limited by the slice only)
+    hit_ceiling: bool
+    duration: Optional[float]
+    at: float
 
 
 def choose_gpu(rooms: dict[int, int], earlier: list[int], need: int
@@ -345,9 +372,42 @@ class Ledger:
         ).fetchall()
         return [_peak(r) for r in rows]
 
+    def peak_runs(self, host: str | None = None) -> list[PeakRun]:
+        """The peak history (oldest first per label), of one host or all."""
+        where, params = ("WHERE host = ?", (host,)) if host else ("", ())
+        rows = self.db.execute(
+            "SELECT label, host, peak, cap, hit_ceiling, duration, at FROM peak_runs"
+            f" {where} ORDER BY host, label, id", params
+        ).fetchall()
+        return [PeakRun(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6]) for r in rows]
+
     def record_peak(
-        self, label: str, host: str, peak: int, hit_ceiling: bool, duration: float
+        self, label: str, host: str, peak: int, hit_ceiling: bool, duration: float, *,
+        cap: int | None,
     ) -> None:
+        """Fold one run into the peak table and append it to the history (``cap``: the job's own
+        cap, None when it had none), in one transaction; only the last PEAK_HISTORY runs are kept."""
+        now = time.time()
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self._record_peak_locked(label, host, peak, hit_ceiling, duration, cap, now)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def _record_peak_locked(self, label: str, host: str, peak: int, hit_ceiling: bool,
+                            duration: float, cap: int | None, now: float) -> None:
+        self.db.execute(
+            "INSERT INTO peak_runs (label, host, peak, cap, hit_ceiling, duration, at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (label, host, peak, cap, int(hit_ceiling), duration, now),
+        )
+        self.db.execute(
+            "DELETE FROM peak_runs WHERE label = ? AND host = ? AND id <= (SELECT id FROM peak_runs"
+            " WHERE label = ? AND host = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+            (label, host, label, host, PEAK_HISTORY),
+        )
         self.db.execute(
             "INSERT INTO peaks (label, host, max_peak, runs, last_peak, hit_ceiling, last_duration,"
             " max_duration, updated) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)"
@@ -357,5 +417,5 @@ class Ledger:
             " last_duration = excluded.last_duration,"
             " max_duration = max(coalesce(max_duration, 0), excluded.max_duration),"
             " updated = excluded.updated",
-            (label, host, peak, peak, int(hit_ceiling), duration, duration, time.time()),
+            (label, host, peak, peak, int(hit_ceiling), duration, duration, now),
         )

@@ -157,7 +157,8 @@ class PeerRun:
         r = self.request
         data = {
             "argv": list(r.argv), "cwd": os.path.join(self.remote_tree, self.rel_cwd), "label": r.label,
-            "cap": r.cap, "max_runtime": r.max_runtime, "threads": r.threads, "no_cap": r.no_cap,
+            "cap": r.cap, "cap_if_none": self.host.peer_memory_cap,
+            "max_runtime": r.max_runtime, "threads": r.threads, "no_cap": r.no_cap,
             "session": r.session, "gpu_memory": r.gpu_memory, "stdin": self.forward_stdin,
             "fallback": json.loads(self.client.fallback()),
         }
@@ -231,9 +232,10 @@ class PeerRun:
                 if now - last_beat >= HEARTBEAT:
                     send(b"H")
                     last_beat = now
-                if now - last_heard > SILENCE_LIMIT and result is None and not lost:
+                if now - last_heard > SILENCE_LIMIT and result is None:
                     lost = True  # the agent beats every 2 s: a silent link is a dead one
                     proc.kill()
+                    break  # don't wait for EOF: a ControlMaster may hold ssh's pipes open
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)

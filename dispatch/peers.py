@@ -20,8 +20,16 @@ def choose_peer(settings: Settings, wanted: str | bool, cap: int | None) -> Host
                              f"{', '.join(h.name for h in peers)})")
     else:
         chosen = peers[0]
-    effective = cap if cap is not None else chosen.default_cap
+    effective = effective_cap(chosen, cap)
     if chosen.peer_memory_cap is not None and effective is not None and effective > chosen.peer_memory_cap:
         raise OverPeerCapError(f"--peer={chosen.name}: cap {format_size(effective)} exceeds its "
                                f"peer_memory_cap ({format_size(chosen.peer_memory_cap)})")
     return chosen
+
+
+def effective_cap(host: HostSettings, cap: int | None) -> int | None:
+    """The cap a job runs under on ``host``: ``-m``, else the controller's ``default_cap`` for it,
+    else its ``peer_memory_cap`` (an uncapped job sent to a peer may use at most that)."""
+    if cap is not None:
+        return cap
+    return host.default_cap if host.default_cap is not None else host.peer_memory_cap

@@ -288,7 +288,7 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
         outcome.waited_s = round(waited, 3)
         if outcome.peak_bytes is not None:
             ledger.record_peak(label, host.name, outcome.peak_bytes, outcome.hit_ceiling,
-                               outcome.duration_s)
+                               outcome.duration_s, cap=cap)
         return outcome
     finally:
         if child is not None:

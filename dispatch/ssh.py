@@ -63,11 +63,15 @@ def classify(host: str, stderr: str) -> Exception:
                             "check it and add it to known_hosts yourself: hostrun never skips the check")
     if any(sign.lower() in lowered for sign in _AUTH_SIGNS):
         return PeerAuthError(f"peer {host}: authentication failed ({last})")
-    return PeerUnreachableError(f"peer {host}: {last}")
+    error = PeerUnreachableError(f"peer {host}: {last}")
+    error.transient = any(sign.lower() in lowered for sign in _TRANSIENT_SIGNS)  # type: ignore[attr-defined]
+    return error
 
 
 def is_transient(error: Exception) -> bool:
-    return isinstance(error, PeerUnreachableError) and not isinstance(error, (HostKeyError, PeerAuthError))
+    """Worth another try: a refused, reset or timed-out connection. Not a host-key or authentication
+    failure, nor an unknown host name (configuration, not weather)."""
+    return bool(getattr(error, "transient", False))
 
 
 def control_dir(state_dir: str) -> str:
@@ -175,7 +179,11 @@ class SshPeer:
         except (asyncio.TimeoutError, asyncio.CancelledError):
             if proc.returncode is None:
                 proc.kill()
-                await proc.wait()
+            # Do not wait for the pipes to close: through a ControlMaster the client hands its stdio to
+            # the master, which keeps them open as long as the (frozen) session lives. Close our ends.
+            transport = getattr(proc, "_transport", None)
+            if transport is not None:
+                transport.close()
             raise
         assert proc.returncode is not None
         return RemoteResult(proc.returncode, out, err, time.monotonic() - started)

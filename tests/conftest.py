@@ -198,7 +198,8 @@ def _stop_masters(state_dir: Path) -> None:
     """ControlMaster processes outlive the commands (ControlPersist): stop this test's ones."""
     from dispatch.ssh import control_dir
 
-    subprocess.run(["pkill", "-f", f"ControlPath={control_dir(str(state_dir))}"], check=False)
+    # A master renames itself "ssh: DIR/HASH [mux]"; clients carry "ControlPath=DIR/%C".
+    subprocess.run(["pkill", "-f", f"{control_dir(str(state_dir))}/"], check=False)
 
 
 @pytest.fixture
