@@ -2,16 +2,15 @@
 
 A peer needs only ``python3`` (>= 3.9) and ``rsync``; nothing is installed there. The controller
 builds a deterministic zip of the core modules (everything in ``dispatch`` that does not need
-pydantic or rich), names it by its content hash and sends it once, to
-``~/.cache/hostrun/agent-<hash>.pyz``. Different code means a different name, so version skew is
-impossible by construction: a peer either has exactly this agent or gets it sent again.
+pydantic or rich), names it by its content hash and sends it once; the peer unpacks it to
+``~/.cache/hostrun/agent-<version>-<hash>/`` and byte-compiles it with its own python there (a zipapp
+would be recompiled on every run: ~25 ms each time). Different code means a different name, so
+version skew is impossible by construction: a peer either has exactly this agent or gets it again.
 """
 
 from __future__ import annotations
 
-import io
 import os
-import zipfile
 
 from dispatch import __version__
 from dispatch.fingerprint import sha256
@@ -26,6 +25,7 @@ ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 MAIN = b"import sys\nfrom dispatch.agentmain import main\nsys.exit(main(sys.argv[1:]))\n"
 
 _built: tuple[bytes, str] | None = None
+_name: str | None = None
 
 
 def _core_files() -> list[tuple[str, bytes]]:
@@ -44,24 +44,39 @@ def _core_files() -> list[tuple[str, bytes]]:
     return files
 
 
+def _files() -> list[tuple[str, bytes]]:
+    return [*_core_files(), ("__main__.py", MAIN)]
+
+
+def name() -> str:
+    """``<version>-<content hash>``: reading and hashing the sources only (no zip), every call needs it."""
+    global _name
+    if _name is None:
+        digest = sha256()
+        for path, data in _files():
+            digest.update(path.encode() + b"\0" + data + b"\0")
+        _name = f"{__version__}-{digest.hexdigest()[:16]}"
+    return _name
+
+
 def build() -> tuple[bytes, str]:
-    """(zipapp bytes, content hash). Deterministic: same sources, same bytes, same name."""
+    """(zip bytes, name): built only when a peer lacks this agent. Deterministic."""
     global _built
     if _built is None:
-        files = [*_core_files(), ("__main__.py", MAIN)]
-        digest = sha256()
+        import io
+        import zipfile
+
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-            for name, data in files:
-                digest.update(name.encode() + b"\0" + data + b"\0")
-                info = zipfile.ZipInfo(name, date_time=ZIP_EPOCH)
+            for path, data in _files():
+                info = zipfile.ZipInfo(path, date_time=ZIP_EPOCH)
                 info.compress_type = zipfile.ZIP_DEFLATED
                 info.external_attr = 0o644 << 16
                 zf.writestr(info, data)
-        _built = (buf.getvalue(), f"{__version__}-{digest.hexdigest()[:16]}")
+        _built = (buf.getvalue(), name())
     return _built
 
 
 def remote_path() -> str:
-    """Relative to the peer's home directory (ssh commands start there)."""
-    return f"{REMOTE_DIR}/agent-{build()[1]}.pyz"
+    """The agent's directory, relative to the peer's home (our ssh commands ``cd "$HOME"`` first)."""
+    return f"{REMOTE_DIR}/agent-{name()}"

@@ -16,8 +16,14 @@ if MYPY:
 AGENT_MISSING = 97
 # Run the agent if this exact version is there; say so (exit 97) if not. "$@" keeps argv intact.
 # Paths are relative to $HOME (sshd starts in the passwd home, which $HOME may override).
-_RUN = 'cd "$HOME" || exit 1; [ -f "$1" ] || exit 97; f=$1; py=$2; shift 2; exec "$py" -I "$f" "$@"'
-_SEND = 'cd "$HOME" && mkdir -p "$(dirname "$1")" && cat > "$1.tmp.$$" && mv "$1.tmp.$$" "$1"'
+_RUN = ('cd "$HOME" || exit 1; [ -f "$1/__main__.py" ] || exit 97; f=$1; py=$2; shift 2; '
+        'exec "$py" -I "$f" "$@"')
+# Unpack the zip from stdin into a temporary directory, byte-compile it with the peer's own python,
+# then move it into place (if another sender won the race, keep theirs).
+_SEND = ('cd "$HOME" || exit 1; d=$1; py=$2; t="$d.tmp.$$"; mkdir -p "$(dirname "$d")" && rm -rf "$t" && '
+         '"$py" -I -c "import io, sys, zipfile; '
+         'zipfile.ZipFile(io.BytesIO(sys.stdin.buffer.read())).extractall(sys.argv[1])" "$t" && '
+         '"$py" -I -m compileall -q "$t" > /dev/null && { mv "$t" "$d" 2>/dev/null || rm -rf "$t"; }')
 
 FALLBACK_FIELDS = ("slice_bytes", "reserve_bytes", "heavy_threads", "default_cap", "gamble_size",
                    "cgroup", "backend")
@@ -43,7 +49,8 @@ class PeerClient:
         command = ["sh", "-c", _RUN, "hostrun-agent", path, self.python, *args]
         result = await self.ssh.run(command, timeout=timeout)
         if result.returncode == AGENT_MISSING:
-            await self.ssh.run(["sh", "-c", _SEND, "hostrun-send", path], input=agent.build()[0],
+            await self.ssh.run(["sh", "-c", _SEND, "hostrun-send", path, self.python],
+                               input=agent.build()[0],
                                timeout=timeout)
             result = await self.ssh.run(command, timeout=timeout)
         if result.returncode == 127:
@@ -59,10 +66,13 @@ class PeerClient:
             raise PeerUnreachableError(f"peer {self.host.name}: agent answered no JSON") from None
         return data
 
-    async def report(self, label: str | None = None, timeout: float | None = None) -> dict[str, Any]:
+    async def report(self, label: str | None = None, timeout: float | None = None,
+                     peaks: bool = False) -> dict[str, Any]:
         args = ["report", "--fallback", self.fallback()]
         if label:
             args += ["--label", label]
+        if peaks:
+            args.append("--peaks")
         data = await self.agent_json(args, timeout or self.settings.report_timeout)
         if data.get("agent_version") is None:
             raise PeerUnreachableError(f"peer {self.host.name}: unexpected answer from the agent")

@@ -34,8 +34,10 @@ def test_report_reads_both_hosts_and_sends_the_agent_once(hostrun: Hostrun, peer
     assert remote["slice"]["limit"] == 400 * MiB  # the peer's own configuration decides its slice
     assert remote["config"] == str(peer.peer_config)
     assert remote["backend"] == "cgroup1" and remote["queue_length"] == 0
-    agents = list((peer.home / ".cache" / "hostrun").glob("agent-*.pyz"))
+    agents = [p for p in (peer.home / ".cache" / "hostrun").glob("agent-*") if p.is_dir()]
     assert len(agents) == 1
+    # Unpacked and byte-compiled there by the peer's own python, so it does not recompile each run.
+    assert (agents[0] / "__main__.py").exists() and list(agents[0].rglob("*.pyc"))
     sent_at = agents[0].stat().st_mtime_ns
     code, hosts = report(hostrun, "--host", "peer1")
     assert code == 0 and list(hosts) == ["peer1"]
