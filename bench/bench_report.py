@@ -17,7 +17,10 @@ Warm (a ControlMaster is up; hostrun's own, at ``dispatch.ssh.control_dir(state_
   only), the agent command exactly as hostrun sends it, run with plain ``ssh`` through the same master
   (the peer's share: its shell + ``python3 -I agent.pyz report``), the agent run directly on this
   machine with the peer's environment (no ssh), and, unless ``--no-cached-series``, ``report --json``
-  with dispatch's bytecode cached (private ``PYTHONPYCACHEPREFIX``, ``PYTHONDONTWRITEBYTECODE`` unset).
+  with dispatch's bytecode cached (private ``PYTHONPYCACHEPREFIX``, ``PYTHONDONTWRITEBYTECODE`` unset);
+* floors, for information: ``python -c pass`` (hostrun's interpreter), ``ssh peer1 python3 -I -c pass``
+  through the master (their sum is the least any Python controller + per-call Python agent can cost)
+  and ``python -c 'import asyncio'`` (the report path imports asyncio).
 
 Target: median of ``report --json`` <= 3x the median of the warm ``ssh peer1 true`` (issue 3: "the
 report is one round trip plus local reads"). ``--target-on rich`` judges the rendered form instead.
@@ -29,13 +32,18 @@ until no process with hostrun's ControlPath is left):
 * baseline: ``ssh -F PEER_SSH_CONFIG -o ControlMaster=no -o ControlPath=none peer1 true``
 
 Target: ratio of medians <= 1.5x. The agent is sent to the peer in the warm-up, before anything is
-timed; its file's mtime is checked at the end, so a re-send (an upload counted as report time) fails
-the bench.
+timed; at the end its file's mtime and the set of agent files on the peer are checked, so an upload
+counted as report time (a re-send, or a new agent because dispatch/ was edited during the run) fails
+the bench. ``--snapshot`` runs hostrun on a copy of ``dispatch/`` (with its ``__pycache__``) taken at the
+start, first on ``PYTHONPATH``, for a tree that is being edited while the bench runs.
 
 All series of a phase are interleaved, the order rotating every round, so all share the machine's
 noise. Reported: median, p10, p90, min, max; the ratios; the per-host ``elapsed_s`` hostrun itself
 reports in the ``--json`` runs; and the top entries of ``python -X importtime -m dispatch --config C
-report [--json]`` (median of 5 runs by total import time).
+report [--json]`` (median of 5 runs by total import time). That profile is distorted where the local
+report's worker thread and the event loop import at the same time (``-X importtime`` keeps one
+nesting count for all threads: negative self times), so the same modules are also profiled imported
+in one thread (``-c "import dispatch.cli, dispatch.reports, dispatch.peer, dispatch.report"``).
 
 Isolation: a private temporary directory with the controller's config (own ``state_dir``, own slice
 cgroup ``<this process's memory cgroup>/hostrun-bench-<pid>``, own ``XDG_CACHE_HOME``) and the peer
@@ -65,14 +73,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from dispatch.agent import remote_path  # noqa: E402  (the agent's name: content hash of the core)
-from dispatch.peer import _RUN  # noqa: E402  (the exact remote command hostrun sends)
 from dispatch.ssh import control_dir, remote_command  # noqa: E402
 from tests.sshd import SshdPeer  # noqa: E402
 
@@ -177,10 +184,10 @@ def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def sources_digest() -> str:
-    """Names, sizes and mtimes of dispatch/**.py: the agent's name changes with them."""
+def sources_digest(root: str) -> str:
+    """Names, sizes and mtimes of ROOT/dispatch/**.py: the agent's name changes with them."""
     parts = []
-    for dirpath, dirnames, filenames in os.walk(os.path.join(REPO, "dispatch")):
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, "dispatch")):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for name in sorted(f for f in filenames if f.endswith(".py")):
             st = os.stat(os.path.join(dirpath, name))
@@ -231,7 +238,7 @@ def stop_master(ssh_base: list[str], ctl_dir: str, kill: bool = False) -> None:
 # ---------------------------------------------------------------- the benchmark
 class Series:
     def __init__(self, key: str, label: str, argv: list[str], env: dict[str, str],
-                 before: object = None, parse_json: bool = False) -> None:
+                 before: Callable[[], None] | None = None, parse_json: bool = False) -> None:
         self.key, self.label, self.argv, self.env = key, label, argv, env
         self.before = before  # a callable run (untimed) before every timed run
         self.parse_json = parse_json
@@ -241,10 +248,9 @@ class Series:
 
     def run_once(self, i: int) -> None:
         if self.before is not None:
-            self.before()  # type: ignore[operator]
+            self.before()
         t0 = time.perf_counter()
-        proc = subprocess.run(self.argv, env=self.env, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.run(self.argv, env=self.env, stdin=subprocess.DEVNULL, capture_output=True)
         self.times.append(time.perf_counter() - t0)
         if proc.returncode != 0:
             err = proc.stderr.decode("utf-8", "replace").strip()[-300:]
@@ -286,10 +292,13 @@ def print_table(title: str, series: list[Series]) -> dict[str, float]:
     return med
 
 
-def importtime_profile(python: str, config: str, env: dict[str, str], top: int, extra: list[str],
+REPORT_PATH_MODULES = "import dispatch.cli, dispatch.reports, dispatch.peer, dispatch.report"
+
+
+def importtime_profile(python: str, args: list[str], shown: str, env: dict[str, str], top: int,
                        repeat: int = 5) -> None:
     """One ``-X importtime`` run is noisy: run it ``repeat`` times and show the median run."""
-    argv = [python, "-X", "importtime", "-m", "dispatch", "--config", config, "report", *extra]
+    argv = [python, "-X", "importtime", *args]
     runs = []
     for _ in range(repeat):
         proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -305,24 +314,27 @@ def importtime_profile(python: str, config: str, env: dict[str, str], top: int, 
                 rows.append((int(parts[0]), int(parts[1]), parts[2].rstrip()))
             except (ValueError, IndexError):
                 continue  # the header line
-        runs.append((sum(r[0] for r in rows), proc.returncode, rows, other))
+        top_level = [r for r in rows if not r[2].startswith("  ")]  # "| name", nested: "|   name"
+        runs.append((sum(r[1] for r in top_level), proc.returncode, rows, other))
     runs.sort(key=lambda r: r[0])
-    _, returncode, rows, other = runs[len(runs) // 2]
-    shown = " ".join(["report", *extra])
-    print(f"\nImport-time profile of `{shown}` (median of {repeat} runs by total):")
-    print(f"  {os.path.basename(python)} -X importtime -m dispatch --config PRIVATE {shown}"
-          f"  (exit {returncode})")
+    total_top, returncode, rows, other = runs[len(runs) // 2]
+    print(f"\nImport-time profile, {shown} (median of {repeat} runs by total):")
+    print(f"  {os.path.basename(python)} -X importtime {' '.join(args)}  (exit {returncode})")
     if not rows:
         print("  (no importtime output)")
         return
-    total_self = sum(r[0] for r in rows)
 
     def family(prefix: str) -> float:
         return sum(r[0] for r in rows if r[2].strip().split(".")[0] == prefix) / 1000
 
-    print(f"  {len(rows)} modules imported, {total_self / 1000:.1f} ms in all; own time of "
-          f"dispatch.* {family('dispatch'):.1f} ms, asyncio.* {family('asyncio'):.1f} ms, "
-          f"rich.* {family('rich'):.1f} ms, pydantic* {family('pydantic') + family('pydantic_core'):.1f} ms")
+    print(f"  {len(rows)} modules imported, {total_top / 1000:.1f} ms in all (sum of top-level "
+          f"cumulative); own time of dispatch.* {family('dispatch'):.1f} ms, asyncio.* "
+          f"{family('asyncio'):.1f} ms, rich.* {family('rich'):.1f} ms, "
+          f"pydantic* {family('pydantic') + family('pydantic_core'):.1f} ms")
+    if any(r[0] < 0 for r in rows):
+        print("  (negative self times: modules were imported by two threads at once -- the local "
+              "report's asyncio.to_thread worker and the event loop -- and -X importtime's accounting "
+              "is not per thread; see the single-thread profile of the same modules)")
     if top > 0:
         print(f"  top {top} by cumulative time:")
         print(f"  {'cumul ms':>9} {'self ms':>8}  module")
@@ -344,6 +356,9 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=15, help="import-time entries to show (default 15)")
     ap.add_argument("--target-on", choices=("json", "rich"), default="json",
                     help="which form of `hostrun report` the targets judge (default json)")
+    ap.add_argument("--snapshot", action="store_true",
+                    help="run hostrun on a copy of dispatch/ taken at the start (PYTHONPATH), so edits "
+                         "to the tree during the run cannot change the code measured")
     ap.add_argument("--no-cached-series", action="store_true",
                     help="skip the series with a private bytecode cache (PYTHONPYCACHEPREFIX)")
     args = ap.parse_args()
@@ -367,6 +382,8 @@ def main() -> int:
     ctl_dir = control_dir(state_dir)
     peer: SshdPeer | None = None
     ssh_base: list[str] = []
+    cwd = os.getcwd()
+    os.chdir(tmp)  # `python -m dispatch` / `-c` put the cwd first on sys.path: not the repository's
     try:
         root = Path(tmp) / f"peer-{PEER}"
         root.mkdir()
@@ -377,11 +394,22 @@ def main() -> int:
             fh.write(f'state_dir = "{state_dir}"\n\n[hosts.local]\nslice = "300M"\n'
                      f'cgroup = "{slice_rel}"\n\n{peer.host_table()}')
         env = private_env(tmp)
+        code_root = REPO
+        if args.snapshot:  # hostrun imports this copy of dispatch/ (PYTHONPATH comes before the .pth)
+            code_root = os.path.join(tmp, "snapshot")
+            # with its __pycache__ and the sources' mtimes: the same bytecode state as the tree
+            shutil.copytree(os.path.join(REPO, "dispatch"), os.path.join(code_root, "dispatch"))
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (code_root, env.get("PYTHONPATH")) if p)
         env_cached = dict(env, PYTHONPYCACHEPREFIX=os.path.join(tmp, "pycache"))
         env_cached.pop("PYTHONDONTWRITEBYTECODE", None)
         ssh_cfg = str(peer.ssh_config)
         ssh_base = ["ssh", "-F", ssh_cfg, "-o", f"ControlPath={os.path.join(ctl_dir, '%C')}"]
-        agent_rel = remote_path()
+        # The agent's name (content hash of the core hostrun sends) and the remote script that runs
+        # it, from the code hostrun runs (the snapshot, with --snapshot).
+        agent_rel, run_script = json.loads(subprocess.run(
+            [python, "-c", "import json; from dispatch.agent import remote_path; "
+                           "from dispatch.peer import _RUN; print(json.dumps([remote_path(), _RUN]))"],
+            env=env, capture_output=True, text=True, check=True).stdout)
         agent_file = peer.home / agent_rel
         peer_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(peer.home),
                     "HOSTRUN_CONFIG": str(peer.peer_config),
@@ -403,6 +431,8 @@ def main() -> int:
         print(f"control path: {ctl_dir}/%C  ({ssh_version})")
         print(f"machine:      {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
         print(f"environment:  PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}")
+        print(f"code:         {code_root}/dispatch"
+              f"{' (snapshot of the tree, on PYTHONPATH)' if args.snapshot else ''}")
 
         report_json = [hostrun, "--config", config, "report", "--json"]
         report_rich = [hostrun, "--config", config, "report"]
@@ -422,7 +452,7 @@ def main() -> int:
         agent_mtime = agent_file.stat().st_mtime_ns
         agent_dir = peer.home / ".cache" / "hostrun"
         agents_before = sorted(p.name for p in agent_dir.glob("agent-*.pyz"))
-        sources_before = sources_digest()
+        tree_before = sources_digest(REPO)
         for _ in range(3):  # fill the private bytecode cache
             subprocess.run(report_json, env=env_cached, capture_output=True)
         master_before = master_check(ssh_base)
@@ -430,7 +460,7 @@ def main() -> int:
         print(f"master:       {master_before or 'NOT RUNNING'}")
 
         # --- warm phase -------------------------------------------------------------------
-        agent_cmd = remote_command(["sh", "-c", _RUN, "hostrun-agent", agent_rel, "python3",
+        agent_cmd = remote_command(["sh", "-c", run_script, "hostrun-agent", agent_rel, "python3",
                                     "report", "--fallback", "{}"])
         warm = [
             Series("json", "hostrun report --json (local + peer1)", report_json, env, parse_json=True),
@@ -447,6 +477,7 @@ def main() -> int:
             Series("py_ssh", "ssh peer1 python3 -I -c pass (warm)",
                    [*ssh_base, "-T", PEER, "python3", "-I", "-c", "pass"], env),
             Series("py", "python -c pass (hostrun's interpreter)", [python, "-c", "pass"], env),
+            Series("py_asyncio", "python -c 'import asyncio'", [python, "-c", "import asyncio"], env),
         ]
         if not args.no_cached_series:
             warm.insert(1, Series("json_cached", "hostrun report --json, .pyc cached [*]", report_json,
@@ -462,11 +493,14 @@ def main() -> int:
               f"rich rendering costs {(med['rich'] - med['json']) * 1000:.1f} ms over --json")
         print(f"  where the report's time goes (medians): local-only report {med['local'] * 1000:.1f} ms, "
               f"peer-only report {med['peer'] * 1000:.1f} ms; the agent command over ssh "
-              f"{med['agent_ssh'] * 1000:.1f} ms (= ssh true + {(med['agent_ssh'] - med['ssh']) * 1000:.1f} ms "
-              f"on the peer), the agent alone {med['agent_direct'] * 1000:.1f} ms")
+              f"{med['agent_ssh'] * 1000:.1f} ms (= ssh true + "
+              f"{(med['agent_ssh'] - med['ssh']) * 1000:.1f} ms on the peer), the agent alone "
+              f"{med['agent_direct'] * 1000:.1f} ms")
         floor = med["py"] + med["py_ssh"]
         print(f"  floor of any Python controller + Python agent (python -c pass + ssh python3 -I -c pass): "
               f"{floor * 1000:.1f} ms = {floor / med['ssh']:.2f}x ssh true")
+        print(f"  import asyncio alone (every `report` pays it): "
+              f"{(med['py_asyncio'] - med['py']) * 1000:.1f} ms over python -c pass")
         if "json_cached" in med:
             print(f"  [*] with dispatch's bytecode cached: {med['json_cached'] / med['ssh']:.2f}x "
                   f"({(med['json'] - med['json_cached']) * 1000:.1f} ms less than as is)")
@@ -501,7 +535,7 @@ def main() -> int:
         verdict = "PASS" if cold_ratio <= COLD_TARGET else "FAIL"
         ok &= verdict == "PASS"
         print(f"  target (on report{' --json' if target_key == 'json' else ''}): "
-              f"{cold_ratio:.2f}x <= {COLD_TARGET} x -> {verdict}")
+              f"{cold_ratio:.2f}x <= {COLD_TARGET}x -> {verdict}")
 
         failures = [f for s in warm + cold_series for f in s.failures]
         if failures:
@@ -514,13 +548,21 @@ def main() -> int:
         print(f"\n  agent on the peer: {', '.join(agents)}; sent during timing: "
               f"{'YES (an upload was timed)' if resent else 'no'}")
         ok &= not resent
-        if sources_digest() != sources_before:
-            print("  WARNING: dispatch/*.py changed while the bench ran: the runs measured different "
-                  "code (and a new agent was sent); rerun on a quiet tree")
-            ok = False
+        if sources_digest(REPO) != tree_before:
+            if args.snapshot:
+                print("  (dispatch/*.py changed in the tree while the bench ran; the runs used the "
+                      "snapshot taken at the start, so they all measured the same code)")
+            else:
+                print("  WARNING: dispatch/*.py changed while the bench ran: the runs measured different "
+                      "code (and a new agent was sent); rerun on a quiet tree or with --snapshot")
+                ok = False
 
-        importtime_profile(python, config, env, args.top, ["--json"])
-        importtime_profile(python, config, env, 0, [])
+        importtime_profile(python, ["-m", "dispatch", "--config", config, "report", "--json"],
+                           "`report --json`", env, args.top)
+        importtime_profile(python, ["-m", "dispatch", "--config", config, "report"],
+                           "`report` (rich)", env, 0)
+        importtime_profile(python, ["-c", REPORT_PATH_MODULES],
+                           "the report path's modules imported in one thread", env, args.top)
 
         left = ledger_leftovers(state_dir, "local") + ledger_leftovers(str(peer.state_dir), PEER)
         left += cgroup_leftovers(slice_dir, "local") + cgroup_leftovers(peer_slice_dir, PEER)
@@ -536,6 +578,7 @@ def main() -> int:
             peer.stop()
         remove_slice(slice_dir)
         remove_slice(peer_slice_dir)
+        os.chdir(cwd)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

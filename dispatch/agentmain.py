@@ -1,9 +1,10 @@
 """What the agent does on the peer (``python3 agent.pyz COMMAND ...``): standard library only.
 
 Commands:
-- ``report [--fallback JSON] [--label LABEL]``: the peer's resources, from its own ledger and slice
-  (one JSON document on stdout);
-- ``probe --spec JSON``: toolchain probe outputs, and the job's work directory made ready;
+- ``report [--fallback JSON] [--label LABEL] [--peaks]``: the peer's resources, from its own ledger
+  and slice (one JSON document on stdout); ``--peaks`` adds its peak table and peak history;
+- ``probe --spec JSON``: toolchain probe outputs, and the job's work directory made ready (and,
+  with ``owner`` in the spec, claimed for the controller's session unless already claimed);
 - ``run BASE64-JSON``: run one job here, framed (see ``dispatch.agentrun``).
 
 The peer's own configuration (``$HOSTRUN_CONFIG``, ``./hosts.toml`` or
@@ -86,7 +87,7 @@ def main(argv: list[str]) -> int:
         from dispatch.report import local_report
 
         settings, notes = peer_settings(fallback)
-        data = local_report(settings, label=_option(argv, "--label"))
+        data = local_report(settings, label=_option(argv, "--label"), peaks="--peaks" in argv)
         data.update(notes)
         data["agent_version"] = __version__
         data["python"] = sys.version.split()[0]
@@ -114,6 +115,12 @@ def main(argv: list[str]) -> int:
                 data["workdir"] = path
             except OSError as exc:
                 data["workdir_error"] = f"{path}: {exc.strerror}"
+            owner = spec.get("owner")
+            if owner and "workdir" in data:  # claim the sync target for the controller's session
+                from dispatch.workdirs import claim_if_unclaimed
+
+                data["workdir_owner"] = claim_if_unclaimed(path, str(owner.get("purpose") or ""),
+                                                           str(owner.get("session") or ""))
         json.dump(data, sys.stdout)
         return 0
     print(f"agent: unknown command {command!r}", file=sys.stderr)

@@ -132,13 +132,17 @@ def run_job(spec: dict[str, Any]) -> int:
     try:
         os.chdir(os.path.expanduser(spec["cwd"]))
         cap = spec.get("cap")
-        if cap is None and settings.local.default_cap is None:
-            cap = spec.get("cap_if_none")  # the controller's peer_memory_cap bounds an uncapped job
+        bound = spec.get("cap_if_none")  # the controller's peer_memory_cap
+        if cap is None and bound is not None:
+            # An uncapped job from that controller runs under the peer's default_cap, but never
+            # above the peer_memory_cap the controller set for this peer.
+            own = settings.local.default_cap
+            cap = bound if own is None else min(own, bound)
         request = RunRequest(
             argv=spec["argv"], label=spec.get("label"), cap=cap,
             max_runtime=spec.get("max_runtime"), threads=spec.get("threads"),
             no_cap=bool(spec.get("no_cap")), session=spec.get("session"),
-            gpu_memory=spec.get("gpu_memory"),
+            gpu_memory=spec.get("gpu_memory"), force=bool(spec.get("force")),
         )
         outcome = run_local(settings, request, say)
         result = outcome.to_dict()

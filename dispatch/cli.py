@@ -23,7 +23,8 @@ if MYPY:
     from dispatch.outcome import Outcome
     from dispatch.runner import RunRequest
 
-SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts")
+SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts", "capacity",
+               "lock", "workdir", "preflight")
 PROG = "hostrun"
 USAGE = f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{doctor,codes,ledger,report}} ..."
 
@@ -95,6 +96,8 @@ RUN_OPTIONS = (
     Option(("--return",), "returns", "with --peer: bring PATH (relative to the job's directory) back "
            "after the run, even after a failure (repeatable)", "PATH", repeat=True),
     Option(("--stdin",), "stdin", "with --peer: forward this terminal's/pipe's stdin to the job"),
+    Option(("--force",), "force", "run a script whose '# admission:' says nothing changed since its "
+           "last success (never overrides a '# run-condition:'; see 'hostrun preflight')"),
 )
 _BY_FLAG = {flag: opt for opt in RUN_OPTIONS for flag in opt.flags}
 
@@ -201,7 +204,7 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def cmd_run(argv: list[str]) -> int:
-    from dispatch.runner import RunRequest, enclosing_job, run_local, run_nested
+    from dispatch.runner import RunRequest, enclosing_job, run_local
 
     options, command = _split_command(argv)
     if "-h" in options or "--help" in options:
@@ -219,9 +222,10 @@ def cmd_run(argv: list[str]) -> int:
         argv=command, label=args["label"], cap=args["memory_cap"], max_runtime=args["max_runtime"],
         threads=args["threads"], no_cap=args["no_cap"],
         session=args["session"] or os.environ.get("HOSTRUN_SESSION"), gpu_memory=args["gpu_memory"],
+        force=args["force"],
     )
     enclosing = enclosing_job(os.environ)
-    if enclosing is not None and not args["result_file"]:
+    if enclosing is not None and not args["result_file"] and not _declares_preflight(command):
         try:  # already booked and capped by the enclosing job: become the command
             os.execvp(command[0], command)
         except OSError as exc:
@@ -229,7 +233,7 @@ def cmd_run(argv: list[str]) -> int:
             return 127 if isinstance(exc, FileNotFoundError) else 126
     try:
         if enclosing is not None:
-            outcome = run_nested(request, enclosing)
+            outcome = _nested(request, enclosing, args)
         elif args["peer"] or args["auto"]:
             return _run_elsewhere(options, command, args, request)
         else:
@@ -344,6 +348,85 @@ def cmd_dispatch(argv: list[str]) -> int:
     return 0 if decision.action != "refuse" else int(decision.exit_code)
 
 
+def _declares_preflight(command: list[str]) -> bool:
+    """Whether the script CMD runs declares preflight conditions (reads its first bytes only); a
+    malformed declaration raises UsageError (2) here, before anything runs."""
+    from dispatch.headers import declares_preflight
+
+    if not declares_preflight(command):
+        return False
+    from dispatch.preflight import declared
+
+    return declared(command) is not None
+
+
+def _nested(request: RunRequest, enclosing: str, args: dict[str, Any]) -> Outcome:
+    """Inside a hostrun job: run within it (booked there); a script's preflight is still checked."""
+    from dispatch.runner import run_nested, with_preflight
+
+    if not _declares_preflight(list(request.argv)):
+        return run_nested(request, enclosing)
+    return with_preflight(_settings(args["config"]), request, _say,
+                          lambda: run_nested(request, enclosing))
+
+
+PREFLIGHT_USAGE = f"{PROG} preflight [--json] [--force] [--config PATH] SCRIPT [ARGS...]"
+
+
+def cmd_preflight(argv: list[str]) -> int:
+    """Whether SCRIPT would run, and why, from its '# admission:'/'# run-condition:' headers."""
+    json_out = force = False
+    config: str | None = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            break
+        if arg in ("-h", "--help"):
+            print(f"usage: {PREFLIGHT_USAGE}\n\nSay whether SCRIPT would run, and why, from the "
+                  "conditions it declares ('# admission:', '# run-condition:'), without running it.\n"
+                  "Exit 0: it would run; 78: it would not (an unmet condition, or nothing to do);\n"
+                  "2: a malformed header. See docs/preflight.md.")
+            return 0
+        if arg == "--json":
+            json_out = True
+        elif arg == "--force":
+            force = True
+        elif arg == "--config" and i + 1 < len(argv):
+            config = argv[i + 1]
+            i += 1
+        elif arg.startswith("--config="):
+            config = arg.split("=", 1)[1]
+        else:
+            raise UsageError(f"unrecognized arguments: {arg} (see '{PROG} preflight --help')")
+        i += 1
+    command = argv[i:]
+    if not command:
+        raise UsageError(f"no script given (usage: {PREFLIGHT_USAGE})")
+    from dispatch.headers import script_path
+    from dispatch.preflight import Script, Verdict, check, declared, report_lines
+
+    script = declared(command)  # a malformed header: UsageError (2) naming SCRIPT:LINE
+    if script is None:
+        path = script_path(command)
+        if path is None:
+            raise UsageError(f"preflight: {command[0]!r} is not a script file (nor is its first argument)")
+        first = 0 if command[0] == path else 1
+        verdict = Verdict(Script(path, tuple(command[first + 1 :]), ()), ())
+    else:
+        verdict, _ = check(_settings(config), script, os.environ, force=force)
+    if json_out:
+        import json
+
+        print(json.dumps(verdict.as_dict(), indent=2))
+    else:
+        print("\n".join(report_lines(verdict)))
+    return 0 if verdict.runs else int(ExitCode.NOT_RUN)
+
+
 def cmd_alerts(argv: list[str]) -> int:
     p = _sub_parser("alerts", "List alerts (a waiting job that a peer could take now, ...).")
     p.add_argument("--follow", action="store_true", help="wait for new alerts and print each")
@@ -386,7 +469,7 @@ def _write_failure(path: str, request: RunRequest, exc: HostrunError) -> None:
     except ValueError:
         name = "error"
     write_result(path, Outcome(
-        exit_code=int(exc.exit_code), outcome=name, host="local",
+        exit_code=int(exc.exit_code), outcome=name, host=getattr(exc, "host", "local"),
         label=request.label or default_label(argv), argv=argv, message=str(exc),
     ))
 
@@ -457,6 +540,43 @@ def cmd_report(argv: list[str]) -> int:
     return 0 if all(r.ok for r in readings) else int(ExitCode.PEER_UNREACHABLE)
 
 
+def cmd_capacity(argv: list[str]) -> int:
+    p = _sub_parser("capacity", "For each label in each host's own peak table: how many fit on that "
+                                "host at once, the cap it should have by the half rule (worst peak <= "
+                                "half the cap, rounded up to 512 MiB), and flags. See docs/capacity.md.")
+    p.add_argument("--host", action="append", metavar="NAME", help="only this host (repeatable)")
+    p.add_argument("--slice", metavar="SIZE", help="also show how many would fit if each host's slice "
+                                                   "were SIZE (e.g. 40G)")
+    args = p.parse_args(argv)
+    what_if = None
+    if args.slice is not None:
+        try:
+            what_if = _size(args.slice)
+        except ValueError as exc:
+            raise UsageError(f"argument --slice: {exc}") from None
+    from dispatch.capacity import host_capacity, rules
+    from dispatch.reports import read_reports
+
+    settings = _settings(args.config)
+    for name in args.host or []:
+        if name not in settings.hosts:
+            raise UsageError(f"--host {name}: no such host (configured: {', '.join(settings.hosts)})")
+    readings = read_reports(settings, args.host, peaks=True)
+    hosts = [host_capacity(r.host, r.report, r.error, what_if) for r in readings]
+    if args.json:
+        import json
+
+        print(json.dumps({"what_if_slice": what_if, "rules": rules(),
+                          "hosts": [h.as_dict() for h in hosts]}, indent=2))
+    else:
+        from dispatch import render
+
+        render.capacity(hosts)
+    if any(not r.ok and r.host == "local" for r in readings):
+        return int(ExitCode.NOT_RUN)  # as 'hostrun report': this host's own report failed
+    return 0 if all(r.ok for r in readings) else int(ExitCode.PEER_UNREACHABLE)
+
+
 def cmd_doctor(argv: list[str]) -> int:
     args = _sub_parser("doctor", "Which memory-cap backend is active, and why the others are not.",
                        ).parse_args(argv)
@@ -476,6 +596,120 @@ def cmd_doctor(argv: list[str]) -> int:
     return 0
 
 
+def cmd_lock(argv: list[str]) -> int:
+    """``hostrun lock [--wait DUR] DIR -- CMD`` and ``hostrun lock --status DIR [--json]``."""
+    explicit = "--" in argv
+    options, command = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if explicit else (argv, [])
+    p = _sub_parser("lock", "Run CMD while holding DIR's workspace lock: one holder at a time; others "
+                            "wait, saying who holds it. Not the memory cap: for both, "
+                            "'hostrun lock DIR -- hostrun -m 4G -- CMD'. See docs/guards.md.")
+    p.add_argument("--wait", metavar="DUR", help="give up after waiting DUR (e.g. 10m): exit 253, "
+                                                 "the command not run (default: wait as long as it takes)")
+    p.add_argument("--status", action="store_true", help="show who holds DIR's lock, run nothing")
+    p.add_argument("dir", metavar="DIR", help="the directory to lock")
+    if not explicit:
+        p.add_argument("command", nargs="...", metavar="CMD", help="the command (after --)")
+    args = p.parse_args(options)
+    if not explicit:
+        command = args.command
+    from dispatch import lock
+
+    if args.status:
+        if command or args.wait is not None:
+            raise UsageError("--status takes no command and no --wait")
+        data = lock.status(args.dir)
+        if args.json:
+            import json
+
+            print(json.dumps(data, indent=2))
+        else:
+            print("\n".join(lock.status_lines(data)))
+        return 0
+    if args.json:
+        raise UsageError("--json goes with --status")
+    if not command:
+        raise UsageError(f"no command given (usage: {PROG} lock [--wait DUR] DIR -- CMD [ARGS...])")
+    wait = None
+    if args.wait is not None:
+        try:
+            wait = _duration(args.wait)
+        except ValueError as exc:
+            raise UsageError(f"argument --wait: {exc}") from None
+    settings = _settings(args.config)
+    return lock.run_locked(args.dir, command, _say, settings.status_interval, wait)
+
+
+def cmd_workdir(argv: list[str]) -> int:
+    """``hostrun workdir claim|list|clean``: who owns which work directory."""
+    actions = ("claim", "list", "clean")
+    if not argv or argv[0] not in actions:
+        if argv and argv[0] in ("-h", "--help"):
+            print(f"usage: {PROG} workdir {{claim,list,clean}} ...\n\n"
+                  "Work-directory ownership (docs/guards.md):\n"
+                  "  claim DIR --purpose TEXT    write DIR/.hostrun-owner for this session\n"
+                  "  list [ROOT] [--json]        claimed directories: owner, age, size, open by\n"
+                  "  clean [ROOT] [--dry-run]    remove this session's claimed directories that no "
+                  "process has open")
+            return 0
+        raise UsageError(f"workdir: choose one of {', '.join(actions)} (see '{PROG} workdir --help')")
+    action, rest = argv[0], argv[1:]
+    from dispatch import workdirs
+
+    p = _sub_parser(f"workdir {action}", {
+        "claim": "Claim DIR (created if missing) for this session: writes DIR/.hostrun-owner.",
+        "list": "Every claimed directory under ROOT: owner, purpose, age, size, open by.",
+        "clean": "Remove this session's claimed directories under ROOT that no process has open; "
+                 "keep every other one and say why.",
+    }[action])
+    if action == "claim":
+        p.add_argument("dir", metavar="DIR")
+        p.add_argument("--purpose", required=True, metavar="TEXT", help="what the directory is for")
+    else:
+        p.add_argument("root", metavar="ROOT", nargs="?", default=".",
+                       help="where to look (default: the current directory)")
+        p.add_argument("--depth", type=int, default=workdirs.DEFAULT_DEPTH, metavar="N",
+                       help="levels below ROOT to search (default: %(default)s)")
+    if action != "list":
+        p.add_argument("--session", metavar="NAME", help="who is asking (default: $HOSTRUN_SESSION)")
+    if action == "clean":
+        p.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    args = p.parse_args(rest)
+    import json
+
+    if action == "claim":
+        explicit = workdirs.explicit_session(args.session)
+        session = explicit or workdirs.fallback_session()
+        path, owner, new = workdirs.claim(args.dir, args.purpose, session)
+        if args.json:
+            print(json.dumps({"path": path, "new": new, **owner.as_dict()}, indent=2))
+        else:
+            print(f"{'claimed' if new else 'updated the claim on'} {path} for session {session}: "
+                  f"{args.purpose}")
+        if explicit is None:
+            _say(f"no HOSTRUN_SESSION: claimed for this terminal session, {session!r}; 'workdir clean' "
+                 f"removes it only with HOSTRUN_SESSION={session} (or --session)")
+        return 0
+    if action == "list":
+        data = workdirs.list_claimed(args.root, args.depth, session=workdirs.explicit_session())
+        if args.json:
+            print(json.dumps(data, indent=2))
+        else:
+            from dispatch import render
+
+            render.workdirs(data)
+        return 0
+    asking = workdirs.explicit_session(args.session)
+    if asking is None:
+        raise UsageError("workdir clean needs to know which session is asking: set HOSTRUN_SESSION or "
+                         "pass --session NAME ('workdir list' shows each directory's owner)")
+    data = workdirs.clean(args.root, asking, args.depth, args.dry_run)
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print("\n".join(workdirs.clean_lines(data)))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -489,11 +723,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args and args[0] in SUBCOMMANDS:
             name = args[0]
             # Run-style commands end in "-- CMD": their options must come before it.
-            rest = leading + args[1:] if name in ("run", "dispatch") else args[1:] + leading
+            rest = leading + args[1:] if name in ("run", "dispatch", "lock", "preflight") \
+                else args[1:] + leading
             if name == "run":
                 return cmd_run(rest)
             handler = {"doctor": cmd_doctor, "codes": cmd_codes, "ledger": cmd_ledger,
-                       "report": cmd_report, "dispatch": cmd_dispatch, "alerts": cmd_alerts}[name]
+                       "lock": cmd_lock, "workdir": cmd_workdir,
+                       "report": cmd_report, "dispatch": cmd_dispatch, "alerts": cmd_alerts,
+                       "capacity": cmd_capacity, "preflight": cmd_preflight}[name]
             return handler(rest)
         return cmd_run(leading + args)
     except HostrunError as exc:

@@ -40,6 +40,9 @@ if MYPY:
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 DEFAULT_WORK_ROOT = "~/hostrun-work"
+RETURN_TIMEOUT = 300.0
+# The peer refused or never started the job: nothing of this run to bring back.
+_NOT_RUN_OUTCOMES = ("never-fits", "not-run", "usage", "error")
 
 
 class SyncFailedError(HostrunError):
@@ -99,7 +102,11 @@ class PeerRun:
         import asyncio
 
         probes = list(self.settings.toolchain_probes)
-        spec = json.dumps({"probes": probes, "workdir": self.remote_tree_spec})
+        from dispatch.workdirs import fallback_session
+
+        owner = {"session": self.request.session or fallback_session(),
+                 "purpose": f"hostrun --peer sync target of {socket.gethostname()}:{self.tree}"}
+        spec = json.dumps({"probes": probes, "workdir": self.remote_tree_spec, "owner": owner})
         remote = asyncio.run(self.client.agent_json(["probe", "--spec", spec],
                                                     self.settings.report_timeout * 2))
         here = probe_here(probes, self.settings.state_dir)
@@ -123,19 +130,27 @@ class PeerRun:
             argv.insert(2, "--info=progress2")
         try:
             proc = subprocess.run(argv, stdout=None if show_progress else subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, check=False)
+                                  stderr=subprocess.PIPE, text=True, check=False,
+                                  timeout=None if what == "sync" else RETURN_TIMEOUT)
         except OSError as exc:
             raise SyncFailedError(f"{what}: cannot run rsync: {exc.strerror}") from None
+        except subprocess.TimeoutExpired:
+            raise SyncFailedError(f"{what} with {self.host.name}: no progress within "
+                                  f"{RETURN_TIMEOUT:g} s") from None
         if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
+            # rsync's first complaint names the cause ("No such file ..."); its last is the aftermath.
+            cause = next((line for line in lines if line.startswith("rsync:")), lines[-1])
             raise SyncFailedError(f"{what} with {self.host.name} failed (rsync exit "
-                                  f"{proc.returncode}): {last}")
+                                  f"{proc.returncode}): {cause}")
 
     def sync(self) -> None:
         excludes = [f"--exclude={pattern}" for pattern in self.settings.sync_excludes]
         # --modify-window=-1: compare mtimes to the nanosecond. The default (whole seconds) misses an
         # edit that keeps the size within the same second, which an agent's quick edits often do.
+        # The owner file and lock files at the top are the peer's own: never sent, never deleted.
         self._rsync(["--delete", "--modify-window=-1", "--filter=:- .gitignore", "--exclude=/.git/",
+                     "--exclude=/.hostrun-owner*", "--exclude=/.hostrun-lock*",
                      *excludes,
                      f"{self.tree}/", f"{self.host.ssh}:{self.remote_tree}/"], "sync")
 
@@ -160,23 +175,35 @@ class PeerRun:
             "cap": r.cap, "cap_if_none": self.host.peer_memory_cap,
             "max_runtime": r.max_runtime, "threads": r.threads, "no_cap": r.no_cap,
             "session": r.session, "gpu_memory": r.gpu_memory, "stdin": self.forward_stdin,
+            "force": r.force,
             "fallback": json.loads(self.client.fallback()),
         }
         return base64.b64encode(json.dumps(data).encode()).decode()
 
     def run(self) -> Outcome:
-        self.prepare()
-        self.sync()
         try:
-            outcome = self._stream()
-        finally:
-            failures = self.bring_back() if self.returns else []
-        for failure in failures:
-            self.say(f"error: {failure}")
+            self.prepare()
+            self.sync()
+            try:
+                outcome = self._stream()
+            except ConnectionLostError:
+                self._bring_back_and_say()  # best effort: the peer may still be reachable
+                raise
+        except HostrunError as exc:
+            exc.host = self.host.name  # type: ignore[attr-defined]  # for the result file
+            raise
+        ran = outcome.outcome not in _NOT_RUN_OUTCOMES and outcome.booking_kind is not None
+        failures = self._bring_back_and_say() if ran else []  # even after a failed job
         if failures and outcome.exit_code == 0:
             outcome.exit_code, outcome.outcome = ExitCode.SYNC_FAILED, ExitCode.SYNC_FAILED.outcome
             outcome.message = "the job succeeded but --return could not bring everything back"
         return outcome
+
+    def _bring_back_and_say(self) -> list[str]:
+        failures = self.bring_back() if self.returns else []
+        for failure in failures:
+            self.say(f"error: {failure}")
+        return failures
 
     def _stream(self) -> Outcome:
         command = ["sh", "-c", _RUN, "hostrun-agent", agent.remote_path(), self.client.python, "run",
@@ -204,7 +231,7 @@ class PeerRun:
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ, "out")
         sel.register(proc.stderr, selectors.EVENT_READ, "err")
-        last_beat = last_heard = time.monotonic()
+        last_beat = last_heard = last_loop = time.monotonic()
         lost = False
         try:
             while sel.get_map():
@@ -227,6 +254,9 @@ class PeerRun:
                         elif kind == b"R":
                             result = json.loads(payload)
                 now = time.monotonic()
+                if now - last_loop > HEARTBEAT * 2:
+                    last_heard = now  # we were stopped (Ctrl-Z, a frozen host), not the link
+                last_loop = now
                 while pending:
                     send(b"S", str(pending.pop(0)).encode())
                 if now - last_beat >= HEARTBEAT:
@@ -278,9 +308,10 @@ def _forward_stdin(send: Callable[[bytes, bytes], None]) -> None:
 
 
 def _outcome(result: dict[str, Any], host: str, request: RunRequest) -> Outcome:
-    known = {k: result[k] for k in ("cap_bytes", "booking_kind", "booked_bytes", "peak_bytes",
-                                     "hit_ceiling", "duration_s", "waited_s", "backend", "cgroup",
-                                     "counters", "message") if k in result}
+    from dispatch.outcome import FIELDS
+
+    fixed = ("exit_code", "outcome", "host", "label", "argv")
+    known = {k: result[k] for k in FIELDS if k in result and k not in fixed}
     outcome = Outcome(exit_code=int(result["exit_code"]), outcome=str(result.get("outcome", "exit")),
                       host=host, label=str(result.get("label") or request.label or ""),
                       argv=list(request.argv), **known)

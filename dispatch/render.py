@@ -136,3 +136,67 @@ def doctor(data: dict[str, Any]) -> None:
         console.print(f"peer {peer['host']} ({peer['ssh']}): {state}{details}{rt}")
         for problem in peer["problems"]:
             console.print(f"  [red]problem:[/red] {problem}")
+
+
+def capacity(hosts: Sequence[Any]) -> None:
+    """``hostrun capacity``: per host, its own labels (figures of different hosts are never mixed)."""
+    short = {"cap-below-half-rule": "low-cap", "half-rule-over-slice": "over-slice",
+             "peaks-vary": "varies"}
+    for h in hosts:
+        if not h.ok:
+            console.print(f"[bold]{h.host}[/bold]: [red]could not read:[/red] {h.error}")
+            continue
+        where = f"{h.host} ({h.hostname})" if h.hostname else h.host
+        if not h.labels:
+            console.print(f"[bold]{where}[/bold]: peak table empty (slice {format_size(h.slice_limit)})")
+            continue
+        then = f" → {format_size(h.what_if)}" if h.what_if is not None else ""
+        table = Table(title=f"{where}, its own peak table; slice {format_size(h.slice_limit)}{then}")
+        for col in ("label", "runs", "worst / last peak", "booked as", f"fits{then and ' now→what-if'}",
+                    "cap", "half-rule cap", "fits at it", "flags"):
+            table.add_column(col)
+        for a in h.labels:
+            fits, at_half = str(a.now.fits), str(a.now.fits_at_half_rule_cap)
+            booked = f"{a.now.kind} {format_size(a.now.booked)}"
+            if a.what_if is not None:
+                fits += f" → {a.what_if.fits}"
+                at_half += f" → {a.what_if.fits_at_half_rule_cap}"
+                if (a.what_if.kind, a.what_if.booked) != (a.now.kind, a.now.booked):
+                    booked += f" → {a.what_if.kind} {format_size(a.what_if.booked)}"
+            if a.cap_source == "unknown":
+                cap = "not recorded"
+            else:
+                cap = format_size(a.cap) if a.cap is not None else "none"
+                cap += " (default)" if a.cap_source == "default-cap" else ""
+            table.add_row(a.label, str(a.runs), f"{format_size(a.max_peak)} / {format_size(a.last_peak)}",
+                          booked, fits, cap, format_size(a.half_rule_cap), at_half,
+                          " ".join(short.get(f, f) for f in a.flags) or "-")
+        console.print(table)
+        for a in h.labels:
+            for note in a.notes:
+                console.print(f"  [yellow]{a.label}[/yellow] on {h.host}: {note}")
+
+
+def workdirs(data: dict[str, Any]) -> None:
+    """``hostrun workdir list``: claimed directories under a root, with owner, age, size, open by."""
+    import os
+
+    root = data["root"]
+    if not data["directories"]:
+        console.print(f"no claimed directories under {root}")
+    else:
+        table = Table(title=f"claimed directories under {root}")
+        for col in ("directory", "session", "purpose", "age", "size", "open by"):
+            table.add_column(col)
+        for d in data["directories"]:
+            size = format_size(d["size_bytes"])
+            if not d["size_complete"]:
+                size = f">= {size}"
+            opened = ", ".join(f"pid {o['pid']} ({o['comm']}) {o['how']}" for o in d["open_by"]) or "-"
+            session = d["session"] or "(unknown)"
+            table.add_row(os.path.relpath(d["path"], root), f"{session} (you)" if d["mine"] else session,
+                          d["purpose"], format_duration(d["age_s"]), size, opened)
+        console.print(table)
+    if data["hidden_processes"]:
+        console.print(f"note: {data['hidden_processes']} processes could not be inspected for open files "
+                      "(permission denied; as root, other users' processes can be)")

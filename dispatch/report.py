@@ -16,8 +16,9 @@ from dispatch.ledger import Ledger
 from dispatch.settings import Settings
 
 
-def local_report(settings: Settings, label: str | None = None) -> dict[str, Any]:
-    """This host's report; with ``label``, also that label's record in this host's peak table."""
+def local_report(settings: Settings, label: str | None = None, peaks: bool = False) -> dict[str, Any]:
+    """This host's report; with ``label``, also that label's record in this host's peak table; with
+    ``peaks``, this host's whole peak table and peak history (``peak_table``, for capacity planning)."""
     host = settings.local
     mem = read_meminfo()
     backend = select_backend(host, mem.total)
@@ -27,6 +28,12 @@ def local_report(settings: Settings, label: str | None = None) -> dict[str, Any]
     try:
         bookings = ledger.bookings(host.name)
         peak = ledger.peak(label, host.name) if label else None
+        table = None
+        if peaks:
+            from dispatch.capacity import peak_table
+
+            table = peak_table([p for p in ledger.peaks() if p.host == host.name],
+                               ledger.peak_runs(host.name))
     finally:
         ledger.close()
     running = [b for b in bookings if b.state == "running"]
@@ -46,7 +53,7 @@ def local_report(settings: Settings, label: str | None = None) -> dict[str, Any]
     load = read_loadavg()
     gpus, gpu_error = _gpus()
     booked = sum(b.size for b in running)
-    return {
+    data = {
         "host": host.name,
         "hostname": os.uname().nodename,
         "version": __version__,
@@ -83,6 +90,9 @@ def local_report(settings: Settings, label: str | None = None) -> dict[str, Any]
             for b in waiting
         ],
     }
+    if table is not None:
+        data["peak_table"] = table
+    return data
 
 
 def _gpus() -> tuple[list[dict[str, Any]], str | None]:

@@ -27,21 +27,23 @@ class HostReading(NamedTuple):
         return self.report is not None
 
 
-async def _read(settings: Settings, name: str, label: str | None) -> dict[str, Any]:
+async def _read(settings: Settings, name: str, label: str | None, peaks: bool = False
+                ) -> dict[str, Any]:
     host = settings.hosts[name]
     if host.is_local:
         from dispatch.report import local_report
 
-        return await asyncio.to_thread(local_report, settings, label)
+        return await asyncio.to_thread(local_report, settings, label, peaks)
     from dispatch.peer import PeerClient
 
-    return await PeerClient(settings, host).report(label, timeout=settings.report_timeout)
+    return await PeerClient(settings, host).report(label, timeout=settings.report_timeout, peaks=peaks)
 
 
-async def _timed(settings: Settings, name: str, label: str | None) -> HostReading:
+async def _timed(settings: Settings, name: str, label: str | None, peaks: bool = False
+                 ) -> HostReading:
     started = time.monotonic()
     try:
-        report = await asyncio.wait_for(_read(settings, name, label), settings.report_timeout)
+        report = await asyncio.wait_for(_read(settings, name, label, peaks), settings.report_timeout)
         return HostReading(name, report, None, time.monotonic() - started)
     except asyncio.TimeoutError:
         why = f"no answer within {settings.report_timeout:g} s"
@@ -52,9 +54,9 @@ async def _timed(settings: Settings, name: str, label: str | None) -> HostReadin
     return HostReading(name, None, why, time.monotonic() - started)
 
 
-async def read_reports_async(settings: Settings, names: list[str], label: str | None = None
-                             ) -> list[HostReading]:
-    tasks = {name: asyncio.ensure_future(_timed(settings, name, label)) for name in names}
+async def read_reports_async(settings: Settings, names: list[str], label: str | None = None,
+                             peaks: bool = False) -> list[HostReading]:
+    tasks = {name: asyncio.ensure_future(_timed(settings, name, label, peaks)) for name in names}
     done, pending = await asyncio.wait(tasks.values(), timeout=settings.report_deadline)
     for task in pending:
         task.cancel()
@@ -68,8 +70,9 @@ async def read_reports_async(settings: Settings, names: list[str], label: str | 
     return readings
 
 
-def read_reports(settings: Settings, names: list[str] | None = None, label: str | None = None
-                 ) -> list[HostReading]:
-    """Reports of ``names`` (default: every configured host), in the configured order."""
+def read_reports(settings: Settings, names: list[str] | None = None, label: str | None = None,
+                 peaks: bool = False) -> list[HostReading]:
+    """Reports of ``names`` (default: every configured host), in the configured order; ``peaks``:
+    each with its host's own peak table and history (``peak_table``)."""
     chosen = list(settings.hosts) if names is None else names
-    return asyncio.run(read_reports_async(settings, chosen, label))
+    return asyncio.run(read_reports_async(settings, chosen, label, peaks))

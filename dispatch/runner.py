@@ -63,6 +63,7 @@ class RunRequest(NamedTuple):
     session: Optional[str] = None
     env: Optional[dict[str, str]] = None  # the job's environment (default: hostrun's own)
     gpu_memory: Optional[int] = None  # VRAM to book on one GPU (--gpu-memory), bytes
+    force: bool = False  # --force: run although the script's '# admission:' says nothing changed
 
 
 def enclosing_job(environ: Mapping[str, str]) -> str | None:
@@ -219,7 +220,53 @@ def _raise_interrupted(signum: int, _frame: object) -> None:
 
 def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
               on_wait: Callable[[Admission], None] | None = None) -> Outcome:
-    """Book, wait, run and judge one job on this host; the Outcome carries the exit code."""
+    """Book, wait, run and judge one job on this host; the Outcome carries the exit code.
+
+    A script declaring preflight conditions is checked first (``with_preflight``).
+    """
+    return with_preflight(settings, request, say, lambda: _run_local(settings, request, say, on_wait))
+
+
+def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str], None],
+                   run: Callable[[], Outcome]) -> Outcome:
+    """``run()``, unless the script ``request.argv`` runs declares preflight conditions
+    (``# admission:``, ``# run-condition:``; ``dispatch.preflight``) that are unmet: then print each
+    unmet one and return exit 78 with nothing created, booked or run. A single-instance lock is held
+    for the whole run; the inputs' fingerprint is recorded only when the job exited 0.
+    """
+    from dispatch.headers import declares_preflight
+
+    if not declares_preflight(request.argv):
+        return run()
+    from dispatch.preflight import check, declared
+
+    script = declared(request.argv)  # malformed: UsageError (2)
+    if script is None:
+        return run()
+    environ = os.environ if request.env is None else request.env
+    verdict, guard = check(settings, script, environ, force=request.force, hold=True)
+    if guard is None:
+        for line in [] if verdict.nothing_to_do else verdict.unmet_lines():
+            say(line)  # a skip (inputs unchanged) is said in one line: the summary
+        return Outcome(exit_code=int(ExitCode.NOT_RUN), outcome=ExitCode.NOT_RUN.outcome,
+                       host=settings.local.name, label=request.label or default_label(request.argv),
+                       argv=list(request.argv), message=verdict.summary())
+    if verdict.unmet:  # only the admission, overridden by --force
+        say(verdict.summary())
+    try:
+        outcome = run()
+        if outcome.exit_code == 0 and outcome.outcome == "exit":
+            try:
+                guard.succeeded()
+            except OSError as exc:
+                say(f"warning: the job succeeded, but its inputs could not be recorded: {exc}")
+        return outcome
+    finally:
+        guard.release()
+
+
+def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
+               on_wait: Callable[[Admission], None] | None = None) -> Outcome:
     if not request.argv:
         raise UsageError("no command given (usage: hostrun [OPTIONS] -- CMD [ARGS...])")
     host = settings.local

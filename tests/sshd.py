@@ -116,13 +116,18 @@ class SshdPeer:
             todo.extend(children.get(pid, []))
         return found
 
-    def freeze(self) -> None:
+    def _signal_all(self, sig: int) -> None:
         for pid in self.pids():
-            os.kill(pid, signal.SIGSTOP)
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass  # a session ended between listing and signalling
+
+    def freeze(self) -> None:
+        self._signal_all(signal.SIGSTOP)
 
     def thaw(self) -> None:
-        for pid in self.pids():
-            os.kill(pid, signal.SIGCONT)
+        self._signal_all(signal.SIGCONT)
 
     def stop(self) -> None:
         self.thaw()

@@ -1,0 +1,1207 @@
+#!/usr/bin/env python3
+"""``hostrun --peer -- true`` on a ~20,000-file, ~300 MB tree against the same work done by hand
+(rsync over the same warm ControlMaster, then ``ssh peer 'cd DIR && true'``), measured in the same run.
+
+What is measured
+----------------
+A tree is generated under /tmp (seeded: the same tree every run): ~16,800 small source-like files
+(0.3-9 KB) in ~800 nested directories, 200 larger binary files (~240 MiB in all), a ``.gitignore``
+ignoring ``target/`` and ``*.log``, and a ``target/`` with 3,000 build-output-like files (plus a few
+``*.log``): ~20,000 files, ~300 MB. It is a git repository with one commit (it has an index, as a real
+checkout does). One real OpenSSH peer is started with ``tests/sshd.py``'s ``SshdPeer`` on a loopback
+address (127.0.0.2 by default): its own sshd, keys, hostrun config, state dir, slice cgroup and home
+(the work root is ``<peer home>/hostrun-work``). The controller's private config enables peers and
+sets ``toolchain_probes = ["rsync --version"]``, as the tests do; hostrun runs from inside the tree.
+
+Warm-up (not timed): ``hostrun --peer -- true`` twice (config validation, agent upload, ControlMaster
+start, the full first sync; then nothing to sync), the second time with ``ssh``/``rsync`` wrappers
+first on its PATH that record the exact argv of every ssh and rsync it starts; then one by-hand run.
+
+The by-hand side is built from what hostrun really ran: the rsync is hostrun's own rsync argv
+(issue 4's ``-a --delete --modify-window=-1 --filter=':- .gitignore' --exclude=/.git/`` plus whatever
+hostrun adds, printed; its ``-e`` is checked against ``PeerClient(...).ssh.rsync_rsh()``), to the
+remote directory hostrun uses; the ssh is hostrun's own session argv (same options, same master) with
+``cd DIR && true`` as the command.
+
+Targets, four series interleaved (the order rotates every round, so all share the machine's noise),
+``--runs`` (>= 10, default 15) each:
+
+1. no change:   ``hostrun --config C --peer -- true``  vs  by hand (rsync, then ssh 'cd DIR && true')
+2. 10 touched:  the same two, but before EACH measured run (untimed) 10 random small tracked files are
+                rewritten with new content; after it, the peer's copies of those 10 are compared with
+                ours (a stale copy is a failure).
+
+Target: ratio of medians <= 1.1x in both cases (issue 4); stretch goal < 1.0x (reported only).
+
+Where the time goes (for the next engineer; printed after the targets):
+
+* PARTS, interleaved, medians: ``ssh peer1 true`` and ``ssh peer1 'cd DIR && true'`` through the master;
+  rsync alone; the peer's python start over ssh and alone; hostrun's probe session and run session
+  replayed exactly as recorded (the run with a ``true`` job, stdin held open as hostrun does) and the
+  agent's probe and run alone on this machine with the peer's environment (no ssh); a local
+  ``hostrun -- true`` (the same ``run_local``); ``hostrun --peer`` with its bytecode cached (``[*]``: a
+  private ``PYTHONPYCACHEPREFIX``); ``git rev-parse``; and for the stretch goal, what a fingerprint could
+  cost instead of rsync's walk: ``git status --porcelain``, a Python ``os.scandir`` stat walk, and an
+  rsync of only the touched files (``--files-from``). If the agent is shipped as a zipapp, a copy with
+  ``.pyc`` files added is measured too (``[pyc]``).
+* LOCAL STEPS: hostrun's local imports, config load and agent naming timed in-process.
+* TIMELINE of ``hostrun --peer -- true`` (median of ``--timeline-runs`` runs): ``strace -f -ttt
+  --seccomp-bpf -e trace=execve`` on the local side (when git, each ssh and rsync started and ended) and,
+  on the peer, a bash wrapper set as the peer's ``python`` in a second config, which stamps each agent's
+  start with ``$EPOCHREALTIME`` and ``exec``s python3. Each step is labelled (local start-up, ssh set-up,
+  the agent on the peer, rsync, local glue).
+* Import-time profiles of the local side and of the agent, then a summary with what each candidate
+  optimisation would save (estimated from the medians) and the ratio it would give.
+
+Isolation: a private temporary directory holds the tree, the controller's config (own ``state_dir``,
+slice cgroup ``<this process's memory cgroup>/hostrun-bench-<pid>``, own ``XDG_CACHE_HOME``) and the
+peer (slice cgroup ``<this process's memory cgroup>/hostrun-bench-peer1-<pid>``). In a ``finally`` block:
+the ControlMaster is stopped (``ssh -O exit``, then any process whose command line still names this
+run's control directory is killed by pid), sshd and everything below it is stopped, both slice cgroups
+and the directory (tree, peer copy) are removed. Bookings, job cgroups or processes left behind are
+reported first, as a failure; so are an agent re-sent during timing, a changed master and a peer copy
+that differs from the tree at the end (``rsync --dry-run``).
+
+Needs root, ``/usr/sbin/sshd`` (openssh-server), ``ssh``, ``rsync``, ``git``, ``bash``, a memory-cap
+backend (cgroup v1 on the reference machines), ~700 MB free under /tmp, and ``strace`` for the timeline
+(skipped without it). Standard library only, plus the repository's ``tests/sshd.py``; what comes from
+hostrun's code is read through a subprocess running hostrun's interpreter. Run by hand::
+
+    .venv/bin/python bench/bench_peer.py            # --runs 15 --timeline-runs 5 --snapshot --keep
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from tests.sshd import SshdPeer  # noqa: E402  (a real sshd peer, as in the tests)
+
+TARGET_RATIO = 1.1
+STRETCH_RATIO = 1.0
+MEMORY_MOUNT = "/sys/fs/cgroup/memory"
+PEER = "peer1"
+TOUCHED = 10
+SYNC_FLAGS = ["-a", "--delete", "--modify-window=-1", "--filter=:- .gitignore", "--exclude=/.git/"]
+
+# Run with hostrun's interpreter and environment: everything the by-hand side must copy from hostrun.
+INTROSPECT = r"""
+import json, sys
+import dispatch
+from dispatch import agent
+from dispatch.config import load_settings
+from dispatch.peer import _RUN, PeerClient
+settings = load_settings(sys.argv[1])
+host = settings.hosts[sys.argv[2]]
+client = PeerClient(settings, host)
+print(json.dumps({"rsh": client.ssh.rsync_rsh(), "base": client.ssh.base_argv(),
+                  "dest": client.ssh.destination, "ctl_dir": client.ssh.ctl_dir,
+                  "agent": agent.remote_path(), "run": _RUN, "python": client.python,
+                  "probes": list(settings.toolchain_probes), "code": dispatch.__file__}))
+"""
+
+# Run with the PEER's python: the agent zip plus each module's bytecode next to it (checked-hash
+# .pyc, which zipimport validates against the .py in the zip and ignores if the magic differs).
+ADD_PYC = r"""
+import importlib.util, sys, zipfile
+from importlib import _bootstrap_external as be
+src, dst = sys.argv[1:3]
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+    for info in zin.infolist():
+        data = zin.read(info)
+        zout.writestr(info, data)
+        if info.filename.endswith(".py"):
+            code = compile(data, dst + "/" + info.filename, "exec", dont_inherit=True)
+            pyc = be._code_to_hash_pyc(code, importlib.util.source_hash(data), checked=True)
+            out = zipfile.ZipInfo(info.filename[:-3] + ".pyc", date_time=info.date_time)
+            out.compress_type = zipfile.ZIP_DEFLATED
+            zout.writestr(out, bytes(pyc))
+"""
+
+# A stat walk of the tree (.git and the top-level target/ skipped): what a "cheap fingerprint" that
+# lets hostrun skip the rsync walk would cost at least.
+WALK = r"""
+import hashlib, os, sys, time
+t0 = time.perf_counter()
+root = sys.argv[1]
+h = hashlib.blake2b(digest_size=16)
+n = 0
+stack = [root]
+while stack:
+    d = stack.pop()
+    with os.scandir(d) as it:
+        for e in it:
+            if d == root and e.name in (".git", "target"):
+                continue
+            st = e.stat(follow_symlinks=False)
+            h.update(f"{e.path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_mode}\n".encode())
+            n += 1
+            if e.is_dir(follow_symlinks=False):
+                stack.append(e.path)
+print(n, h.hexdigest(), f"{(time.perf_counter() - t0) * 1000:.1f}")
+"""
+
+RUN_PATH_MODULES = ("import dispatch.agentmain, dispatch.agentrun, dispatch.runner, dispatch.ledger, "
+                    "dispatch.toolchain")
+
+# Run with hostrun's interpreter: the local steps of `hostrun --peer`, timed in-process.
+INPROC = r"""
+import json, sys, time
+out = []
+def step(label, fn):
+    t = time.perf_counter()
+    try:
+        fn()
+    except Exception as exc:
+        out.append([f"{label} (failed: {type(exc).__name__})", None])
+        return
+    out.append([label, (time.perf_counter() - t) * 1000])
+step("import dispatch.cli", lambda: __import__("dispatch.cli"))
+step("then import dispatch.peerrun (asyncio, zipfile, ... for --peer)",
+     lambda: __import__("dispatch.peerrun"))
+def settings():
+    from dispatch.config import load_settings
+    load_settings(sys.argv[1])
+step("load_settings(config) (from its marshal cache)", settings)
+def name():
+    from dispatch import agent
+    agent.remote_path()
+step("agent.remote_path(): zips + hashes the core (on every run)", name)
+print(json.dumps(out))
+"""
+
+
+# ---------------------------------------------------------------- shared setup helpers
+def find_hostrun(explicit: str | None) -> str:
+    path = explicit or os.path.join(os.path.dirname(sys.executable), "hostrun")
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        sys.exit(f"bench: hostrun not found at {path} (use --hostrun PATH or run with the venv python)")
+    return os.path.abspath(path)
+
+
+def interpreter_of(script: str) -> str:
+    """The Python a console script runs on (its ``#!`` line), else this interpreter."""
+    try:
+        with open(script, "rb") as fh:
+            first = fh.readline().decode("utf-8", "replace").strip()
+    except OSError:
+        return sys.executable
+    if first.startswith("#!"):
+        parts = first[2:].split()
+        if parts and os.path.basename(parts[0]) != "env" and os.access(parts[0], os.X_OK):
+            return parts[0]
+    return sys.executable
+
+
+def own_memory_cgroup() -> str | None:
+    with open("/proc/self/cgroup", encoding="utf-8") as fh:
+        for line in fh:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if "memory" in controllers.split(","):
+                return path
+    return None
+
+
+def private_env(tmp: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")  # hostrun's config cache goes here
+    env.pop("HOSTRUN_CONFIG", None)
+    return env
+
+
+def ledger_leftovers(state_dir: str, who: str) -> list[str]:
+    found: list[str] = []
+    db = os.path.join(state_dir, "ledger.sqlite3")
+    if os.path.exists(db):
+        try:
+            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+            try:
+                rows = conn.execute("SELECT id, state, label, pid, size FROM bookings").fetchall()
+            finally:
+                conn.close()
+            found += [f"{who}: ledger booking left: id={r[0]} state={r[1]} label={r[2]} pid={r[3]} "
+                      f"size={r[4]}" for r in rows]
+        except sqlite3.Error as exc:
+            if "no such table" not in str(exc):
+                found.append(f"{who}: could not read ledger {db}: {exc}")
+    return found
+
+
+def cgroup_leftovers(slice_dir: str | None, who: str) -> list[str]:
+    found: list[str] = []
+    if slice_dir and os.path.isdir(slice_dir):
+        for dirpath, dirnames, _ in os.walk(slice_dir):
+            for name in dirnames:
+                found.append(f"{who}: cgroup left: {os.path.join(dirpath, name)}")
+            try:
+                with open(os.path.join(dirpath, "cgroup.procs"), encoding="utf-8") as fh:
+                    pids = fh.read().split()
+            except OSError:
+                pids = []
+            if pids:
+                found.append(f"{who}: processes left in {dirpath}: {' '.join(pids)}")
+    return found
+
+
+def remove_slice(slice_dir: str | None) -> None:
+    """rmdir the slice and any (empty) job cgroups under it, deepest first."""
+    if not slice_dir or not os.path.isdir(slice_dir):
+        return
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            for dirpath, _, _ in sorted(os.walk(slice_dir), key=lambda w: -w[0].count("/")):
+                if os.path.isdir(dirpath):
+                    os.rmdir(dirpath)
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                print(f"bench: warning: could not remove {slice_dir}: {exc}", file=sys.stderr)
+                return
+            time.sleep(0.1)
+
+
+def pct(values: list[float], q: int) -> float:
+    """q-th percentile (inclusive method), q in 1..99."""
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def sources_digest(root: str) -> str:
+    """Names, sizes and mtimes of ROOT/dispatch/**.py: the agent's name changes with them."""
+    parts = []
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, "dispatch")):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(f for f in filenames if f.endswith(".py")):
+            st = os.stat(os.path.join(dirpath, name))
+            parts.append(f"{dirpath}/{name}:{st.st_size}:{st.st_mtime_ns}")
+    return "\n".join(parts)
+
+
+def agents_in(directory: Path) -> list[str]:
+    """The agents sent to the peer (``agent-*``, zipapps or unpacked directories), not temporaries."""
+    return sorted(p.name for p in directory.glob("agent-*") if ".tmp" not in p.name)
+
+
+# ---------------------------------------------------------------- ssh master handling
+def pids_with(marker: str) -> list[int]:
+    """Processes whose command line contains ``marker`` (this run's private control dir). A master
+    renames itself ``ssh: DIR/HASH [mux]``; its clients carry ``ControlPath=DIR/%C``: ``DIR/`` matches
+    both."""
+    found = []
+    needle = marker.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue
+        if needle in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def master_check(base: list[str], dest: str) -> str:
+    proc = subprocess.run([*base, "-O", "check", dest], capture_output=True, text=True, timeout=10)
+    return (proc.stderr.strip() or proc.stdout.strip()) if proc.returncode == 0 else ""
+
+
+def stop_master(base: list[str], dest: str, ctl_dir: str) -> None:
+    """``ssh -O exit``; then kill, by pid, whatever still names this run's control directory."""
+    if base:
+        subprocess.run([*base, "-O", "exit", dest], capture_output=True, timeout=10, check=False)
+    marker = ctl_dir.rstrip("/") + "/"
+    deadline = time.monotonic() + 2.0
+    while pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for pid in pids_with(marker):
+        print(f"bench: warning: ssh process {pid} still up after -O exit; killing it", file=sys.stderr)
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+# ---------------------------------------------------------------- the tree
+WORDS = ("let mut fn impl struct enum match self return pub use mod crate super where async await "
+         "Result Option Some None Ok Err Vec String usize u64 i32 bool true false config state "
+         "buffer index value count path node edge graph cache reader writer handle error parse "
+         "build target source module item entry field range slice token frame batch worker").split()
+
+
+def source_lines(rng: random.Random, n: int) -> list[str]:
+    lines = []
+    for _ in range(n):
+        indent = "    " * rng.randint(0, 3)
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 9)))
+        tail = rng.choice((";", " {", "}", ",", "", ")", " // " + rng.choice(WORDS)))
+        lines.append(f"{indent}{words}{tail}\n")
+    return lines
+
+
+def source_text(rng: random.Random, lines: list[str], tag: str) -> bytes:
+    size = int(rng.lognormvariate(7.7, 0.6))  # median ~2.2 KB, mean ~2.7 KB
+    size = max(300, min(size, 9000))
+    out = [f"// {tag}\n"]
+    total = len(out[0])
+    while total < size:
+        line = rng.choice(lines)
+        out.append(line)
+        total += len(line)
+    return "".join(out).encode()
+
+
+class Tree:
+    def __init__(self, root: str, small: list[str], counts: dict[str, tuple[int, int]]) -> None:
+        self.root = root
+        self.small = small  # tracked small files, relative paths
+        self.counts = counts  # kind -> (files, bytes)
+
+
+def make_tree(root: str, seed: int, small_n: int, large_n: int, large_mb: int, target_n: int) -> Tree:
+    rng = random.Random(seed)
+    lines = source_lines(rng, 4000)
+    os.makedirs(root)
+    counts = {"small": [0, 0], "large": [0, 0], "ignored": [0, 0]}
+
+    def write(rel: str, data: bytes, kind: str) -> None:
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(data)
+        counts[kind][0] += 1
+        counts[kind][1] += len(data)
+
+    write(".gitignore", b"target/\n*.log\n", "small")
+    small: list[str] = []
+    groups = (("crates", ".rs", 0.55), ("python", ".py", 0.2), ("web/src", ".ts", 0.15),
+              ("docs", ".md", 0.06), ("config", ".toml", 0.04))
+    for top, ext, share in groups:
+        n = int(small_n * share)
+        per_dir = 21
+        for i in range(n):
+            d = i // per_dir
+            # nested: top/aNN/bNN[/cNN]
+            parts = [top, f"a{d // 40:02d}", f"b{d % 40:02d}"]
+            if d % 3 == 0:
+                parts.append(f"c{d % 7}")
+            rel = "/".join([*parts, f"f{i % per_dir:02d}_{rng.choice(WORDS)}{ext}"])
+            write(rel, source_text(rng, lines, rel), "small")
+            small.append(rel)
+    sizes = [rng.uniform(0.2, 1.8) for _ in range(large_n)]
+    scale = large_mb * (1 << 20) / sum(sizes)
+    for i, s in enumerate(sizes):
+        sub = ("assets/textures", "assets/models", "data/fixtures", "vendor/blobs")[i % 4]
+        write(f"{sub}/blob_{i:03d}.bin", rng.randbytes(int(s * scale)), "large")
+    for i in range(target_n):
+        sub = ("debug/deps", "debug/build", "debug/incremental", "release/deps")[i % 4]
+        write(f"target/{sub}/{i // 250:02d}/obj_{i:04d}.o", rng.randbytes(rng.randint(1000, 7000)),
+              "ignored")
+    for i in range(5):
+        write(f"build-{i}.log", b"ignored log line\n" * 200, "ignored")
+    git = ["git", "-C", root, "-c", "gc.auto=0", "-c", "core.looseCompression=1",
+           "-c", "user.name=bench", "-c", "user.email=bench@localhost"]
+    subprocess.run(["git", "init", "-q", root], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "generated tree"], check=True)
+    return Tree(root, small, {k: (v[0], v[1]) for k, v in counts.items()})
+
+
+def touch_files(tree: Tree, rng: random.Random, lines: list[str], n: int) -> list[str]:
+    """Rewrite ``n`` random small tracked files with new content; returns their relative paths."""
+    chosen = rng.sample(tree.small, n)
+    for rel in chosen:
+        data = source_text(rng, lines, f"{rel} rewritten {time.time_ns()}")
+        with open(os.path.join(tree.root, rel), "wb") as fh:
+            fh.write(data)
+    return chosen
+
+
+# ---------------------------------------------------------------- series
+class Series:
+    def __init__(self, key: str, label: str, steps: list[list[str]], env: dict[str, str], cwd: str,
+                 before: Callable[[], object] | None = None,
+                 after: Callable[[object], str | None] | None = None, hold_stdin: bool = False) -> None:
+        self.key, self.label, self.steps, self.env, self.cwd = key, label, steps, env, cwd
+        self.hold_stdin = hold_stdin  # stdin a pipe kept open until the command exits (the agent's
+        # run reads control frames there and stops the job when it closes)
+        self.before = before  # run (untimed) before every timed run; its value goes to ``after``
+        self.after = after  # untimed check after every run; returns a failure or None
+        self.times: list[float] = []
+        self.failures: list[str] = []
+        self.last_stdout = b""
+
+    def run_once(self, i: int) -> None:
+        token = self.before() if self.before is not None else None
+        r, w = os.pipe() if self.hold_stdin else (subprocess.DEVNULL, -1)
+        t0 = time.perf_counter()
+        try:
+            for argv in self.steps:  # one after the other, as by hand; stop at the first failure
+                proc = subprocess.run(argv, env=self.env, cwd=self.cwd, stdin=r, capture_output=True)
+                if proc.returncode != 0:
+                    break
+            self.times.append(time.perf_counter() - t0)
+        finally:
+            if self.hold_stdin:
+                os.close(r)
+                os.close(w)
+        self.last_stdout = proc.stdout
+        if proc.returncode != 0:
+            err = proc.stderr.decode("utf-8", "replace").strip()[-300:]
+            self.failures.append(f"run {i} {self.key}: {os.path.basename(argv[0])} exit "
+                                 f"{proc.returncode}: {err}")
+            return
+        if self.after is not None:
+            problem = self.after(token)
+            if problem:
+                self.failures.append(f"run {i} {self.key}: {problem}")
+
+
+def run_phase(series: list[Series], runs: int) -> None:
+    for i in range(runs):
+        k = i % len(series)
+        for s in series[k:] + series[:k]:  # rotate: share the noise
+            s.run_once(i)
+
+
+def print_table(title: str, series: list[Series]) -> dict[str, float]:
+    print(f"\n{title}; wall time in ms")
+    print(f"  {'':58} {'median':>8} {'p10':>8} {'p90':>8} {'min':>8} {'max':>8}")
+    med = {}
+    for s in series:
+        v = s.times
+        med[s.key] = statistics.median(v)
+        print(f"  {s.label:58} {med[s.key] * 1000:8.1f} {pct(v, 10) * 1000:8.1f} "
+              f"{pct(v, 90) * 1000:8.1f} {min(v) * 1000:8.1f} {max(v) * 1000:8.1f}")
+    return med
+
+
+# ---------------------------------------------------------------- capturing hostrun's own commands
+CAPTURE = """#!/bin/bash
+printf '%s\\0' "$@" > {log}/"$EPOCHREALTIME-{name}-$$"
+exec {real} "$@"
+"""
+
+
+def capture_bin(directory: str, log: str) -> None:
+    """``ssh`` and ``rsync`` wrappers that log their argv (NUL-separated, one file per call) and exec
+    the real ones: put ``directory`` first on hostrun's PATH to see exactly what it runs."""
+    os.makedirs(directory)
+    os.makedirs(log)
+    for name in ("ssh", "rsync"):
+        real = shutil.which(name)
+        path = os.path.join(directory, name)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(CAPTURE.format(log=shlex.quote(log), name=name, real=shlex.quote(str(real))))
+        os.chmod(path, 0o755)
+
+
+def captured(log: str) -> list[tuple[str, list[str]]]:
+    """[(program, argv without argv[0])] in the order they were started."""
+    calls = []
+    for entry in sorted(os.listdir(log), key=lambda e: float(e.split("-", 1)[0])):
+        with open(os.path.join(log, entry), "rb") as fh:
+            words = fh.read().decode("utf-8", "surrogateescape").split("\0")[:-1]
+        calls.append((entry.split("-")[1], words))
+    return calls
+
+
+def agent_call(remote: str) -> tuple[str, str, list[str]] | None:
+    """(agent path, python, agent argv) of an ssh remote command that runs the agent, else None."""
+    try:
+        words = shlex.split(remote)
+    except ValueError:
+        return None
+    if "hostrun-agent" not in words:
+        return None
+    i = words.index("hostrun-agent")
+    return words[i + 1], words[i + 2], words[i + 3:]
+
+
+# ---------------------------------------------------------------- timeline (strace + peer stamps)
+EXEC_RE = re.compile(r"^(\d+)\s+([\d.]+)\s+(execve\(.*)$")
+EXIT_RE = re.compile(r"^(\d+)\s+([\d.]+)\s+\+\+\+ (?:exited with|killed by)")
+RESUMED_RE = re.compile(r"^(\d+)\s+([\d.]+)\s+<\.\.\. execve resumed>.*= 0")
+PROG_RE = re.compile(r'execve\("([^"]*)"')
+
+
+def parse_strace(path: str) -> tuple[list[tuple[float, int, str]], dict[int, float]]:
+    """([(time, pid, the execve line)] of successful execs, {pid: exit time})."""
+    execs: list[tuple[float, int, str]] = []
+    pending: dict[int, tuple[float, str]] = {}
+    exits: dict[int, float] = {}
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            m = EXEC_RE.match(line)
+            if m:
+                pid, ts, text = int(m.group(1)), float(m.group(2)), m.group(3)
+                if line.rstrip().endswith("= 0"):
+                    execs.append((ts, pid, text))
+                elif "<unfinished" in line:
+                    pending[pid] = (ts, text)
+                continue
+            m = RESUMED_RE.match(line)
+            if m and int(m.group(1)) in pending:
+                ts, text = pending.pop(int(m.group(1)))
+                execs.append((ts, int(m.group(1)), text))
+                continue
+            m = EXIT_RE.match(line)
+            if m:
+                exits[int(m.group(1))] = float(m.group(2))
+    return execs, exits
+
+
+def timeline_once(argv: list[str], env: dict[str, str], cwd: str, trace: str, stamps: str
+                  ) -> tuple[list[tuple[str, float]], float, float, str]:
+    """One straced run: ([(segment, seconds)] in order, total, wall, problem)."""
+    if os.path.exists(stamps):
+        os.unlink(stamps)
+    t0 = time.perf_counter()
+    proc = subprocess.run(["strace", "-f", "-ttt", "-s", "65536", "--seccomp-bpf", "-e", "trace=execve",
+                           "-e", "signal=none", "-o", trace, *argv], env=env, cwd=cwd,
+                          stdin=subprocess.DEVNULL, capture_output=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return [], 0.0, wall, f"exit {proc.returncode}: {proc.stderr.decode('utf-8', 'replace')[-300:]}"
+    execs, exits = parse_strace(trace)
+    peer: list[tuple[float, str]] = []
+    if os.path.exists(stamps):
+        with open(stamps, encoding="utf-8") as fh:
+            for line in fh:
+                stamp, _, command = line.strip().partition(" ")
+                peer.append((float(stamp), command))
+    if not execs:
+        return [], 0.0, wall, "no execve in the trace"
+    start, root = execs[0][0], execs[0][1]
+    end = exits.get(root, start)
+    acts: list[tuple[float, float, str]] = []
+    rsync_spans: list[tuple[float, float]] = []
+    for ts, pid, text in execs[1:]:
+        m = PROG_RE.match(text)
+        prog = os.path.basename(m.group(1)) if m else "?"
+        stop = exits.get(pid, ts)
+        if any(a <= ts <= b for a, b in rsync_spans):
+            continue  # rsync's own ssh
+        if prog == "rsync" and '"-e"' in text:
+            acts.append((ts, stop, "rsync (walk both sides; sends only what changed)"))
+            rsync_spans.append((ts, stop))
+        elif prog == "ssh" and "hostrun-agent" in text:
+            if peer:
+                p_ts, command = peer.pop(0)
+                acts.append((ts, p_ts, f"{command}: ssh via the master + shell, to the agent's start"))
+                acts.append((p_ts, stop, f"{command}: the agent on the peer, until its ssh ends"))
+            else:
+                acts.append((ts, stop, "ssh session running the agent (no peer stamp)"))
+        elif prog == "git":
+            sub = re.findall(r'"([^"]*)"', text)[2:3]
+            acts.append((ts, stop, f"git {' '.join(sub)}"))
+        else:
+            acts.append((ts, stop, f"exec {prog}"))
+    acts.sort()
+    segments: list[tuple[str, float]] = []
+    cursor, previous = start, "hostrun's exec"
+    for a, b, label in acts:
+        if a > cursor:
+            gap = ("local start-up: interpreter, imports, config, ..." if previous == "hostrun's exec"
+                   else f"local, after {previous.split(':')[0]}")
+            segments.append((gap, a - cursor))
+        elif a < cursor:
+            label += " [overlaps the previous step]"
+        segments.append((label, b - a))
+        cursor, previous = max(cursor, b), label
+    segments.append((f"local, after {previous.split(':')[0]}, to exit", end - cursor))
+    return segments, end - start, wall, ""
+
+
+# ---------------------------------------------------------------- import-time profiles
+def importtime_profile(python: str, args: list[str], shown: str, env: dict[str, str], cwd: str,
+                       top: int, repeat: int = 5) -> list[tuple[int, int, str]]:
+    """One ``-X importtime`` run is noisy: run it ``repeat`` times and show the median run."""
+    argv = [python, "-X", "importtime", *args]
+    runs = []
+    for _ in range(repeat):
+        proc = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        rows: list[tuple[int, int, str]] = []
+        other: list[str] = []
+        for line in proc.stderr.decode("utf-8", "replace").splitlines():
+            if not line.startswith("import time:"):
+                other.append(line)
+                continue
+            parts = line[len("import time:"):].split("|")
+            try:
+                rows.append((int(parts[0]), int(parts[1]), parts[2].rstrip()))
+            except (ValueError, IndexError):
+                continue  # the header line
+        runs.append((sum(r[1] for r in rows if not r[2].startswith("  ")), proc.returncode, rows, other))
+    runs.sort(key=lambda r: r[0])
+    total_top, returncode, rows, other = runs[len(runs) // 2]
+    print(f"\nImport-time profile, {shown} (median of {repeat} runs by total):")
+    print(f"  {os.path.basename(python)} -X importtime {' '.join(shlex.quote(a) for a in args)[:150]}"
+          f"  (exit {returncode})")
+    if not rows:
+        print("  (no importtime output)")
+        return rows
+
+    def family(prefix: str) -> float:
+        return sum(r[0] for r in rows if r[2].strip().split(".")[0] == prefix) / 1000
+
+    print(f"  {len(rows)} modules imported, {total_top / 1000:.1f} ms in all (sum of top-level "
+          f"cumulative); own time of dispatch.* {family('dispatch'):.1f} ms, asyncio.* "
+          f"{family('asyncio'):.1f} ms")
+    if top > 0:
+        print(f"  top {top} by cumulative time:")
+        print(f"  {'cumul ms':>9} {'self ms':>8}  module")
+        for self_us, cum_us, name in sorted(rows, key=lambda r: -r[1])[:top]:
+            print(f"  {cum_us / 1000:9.1f} {self_us / 1000:8.1f}  {name}")
+    if other and returncode != 0:
+        print("  stderr besides importtime:")
+        for line in other[-10:]:
+            print(f"    {line}")
+    return rows
+
+
+
+# ---------------------------------------------------------------- main
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=15, help="measured runs of each series (>= 10)")
+    ap.add_argument("--timeline-runs", type=int, default=5,
+                    help="straced runs for the timeline (median per step; 0 skips it)")
+    ap.add_argument("--hostrun", metavar="PATH",
+                    help="hostrun executable (default: <dir of sys.executable>/hostrun)")
+    ap.add_argument("--address", default="127.0.0.2", help="loopback address of the peer's sshd")
+    ap.add_argument("--seed", type=int, default=4, help="seed of the generated tree and the touches")
+    ap.add_argument("--files", type=int, default=16800, help="small tracked files (default 16800)")
+    ap.add_argument("--large", type=int, default=200, help="large tracked files (default 200)")
+    ap.add_argument("--large-mb", type=int, default=240, help="their total size in MiB (default 240)")
+    ap.add_argument("--ignored", type=int, default=3000, help="files under target/ (default 3000)")
+    ap.add_argument("--top", type=int, default=12, help="import-time entries to show (default 12)")
+    ap.add_argument("--snapshot", action="store_true",
+                    help="run hostrun on a copy of dispatch/ taken at the start (PYTHONPATH), so edits "
+                         "to the tree during the run cannot change the code measured")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the temporary directory (tree, peer copy, traces); sshd, the master "
+                         "and the cgroups are still removed")
+    args = ap.parse_args()
+    if args.runs < 10:
+        ap.error("--runs must be at least 10 (medians of >= 10 runs)")
+    if os.geteuid() != 0:
+        sys.exit("bench: needs root (sshd privilege separation, memory cgroups)")
+    for tool in ("ssh", "rsync", "git"):
+        if shutil.which(tool) is None:
+            sys.exit(f"bench: needs {tool}")
+    if not os.path.exists("/usr/sbin/sshd"):
+        sys.exit("bench: needs /usr/sbin/sshd (openssh-server)")
+    have_strace = shutil.which("strace") is not None
+
+    hostrun = find_hostrun(args.hostrun)
+    python = interpreter_of(hostrun)
+    tmp = tempfile.mkdtemp(prefix="hostrun-bench-peer-", dir="/tmp")
+    own = (own_memory_cgroup() or "").rstrip("/")
+    slice_rel = f"{own}/hostrun-bench-{os.getpid()}"
+    peer_rel = f"{own}/hostrun-bench-{PEER}-{os.getpid()}"
+    mount_ok = os.path.isdir(MEMORY_MOUNT)
+    slice_dir = MEMORY_MOUNT + slice_rel if mount_ok else None
+    peer_slice_dir = MEMORY_MOUNT + peer_rel if mount_ok else None
+    state_dir = os.path.join(tmp, "state")
+    peer: SshdPeer | None = None
+    master: tuple[list[str], str, str] | None = None  # (ssh argv prefix, destination, control dir)
+    cleaned = False
+    try:
+        # --- the tree ----------------------------------------------------------------------
+        t0 = time.perf_counter()
+        tree = make_tree(os.path.join(tmp, "tree"), args.seed, args.files, args.large, args.large_mb,
+                         args.ignored)
+        made = time.perf_counter() - t0
+        files = sum(c[0] for c in tree.counts.values())
+        size = sum(c[1] for c in tree.counts.values())
+        mb = 1 << 20
+        print(f"tree:         {tree.root}: {files} files, {size / mb:.0f} MiB "
+              f"(tracked: {tree.counts['small'][0]} small = {tree.counts['small'][1] / mb:.0f} MiB, "
+              f"{tree.counts['large'][0]} large = {tree.counts['large'][1] / mb:.0f} MiB; "
+              f"ignored: {tree.counts['ignored'][0]} = {tree.counts['ignored'][1] / mb:.0f} MiB "
+              f"under target/ and *.log); git repo, 1 commit; made in {made:.1f} s")
+
+        # --- the peer and the configs -------------------------------------------------------
+        root = Path(tmp) / f"peer-{PEER}"
+        root.mkdir()
+        peer = SshdPeer(root, PEER, args.address, peer_rel, slice="300M")
+        peer.start()
+        top = 'enable_across_machines = true\ntoolchain_probes = ["rsync --version"]\n'
+        local = f'[hosts.local]\nslice = "300M"\ncgroup = "{slice_rel}"\n'
+        config = os.path.join(tmp, "hosts.toml")
+        with open(config, "w", encoding="utf-8") as fh:
+            fh.write(f'state_dir = "{state_dir}"\n{top}\n{local}\n{peer.host_table()}')
+        peer_env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    "HOME": str(peer.home), "HOSTRUN_CONFIG": str(peer.peer_config),
+                    "XDG_CACHE_HOME": str(peer.home / ".cache"), "PYTHONDONTWRITEBYTECODE": "1"}
+        peer_python = shutil.which("python3", path=peer_env["PATH"]) or "python3"
+        # The timeline's config: the same, but the peer's "python" is a wrapper that stamps each
+        # agent start (bash's $EPOCHREALTIME: no fork) and execs the real one.
+        stamps = os.path.join(tmp, "peer-stamps.txt")
+        wrapper = os.path.join(tmp, "stamp-python3")
+        with open(wrapper, "w", encoding="utf-8") as fh:
+            fh.write(f"#!/bin/bash\nprintf '%s %s\\n' \"$EPOCHREALTIME\" \"$3\" >> {shlex.quote(stamps)}\n"
+                     f"exec {shlex.quote(peer_python)} \"$@\"\n")
+        os.chmod(wrapper, 0o755)
+        config_tl = os.path.join(tmp, "hosts-timeline.toml")
+        with open(config_tl, "w", encoding="utf-8") as fh:
+            fh.write(f'state_dir = "{state_dir}"\n{top}\n{local}\n'
+                     f'{peer.host_table(f"python = {json.dumps(wrapper)}")}')
+
+        env = private_env(tmp)
+        code_root = REPO
+        if args.snapshot:  # hostrun imports this copy of dispatch/ (PYTHONPATH comes before the .pth)
+            code_root = os.path.join(tmp, "snapshot")
+            shutil.copytree(os.path.join(REPO, "dispatch"), os.path.join(code_root, "dispatch"),
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (code_root, env.get("PYTHONPATH")) if p)
+        env_cached = dict(env, PYTHONPYCACHEPREFIX=os.path.join(tmp, "pycache"))
+        env_cached.pop("PYTHONDONTWRITEBYTECODE", None)
+        tree_before = sources_digest(REPO)
+        proc = subprocess.run([python, "-c", INTROSPECT, config, PEER], env=env, cwd=tmp,
+                              capture_output=True, text=True)
+        info: dict[str, Any] = json.loads(proc.stdout) if proc.returncode == 0 else {}
+        if not info:
+            print(f"bench: warning: cannot read PeerClient(...).ssh from hostrun's code (using what "
+                  f"hostrun ran instead): {proc.stderr.strip()[-300:]}", file=sys.stderr)
+
+        version = subprocess.run([python, "-c", "import sys; print(sys.version.split()[0])"],
+                                 capture_output=True, text=True).stdout.strip()
+        peer_version = subprocess.run([peer_python, "-c", "import sys; print(sys.version.split()[0])"],
+                                      capture_output=True, text=True).stdout.strip()
+        rsync_version = subprocess.run(["rsync", "--version"], capture_output=True,
+                                       text=True).stdout.splitlines()[0]
+        ssh_version = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
+        print(f"hostrun:      {hostrun}")
+        print(f"interpreter:  {python} (Python {version}); code {code_root}/dispatch"
+              f"{' (snapshot, on PYTHONPATH)' if args.snapshot else ''}")
+        print(f"config:       {config} (state_dir {state_dir}; probes {info.get('probes')})")
+        print(f"slices:       local {slice_dir or '(hostrun default)'}\n"
+              f"              {PEER} {peer_slice_dir or '(hostrun default)'}")
+        print(f"peer:         sshd on {peer.address}:{peer.port} (this machine; ssh_config "
+              f"{peer.ssh_config}); agent runs on {peer_python} (Python {peer_version})")
+        print(f"tools:        {ssh_version}; {rsync_version}")
+        print(f"machine:      {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+        print(f"environment:  PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}")
+
+        # --- warm-up; the second run with ssh/rsync wrappers that record what hostrun runs ----------
+        hostrun_true = [hostrun, "--config", config, "--peer", "--", "true"]
+        capture_dir, capture_log = os.path.join(tmp, "capture-bin"), os.path.join(tmp, "capture-log")
+        capture_bin(capture_dir, capture_log)
+        env_capture = dict(env, PATH=f"{capture_dir}{os.pathsep}{env.get('PATH', '')}")
+        for i, (what, run_env) in enumerate((
+                ("config validation, agent upload, master start, first full sync", env),
+                ("nothing to sync; ssh and rsync recorded", env_capture))):
+            t0 = time.perf_counter()
+            proc = subprocess.run(hostrun_true, env=run_env, cwd=tree.root, capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+            print(f"warm-up {i + 1} ({what}): {wall * 1000:.1f} ms, exit {proc.returncode}")
+            if proc.returncode != 0:
+                print(f"hostrun --peer failed in the warm-up:\n{proc.stdout}\n{proc.stderr}",
+                      file=sys.stderr)
+                return 1
+        calls = captured(capture_log)
+        syncs = [a for prog, a in calls if prog == "rsync" and "-e" in a]
+        sessions = [a for prog, a in calls if prog == "ssh" and not any("rsync --server" in w for w in a)]
+        agent_calls = [(a, agent_call(a[-1])) for a in sessions if a and agent_call(a[-1])]
+        probes = [(a, c) for a, c in agent_calls if c and c[2][:1] == ["probe"]]
+        if len(syncs) != 1 or not probes:
+            print(f"bench: expected one rsync and a probe session from hostrun, recorded: "
+                  f"{[(p, [*a[:3], '...', a[-1][:80]]) for p, a in calls]}", file=sys.stderr)
+            return 1
+        rsync_args = syncs[0]
+        rsync_cmd = ["rsync", *rsync_args]
+        rsh = rsync_args[rsync_args.index("-e") + 1]
+        dest, _, remote = rsync_args[-1].partition(":")
+        remote = remote.rstrip("/")
+        probe_argv, (agent_rel, agent_py, agent_args) = probes[0]
+        probe_cmd = ["ssh", *probe_argv]
+        runs_recorded = [(a, c) for a, c in agent_calls if c and c[2][:1] == ["run"]]
+        ssh_prefix = ["ssh", *probe_argv[:-1]]  # hostrun's session argv: options, -T, peer1, --
+        ssh_cd = [*ssh_prefix, f"cd {shlex.quote(remote)} && true"]
+        ctl_dir = str(info.get("ctl_dir") or "")
+        if not ctl_dir:
+            paths = [w.split("=", 1)[1] for w in probe_argv if w.startswith("ControlPath=")]
+            ctl_dir = os.path.dirname(paths[0]) if paths else os.path.join(state_dir, "ssh")
+        master = ([a for a in ssh_prefix if a not in ("-T", "--")][:-1], dest, ctl_dir)
+        missing = [f for f in SYNC_FLAGS if f not in rsync_args]
+        extra = [a for a in rsync_args[:-2] if a not in SYNC_FLAGS and a not in ("-e", rsh)]
+        agent_file = peer.home / agent_rel
+        if not agent_file.exists() or not os.path.isdir(remote):
+            print(f"bench: agent {agent_file} or remote dir {remote} missing after the warm-up",
+                  file=sys.stderr)
+            return 1
+        agent_dir = agent_file.parent
+        agent_mtime = agent_file.stat().st_mtime_ns
+        agents_before = agents_in(agent_dir)
+        agent_zipped = agent_file.is_file() and zipfile.is_zipfile(agent_file)
+        if agent_zipped:
+            agent_kind = f"a zipapp, {agent_file.stat().st_size} bytes"
+        else:
+            compiled = sum(1 for _ in agent_file.rglob("__pycache__/*.pyc"))
+            agent_kind = f"a directory, {compiled} .pyc file(s) under __pycache__"
+        t0 = time.perf_counter()
+        warm = [subprocess.run(a, cwd=tree.root, env=env, capture_output=True) for a in (rsync_cmd, ssh_cd)]
+        print(f"warm-up 3 (by hand): {(time.perf_counter() - t0) * 1000:.1f} ms, exit "
+              f"{[p.returncode for p in warm]}")
+        if any(p.returncode != 0 for p in warm):
+            print(f"by-hand run failed: {[p.stderr for p in warm]}", file=sys.stderr)
+            return 1
+        master_before = master_check(master[0], dest)
+        print(f"recorded:     {len(calls)} ssh/rsync calls from one `hostrun --peer -- true`: "
+              f"{', '.join(c[2][0] if c else '?' for _, c in agent_calls)} agent session(s), "
+              f"{len(syncs)} rsync")
+        same = ("== PeerClient(...).ssh.rsync_rsh()" if rsh == info.get("rsh")
+                else f"DIFFERS FROM PeerClient(...).ssh.rsync_rsh(): {info.get('rsh')}")
+        print(f"rsync -e:     {rsh}\n              {same}")
+        print(f"rsync flags:  hostrun's = issue 4's list {'+ ' + ' '.join(extra) if extra else '(exactly)'}"
+              f"{'; MISSING ' + ' '.join(missing) if missing else ''} (the by-hand rsync uses hostrun's)")
+        print(f"remote dir:   {dest}:{remote}")
+        print(f"agent:        {agent_file} ({agent_kind}), present before timing")
+        print(f"master:       {master_before or 'NOT RUNNING'}")
+        print(f"by hand:      {shlex.join(rsync_cmd)}\n              {shlex.join(ssh_cd)}")
+
+        # --- the targets ---------------------------------------------------------------------
+        rng = random.Random(args.seed + 1)
+        lines = source_lines(random.Random(args.seed + 2), 4000)
+
+        def touch() -> list[str]:
+            return touch_files(tree, rng, lines, TOUCHED)
+
+        def arrived(token: object) -> str | None:
+            stale = []
+            for rel in token:  # type: ignore[attr-defined]
+                with open(os.path.join(tree.root, rel), "rb") as a:
+                    ours = a.read()
+                try:
+                    with open(os.path.join(remote, rel), "rb") as b:
+                        theirs: bytes | None = b.read()
+                except OSError:
+                    theirs = None
+                if ours != theirs:
+                    stale.append(rel)
+            return f"{len(stale)} touched file(s) not synced: {stale[:3]}" if stale else None
+
+        main_series = [
+            Series("h0", "no change: hostrun --peer -- true", [hostrun_true], env, tree.root),
+            Series("b0", "no change: by hand (rsync; ssh 'cd DIR && true')", [rsync_cmd, ssh_cd], env,
+                   tree.root),
+            Series("h10", f"{TOUCHED} touched: hostrun --peer -- true", [hostrun_true], env, tree.root,
+                   before=touch, after=arrived),
+            Series("b10", f"{TOUCHED} touched: by hand (rsync; ssh 'cd DIR && true')",
+                   [rsync_cmd, ssh_cd], env, tree.root, before=touch, after=arrived),
+        ]
+        run_phase(main_series, args.runs)
+        med = print_table(f"TARGETS: {args.runs} runs each, interleaved, warm ControlMaster",
+                          main_series)
+        ok = True
+        print()
+        for case, h, b in (("no change", "h0", "b0"), (f"{TOUCHED} touched", "h10", "b10")):
+            ratio = med[h] / med[b]
+            verdict = "PASS" if ratio <= TARGET_RATIO else "FAIL"
+            stretch = "met" if ratio < STRETCH_RATIO else "not met"
+            ok &= verdict == "PASS"
+            print(f"  {case:11}: hostrun / by hand = {ratio:.2f}x "
+                  f"(hostrun {(med[h] - med[b]) * 1000:+.1f} ms)  target <= {TARGET_RATIO}x -> {verdict}; "
+                  f"stretch < {STRETCH_RATIO:.1f}x {stretch}")
+        failures = [f for s in main_series for f in s.failures]
+        notes: list[str] = []
+
+        # --- where the time goes: parts --------------------------------------------------------
+        variants: list[Series] = []
+        pyc_zip = os.path.join(str(peer.home), "bench", "agent-with-pyc.pyz")
+        if agent_zipped:  # what bytecode in the zip would save: a copy with .pyc next to each .py
+            os.makedirs(os.path.dirname(pyc_zip))
+            subprocess.run([peer_python, "-I", "-c", ADD_PYC, str(agent_file), pyc_zip], check=True)
+            pyc_rel = os.path.relpath(pyc_zip, peer.home)
+            probe_pyc_cmd = [*probe_cmd[:-1], probe_cmd[-1].replace(agent_rel, pyc_rel)]
+            variants = [
+                Series("probe_pyc", "  the same, agent zip with .pyc added [pyc]", [probe_pyc_cmd], env,
+                       tree.root),
+                Series("agent_pyc", "  agent alone, zip with .pyc added [pyc]",
+                       [[peer_python, "-I", pyc_zip, *agent_args]], peer_env, str(peer.home)),
+            ]
+        changed_list = os.path.join(tmp, "changed.txt")
+
+        def touch_listed() -> list[str]:
+            chosen = touch()
+            with open(changed_list, "w", encoding="utf-8") as fh:
+                fh.write("\n".join(chosen) + "\n")
+            return chosen
+
+        rsync_changed = [*(a for a in rsync_cmd[:-2] if a != "--delete"), f"--files-from={changed_list}",
+                         *rsync_cmd[-2:]]
+        for _ in range(3):  # fill the private bytecode cache
+            subprocess.run(hostrun_true, env=env_cached, cwd=tree.root, capture_output=True)
+        parts = [
+            Series("ssh", "ssh peer1 true (hostrun's ssh argv, warm master)", [[*ssh_prefix, "true"]],
+                   env, tree.root),
+            Series("ssh_cd", "ssh peer1 'cd DIR && true' (the by-hand ssh)", [ssh_cd], env, tree.root),
+            Series("rsync", "rsync alone, no change (the by-hand rsync)", [rsync_cmd], env, tree.root),
+            Series("ssh_py", f"ssh peer1 {agent_py} -I -c pass", [[*ssh_prefix, f"{agent_py} -I -c pass"]],
+                   env, tree.root),
+            Series("probe", "ssh peer1 <hostrun's probe session, replayed exactly>", [probe_cmd], env,
+                   tree.root),
+            Series("agent", "python3 -I <agent> probe ... (here, peer env, no ssh)",
+                   [[peer_python, "-I", str(agent_file), *agent_args]], peer_env, str(peer.home)),
+            *variants,
+            *([Series("run_ssh", "ssh peer1 <hostrun's run session, replayed (true)>",
+                      [["ssh", *runs_recorded[0][0]]], env, tree.root, hold_stdin=True),
+               Series("run_agent", "python3 -I <agent> run ... (here, peer env, no ssh)",
+                      [[peer_python, "-I", str(agent_file), *runs_recorded[0][1][2]]], peer_env,
+                      str(peer.home), hold_stdin=True)]
+              if runs_recorded and runs_recorded[0][1] else []),
+            Series("local_true", "hostrun -- true (a local run: the same run_local, here)",
+                   [[hostrun, "--config", config, "--", "true"]], env, tree.root),
+            Series("py_peer", "python3 -I -c pass (the peer's python, no ssh)",
+                   [[peer_python, "-I", "-c", "pass"]], peer_env, str(peer.home)),
+            Series("py", "python -c pass (hostrun's interpreter)", [[python, "-c", "pass"]], env, tmp),
+            Series("h_cached", "hostrun --peer -- true, .pyc cached [*]", [hostrun_true], env_cached,
+                   tree.root),
+            Series("git_top", "git rev-parse --show-toplevel (in the tree)",
+                   [["git", "rev-parse", "--show-toplevel"]], env, tree.root),
+            Series("rsync_changed", f"rsync --files-from=<the {TOUCHED} just touched> (no walk)",
+                   [rsync_changed], env, tree.root, before=touch_listed, after=arrived),
+            Series("git_status", "git status --porcelain (fingerprint candidate)",
+                   [["git", "status", "--porcelain"]], env, tree.root),
+            Series("walk", "python: scandir+stat walk of the tree (fingerprint candidate)",
+                   [[python, "-c", WALK, tree.root]], env, tmp),
+        ]
+        run_phase(parts, args.runs)
+        pmed = print_table(f"PARTS: {args.runs} runs each, interleaved (same master, same tree)", parts)
+        # git's untracked cache (an index extension; .git is never synced) roughly halves git status here
+        subprocess.run(["git", "-C", tree.root, "config", "core.untrackedCache", "true"], check=True)
+        subprocess.run(["git", "-C", tree.root, "update-index", "--untracked-cache"], check=True)
+        subprocess.run(["git", "-C", tree.root, "status", "--porcelain"], capture_output=True, check=True)
+        uc = [Series("git_status_uc", "git status --porcelain, core.untrackedCache=true",
+                     [["git", "status", "--porcelain"]], env, tree.root)]
+        run_phase(uc, args.runs)
+        pmed.update(print_table(f"then, after `git update-index --untracked-cache`, {args.runs} runs", uc))
+        parts += uc
+        walk_out = next(x for x in parts if x.key == "walk").last_stdout.decode().split()
+        failures += [f for s in parts for f in s.failures]
+
+        # --- where the time goes: hostrun's local steps, in-process ------------------------------
+        steps: dict[str, dict[str, list[float]]] = {}
+        for name, run_env in (("as is", env), ("[*]", env_cached)):
+            for _ in range(args.runs):
+                proc = subprocess.run([python, "-c", INPROC, config], env=run_env, cwd=tmp,
+                                      capture_output=True, text=True)
+                try:
+                    for label, ms in json.loads(proc.stdout):
+                        steps.setdefault(label, {}).setdefault(name, []).append(ms)
+                except ValueError:
+                    notes.append(f"in-process steps: {proc.stderr.strip()[-200:]}")
+                    break
+        if steps:
+            print(f"\nLOCAL STEPS, in-process (python -c; median of {args.runs} runs each; ms): "
+                  f"{'as is':>8} {'[*]':>8}")
+            for label, by_env in steps.items():
+                cells = [statistics.median(by_env[k]) if k in by_env and None not in by_env[k] else None
+                         for k in ("as is", "[*]")]
+                shown = " ".join(f"{c:8.1f}" if c is not None else f"{'-':>8}" for c in cells)
+                print(f"  {label:66} {shown}")
+
+        # --- where the time goes: timeline ------------------------------------------------------
+        segs: dict[str, list[float]] = {}
+        totals: list[float] = []
+        if have_strace and args.timeline_runs > 0:
+            hostrun_tl = [hostrun, "--config", config_tl, "--peer", "--", "true"]
+            subprocess.run(hostrun_tl, env=env, cwd=tree.root, capture_output=True)  # its config cache
+            walls: list[float] = []
+            order: list[str] = []
+            for i in range(args.timeline_runs):
+                got, total, wall, problem = timeline_once(hostrun_tl, env, tree.root,
+                                                          os.path.join(tmp, f"strace-{i}.txt"), stamps)
+                if problem:
+                    notes.append(f"timeline run {i}: {problem}")
+                    continue
+                walls.append(wall)
+                totals.append(total)
+                labels = [f"{j + 1:2d}. {label}" for j, (label, _) in enumerate(got)]
+                if not order:
+                    order = labels
+                for label, (_, value) in zip(labels, got):
+                    segs.setdefault(label, []).append(value)
+            if totals:
+                total = statistics.median(totals)
+                print(f"\nTIMELINE of hostrun --peer -- true, no change: median of {len(totals)} run(s) "
+                      f"under strace -f --seccomp-bpf -e trace=execve; agent starts stamped on the peer "
+                      f"by a bash wrapper (exec's python3)")
+                print(f"  (from hostrun's exec to its exit {total * 1000:.1f} ms; wall with strace "
+                      f"{statistics.median(walls) * 1000:.1f} ms; unstraced median above "
+                      f"{med['h0'] * 1000:.1f} ms)")
+                for label in order:
+                    v = statistics.median(segs[label])
+                    print(f"  {v * 1000:8.1f} ms {v / total * 100:5.1f}%  {label}")
+                if any(len(v) != len(totals) for v in segs.values()):
+                    notes.append("timeline: the runs did not all take the same steps")
+        elif not have_strace:
+            print("\nTIMELINE: skipped (no strace)")
+
+        # --- import-time profiles ---------------------------------------------------------------
+        local_rows = importtime_profile(python, ["-m", "dispatch", "--config", config, "--peer", "--",
+                                                 "true"], "the local side of `--peer -- true`", env,
+                                        tree.root, args.top)
+        importtime_profile(peer_python, ["-I", str(agent_file), *agent_args],
+                           "the agent's probe (as shipped)", peer_env, str(peer.home), args.top)
+        shipped = [("as shipped", str(agent_file))]
+        if variants:
+            importtime_profile(peer_python, ["-I", pyc_zip, *agent_args],
+                               "the agent's probe (zip with .pyc) [pyc]", peer_env, str(peer.home), 0)
+            shipped.append(("zip with .pyc [pyc]", pyc_zip))
+        for label, zip_path in shipped:
+            importtime_profile(peer_python,
+                               ["-I", "-c", f"import sys; sys.path.insert(0, {zip_path!r}); "
+                                            f"{RUN_PATH_MODULES}"],
+                               f"the agent's run-path modules ({label})", peer_env, str(peer.home),
+                               args.top if label == "as shipped" else 0)
+
+        # --- summary ---------------------------------------------------------------------------
+        def m(key: str) -> float:
+            return pmed[key] * 1000 if key in pmed else float("nan")
+
+        def seg(word: str) -> float:
+            return sum(statistics.median(v) for k, v in segs.items() if word in k) * 1000
+
+        def step_ms(prefix: str) -> float:
+            for label, by_env in steps.items():
+                if label.startswith(prefix) and None not in by_env.get("as is", [None]):
+                    return statistics.median(by_env["as is"])
+            return float("nan")
+
+        h0, b0 = med["h0"] * 1000, med["b0"] * 1000
+        print("\nWHERE THE TIME GOES (medians, ms; no-change case)")
+        print(f"  hostrun {h0:.1f} vs by hand {b0:.1f} ({h0 - b0:+.1f}); by hand = rsync {m('rsync'):.1f} "
+              f"+ ssh 'cd DIR && true' {m('ssh_cd'):.1f}")
+        if segs:
+            print(f"  timeline ({statistics.median(totals) * 1000:.1f} under strace): local Python "
+                  f"{seg('local'):.1f} + git {seg('git'):.1f} + ssh set-up {seg('ssh via'):.1f} "
+                  f"({sum(1 for k in segs if 'ssh via' in k)} sessions) + agents on the peer "
+                  f"{seg('the agent on'):.1f} + rsync {seg('rsync'):.1f}")
+        print(f"  local start-up: python -c pass {m('py'):.1f}; import dispatch.cli "
+              f"{step_ms('import dispatch.cli'):.1f} then dispatch.peerrun "
+              f"{step_ms('then import dispatch.peerrun'):.1f} (in-process); with hostrun's bytecode "
+              f"cached [*] a whole run took {m('h_cached'):.1f} vs {h0:.1f} as is")
+        print(f"  probe session, replayed: {m('probe'):.1f} = ssh {m('ssh'):.1f} + "
+              f"{m('probe') - m('ssh'):.1f} on the peer (the agent alone, no ssh: {m('agent'):.1f}; "
+              f"the peer's python -I -c pass: {m('py_peer'):.1f}; {agent_kind})")
+        print(f"  run session, replayed: {m('run_ssh'):.1f}; the agent's run alone, no ssh: "
+              f"{m('run_agent'):.1f} (a local `hostrun -- true` here, same run_local: {m('local_true'):.1f})")
+        files_seen = walk_out[0] if walk_out else "?"
+        walk_ms = walk_out[2] if len(walk_out) > 2 else "?"
+        print(f"  rsync alone {m('rsync'):.1f}; fingerprint candidates: git status --porcelain "
+              f"{m('git_status'):.1f} ({m('git_status_uc'):.1f} with the untracked cache); a Python "
+              f"stat walk {m('walk'):.1f} wall ({walk_ms} in-process, "
+              f"{files_seen} entries); rsync of just the {TOUCHED} touched files (--files-from) "
+              f"{m('rsync_changed'):.1f}")
+        asyncio_ms = max((r[1] for r in local_rows if r[2].strip() == "asyncio"), default=0) / 1000
+        probe_ms = (sum(statistics.median(v) for k, v in segs.items()
+                        if k.split(". ", 1)[1].startswith("probe:")) * 1000) if segs else m("probe")
+        ideas = [
+            ("fold the probe into the run session (one ssh + one agent start less)", probe_ms),
+            ("skip the rsync walk when a git-status fingerprint (untracked cache on) shows no change",
+             m("rsync") - m("git_status_uc")),
+            ("no asyncio for one ssh call on the --peer path (its import, -X importtime cumulative)",
+             asyncio_ms),
+        ]
+        if variants:
+            ideas.append((".pyc in the agent zip (x2 agent starts)", 2 * (m("agent") - m("agent_pyc"))))
+        if m("h_cached") < h0:
+            ideas.append(("hostrun's own bytecode cached (PYTHONDONTWRITEBYTECODE unset)",
+                          h0 - m("h_cached")))
+        print("  each on its own (savings estimated from the medians above) -> the no-change ratio:")
+        for text, saving in ideas:
+            print(f"    -{saving:7.1f}  -> {(h0 - saving) / b0:.2f}x  {text}")
+        print(f"    (instead of folding: the probe concurrently with rsync, `rsync --mkpath` making the dir, "
+              f"-{min(probe_ms, m('rsync')):.1f} -> {(h0 - min(probe_ms, m('rsync'))) / b0:.2f}x)")
+        together = sum(s for _, s in ideas)
+        partial = m("rsync") - m("git_status_uc") - m("rsync_changed")
+        touched = (med["h10"] * 1000 - together + ideas[1][1] - partial) / (med["b10"] * 1000)
+        print(f"    -{together:7.1f}  -> {(h0 - together) / b0:.2f}x  all of them")
+        print(f"  {TOUCHED} touched: rsync only what git status lists instead of the walk: -{partial:.1f} -> "
+              f"{(med['h10'] * 1000 - partial) / (med['b10'] * 1000):.2f}x alone; with the rest above: "
+              f"{touched:.2f}x")
+
+        # --- checks and leftovers ------------------------------------------------------------
+        master_after = master_check(master[0], dest)
+        if master_before != master_after or not master_after:
+            print(f"\nWARNING: the master changed during the bench: {master_before!r} -> {master_after!r}")
+            ok = False
+        agents = agents_in(agent_dir)
+        resent = agent_file.stat().st_mtime_ns != agent_mtime or agents != agents_before
+        print(f"\nagent on the peer: {', '.join(agents)}; sent during timing: "
+              f"{'YES (an upload was timed)' if resent else 'no'}")
+        ok &= not resent
+        if sources_digest(REPO) != tree_before:
+            if args.snapshot:
+                print("(dispatch/*.py changed in the tree while the bench ran; the runs used the "
+                      "snapshot taken at the start)")
+            else:
+                print("WARNING: dispatch/*.py changed while the bench ran: the runs measured different "
+                      "code; rerun on a quiet tree or with --snapshot")
+                ok = False
+        check = subprocess.run([*rsync_cmd[:1], "--dry-run", "--itemize-changes", *rsync_cmd[1:]],
+                               capture_output=True, text=True)
+        differs = [line for line in check.stdout.splitlines() if line.strip()]
+        print(f"peer copy identical to the tree (rsync --dry-run): "
+              f"{'yes' if check.returncode == 0 and not differs else 'NO: ' + str(differs[:5])}")
+        ok &= check.returncode == 0 and not differs
+        for note in notes:
+            print(f"note: {note}")
+        if failures:
+            ok = False
+            print(f"{len(failures)} run(s) failed:")
+            for line in failures[:10]:
+                print(f"  {line}")
+        stop_master(*master)
+        peer.stop()
+        peer_root, peer, cleaned = str(peer.root), None, True
+        left = ledger_leftovers(state_dir, "local") + ledger_leftovers(os.path.join(peer_root, "state"), PEER)
+        left += cgroup_leftovers(slice_dir, "local") + cgroup_leftovers(peer_slice_dir, PEER)
+        left += [f"process {pid} still names {ctl_dir}" for pid in pids_with(ctl_dir.rstrip("/") + "/")]
+        left += [f"process {pid} still names {peer_root}" for pid in pids_with(peer_root + "/")]
+        print("leftovers after all runs: " + ("none" if not left else ""))
+        for line in left:
+            print(f"  {line}")
+        print(f"\nresult: {'PASS' if ok and not left else 'FAIL'}")
+        return 0 if ok and not left else 1
+    finally:
+        if not cleaned:  # whatever master this run started: by its control directory
+            stop_master(*(master or ([], PEER, os.path.join(state_dir, "ssh"))))
+        if peer is not None:
+            peer.stop()
+        remove_slice(slice_dir)
+        remove_slice(peer_slice_dir)
+        if args.keep:
+            print(f"kept: {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
