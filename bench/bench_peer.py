@@ -1190,13 +1190,18 @@ def main() -> int:
             print(f"  {line}")
         print(f"\nresult: {'PASS' if ok and not left else 'FAIL'}")
         return 0 if ok and not left else 1
-    finally:
-        if not cleaned:  # whatever master this run started: by its control directory
-            stop_master(*(master or ([], PEER, os.path.join(state_dir, "ssh"))))
+    finally:  # each step on its own: one failing must not leave the others undone
+        steps_left: list[Callable[[], object]] = [lambda: remove_slice(slice_dir),
+                                                  lambda: remove_slice(peer_slice_dir)]
         if peer is not None:
-            peer.stop()
-        remove_slice(slice_dir)
-        remove_slice(peer_slice_dir)
+            steps_left.insert(0, peer.stop)
+        if not cleaned:  # whatever master this run started, by its control directory
+            steps_left.insert(0, lambda: stop_master(*(master or ([], PEER, os.path.join(state_dir, "ssh")))))
+        for step in steps_left:
+            try:
+                step()
+            except Exception as exc:
+                print(f"bench: warning: cleanup step failed: {exc!r}", file=sys.stderr)
         if args.keep:
             print(f"kept: {tmp}", file=sys.stderr)
         else:

@@ -16,7 +16,7 @@ never inside the ledger's write lock, and at most once a second (``dispatch.gpu.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.capping.base import CapBackend
 from dispatch.ledger import Admission, Booking, Ledger
@@ -86,9 +86,15 @@ def _holder(b: Booking, now: float) -> str:
 
 
 def status_line(adm: Admission, now: float | None = None, gpu_error: str | None = None) -> str:
-    """One line: what the job waits for (memory, VRAM or both) and who holds it."""
+    """One line: what the job waits for (memory, VRAM, a queue policy) and who holds it."""
     now = time.time() if now is None else now
     holders = list(adm.holders)
+    if adm.policy is not None:  # --group / --when-idle: name the running jobs that hold it
+        if adm.policy.startswith("group-cap"):
+            group = adm.policy.split()[1]
+            holders = [b for b in holders if b.grp == group]
+        held = ", ".join(_holder(b, now) for b in holders)
+        return f"waiting: {adm.policy}; held by {held or 'nobody'}"
     parts = []
     if adm.memory_ok and not adm.gpu_ok:  # only VRAM blocks: name the holders of that GPU (of any)
         holders = [b for b in holders if b.gpu_index is not None
@@ -112,6 +118,8 @@ def status_line(adm: Admission, now: float | None = None, gpu_error: str | None 
 
 def wait_reason(adm: Admission, gpu_error: str | None = None) -> str:
     """The short reason stored with the queue entry (``hostrun ledger`` shows it)."""
+    if adm.policy is not None:
+        return adm.policy
     reasons = []
     if not (adm.memory_ok and not adm.gpu_ok):  # memory is short (or all there is to wait for)
         reasons.append(f"memory: need {format_size(adm.need)}, free {format_size(max(0, adm.free))}")
@@ -134,6 +142,7 @@ def wait_for_room(
     say: Callable[[str], None],
     gpu: GpuSnapshot | None = None,
     on_wait: Callable[[Admission], None] | None = None,
+    groups: Mapping[str, int] | None = None,
 ) -> float:
     """Block until admitted; returns the seconds waited.
 
@@ -156,11 +165,11 @@ def wait_for_room(
             last_tick = tick
             if gpu is not None:  # outside the write lock; at most once a second
                 gpu.refresh(lambda: any(b.gpu_index is not None for b in ledger.bookings(host)))
-            adm = ledger.peek(booking_id, host, room, gpu_room)
+            adm = ledger.peek(booking_id, host, room, gpu_room, groups)
             recheck = min(RECHECK_MAX, RECHECK * (1 + adm.position))
             if adm.admitted or due:
                 last_locked = now
-                adm = ledger.try_admit(booking_id, host, room, gpu_room)
+                adm = ledger.try_admit(booking_id, host, room, gpu_room, groups)
                 stop_reclaimed(backend, adm.reclaimed)
                 if adm.admitted:
                     return time.monotonic() - started

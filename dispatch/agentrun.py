@@ -143,6 +143,7 @@ def run_job(spec: dict[str, Any]) -> int:
             max_runtime=spec.get("max_runtime"), threads=spec.get("threads"),
             no_cap=bool(spec.get("no_cap")), session=spec.get("session"),
             gpu_memory=spec.get("gpu_memory"), force=bool(spec.get("force")),
+            group=spec.get("group"), when_idle=bool(spec.get("when_idle")),
         )
         outcome = run_local(settings, request, say)
         result = outcome.to_dict()

@@ -98,6 +98,10 @@ RUN_OPTIONS = (
     Option(("--stdin",), "stdin", "with --peer: forward this terminal's/pipe's stdin to the job"),
     Option(("--force",), "force", "run a script whose '# admission:' says nothing changed since its "
            "last success (never overrides a '# run-condition:'; see 'hostrun preflight')"),
+    Option(("--group",), "group", "count the job in group NAME: at most groups.NAME.max_running of "
+           "them run at once on a host", "NAME"),
+    Option(("--when-idle",), "when_idle", "start only while no other hostrun job runs on the host "
+           "(low-priority background work; may wait long on a busy machine)"),
 )
 _BY_FLAG = {flag: opt for opt in RUN_OPTIONS for flag in opt.flags}
 
@@ -222,7 +226,7 @@ def cmd_run(argv: list[str]) -> int:
         argv=command, label=args["label"], cap=args["memory_cap"], max_runtime=args["max_runtime"],
         threads=args["threads"], no_cap=args["no_cap"],
         session=args["session"] or os.environ.get("HOSTRUN_SESSION"), gpu_memory=args["gpu_memory"],
-        force=args["force"],
+        force=args["force"], group=args["group"], when_idle=args["when_idle"],
     )
     enclosing = enclosing_job(os.environ)
     if enclosing is not None and not args["result_file"] and not _declares_preflight(command):

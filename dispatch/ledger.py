@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.procinfo import is_alive
 from dispatch.records import NamedTuple
+from dispatch.units import format_size
 
 MYPY = False
 if MYPY:
@@ -26,7 +27,7 @@ if MYPY:
 
     GpuRoom = Callable[[list["Booking"]], dict[int, int]]  # running bookings -> room per GPU index
 
-SCHEMA_VERSION = 3  # 2: bookings.gpu_index, bookings.gpu_bytes; 3: the peak_runs table
+SCHEMA_VERSION = 4  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bookings (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -45,7 +46,9 @@ CREATE TABLE IF NOT EXISTS bookings (
     since REAL,
     reason TEXT,
     gpu_index INTEGER,
-    gpu_bytes INTEGER
+    gpu_bytes INTEGER,
+    grp TEXT,
+    when_idle INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS bookings_host_state ON bookings (host, state, id);
 CREATE TABLE IF NOT EXISTS peaks (
@@ -78,10 +81,11 @@ CREATE INDEX IF NOT EXISTS peak_runs_label_host ON peak_runs (label, host, id);
 PEAK_HISTORY = 20
 BOOKING_COLUMNS = (
     "id, host, label, state, pid, pid_start, size, cap, kind, cgroup, command, session, queued, "
-    "since, reason, gpu_index, gpu_bytes"
+    "since, reason, gpu_index, gpu_bytes, grp, when_idle"
 )
 # Columns added after version 1, for ledgers created by an older hostrun: (name, declaration).
-ADDED_COLUMNS = (("gpu_index", "INTEGER"), ("gpu_bytes", "INTEGER"))
+ADDED_COLUMNS = (("gpu_index", "INTEGER"), ("gpu_bytes", "INTEGER"), ("grp", "TEXT"),
+                 ("when_idle", "INTEGER NOT NULL DEFAULT 0"))
 
 
 class Booking(NamedTuple):
@@ -102,6 +106,8 @@ class Booking(NamedTuple):
     reason: Optional[str]
     gpu_index: Optional[int] = None  # the GPU it was admitted on
     gpu_bytes: Optional[int] = None  # VRAM asked for with --gpu-memory
+    grp: Optional[str] = None  # --group
+    when_idle: bool = False  # --when-idle
 
 
 class PeakRecord(NamedTuple):
@@ -169,6 +175,25 @@ class Admission(NamedTuple):
     gpu_ahead: int = 0
     memory_ok: bool = True
     gpu_ok: bool = True
+    policy: Optional[str] = None  # a queue policy holding it: "group-cap build 2/2", "when-idle ..."
+
+
+def policy_block(b: Booking, running: Sequence[Booking], groups: Mapping[str, int] | None
+                 ) -> str | None:
+    """Why a queue policy holds waiting booking ``b`` now, or None.
+
+    ``--when-idle``: only when no other hostrun job runs on the host. ``--group NAME``: at most
+    ``groups.NAME.max_running`` jobs of that group at once (groups not configured have no cap).
+    """
+    others = [r for r in running if r.id != b.id]
+    if b.when_idle and others:
+        return f"when-idle {b.label} — {len(others)} running"
+    limit = (groups or {}).get(b.grp) if b.grp else None
+    if limit is not None:
+        count = sum(1 for r in others if r.grp == b.grp)
+        if count >= limit:
+            return f"group-cap {b.grp} {count}/{limit}"
+    return None
 
 
 def _peak(row: Any) -> PeakRecord:
@@ -188,6 +213,7 @@ class Ledger:
         _ensure_private_dir(state_dir)
         self.path = os.path.join(state_dir, "ledger.sqlite3")
         self.tick_path = os.path.join(state_dir, "ledger.tick")
+        self.log_path = os.path.join(state_dir, "queue.log")
         if not os.path.exists(self.path):
             # Create it private; SQLite gives the -wal and -shm files the same mode.
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
@@ -246,12 +272,14 @@ class Ledger:
     def enqueue(
         self, *, host: str, label: str, pid: int, pid_start: int, size: int, cap: int, kind: str,
         command: str, session: str | None, cgroup: str | None = None, gpu_bytes: int | None = None,
+        group: str | None = None, when_idle: bool = False,
     ) -> int:
         cur = self.db.execute(
             "INSERT INTO bookings (host, label, state, pid, pid_start, size, cap, kind, command,"
-            " session, queued, cgroup, gpu_bytes) VALUES (?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " session, queued, cgroup, gpu_bytes, grp, when_idle)"
+            " VALUES (?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (host, label, pid, pid_start, size, cap, kind, command, session, time.time(), cgroup,
-             gpu_bytes),
+             gpu_bytes, group, int(when_idle)),
         )
         assert cur.lastrowid is not None
         return cur.lastrowid
@@ -276,40 +304,46 @@ class Ledger:
         return stale
 
     def _evaluate(self, booking_id: int, host: str, room: Callable[[int], int],
-                  gpu_room: GpuRoom | None = None) -> Admission:
+                  gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None
+                  ) -> Admission:
         rows = self._rows("host = ?", (host,))
         running = [b for b in rows if b.state == "running"]
         me = next((b for b in rows if b.id == booking_id), None)
         if me is None:
             raise LookupError(f"booking {booking_id} vanished from the ledger")
         earlier = [b for b in rows if b.state == "waiting" and b.id < booking_id]
-        ahead = sum(b.size for b in earlier)
+        # A waiter held by a queue policy (its group's cap, --when-idle) reserves no memory: the jobs
+        # of other groups behind it may start. Within a group FIFO holds, as the cap holds them all.
+        held = {b.id for b in earlier if policy_block(b, running, groups) is not None}
+        ahead = sum(b.size for b in earlier if b.id not in held)
         free = room(sum(b.size for b in running))
         if me.state == "running":
             return Admission(True, me.size, free, ahead, len(earlier), running, [],
                              gpu_need=me.gpu_bytes or 0, gpu_device=me.gpu_index)
+        policy = policy_block(me, running, groups)
         memory_ok = free - ahead >= me.size
         if not me.gpu_bytes:
-            return Admission(memory_ok, me.size, free, ahead, len(earlier), running, [],
-                             memory_ok=memory_ok)
+            return Admission(memory_ok and policy is None, me.size, free, ahead, len(earlier), running,
+                             [], memory_ok=memory_ok, policy=policy)
         rooms = gpu_room(running) if gpu_room is not None else {}
         device, gpu_free, gpu_ahead, gpu_ok = choose_gpu(rooms, [b.gpu_bytes for b in earlier
                                                                  if b.gpu_bytes], me.gpu_bytes)
-        return Admission(memory_ok and gpu_ok, me.size, free, ahead, len(earlier), running, [],
-                         gpu_need=me.gpu_bytes, gpu_device=device, gpu_free=gpu_free,
-                         gpu_ahead=gpu_ahead, memory_ok=memory_ok, gpu_ok=gpu_ok)
+        return Admission(memory_ok and gpu_ok and policy is None, me.size, free, ahead, len(earlier),
+                         running, [], gpu_need=me.gpu_bytes, gpu_device=device, gpu_free=gpu_free,
+                         gpu_ahead=gpu_ahead, memory_ok=memory_ok, gpu_ok=gpu_ok, policy=policy)
 
     def peek(self, booking_id: int, host: str, room: Callable[[int], int],
-             gpu_room: GpuRoom | None = None) -> Admission:
+             gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None) -> Admission:
         """Would ``try_admit`` admit now? A plain read: takes no lock and changes nothing.
 
         Waiters peek on every change and lock only when they could get in (or once a second, to
         reclaim stale bookings), so a release does not send every waiter into the write lock.
         """
-        return self._evaluate(booking_id, host, room, gpu_room)
+        return self._evaluate(booking_id, host, room, gpu_room, groups)
 
     def try_admit(self, booking_id: int, host: str, room: Callable[[int], int],
-                  gpu_room: GpuRoom | None = None) -> Admission:
+                  gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None
+                  ) -> Admission:
         """Admit ``booking_id`` if ``room(booked)`` minus what earlier waiters need covers its size.
 
         ``room`` gets the bytes booked by running jobs and returns the free room in the slice (slice
@@ -324,7 +358,8 @@ class Ledger:
         self.db.execute("BEGIN IMMEDIATE")
         try:
             reclaimed = self._reclaim_locked(host)
-            adm = self._evaluate(booking_id, host, room, gpu_room)
+            adm = self._evaluate(booking_id, host, room, gpu_room, groups)
+            skipped = self._passed_over(booking_id, host, adm, groups) if adm.admitted else []
             if adm.admitted:
                 self.db.execute(
                     "UPDATE bookings SET state = 'running', since = ?, reason = NULL,"
@@ -337,7 +372,31 @@ class Ledger:
             raise
         if adm.admitted or reclaimed:
             self.touch()
+        if skipped:
+            self.log(skipped)
         return adm._replace(reclaimed=reclaimed)
+
+    def _passed_over(self, booking_id: int, host: str, adm: Admission,
+                     groups: Mapping[str, int] | None) -> list[str]:
+        """``SKIP`` lines for the earlier waiters this admission passes over, with their reasons."""
+        rows = self._rows("host = ? AND state = 'waiting' AND id < ?", (host, booking_id))
+        lines = []
+        for b in rows:
+            why = policy_block(b, adm.holders, groups)
+            if why is None:
+                why = f"memory {b.label} need {format_size(b.size)} free {format_size(max(0, adm.free))}"
+            lines.append(f"SKIP {why} (booking {b.id}, passed by booking {booking_id})")
+        return lines
+
+    def log(self, lines: list[str]) -> None:
+        """Append to the queue log in the state dir (private; one line per event)."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        data = "".join(f"{stamp} {line}\n" for line in lines).encode()
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
 
     def set_reason(self, booking_id: int, reason: str) -> None:
         self.db.execute("UPDATE bookings SET reason = ? WHERE id = ?", (reason, booking_id))

@@ -175,7 +175,7 @@ class PeerRun:
             "cap": r.cap, "cap_if_none": self.host.peer_memory_cap,
             "max_runtime": r.max_runtime, "threads": r.threads, "no_cap": r.no_cap,
             "session": r.session, "gpu_memory": r.gpu_memory, "stdin": self.forward_stdin,
-            "force": r.force,
+            "force": r.force, "group": r.group, "when_idle": r.when_idle,
             "fallback": json.loads(self.client.fallback()),
         }
         return base64.b64encode(json.dumps(data).encode()).decode()

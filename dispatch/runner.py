@@ -64,6 +64,9 @@ class RunRequest(NamedTuple):
     env: Optional[dict[str, str]] = None  # the job's environment (default: hostrun's own)
     gpu_memory: Optional[int] = None  # VRAM to book on one GPU (--gpu-memory), bytes
     force: bool = False  # --force: run although the script's '# admission:' says nothing changed
+    group: Optional[str] = None  # --group: the group's max_running caps it
+    when_idle: bool = False  # --when-idle: only while no other hostrun job runs here
+
 
 
 def enclosing_job(environ: Mapping[str, str]) -> str | None:
@@ -315,7 +318,8 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
         booking_id = ledger.enqueue(
             host=host.name, label=label, pid=me, pid_start=start_time(me) or 0, size=plan.size,
             cap=plan.limit, kind=plan.kind, command=" ".join(request.argv), session=request.session,
-            cgroup=job.path or None, gpu_bytes=request.gpu_memory,
+            cgroup=job.path or None, gpu_bytes=request.gpu_memory, group=request.group,
+            when_idle=request.when_idle,
         )
         guardian.booked(booking_id)
         waited, signum = _wait(settings, ledger, backend, host, booking_id, limit, say, gpu, on_wait)
@@ -364,7 +368,8 @@ def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSet
     old = {sig: signal.signal(sig, _raise_interrupted) for sig in caught}
     try:
         return wait_for_room(ledger, backend, host.name, booking_id, limit, settings.status_interval,
-                             say, gpu.snapshot if gpu is not None else None, on_wait), 0
+                             say, gpu.snapshot if gpu is not None else None, on_wait,
+                             settings.groups), 0
     except KeyboardInterrupt:
         return None, signal.SIGINT
     except _Interrupted as exc:

@@ -67,6 +67,10 @@ class HostModel(_Strict):
             raise ValueError(f"{key} is for peers; local is this machine")
 
 
+class GroupModel(_Strict):
+    max_running: int = Field(ge=1)
+
+
 class ConfigModel(_Strict):
     state_dir: Optional[str] = None
     alert_file: Optional[str] = None
@@ -81,6 +85,7 @@ class ConfigModel(_Strict):
     control_persist: Duration = 600.0
     toolchain_probes: list[str] = Field(default_factory=lambda: ["rustc -Vv", "cargo -V"])
     sync_excludes: list[str] = Field(default_factory=list)
+    groups: dict[str, GroupModel] = Field(default_factory=dict)
     hosts: dict[str, HostModel] = Field(default_factory=dict)
 
 
@@ -108,7 +113,9 @@ def validate_file(path: str) -> Settings:
     try:
         model = ConfigModel.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        errors = exc.errors()
+        # A misspelt key also makes the real one "missing": name the misspelling, it is the cause.
+        err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"

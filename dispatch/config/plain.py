@@ -52,6 +52,9 @@ def settings_from_dict(raw: Mapping[str, Any], source: str) -> Settings:
             values[key] = parse_duration(raw[key])
     if raw.get("gamble_size") is not None:
         values["gamble_size"] = parse_size(raw["gamble_size"])
+    if raw.get("groups"):
+        values["groups"] = {name: int(table["max_running"]) for name, table in raw["groups"].items()
+                            if (table or {}).get("max_running") is not None}
     for key in ("toolchain_probes", "sync_excludes"):
         if raw.get(key) is not None:
             values[key] = tuple(str(item) for item in raw[key])
