@@ -15,12 +15,12 @@ Warm (a ControlMaster is up; hostrun's own, at ``dispatch.ssh.control_dir(state_
 * baseline: ``ssh -F PEER_SSH_CONFIG -o ControlPath=<hostrun's> peer1 true``, through the same master
 * for information: ``report --json --host peer1`` (peer only), ``report --json --host local`` (local
   only), the agent command exactly as hostrun sends it, run with plain ``ssh`` through the same master
-  (the peer's share: its shell + ``python3 -I agent.pyz report``), the agent run directly on this
+  (the peer's share: its shell + ``python3 -I <agent dir> report``), the agent run directly on this
   machine with the peer's environment (no ssh), and, unless ``--no-cached-series``, ``report --json``
   with dispatch's bytecode cached (private ``PYTHONPYCACHEPREFIX``, ``PYTHONDONTWRITEBYTECODE`` unset);
 * floors, for information: ``python -c pass`` (hostrun's interpreter), ``ssh peer1 python3 -I -c pass``
   through the master (their sum is the least any Python controller + per-call Python agent can cost)
-  and ``python -c 'import asyncio'`` (the report path imports asyncio).
+  and ``python -c 'import asyncio'`` (for reference: the report path no longer imports it).
 
 Target: median of ``report --json`` <= 3x the median of the warm ``ssh peer1 true`` (issue 3: "the
 report is one round trip plus local reads"). ``--target-on rich`` judges the rendered form instead.
@@ -446,17 +446,17 @@ def main() -> int:
                 print(f"hostrun report failed in the warm-up:\n{proc.stdout}\n{proc.stderr}",
                       file=sys.stderr)
                 return 1
-        if not agent_file.is_file():
+        if not (agent_file / "__main__.py").is_file():
             print(f"bench: the agent is not at {agent_file} after the warm-up", file=sys.stderr)
             return 1
         agent_mtime = agent_file.stat().st_mtime_ns
         agent_dir = peer.home / ".cache" / "hostrun"
-        agents_before = sorted(p.name for p in agent_dir.glob("agent-*.pyz"))
+        agents_before = sorted(p.name for p in agent_dir.glob("agent-*"))
         tree_before = sources_digest(REPO)
         for _ in range(3):  # fill the private bytecode cache
             subprocess.run(report_json, env=env_cached, capture_output=True)
         master_before = master_check(ssh_base)
-        print(f"agent:        {agent_file} ({agent_file.stat().st_size} bytes), present before timing")
+        print(f"agent:        {agent_file} (unpacked, byte-compiled), present before timing")
         print(f"master:       {master_before or 'NOT RUNNING'}")
 
         # --- warm phase -------------------------------------------------------------------
@@ -472,7 +472,7 @@ def main() -> int:
                    parse_json=True),
             Series("agent_ssh", "ssh peer1 <hostrun's agent command> (warm)",
                    [*ssh_base, "-T", PEER, "--", agent_cmd], env),
-            Series("agent_direct", "python3 -I agent.pyz report (here, no ssh)",
+            Series("agent_direct", "python3 -I <agent dir> report (here, no ssh)",
                    [peer_python, "-I", str(agent_file), "report", "--fallback", "{}"], peer_env),
             Series("py_ssh", "ssh peer1 python3 -I -c pass (warm)",
                    [*ssh_base, "-T", PEER, "python3", "-I", "-c", "pass"], env),
@@ -543,7 +543,7 @@ def main() -> int:
             print(f"\n  {len(failures)} run(s) failed:")
             for line in failures[:10]:
                 print(f"    {line}")
-        agents = sorted(p.name for p in agent_dir.glob("agent-*.pyz"))
+        agents = sorted(p.name for p in agent_dir.glob("agent-*"))
         resent = agent_file.stat().st_mtime_ns != agent_mtime or agents != agents_before
         print(f"\n  agent on the peer: {', '.join(agents)}; sent during timing: "
               f"{'YES (an upload was timed)' if resent else 'no'}")

@@ -100,31 +100,35 @@ def main(argv: list[str]) -> int:
 
         return run_job(json.loads(base64.b64decode(argv[1])))
     if command == "probe":
-        from dispatch.toolchain import probe_here
-
-        spec = json.loads(_option(argv, "--spec") or "{}")
-        workdir = spec.get("workdir")
-        data = {"probes": probe_here(spec.get("probes", []), _cache_dir()),
-                "agent_version": __version__}
-        if workdir:
-            path = os.path.abspath(os.path.expanduser(workdir))
-            try:
-                os.makedirs(path, exist_ok=True)
-                if not os.access(path, os.W_OK):
-                    raise PermissionError(13, "not writable")
-                data["workdir"] = path
-            except OSError as exc:
-                data["workdir_error"] = f"{path}: {exc.strerror}"
-            owner = spec.get("owner")
-            if owner and "workdir" in data:  # claim the sync target for the controller's session
-                from dispatch.workdirs import claim_if_unclaimed
-
-                data["workdir_owner"] = claim_if_unclaimed(path, str(owner.get("purpose") or ""),
-                                                           str(owner.get("session") or ""))
-        json.dump(data, sys.stdout)
+        json.dump(probe(json.loads(_option(argv, "--spec") or "{}")), sys.stdout)
         return 0
     print(f"agent: unknown command {command!r}", file=sys.stderr)
     return 2
+
+
+def probe(spec: dict[str, Any]) -> dict[str, Any]:
+    """Toolchain probe outputs, and the job's work directory made ready (and claimed)."""
+    from dispatch.toolchain import probe_here
+
+    workdir = spec.get("workdir")
+    data = {"probes": probe_here(spec.get("probes", []), _cache_dir()),
+            "agent_version": __version__}
+    if workdir:
+        path = os.path.abspath(os.path.expanduser(workdir))
+        try:
+            os.makedirs(path, exist_ok=True)
+            if not os.access(path, os.W_OK):
+                raise PermissionError(13, "not writable")
+            data["workdir"] = path
+        except OSError as exc:
+            data["workdir_error"] = f"{path}: {exc.strerror}"
+        owner = spec.get("owner")
+        if owner and "workdir" in data:  # claim the sync target for the controller's session
+            from dispatch.workdirs import claim_if_unclaimed
+
+            data["workdir_owner"] = claim_if_unclaimed(path, str(owner.get("purpose") or ""),
+                                                       str(owner.get("session") or ""))
+    return data
 
 
 def _cache_dir() -> str:

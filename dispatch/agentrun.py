@@ -31,6 +31,8 @@ class _Link:
         self.stdin_fd = stdin_fd
         self.last_seen = time.monotonic()
         self.lost = threading.Event()
+        self.decided = threading.Event()  # the controller said go (G) or abort (X), or went away
+        self.go = False
 
     def read_loop(self) -> None:
         reader = FrameReader()
@@ -41,10 +43,16 @@ class _Link:
                 data = b""
             if not data:
                 self.lost.set()
+                self.decided.set()
                 return
             self.last_seen = time.monotonic()
             for kind, payload in reader.feed(data):
-                if kind == b"S":
+                if kind == b"G":
+                    self.go = True
+                    self.decided.set()
+                elif kind == b"X":
+                    self.decided.set()
+                elif kind == b"S":
                     os.kill(os.getpid(), int(payload))
                 elif kind == b"D" and self.stdin_fd is not None:
                     try:
@@ -127,6 +135,20 @@ def run_job(spec: dict[str, Any]) -> int:
             writer.send(b"M", line.encode())
         except OSError:
             pass
+
+    prepare = spec.get("prepare")
+    if prepare is not None:
+        # Steps 3-4 in this same session: report probes and the work directory, then wait while the
+        # controller compares and syncs (it keeps beating), for go or abort.
+        from dispatch.agentmain import probe
+
+        writer.send(b"P", json.dumps(probe(prepare)).encode())
+        while not link.decided.wait(0.5):
+            if time.monotonic() - link.last_seen > SILENCE_LIMIT:
+                break
+        if not link.go:
+            done.set()
+            return 0  # aborted (toolchain, sync, Ctrl-C) or the controller went away: nothing ran
 
     result: dict[str, Any]
     try:

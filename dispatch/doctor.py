@@ -82,7 +82,7 @@ def diagnose_peers(settings: Settings) -> list[dict[str, Any]]:
             entry["problems"].append("no memory-cap backend works there: jobs would run uncapped")
         peer = SshPeer(host, settings.state_dir, settings.report_timeout, settings.control_persist)
         try:
-            times = [peer.run_sync(["true"], timeout=settings.report_timeout).elapsed for _ in range(3)]
+            times = [peer.run(["true"], timeout=settings.report_timeout).elapsed for _ in range(3)]
         except HostrunError as exc:
             entry["problems"].append(str(exc))
             results.append(entry)

@@ -44,15 +44,22 @@ class PeerClient:
         values = {key: getattr(self.host, key) for key in FALLBACK_FIELDS}
         return json.dumps({k: v for k, v in values.items() if v is not None})
 
-    async def agent_json(self, args: list[str], timeout: float) -> dict[str, Any]:
+    def send_agent(self, timeout: float | None = None) -> None:
+        """Send this version of the agent; the peer unpacks and byte-compiles it."""
+        result = self.ssh.run(["sh", "-c", _SEND, "hostrun-send", agent.remote_path(), self.python],
+                              input=agent.build()[0], timeout=timeout or self.settings.report_timeout * 2)
+        if result.returncode != 0:
+            last = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+            raise PeerUnreachableError(f"peer {self.host.name}: could not install the agent "
+                                       f"(exit {result.returncode}): {last[0]}")
+
+    def agent_json(self, args: list[str], timeout: float) -> dict[str, Any]:
         path = agent.remote_path()
         command = ["sh", "-c", _RUN, "hostrun-agent", path, self.python, *args]
-        result = await self.ssh.run(command, timeout=timeout)
+        result = self.ssh.run(command, timeout=timeout)
         if result.returncode == AGENT_MISSING:
-            await self.ssh.run(["sh", "-c", _SEND, "hostrun-send", path, self.python],
-                               input=agent.build()[0],
-                               timeout=timeout)
-            result = await self.ssh.run(command, timeout=timeout)
+            self.send_agent(timeout)
+            result = self.ssh.run(command, timeout=timeout)
         if result.returncode == 127:
             raise PeerUnreachableError(f"peer {self.host.name}: {self.python!r} not found there "
                                        f"(set hosts.{self.host.name}.python)")
@@ -66,14 +73,14 @@ class PeerClient:
             raise PeerUnreachableError(f"peer {self.host.name}: agent answered no JSON") from None
         return data
 
-    async def report(self, label: str | None = None, timeout: float | None = None,
+    def report(self, label: str | None = None, timeout: float | None = None,
                      peaks: bool = False) -> dict[str, Any]:
         args = ["report", "--fallback", self.fallback()]
         if label:
             args += ["--label", label]
         if peaks:
             args.append("--peaks")
-        data = await self.agent_json(args, timeout or self.settings.report_timeout)
+        data = self.agent_json(args, timeout or self.settings.report_timeout)
         if data.get("agent_version") is None:
             raise PeerUnreachableError(f"peer {self.host.name}: unexpected answer from the agent")
         data["host"] = self.host.name

@@ -24,11 +24,11 @@ from collections.abc import Callable, Sequence
 
 from dispatch import agent
 from dispatch.errors import HostrunError, PeerUnreachableError
-from dispatch.exitcodes import ExitCode
+from dispatch.exitcodes import SIGNAL_BASE, ExitCode
 from dispatch.fingerprint import short_hash
 from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, FrameReader, encode
 from dispatch.outcome import Outcome
-from dispatch.peer import _RUN, PeerClient
+from dispatch.peer import _RUN, AGENT_MISSING, PeerClient
 from dispatch.settings import HostSettings, Settings
 from dispatch.toolchain import ToolchainMismatchError, compare, probe_here
 
@@ -43,6 +43,10 @@ DEFAULT_WORK_ROOT = "~/hostrun-work"
 RETURN_TIMEOUT = 300.0
 # The peer refused or never started the job: nothing of this run to bring back.
 _NOT_RUN_OUTCOMES = ("never-fits", "not-run", "usage", "error")
+
+
+class _AgentMissing(Exception):
+    """The peer lacks this version of the agent (the session exited 97 before saying anything)."""
 
 
 class SyncFailedError(HostrunError):
@@ -96,20 +100,21 @@ class PeerRun:
         work_root = (host.work_root or DEFAULT_WORK_ROOT).rstrip("/")
         self.remote_tree_spec = f"{work_root}/{tree_id(self.tree)}"
         self.remote_tree = ""
+        self._rsync_proc: subprocess.Popen[str] | None = None
 
     # -- step 3: toolchain, and the work directory made ready in the same round trip --
-    def prepare(self) -> None:
-        import asyncio
-
-        probes = list(self.settings.toolchain_probes)
+    def prepare_spec(self) -> dict[str, Any]:
+        """What the agent checks first, in the run session itself: probes and the work directory."""
         from dispatch.workdirs import fallback_session
 
         owner = {"session": self.request.session or fallback_session(),
                  "purpose": f"hostrun --peer sync target of {socket.gethostname()}:{self.tree}"}
-        spec = json.dumps({"probes": probes, "workdir": self.remote_tree_spec, "owner": owner})
-        remote = asyncio.run(self.client.agent_json(["probe", "--spec", spec],
-                                                    self.settings.report_timeout * 2))
-        here = probe_here(probes, self.settings.state_dir)
+        return {"probes": list(self.settings.toolchain_probes), "workdir": self.remote_tree_spec,
+                "owner": owner}
+
+    def check_prepared(self, remote: dict[str, Any]) -> None:
+        """Step 3 (toolchain, 247) and the start of step 4 (work directory, 252)."""
+        here = probe_here(list(self.settings.toolchain_probes), self.settings.state_dir)
         differences = compare(here, remote["probes"], self.host.name)
         if differences:
             for line in differences:
@@ -117,7 +122,7 @@ class PeerRun:
             raise ToolchainMismatchError(
                 f"the toolchain on {self.host.name} differs from this host's ({len(differences)} "
                 "line(s) above); nothing was synced or run")
-        if "workdir" not in remote:  # step 4 fails before it starts
+        if "workdir" not in remote:
             raise SyncFailedError(f"cannot prepare the work directory on {self.host.name}: "
                                   f"{remote.get('workdir_error', 'no answer')}")
         self.remote_tree = remote["workdir"]
@@ -129,20 +134,31 @@ class PeerRun:
         if show_progress:
             argv.insert(2, "--info=progress2")
         try:
-            proc = subprocess.run(argv, stdout=None if show_progress else subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, check=False,
-                                  timeout=None if what == "sync" else RETURN_TIMEOUT)
+            proc = subprocess.Popen(argv, stdout=None if show_progress else subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
         except OSError as exc:
             raise SyncFailedError(f"{what}: cannot run rsync: {exc.strerror}") from None
+        self._rsync_proc = proc
+        try:
+            _, stderr = proc.communicate(timeout=None if what == "sync" else RETURN_TIMEOUT)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
             raise SyncFailedError(f"{what} with {self.host.name}: no progress within "
                                   f"{RETURN_TIMEOUT:g} s") from None
+        finally:
+            self._rsync_proc = None
         if proc.returncode != 0:
-            lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
+            lines = stderr.strip().splitlines() or [f"exit {proc.returncode}"]
             # rsync's first complaint names the cause ("No such file ..."); its last is the aftermath.
             cause = next((line for line in lines if line.startswith("rsync:")), lines[-1])
             raise SyncFailedError(f"{what} with {self.host.name} failed (rsync exit "
                                   f"{proc.returncode}): {cause}")
+
+    def _stop_rsync(self) -> None:
+        proc = self._rsync_proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
 
     def sync(self) -> None:
         excludes = [f"--exclude={pattern}" for pattern in self.settings.sync_excludes]
@@ -171,21 +187,19 @@ class PeerRun:
     def spec(self) -> str:
         r = self.request
         data = {
-            "argv": list(r.argv), "cwd": os.path.join(self.remote_tree, self.rel_cwd), "label": r.label,
+            "argv": list(r.argv), "cwd": os.path.join(self.remote_tree_spec, self.rel_cwd), "label": r.label,
             "cap": r.cap, "cap_if_none": self.host.peer_memory_cap,
             "max_runtime": r.max_runtime, "threads": r.threads, "no_cap": r.no_cap,
             "session": r.session, "gpu_memory": r.gpu_memory, "stdin": self.forward_stdin,
             "force": r.force, "group": r.group, "when_idle": r.when_idle,
-            "fallback": json.loads(self.client.fallback()),
+            "fallback": json.loads(self.client.fallback()), "prepare": self.prepare_spec(),
         }
         return base64.b64encode(json.dumps(data).encode()).decode()
 
     def run(self) -> Outcome:
         try:
-            self.prepare()
-            self.sync()
             try:
-                outcome = self._stream()
+                outcome = self._session()
             except ConnectionLostError:
                 self._bring_back_and_say()  # best effort: the peer may still be reachable
                 raise
@@ -205,11 +219,25 @@ class PeerRun:
             self.say(f"error: {failure}")
         return failures
 
-    def _stream(self) -> Outcome:
+    def _open(self) -> subprocess.Popen[bytes]:
+        self.client.ssh.ensure_control_dir()
         command = ["sh", "-c", _RUN, "hostrun-agent", agent.remote_path(), self.client.python, "run",
                    self.spec()]
-        proc = subprocess.Popen(self.client.ssh.argv(command), stdin=subprocess.PIPE,
+        return subprocess.Popen(self.client.ssh.argv(command), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+    def _session(self) -> Outcome:
+        """One SSH session for steps 3-7. The agent first probes and prepares the work directory
+        (frame ``P``); we compare, rsync while heartbeating, then say go (``G``) or abort (``X``).
+        Folding the probe into the run session saves an ssh round trip and an agent start."""
+        try:
+            return self._session_once()
+        except _AgentMissing:
+            self.client.send_agent()
+            return self._session_once()
+
+    def _session_once(self) -> Outcome:
+        proc = self._open()
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         pending: list[int] = []
         old = {sig: signal.signal(sig, lambda s, _f: pending.append(s)) for sig in FORWARDED}
@@ -223,16 +251,17 @@ class PeerRun:
                 except (BrokenPipeError, ValueError, OSError):
                     pass
 
-        if self.forward_stdin:
-            threading.Thread(target=_forward_stdin, args=(send,), daemon=True).start()
         result: dict[str, Any] | None = None
         ssh_errors = b""
         reader = FrameReader()
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ, "out")
         sel.register(proc.stderr, selectors.EVENT_READ, "err")
-        last_beat = last_heard = last_loop = time.monotonic()
+        started = last_beat = last_heard = last_loop = time.monotonic()
         lost = False
+        phase = "prepare"  # -> "sync" -> "run"
+        syncing: threading.Thread | None = None
+        sync_error: list[BaseException] = []
         try:
             while sel.get_map():
                 for key, _ in sel.select(timeout=0.5):
@@ -253,15 +282,45 @@ class PeerRun:
                             self.say(f"{self.host.name}: {payload.decode(errors='replace')}")
                         elif kind == b"R":
                             result = json.loads(payload)
+                        elif kind == b"P" and phase == "prepare":
+                            try:
+                                self.check_prepared(json.loads(payload))
+                            except HostrunError:
+                                send(b"X")
+                                raise
+                            phase = "sync"
+                            syncing = threading.Thread(target=_capture, args=(self.sync, sync_error),
+                                                       daemon=True)
+                            syncing.start()
                 now = time.monotonic()
                 if now - last_loop > HEARTBEAT * 2:
                     last_heard = now  # we were stopped (Ctrl-Z, a frozen host), not the link
                 last_loop = now
+                if phase == "sync" and syncing is not None and not syncing.is_alive():
+                    if sync_error:
+                        send(b"X")
+                        raise sync_error[0]
+                    send(b"G")
+                    phase = "run"
+                    if self.forward_stdin:
+                        threading.Thread(target=_forward_stdin, args=(send,), daemon=True).start()
                 while pending:
-                    send(b"S", str(pending.pop(0)).encode())
+                    sig = pending.pop(0)
+                    if phase != "run":  # before the job started: nothing ran, stop here
+                        send(b"X")
+                        return Outcome(exit_code=SIGNAL_BASE + sig, outcome="signal",
+                                       host=self.host.name, label=self.request.label or "",
+                                       argv=list(self.request.argv),
+                                       message="interrupted before the job started on the peer; "
+                                               "nothing ran")
+                    send(b"S", str(sig).encode())
                 if now - last_beat >= HEARTBEAT:
                     send(b"H")
                     last_beat = now
+                if phase == "prepare" and now - started > self.settings.report_timeout * 2:
+                    proc.kill()
+                    raise PeerUnreachableError(f"peer {self.host.name}: the agent did not answer "
+                                               f"within {self.settings.report_timeout * 2:g} s")
                 if now - last_heard > SILENCE_LIMIT and result is None:
                     lost = True  # the agent beats every 2 s: a silent link is a dead one
                     proc.kill()
@@ -270,11 +329,16 @@ class PeerRun:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
             sel.close()
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+            if syncing is not None and syncing.is_alive():
+                self._stop_rsync()  # interrupted or failed during the sync: stop it too
             proc.wait()
+        if result is None and phase == "prepare" and proc.returncode == AGENT_MISSING:
+            raise _AgentMissing
         if result is None:
             why = ssh_errors.decode(errors="replace").strip().splitlines()[-1:] or ["no answer"]
             if lost or proc.returncode == 255:
@@ -284,6 +348,13 @@ class PeerRun:
             raise PeerUnreachableError(f"peer {self.host.name}: the agent ended without a result "
                                        f"(exit {proc.returncode}): {why[0]}")
         return _outcome(result, self.host.name, self.request)
+
+
+def _capture(work: Callable[[], None], errors: list[BaseException]) -> None:
+    try:
+        work()
+    except BaseException as exc:
+        errors.append(exc)
 
 
 def _write_all(fd: int, data: bytes) -> None:

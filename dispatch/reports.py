@@ -4,7 +4,7 @@ the others are still shown: the command never hangs past the deadline."""
 
 from __future__ import annotations
 
-import asyncio
+import threading
 import time
 
 from dispatch.errors import HostrunError
@@ -27,26 +27,22 @@ class HostReading(NamedTuple):
         return self.report is not None
 
 
-async def _read(settings: Settings, name: str, label: str | None, peaks: bool = False
-                ) -> dict[str, Any]:
+def _read(settings: Settings, name: str, label: str | None, peaks: bool) -> dict[str, Any]:
     host = settings.hosts[name]
     if host.is_local:
         from dispatch.report import local_report
 
-        return await asyncio.to_thread(local_report, settings, label, peaks)
+        return local_report(settings, label, peaks)
     from dispatch.peer import PeerClient
 
-    return await PeerClient(settings, host).report(label, timeout=settings.report_timeout, peaks=peaks)
+    return PeerClient(settings, host).report(label, timeout=settings.report_timeout, peaks=peaks)
 
 
-async def _timed(settings: Settings, name: str, label: str | None, peaks: bool = False
-                 ) -> HostReading:
+def _timed(settings: Settings, name: str, label: str | None, peaks: bool) -> HostReading:
     started = time.monotonic()
     try:
-        report = await asyncio.wait_for(_read(settings, name, label, peaks), settings.report_timeout)
+        report = _read(settings, name, label, peaks)
         return HostReading(name, report, None, time.monotonic() - started)
-    except asyncio.TimeoutError:
-        why = f"no answer within {settings.report_timeout:g} s"
     except HostrunError as exc:
         why = str(exc)
     except OSError as exc:
@@ -54,25 +50,33 @@ async def _timed(settings: Settings, name: str, label: str | None, peaks: bool =
     return HostReading(name, None, why, time.monotonic() - started)
 
 
-async def read_reports_async(settings: Settings, names: list[str], label: str | None = None,
-                             peaks: bool = False) -> list[HostReading]:
-    tasks = {name: asyncio.ensure_future(_timed(settings, name, label, peaks)) for name in names}
-    done, pending = await asyncio.wait(tasks.values(), timeout=settings.report_deadline)
-    for task in pending:
-        task.cancel()
-    readings = []
-    for name, task in tasks.items():
-        if task in done:
-            readings.append(task.result())
-        else:
-            readings.append(HostReading(name, None, f"no answer within the {settings.report_deadline:g} s "
-                                        "deadline", settings.report_deadline))
-    return readings
-
-
 def read_reports(settings: Settings, names: list[str] | None = None, label: str | None = None,
                  peaks: bool = False) -> list[HostReading]:
     """Reports of ``names`` (default: every configured host), in the configured order; ``peaks``:
-    each with its host's own peak table and history (``peak_table``)."""
+    each with its host's own peak table and history (``peak_table``).
+
+    Peers are read in threads (each ssh call bounded by ``report_timeout``), this host in the
+    calling thread meanwhile; whatever has not answered by ``report_deadline`` is reported so.
+    """
     chosen = list(settings.hosts) if names is None else names
-    return asyncio.run(read_reports_async(settings, chosen, label, peaks))
+    started = time.monotonic()
+    results: dict[str, HostReading] = {}
+    threads = []
+    for name in chosen:
+        if settings.hosts[name].is_local:
+            continue
+
+        def work(name: str = name) -> None:
+            results[name] = _timed(settings, name, label, peaks)
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        threads.append(thread)
+    for name in chosen:
+        if settings.hosts[name].is_local:
+            results[name] = _timed(settings, name, label, peaks)
+    for thread in threads:
+        thread.join(max(0.0, settings.report_deadline - (time.monotonic() - started)))
+    return [results.get(name) or HostReading(
+        name, None, f"no answer within the {settings.report_deadline:g} s deadline",
+        settings.report_deadline) for name in chosen]

@@ -84,7 +84,7 @@ class Settings(NamedTuple):
     control_persist: float = 600.0
     toolchain_probes: tuple[str, ...] = ("rustc -Vv", "cargo -V")
     sync_excludes: tuple[str, ...] = ()
-    groups: Mapping[str, int] = {}  # noqa: RUF012 - read only; [groups.NAME] max_running
+    groups: Mapping[str, int] = {}
     source: str = "<built-in default>"
 
     @classmethod

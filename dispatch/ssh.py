@@ -13,7 +13,6 @@ caller's deadline); authentication and host-key failures are not.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import shlex
@@ -130,30 +129,29 @@ class SshPeer:
         """The ``-e`` value for rsync, so it rides on the same ControlMaster."""
         return remote_command(self.base_argv())
 
-    def _ensure_ctl_dir(self) -> None:
+    def ensure_control_dir(self) -> None:
         if not os.path.isdir(self.ctl_dir):
             os.makedirs(self.ctl_dir, mode=0o700, exist_ok=True)
             os.chmod(self.ctl_dir, 0o700)
 
-    async def run(self, remote: Sequence[str], *, input: bytes | None = None,
-                  timeout: float | None = None, retries: int = RETRIES) -> RemoteResult:
+    def run(self, remote: Sequence[str], *, input: bytes | None = None,
+            timeout: float | None = None, retries: int = RETRIES) -> RemoteResult:
         """Run ``remote`` (an argv) on the peer; ssh's own failures raise, the command's do not.
 
         ``timeout`` bounds everything, retries included; on expiry the ssh process is killed and
-        PeerUnreachableError names the host.
+        PeerUnreachableError names the host. Plain ``subprocess`` (no asyncio: its import alone
+        costs ~30 ms on every call); callers that read several peers use threads.
         """
-        self._ensure_ctl_dir()
+        self.ensure_control_dir()
         deadline = None if timeout is None else time.monotonic() + timeout
         attempt = 0
         while True:
-            started = time.monotonic()
-            left = None if deadline is None else deadline - started
+            left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise PeerUnreachableError(f"peer {self.name}: no answer within {timeout:g} s")
-            try:
-                result = await self._once(remote, input, left)
-            except asyncio.TimeoutError:
-                raise PeerUnreachableError(f"peer {self.name}: no answer within {timeout:g} s") from None
+            result = self._once(remote, input, left)
+            if result is None:
+                raise PeerUnreachableError(f"peer {self.name}: no answer within {timeout:g} s")
             if result.returncode != SSH_FAILED:
                 return result
             error = classify(self.name, result.stderr.decode(errors="replace"))
@@ -163,33 +161,31 @@ class SshPeer:
             pause = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** attempt))
             if deadline is not None:
                 pause = min(pause, max(0.0, deadline - time.monotonic()))
-            await asyncio.sleep(pause)
+            time.sleep(pause)
 
-    async def _once(self, remote: Sequence[str], input: bytes | None, timeout: float | None
-                    ) -> RemoteResult:
+    def _once(self, remote: Sequence[str], input: bytes | None, timeout: float | None
+              ) -> RemoteResult | None:
+        """One ssh run; None when it did not finish within ``timeout`` (it is killed then)."""
+        import subprocess
+
         started = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *self.argv(remote),
-            stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        proc = subprocess.Popen(
+            self.argv(remote), stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,  # a Ctrl-C meant for hostrun must not kill ssh mid-answer
         )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(input), timeout)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
-            if proc.returncode is None:
-                proc.kill()
-            # Do not wait for the pipes to close: through a ControlMaster the client hands its stdio to
-            # the master, which keeps them open as long as the (frozen) session lives. Close our ends.
-            transport = getattr(proc, "_transport", None)
-            if transport is not None:
-                transport.close()
-            raise
-        assert proc.returncode is not None
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            # Do not wait for the pipes to close: through a ControlMaster the client hands its stdio
+            # to the master, which keeps them open as long as the (frozen) session lives.
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            proc.wait()
+            return None
         return RemoteResult(proc.returncode, out, err, time.monotonic() - started)
-
-    def run_sync(self, remote: Sequence[str], **kw: object) -> RemoteResult:
-        return asyncio.run(self.run(remote, **kw))  # type: ignore[arg-type]
 
     def close_master(self) -> None:
         """Stop this peer's ControlMaster (``ssh -O exit``), if one runs."""
