@@ -16,6 +16,12 @@ sets ``toolchain_probes = ["rsync --version"]``, as the tests do; hostrun runs f
 Warm-up (not timed): ``hostrun --peer -- true`` twice (config validation, agent upload, ControlMaster
 start, the full first sync; then nothing to sync), the second time with ``ssh``/``rsync`` wrappers
 first on its PATH that record the exact argv of every ssh and rsync it starts; then one by-hand run.
+hostrun's flow, which the recorded calls must show: ONE ssh session running the agent
+(``agent run <spec>``; the agent probes the toolchain and prepares the work directory, sends a ``P``
+frame, waits while hostrun compares and rsyncs, heartbeating, then gets ``G`` and runs the job in the
+same session), ONE rsync (the sync, with its own ssh transport under it), and possibly the local
+toolchain probe itself (``rsync --version``: recorded by the rsync wrapper too, told apart by having no
+``-e``; it runs only when hostrun's cached probe output is stale).
 
 The by-hand side is built from what hostrun really ran: the rsync is hostrun's own rsync argv
 (issue 4's ``-a --delete --modify-window=-1 --filter=':- .gitignore' --exclude=/.git/`` plus whatever
@@ -36,20 +42,28 @@ Target: ratio of medians <= 1.1x in both cases (issue 4); stretch goal < 1.0x (r
 Where the time goes (for the next engineer; printed after the targets):
 
 * PARTS, interleaved, medians: ``ssh peer1 true`` and ``ssh peer1 'cd DIR && true'`` through the master;
-  rsync alone; the peer's python start over ssh and alone; hostrun's probe session and run session
-  replayed exactly as recorded (the run with a ``true`` job, stdin held open as hostrun does) and the
-  agent's probe and run alone on this machine with the peer's environment (no ssh); a local
-  ``hostrun -- true`` (the same ``run_local``); ``hostrun --peer`` with its bytecode cached (``[*]``: a
-  private ``PYTHONPYCACHEPREFIX``); ``git rev-parse``; and for the stretch goal, what a fingerprint could
-  cost instead of rsync's walk: ``git status --porcelain``, a Python ``os.scandir`` stat walk, and an
-  rsync of only the touched files (``--files-from``). If the agent is shipped as a zipapp, a copy with
-  ``.pyc`` files added is measured too (``[pyc]``).
-* LOCAL STEPS: hostrun's local imports, config load and agent naming timed in-process.
+  rsync alone; the peer's python start over ssh and alone; hostrun's session replayed exactly as
+  recorded but without the rsync in it (this bench drives the frames: it answers the agent's ``P`` with
+  ``G`` at once, keeps stdin open as hostrun does; split into "to the P frame" and "from G to the
+  end"); the agent's probe alone over ssh (``ssh peer1 python3 -I <agent dir> probe --spec <hostrun's
+  prepare spec>``); on this machine with the peer's environment (no ssh): the same session, the agent's
+  ``probe`` command, its run path alone (hostrun's spec without ``prepare``: no P, no wait) and the
+  probe on a copy of the agent without its ``__pycache__`` (``[src]``: what shipping it byte-compiled
+  saves); a local ``hostrun -- true`` (the same ``run_local``); ``hostrun --peer`` with its bytecode
+  cached (``[*]``: a private ``PYTHONPYCACHEPREFIX``); ``git rev-parse``; and for the stretch goal, what
+  a fingerprint could cost instead of rsync's walk: ``git status --porcelain``, a Python ``os.scandir``
+  stat walk, and an rsync of only the touched files (``--files-from``).
+* LOCAL STEPS: hostrun's local imports, config load, agent naming and toolchain probe (cached), timed
+  in-process.
 * TIMELINE of ``hostrun --peer -- true`` (median of ``--timeline-runs`` runs): ``strace -f -ttt
-  --seccomp-bpf -e trace=execve`` on the local side (when git, each ssh and rsync started and ended) and,
-  on the peer, a bash wrapper set as the peer's ``python`` in a second config, which stamps each agent's
-  start with ``$EPOCHREALTIME`` and ``exec``s python3. Each step is labelled (local start-up, ssh set-up,
-  the agent on the peer, rsync, local glue).
+  --seccomp-bpf -e trace=execve,write -e raw=write`` on the local side (when git, the ssh and rsync
+  started and ended, and when hostrun wrote its ``G`` frame: its main thread's first 5-byte write after
+  rsync's exit) and,
+  on the peer, a bash wrapper set as the peer's ``python`` in a second config, which stamps the agent's
+  start with ``$EPOCHREALTIME`` and ``exec``s python3. The one session is cut at those points: local
+  start-up, git, local glue, ssh set-up (to the agent's start), the agent's start and probe until its
+  ``P`` frame plus hostrun's compare (to rsync's exec), rsync, rsync's exit until hostrun sends ``G``,
+  the run after ``G`` (to the session's end), local to exit.
 * Import-time profiles of the local side and of the agent, then a summary with what each candidate
   optimisation would save (estimated from the medians) and the ratio it would give.
 
@@ -59,8 +73,8 @@ peer (slice cgroup ``<this process's memory cgroup>/hostrun-bench-peer1-<pid>``)
 the ControlMaster is stopped (``ssh -O exit``, then any process whose command line still names this
 run's control directory is killed by pid), sshd and everything below it is stopped, both slice cgroups
 and the directory (tree, peer copy) are removed. Bookings, job cgroups or processes left behind are
-reported first, as a failure; so are an agent re-sent during timing, a changed master and a peer copy
-that differs from the tree at the end (``rsync --dry-run``).
+reported first, as a failure; so are an agent re-sent during timing, a changed master, a replayed
+session that failed and a peer copy that differs from the tree at the end (``rsync --dry-run``).
 
 Needs root, ``/usr/sbin/sshd`` (openssh-server), ``ssh``, ``rsync``, ``git``, ``bash``, a memory-cap
 backend (cgroup v1 on the reference machines), ~700 MB free under /tmp, and ``strace`` for the timeline
@@ -73,20 +87,22 @@ hostrun's code is read through a subprocess running hostrun's interpreter. Run b
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import random
 import re
+import select
 import shlex
 import shutil
 import signal
 import sqlite3
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -118,24 +134,6 @@ print(json.dumps({"rsh": client.ssh.rsync_rsh(), "base": client.ssh.base_argv(),
                   "dest": client.ssh.destination, "ctl_dir": client.ssh.ctl_dir,
                   "agent": agent.remote_path(), "run": _RUN, "python": client.python,
                   "probes": list(settings.toolchain_probes), "code": dispatch.__file__}))
-"""
-
-# Run with the PEER's python: the agent zip plus each module's bytecode next to it (checked-hash
-# .pyc, which zipimport validates against the .py in the zip and ignores if the magic differs).
-ADD_PYC = r"""
-import importlib.util, sys, zipfile
-from importlib import _bootstrap_external as be
-src, dst = sys.argv[1:3]
-with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
-    for info in zin.infolist():
-        data = zin.read(info)
-        zout.writestr(info, data)
-        if info.filename.endswith(".py"):
-            code = compile(data, dst + "/" + info.filename, "exec", dont_inherit=True)
-            pyc = be._code_to_hash_pyc(code, importlib.util.source_hash(data), checked=True)
-            out = zipfile.ZipInfo(info.filename[:-3] + ".pyc", date_time=info.date_time)
-            out.compress_type = zipfile.ZIP_DEFLATED
-            zout.writestr(out, bytes(pyc))
 """
 
 # A stat walk of the tree (.git and the top-level target/ skipped): what a "cheap fingerprint" that
@@ -177,16 +175,20 @@ def step(label, fn):
         return
     out.append([label, (time.perf_counter() - t) * 1000])
 step("import dispatch.cli", lambda: __import__("dispatch.cli"))
-step("then import dispatch.peerrun (asyncio, zipfile, ... for --peer)",
-     lambda: __import__("dispatch.peerrun"))
+step("then import dispatch.peerrun (what --peer adds)", lambda: __import__("dispatch.peerrun"))
+loaded = []
 def settings():
     from dispatch.config import load_settings
-    load_settings(sys.argv[1])
+    loaded.append(load_settings(sys.argv[1]))
 step("load_settings(config) (from its marshal cache)", settings)
 def name():
     from dispatch import agent
     agent.remote_path()
-step("agent.remote_path(): zips + hashes the core (on every run)", name)
+step("agent.remote_path(): reads + hashes the core sources (every run)", name)
+def probe():
+    from dispatch.toolchain import probe_here
+    probe_here(list(loaded[0].toolchain_probes), loaded[0].state_dir)
+step("toolchain probe_here(probes) here (its cached output)", probe)
 print(json.dumps(out))
 """
 
@@ -298,7 +300,7 @@ def sources_digest(root: str) -> str:
 
 
 def agents_in(directory: Path) -> list[str]:
-    """The agents sent to the peer (``agent-*``, zipapps or unpacked directories), not temporaries."""
+    """The agents sent to the peer (``agent-*`` directories), not their temporaries (``.tmp.``)."""
     return sorted(p.name for p in directory.glob("agent-*") if ".tmp" not in p.name)
 
 
@@ -442,30 +444,24 @@ def touch_files(tree: Tree, rng: random.Random, lines: list[str], n: int) -> lis
 class Series:
     def __init__(self, key: str, label: str, steps: list[list[str]], env: dict[str, str], cwd: str,
                  before: Callable[[], object] | None = None,
-                 after: Callable[[object], str | None] | None = None, hold_stdin: bool = False) -> None:
+                 after: Callable[[object], str | None] | None = None) -> None:
         self.key, self.label, self.steps, self.env, self.cwd = key, label, steps, env, cwd
-        self.hold_stdin = hold_stdin  # stdin a pipe kept open until the command exits (the agent's
-        # run reads control frames there and stops the job when it closes)
         self.before = before  # run (untimed) before every timed run; its value goes to ``after``
         self.after = after  # untimed check after every run; returns a failure or None
         self.times: list[float] = []
+        self.splits: dict[str, list[float]] = {}  # sub-times of one run (FramedSeries), by label
         self.failures: list[str] = []
         self.last_stdout = b""
 
     def run_once(self, i: int) -> None:
         token = self.before() if self.before is not None else None
-        r, w = os.pipe() if self.hold_stdin else (subprocess.DEVNULL, -1)
         t0 = time.perf_counter()
-        try:
-            for argv in self.steps:  # one after the other, as by hand; stop at the first failure
-                proc = subprocess.run(argv, env=self.env, cwd=self.cwd, stdin=r, capture_output=True)
-                if proc.returncode != 0:
-                    break
-            self.times.append(time.perf_counter() - t0)
-        finally:
-            if self.hold_stdin:
-                os.close(r)
-                os.close(w)
+        for argv in self.steps:  # one after the other, as by hand; stop at the first failure
+            proc = subprocess.run(argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+                                  capture_output=True)
+            if proc.returncode != 0:
+                break
+        self.times.append(time.perf_counter() - t0)
         self.last_stdout = proc.stdout
         if proc.returncode != 0:
             err = proc.stderr.decode("utf-8", "replace").strip()[-300:]
@@ -476,6 +472,90 @@ class Series:
             problem = self.after(token)
             if problem:
                 self.failures.append(f"run {i} {self.key}: {problem}")
+
+
+# ---------------------------------------------------------------- driving an agent session's frames
+FRAME = struct.Struct(">cI")  # dispatch.frames: one type byte, a 4-byte big-endian length, the payload
+TO_P, AFTER_G = "to the P frame", "from G to the end"
+
+
+def drive_session(argv: list[str], env: dict[str, str], cwd: str, timeout: float = 120.0
+                  ) -> tuple[float | None, float, int, dict[str, Any] | None, dict[str, Any] | None, str]:
+    """Run an agent ``run`` session (over ssh or directly) as hostrun does, minus the rsync: stdin a
+    pipe of control frames kept open until the end; the agent's ``P`` frame is answered with ``G`` at
+    once. Returns (seconds to the P frame or None, total seconds, exit status, the P payload, the R
+    payload, stderr's tail)."""
+    err = tempfile.TemporaryFile()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=err)
+    assert proc.stdin is not None and proc.stdout is not None
+    deadline = t0 + timeout
+    to_p: float | None = None
+    prepared = result = None
+    buf = b""
+    try:
+        while True:
+            # not a blocking read: through a ControlMaster the master holds ssh's stdout open
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.perf_counter()))
+            if not ready:
+                proc.kill()
+                err.write(f"\nbench: no end within {timeout:g} s; killed".encode())
+                break
+            data = os.read(proc.stdout.fileno(), 65536)
+            if not data:
+                break
+            buf += data
+            while len(buf) >= FRAME.size:
+                kind, size = FRAME.unpack_from(buf)
+                if len(buf) < FRAME.size + size:
+                    break
+                payload, buf = buf[FRAME.size:FRAME.size + size], buf[FRAME.size + size:]
+                if kind == b"P" and to_p is None:
+                    to_p = time.perf_counter() - t0
+                    proc.stdin.write(FRAME.pack(b"G", 0))
+                    proc.stdin.flush()
+                    prepared = json.loads(payload)
+                elif kind == b"R":
+                    result = json.loads(payload)
+    finally:
+        proc.stdin.close()
+        proc.stdout.close()
+        returncode = proc.wait()
+        total = time.perf_counter() - t0
+        err.seek(0)
+        stderr = err.read().decode("utf-8", "replace").strip()[-300:]
+        err.close()
+    return to_p, total, returncode, prepared, result, stderr
+
+
+class FramedSeries(Series):
+    """One agent session per run, driven by ``drive_session``; with ``prepare`` in the spec the time
+    is also split at the P frame."""
+
+    def __init__(self, key: str, label: str, argv: list[str], env: dict[str, str], cwd: str,
+                 expect_p: bool = True) -> None:
+        super().__init__(key, label, [argv], env, cwd)
+        self.expect_p = expect_p
+
+    def run_once(self, i: int) -> None:
+        to_p, total, returncode, prepared, result, stderr = drive_session(self.steps[0], self.env,
+                                                                          self.cwd)
+        self.times.append(total)
+        problem = None
+        if returncode != 0:
+            problem = f"exit {returncode}: {stderr}"
+        elif result is None:
+            problem = f"no R frame: {stderr}"
+        elif result.get("exit_code") != 0:
+            problem = f"the job's result: {json.dumps(result)[:300]}"
+        elif self.expect_p and (to_p is None or not prepared or "workdir" not in prepared):
+            problem = f"no P frame with a work directory: {prepared}"
+        if problem:
+            self.failures.append(f"run {i} {self.key}: {problem}")
+        if self.expect_p and to_p is not None:
+            self.splits.setdefault(TO_P, []).append(to_p)
+            self.splits.setdefault(AFTER_G, []).append(total - to_p)
 
 
 def run_phase(series: list[Series], runs: int) -> None:
@@ -490,10 +570,12 @@ def print_table(title: str, series: list[Series]) -> dict[str, float]:
     print(f"  {'':58} {'median':>8} {'p10':>8} {'p90':>8} {'min':>8} {'max':>8}")
     med = {}
     for s in series:
-        v = s.times
-        med[s.key] = statistics.median(v)
-        print(f"  {s.label:58} {med[s.key] * 1000:8.1f} {pct(v, 10) * 1000:8.1f} "
-              f"{pct(v, 90) * 1000:8.1f} {min(v) * 1000:8.1f} {max(v) * 1000:8.1f}")
+        rows = [(s.key, s.label, s.times)]
+        rows += [(f"{s.key}:{name}", f"    {name}", v) for name, v in s.splits.items() if len(v) >= 2]
+        for key, label, v in rows:
+            med[key] = statistics.median(v)
+            print(f"  {label:58} {med[key] * 1000:8.1f} {pct(v, 10) * 1000:8.1f} "
+                  f"{pct(v, 90) * 1000:8.1f} {min(v) * 1000:8.1f} {max(v) * 1000:8.1f}")
     return med
 
 
@@ -544,15 +626,24 @@ EXEC_RE = re.compile(r"^(\d+)\s+([\d.]+)\s+(execve\(.*)$")
 EXIT_RE = re.compile(r"^(\d+)\s+([\d.]+)\s+\+\+\+ (?:exited with|killed by)")
 RESUMED_RE = re.compile(r"^(\d+)\s+([\d.]+)\s+<\.\.\. execve resumed>.*= 0")
 PROG_RE = re.compile(r'execve\("([^"]*)"')
+# write(2) traced raw (no data decoded): a 5-byte write is an empty control frame (G, H, X)
+WRITE5_RE = re.compile(r"^(\d+)\s+([\d.]+)\s+write\(0x[0-9a-f]+, 0x[0-9a-f]+, 0x5(?:\)|\s*<unfinished)")
 
 
-def parse_strace(path: str) -> tuple[list[tuple[float, int, str]], dict[int, float]]:
-    """([(time, pid, the execve line)] of successful execs, {pid: exit time})."""
+def parse_strace(path: str) -> tuple[list[tuple[float, int, str]], dict[int, float],
+                                     list[tuple[float, int]]]:
+    """([(time, pid, the execve line)] of successful execs, {pid: exit time}, [(time, pid)] of
+    5-byte writes)."""
     execs: list[tuple[float, int, str]] = []
     pending: dict[int, tuple[float, str]] = {}
     exits: dict[int, float] = {}
+    writes: list[tuple[float, int]] = []
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
+            m = WRITE5_RE.match(line)
+            if m:
+                writes.append((float(m.group(2)), int(m.group(1))))
+                continue
             m = EXEC_RE.match(line)
             if m:
                 pid, ts, text = int(m.group(1)), float(m.group(2)), m.group(3)
@@ -569,7 +660,28 @@ def parse_strace(path: str) -> tuple[list[tuple[float, int, str]], dict[int, flo
             m = EXIT_RE.match(line)
             if m:
                 exits[int(m.group(1))] = float(m.group(2))
-    return execs, exits
+    return execs, exits, writes
+
+
+# (from point, to point) -> the segment's label in the timeline (and in its summary line)
+SEG_START = "local start-up: interpreter, imports, config, ..."
+SEG_GIT = "git rev-parse --show-toplevel"
+SEG_GLUE = "local, before the session: tree id, spec, agent name"
+SEG_SSH = "ssh via the master + shell, to the agent's start"
+SEG_TO_P = "the agent: start, imports, probe -> P frame; here: compare"
+SEG_RSYNC = "rsync (walk both sides; sends only what changed)"
+SEG_WAIT_G = "here: from rsync's exit until G is sent"
+SEG_AFTER_G = "after G: the agent runs true (booking, cgroup, peak), R, ends"
+SEG_EXIT = "local, after the session, to exit"
+SEGMENTS = {
+    ("exec", "git"): SEG_START, ("git", "git end"): SEG_GIT, ("git end", "ssh"): SEG_GLUE,
+    ("ssh", "agent"): SEG_SSH, ("agent", "rsync"): SEG_TO_P, ("rsync", "rsync end"): SEG_RSYNC,
+    ("rsync end", "G"): SEG_WAIT_G, ("G", "ssh end"): SEG_AFTER_G, ("ssh end", "exit"): SEG_EXIT,
+    ("rsync end", "ssh end"): "after rsync: G (not seen), the run, R, the session ends",
+    ("agent", "probe"): SEG_TO_P, ("probe", "probe end"): "local toolchain probe (rsync --version)",
+    ("probe end", "rsync"): "here: compare, start rsync",
+    ("ssh", "rsync"): "the session to rsync's start (no peer stamp)",
+}
 
 
 def timeline_once(argv: list[str], env: dict[str, str], cwd: str, trace: str, stamps: str
@@ -578,13 +690,15 @@ def timeline_once(argv: list[str], env: dict[str, str], cwd: str, trace: str, st
     if os.path.exists(stamps):
         os.unlink(stamps)
     t0 = time.perf_counter()
-    proc = subprocess.run(["strace", "-f", "-ttt", "-s", "65536", "--seccomp-bpf", "-e", "trace=execve",
-                           "-e", "signal=none", "-o", trace, *argv], env=env, cwd=cwd,
+    # write(2) too, raw (not decoded: rsync's writes stay cheap): hostrun's G frame is its main
+    # thread's first 5-byte write after rsync's exit
+    proc = subprocess.run(["strace", "-f", "-ttt", "-s", "65536", "--seccomp-bpf", "-e", "trace=execve,write",
+                           "-e", "raw=write", "-e", "signal=none", "-o", trace, *argv], env=env, cwd=cwd,
                           stdin=subprocess.DEVNULL, capture_output=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         return [], 0.0, wall, f"exit {proc.returncode}: {proc.stderr.decode('utf-8', 'replace')[-300:]}"
-    execs, exits = parse_strace(trace)
+    execs, exits, writes = parse_strace(trace)
     peer: list[tuple[float, str]] = []
     if os.path.exists(stamps):
         with open(stamps, encoding="utf-8") as fh:
@@ -595,7 +709,9 @@ def timeline_once(argv: list[str], env: dict[str, str], cwd: str, trace: str, st
         return [], 0.0, wall, "no execve in the trace"
     start, root = execs[0][0], execs[0][1]
     end = exits.get(root, start)
-    acts: list[tuple[float, float, str]] = []
+    # Points in time; the segments lie between consecutive points. The session's ssh spans the agent's
+    # start, the P frame, hostrun's compare, rsync and the run after G: rsync's exec and exit cut it.
+    points: list[tuple[float, str]] = [(start, "exec"), (end, "exit")]
     rsync_spans: list[tuple[float, float]] = []
     for ts, pid, text in execs[1:]:
         m = PROG_RE.match(text)
@@ -604,33 +720,24 @@ def timeline_once(argv: list[str], env: dict[str, str], cwd: str, trace: str, st
         if any(a <= ts <= b for a, b in rsync_spans):
             continue  # rsync's own ssh
         if prog == "rsync" and '"-e"' in text:
-            acts.append((ts, stop, "rsync (walk both sides; sends only what changed)"))
+            points += [(ts, "rsync"), (stop, "rsync end")]
             rsync_spans.append((ts, stop))
+            go = [t for t, pid in writes if pid == root and t >= stop]
+            if go:
+                points.append((go[0], "G"))
+        elif prog == "rsync":
+            points += [(ts, "probe"), (stop, "probe end")]  # the local toolchain probe, uncached
         elif prog == "ssh" and "hostrun-agent" in text:
+            points += [(ts, "ssh"), (stop, "ssh end")]
             if peer:
-                p_ts, command = peer.pop(0)
-                acts.append((ts, p_ts, f"{command}: ssh via the master + shell, to the agent's start"))
-                acts.append((p_ts, stop, f"{command}: the agent on the peer, until its ssh ends"))
-            else:
-                acts.append((ts, stop, "ssh session running the agent (no peer stamp)"))
+                points.append((peer.pop(0)[0], "agent"))
         elif prog == "git":
-            sub = re.findall(r'"([^"]*)"', text)[2:3]
-            acts.append((ts, stop, f"git {' '.join(sub)}"))
+            points += [(ts, "git"), (stop, "git end")]
         else:
-            acts.append((ts, stop, f"exec {prog}"))
-    acts.sort()
-    segments: list[tuple[str, float]] = []
-    cursor, previous = start, "hostrun's exec"
-    for a, b, label in acts:
-        if a > cursor:
-            gap = ("local start-up: interpreter, imports, config, ..." if previous == "hostrun's exec"
-                   else f"local, after {previous.split(':')[0]}")
-            segments.append((gap, a - cursor))
-        elif a < cursor:
-            label += " [overlaps the previous step]"
-        segments.append((label, b - a))
-        cursor, previous = max(cursor, b), label
-    segments.append((f"local, after {previous.split(':')[0]}, to exit", end - cursor))
+            points += [(ts, f"exec {prog}"), (stop, f"{prog} end")]
+    points.sort()
+    segments = [(SEGMENTS.get((a, b), f"other: {a} -> {b}"), tb - ta)
+                for (ta, a), (tb, b) in zip(points, points[1:])]
     return segments, end - start, wall, ""
 
 
@@ -825,56 +932,93 @@ def main() -> int:
                       file=sys.stderr)
                 return 1
         calls = captured(capture_log)
-        syncs = [a for prog, a in calls if prog == "rsync" and "-e" in a]
-        sessions = [a for prog, a in calls if prog == "ssh" and not any("rsync --server" in w for w in a)]
-        agent_calls = [(a, agent_call(a[-1])) for a in sessions if a and agent_call(a[-1])]
-        probes = [(a, c) for a, c in agent_calls if c and c[2][:1] == ["probe"]]
-        if len(syncs) != 1 or not probes:
-            print(f"bench: expected one rsync and a probe session from hostrun, recorded: "
-                  f"{[(p, [*a[:3], '...', a[-1][:80]]) for p, a in calls]}", file=sys.stderr)
+        # Expected: one ssh session running `agent run <spec>` (probe, P, G, the job), one rsync (the
+        # sync; -e, with its own ssh under it), and the local toolchain probes when their cached output
+        # was stale (the rsync wrapper is another binary: its fingerprint differs, so it runs here).
+        probe_words = {tuple(shlex.split(p)) for p in info.get("probes") or ["rsync --version"]}
+        syncs: list[list[str]] = []
+        sessions: list[tuple[list[str], tuple[str, str, list[str]]]] = []
+        local_probes: list[str] = []
+        other: list[str] = []
+        for prog, a in calls:
+            call = agent_call(a[-1]) if prog == "ssh" and a else None
+            if prog == "rsync" and "-e" in a:
+                syncs.append(a)
+            elif (prog, *a) in probe_words:
+                local_probes.append(shlex.join([prog, *a]))
+            elif prog == "ssh" and "--server" in a and any(os.path.basename(w) == "rsync" for w in a):
+                continue  # rsync's own transport
+            elif call is not None and call[2][:2] and call[2][0] == "run":
+                sessions.append((a, call))
+            else:
+                other.append(f"{prog} {shlex.join(a)[:160]}")
+        spec: dict[str, Any] = {}
+        if len(sessions) == 1 and len(sessions[0][1][2]) > 1:
+            try:
+                spec = json.loads(base64.b64decode(sessions[0][1][2][1]))
+            except ValueError:
+                spec = {}
+        if len(syncs) != 1 or len(sessions) != 1 or other or "prepare" not in spec:
+            print(f"bench: expected from hostrun one ssh session running `agent run <spec with prepare>` "
+                  f"and one rsync (plus local toolchain probes); recorded: "
+                  f"{[(p, [*a[:3], '...', a[-1][:80]]) for p, a in calls]}; unexpected: {other}; "
+                  f"spec keys: {sorted(spec)}", file=sys.stderr)
             return 1
         rsync_args = syncs[0]
         rsync_cmd = ["rsync", *rsync_args]
         rsh = rsync_args[rsync_args.index("-e") + 1]
         dest, _, remote = rsync_args[-1].partition(":")
         remote = remote.rstrip("/")
-        probe_argv, (agent_rel, agent_py, agent_args) = probes[0]
-        probe_cmd = ["ssh", *probe_argv]
-        runs_recorded = [(a, c) for a, c in agent_calls if c and c[2][:1] == ["run"]]
-        ssh_prefix = ["ssh", *probe_argv[:-1]]  # hostrun's session argv: options, -T, peer1, --
+        session_argv, (agent_rel, agent_py, agent_args) = sessions[0]
+        session_cmd = ["ssh", *session_argv]
+        prepare = spec["prepare"]
+        prepare_json = json.dumps(prepare)
+        plain_spec = base64.b64encode(json.dumps({k: v for k, v in spec.items() if k != "prepare"})
+                                      .encode()).decode()
+        ssh_prefix = ["ssh", *session_argv[:-1]]  # hostrun's session argv: options, -T, peer1, --
         ssh_cd = [*ssh_prefix, f"cd {shlex.quote(remote)} && true"]
+        # sshd starts in the passwd home; the peer's HOME (SetEnv) is where the agent lives, as in _RUN
+        probe_ssh = [*ssh_prefix, 'cd "$HOME" && ' + shlex.join([agent_py, "-I", agent_rel, "probe",
+                                                                  "--spec", prepare_json])]
         ctl_dir = str(info.get("ctl_dir") or "")
         if not ctl_dir:
-            paths = [w.split("=", 1)[1] for w in probe_argv if w.startswith("ControlPath=")]
+            paths = [w.split("=", 1)[1] for w in session_argv if w.startswith("ControlPath=")]
             ctl_dir = os.path.dirname(paths[0]) if paths else os.path.join(state_dir, "ssh")
         master = ([a for a in ssh_prefix if a not in ("-T", "--")][:-1], dest, ctl_dir)
         missing = [f for f in SYNC_FLAGS if f not in rsync_args]
         extra = [a for a in rsync_args[:-2] if a not in SYNC_FLAGS and a not in ("-e", rsh)]
         agent_file = peer.home / agent_rel
-        if not agent_file.exists() or not os.path.isdir(remote):
-            print(f"bench: agent {agent_file} or remote dir {remote} missing after the warm-up",
+        if not (agent_file / "__main__.py").is_file() or not os.path.isdir(remote):
+            print(f"bench: agent directory {agent_file} or remote dir {remote} missing after the warm-up",
                   file=sys.stderr)
             return 1
         agent_dir = agent_file.parent
         agent_mtime = agent_file.stat().st_mtime_ns
         agents_before = agents_in(agent_dir)
-        agent_zipped = agent_file.is_file() and zipfile.is_zipfile(agent_file)
-        if agent_zipped:
-            agent_kind = f"a zipapp, {agent_file.stat().st_size} bytes"
-        else:
-            compiled = sum(1 for _ in agent_file.rglob("__pycache__/*.pyc"))
-            agent_kind = f"a directory, {compiled} .pyc file(s) under __pycache__"
+        sources = sum(1 for _ in agent_file.rglob("*.py"))
+        compiled = sum(1 for _ in agent_file.rglob("__pycache__/*.pyc"))
+        agent_kind = f"unpacked: {sources} .py, {compiled} .pyc under __pycache__"
+        # the local probe's cache now holds the wrapper's fingerprint: one plain run caches the real one
+        t0 = time.perf_counter()
+        proc = subprocess.run(hostrun_true, env=env, cwd=tree.root, capture_output=True, text=True)
+        print(f"warm-up 3 (local toolchain probe cached again for the real rsync): "
+              f"{(time.perf_counter() - t0) * 1000:.1f} ms, exit {proc.returncode}")
+        if proc.returncode != 0:
+            print(f"hostrun --peer failed in the warm-up:\n{proc.stdout}\n{proc.stderr}", file=sys.stderr)
+            return 1
         t0 = time.perf_counter()
         warm = [subprocess.run(a, cwd=tree.root, env=env, capture_output=True) for a in (rsync_cmd, ssh_cd)]
-        print(f"warm-up 3 (by hand): {(time.perf_counter() - t0) * 1000:.1f} ms, exit "
+        print(f"warm-up 4 (by hand): {(time.perf_counter() - t0) * 1000:.1f} ms, exit "
               f"{[p.returncode for p in warm]}")
         if any(p.returncode != 0 for p in warm):
             print(f"by-hand run failed: {[p.stderr for p in warm]}", file=sys.stderr)
             return 1
         master_before = master_check(master[0], dest)
-        print(f"recorded:     {len(calls)} ssh/rsync calls from one `hostrun --peer -- true`: "
-              f"{', '.join(c[2][0] if c else '?' for _, c in agent_calls)} agent session(s), "
-              f"{len(syncs)} rsync")
+        print(f"recorded:     {len(calls)} ssh/rsync calls from one `hostrun --peer -- true`: 1 ssh session "
+              f"(agent {agent_args[0]}, spec with prepare: probes {prepare.get('probes')}, workdir "
+              f"{prepare.get('workdir')}), 1 rsync (+ its own ssh), local probe(s): "
+              f"{', '.join(local_probes) or 'none (cached)'}")
+        print(f"session:      {shlex.join(session_cmd)[:200]}...")
         same = ("== PeerClient(...).ssh.rsync_rsh()" if rsh == info.get("rsh")
                 else f"DIFFERS FROM PeerClient(...).ssh.rsync_rsh(): {info.get('rsh')}")
         print(f"rsync -e:     {rsh}\n              {same}")
@@ -932,19 +1076,10 @@ def main() -> int:
         notes: list[str] = []
 
         # --- where the time goes: parts --------------------------------------------------------
-        variants: list[Series] = []
-        pyc_zip = os.path.join(str(peer.home), "bench", "agent-with-pyc.pyz")
-        if agent_zipped:  # what bytecode in the zip would save: a copy with .pyc next to each .py
-            os.makedirs(os.path.dirname(pyc_zip))
-            subprocess.run([peer_python, "-I", "-c", ADD_PYC, str(agent_file), pyc_zip], check=True)
-            pyc_rel = os.path.relpath(pyc_zip, peer.home)
-            probe_pyc_cmd = [*probe_cmd[:-1], probe_cmd[-1].replace(agent_rel, pyc_rel)]
-            variants = [
-                Series("probe_pyc", "  the same, agent zip with .pyc added [pyc]", [probe_pyc_cmd], env,
-                       tree.root),
-                Series("agent_pyc", "  agent alone, zip with .pyc added [pyc]",
-                       [[peer_python, "-I", pyc_zip, *agent_args]], peer_env, str(peer.home)),
-            ]
+        # the agent without its bytecode (run with -B: nothing written): what shipping it compiled saves
+        src_copy = os.path.join(str(peer.home), "bench", "agent-src")
+        shutil.copytree(agent_file, src_copy, ignore=shutil.ignore_patterns("__pycache__"))
+        agent_here = [peer_python, "-I", str(agent_file)]
         changed_list = os.path.join(tmp, "changed.txt")
 
         def touch_listed() -> list[str]:
@@ -964,17 +1099,19 @@ def main() -> int:
             Series("rsync", "rsync alone, no change (the by-hand rsync)", [rsync_cmd], env, tree.root),
             Series("ssh_py", f"ssh peer1 {agent_py} -I -c pass", [[*ssh_prefix, f"{agent_py} -I -c pass"]],
                    env, tree.root),
-            Series("probe", "ssh peer1 <hostrun's probe session, replayed exactly>", [probe_cmd], env,
-                   tree.root),
-            Series("agent", "python3 -I <agent> probe ... (here, peer env, no ssh)",
-                   [[peer_python, "-I", str(agent_file), *agent_args]], peer_env, str(peer.home)),
-            *variants,
-            *([Series("run_ssh", "ssh peer1 <hostrun's run session, replayed (true)>",
-                      [["ssh", *runs_recorded[0][0]]], env, tree.root, hold_stdin=True),
-               Series("run_agent", "python3 -I <agent> run ... (here, peer env, no ssh)",
-                      [[peer_python, "-I", str(agent_file), *runs_recorded[0][1][2]]], peer_env,
-                      str(peer.home), hold_stdin=True)]
-              if runs_recorded and runs_recorded[0][1] else []),
+            FramedSeries("session", "ssh peer1 <hostrun's session replayed; G at once on P>",
+                         session_cmd, env, tree.root),
+            Series("probe_ssh", "ssh peer1 python3 -I <agent dir> probe --spec <prepare>",
+                   [probe_ssh], env, tree.root),
+            FramedSeries("agent_session", "python3 -I <agent dir> run <spec> (here, no ssh; G on P)",
+                         [*agent_here, *agent_args], peer_env, str(peer.home)),
+            Series("agent_probe", "python3 -I <agent dir> probe --spec ... (here, no ssh)",
+                   [[*agent_here, "probe", "--spec", prepare_json]], peer_env, str(peer.home)),
+            FramedSeries("agent_run", "python3 -I <agent dir> run <spec w/o prepare> (here)",
+                         [*agent_here, "run", plain_spec], peer_env, str(peer.home), expect_p=False),
+            Series("agent_src", "  the probe, agent without __pycache__ (-B) [src]",
+                   [[peer_python, "-I", "-B", src_copy, "probe", "--spec", prepare_json]], peer_env,
+                   str(peer.home)),
             Series("local_true", "hostrun -- true (a local run: the same run_local, here)",
                    [[hostrun, "--config", config, "--", "true"]], env, tree.root),
             Series("py_peer", "python3 -I -c pass (the peer's python, no ssh)",
@@ -1050,8 +1187,9 @@ def main() -> int:
             if totals:
                 total = statistics.median(totals)
                 print(f"\nTIMELINE of hostrun --peer -- true, no change: median of {len(totals)} run(s) "
-                      f"under strace -f --seccomp-bpf -e trace=execve; agent starts stamped on the peer "
-                      f"by a bash wrapper (exec's python3)")
+                      f"under strace -f --seccomp-bpf -e trace=execve,write (raw); the agent's start "
+                      f"stamped on the peer by a bash wrapper (exec's python3); one ssh session, rsync "
+                      f"inside it")
                 print(f"  (from hostrun's exec to its exit {total * 1000:.1f} ms; wall with strace "
                       f"{statistics.median(walls) * 1000:.1f} ms; unstraced median above "
                       f"{med['h0'] * 1000:.1f} ms)")
@@ -1064,29 +1202,23 @@ def main() -> int:
             print("\nTIMELINE: skipped (no strace)")
 
         # --- import-time profiles ---------------------------------------------------------------
-        local_rows = importtime_profile(python, ["-m", "dispatch", "--config", config, "--peer", "--",
-                                                 "true"], "the local side of `--peer -- true`", env,
-                                        tree.root, args.top)
-        importtime_profile(peer_python, ["-I", str(agent_file), *agent_args],
-                           "the agent's probe (as shipped)", peer_env, str(peer.home), args.top)
-        shipped = [("as shipped", str(agent_file))]
-        if variants:
-            importtime_profile(peer_python, ["-I", pyc_zip, *agent_args],
-                               "the agent's probe (zip with .pyc) [pyc]", peer_env, str(peer.home), 0)
-            shipped.append(("zip with .pyc [pyc]", pyc_zip))
-        for label, zip_path in shipped:
-            importtime_profile(peer_python,
-                               ["-I", "-c", f"import sys; sys.path.insert(0, {zip_path!r}); "
-                                            f"{RUN_PATH_MODULES}"],
-                               f"the agent's run-path modules ({label})", peer_env, str(peer.home),
-                               args.top if label == "as shipped" else 0)
+        importtime_profile(python, ["-m", "dispatch", "--config", config, "--peer", "--", "true"],
+                           "the local side of `--peer -- true`", env, tree.root, args.top)
+        importtime_profile(peer_python, ["-I", str(agent_file), "probe", "--spec", prepare_json],
+                           "the agent's probe (as shipped, byte-compiled)", peer_env, str(peer.home),
+                           args.top)
+        importtime_profile(peer_python,
+                           ["-I", "-c", f"import sys; sys.path.insert(0, {str(agent_file)!r}); "
+                                        f"{RUN_PATH_MODULES}"],
+                           "the agent's run-path modules (as shipped)", peer_env, str(peer.home), args.top)
 
         # --- summary ---------------------------------------------------------------------------
         def m(key: str) -> float:
             return pmed[key] * 1000 if key in pmed else float("nan")
 
-        def seg(word: str) -> float:
-            return sum(statistics.median(v) for k, v in segs.items() if word in k) * 1000
+        def seg(*labels: str) -> float:
+            return sum(statistics.median(v) for k, v in segs.items()
+                       if k.split(". ", 1)[1] in labels) * 1000
 
         def step_ms(prefix: str) -> float:
             for label, by_env in steps.items():
@@ -1095,23 +1227,43 @@ def main() -> int:
             return float("nan")
 
         h0, b0 = med["h0"] * 1000, med["b0"] * 1000
+        # the local Python before the session: interpreter, imports, config, the agent's name
+        local_est = m("py") + sum(step_ms(p) for p in ("import dispatch.cli", "then import dispatch.peerrun",
+                                                         "load_settings", "agent.remote_path"))
+        to_p, after_g = m(f"session:{TO_P}"), m(f"session:{AFTER_G}")
         print("\nWHERE THE TIME GOES (medians, ms; no-change case)")
         print(f"  hostrun {h0:.1f} vs by hand {b0:.1f} ({h0 - b0:+.1f}); by hand = rsync {m('rsync'):.1f} "
               f"+ ssh 'cd DIR && true' {m('ssh_cd'):.1f}")
+        known = (SEG_START, SEG_GIT, SEG_GLUE, SEG_EXIT, SEG_SSH, SEG_TO_P, SEG_RSYNC, SEG_WAIT_G,
+                 SEG_AFTER_G)
         if segs:
-            print(f"  timeline ({statistics.median(totals) * 1000:.1f} under strace): local Python "
-                  f"{seg('local'):.1f} + git {seg('git'):.1f} + ssh set-up {seg('ssh via'):.1f} "
-                  f"({sum(1 for k in segs if 'ssh via' in k)} sessions) + agents on the peer "
-                  f"{seg('the agent on'):.1f} + rsync {seg('rsync'):.1f}")
+            others = sum(statistics.median(v) for k, v in segs.items()
+                         if k.split(". ", 1)[1] not in known) * 1000
+            print(f"  timeline ({statistics.median(totals) * 1000:.1f} under strace): local start-up "
+                  f"{seg(SEG_START):.1f} + git {seg(SEG_GIT):.1f} + local glue {seg(SEG_GLUE, SEG_EXIT):.1f} "
+                  f"| the session: ssh to the agent's start {seg(SEG_SSH):.1f} + the agent to its P frame "
+                  f"and the compare here {seg(SEG_TO_P):.1f} + rsync {seg(SEG_RSYNC):.1f} + rsync's exit "
+                  f"to G {seg(SEG_WAIT_G):.1f} + the run after G {seg(SEG_AFTER_G):.1f}"
+                  f"{f' + other {others:.1f}' if others else ''}")
+        print(f"  the session replayed without rsync (G at once on P): {m('session'):.1f} = to P {to_p:.1f} "
+              f"+ after G {after_g:.1f}; the same here without ssh: {m('agent_session'):.1f} = "
+              f"{m(f'agent_session:{TO_P}'):.1f} + {m(f'agent_session:{AFTER_G}'):.1f} (ssh true: "
+              f"{m('ssh'):.1f})")
+        print(f"  to P: the agent's probe command alone {m('agent_probe'):.1f} here, {m('probe_ssh'):.1f} "
+              f"over ssh; the peer's python -I -c pass {m('py_peer'):.1f} here, {m('ssh_py'):.1f} over ssh; "
+              f"the probe without the agent's bytecode [src] {m('agent_src'):.1f} ({agent_kind})")
+        print(f"  after G: the agent's run path alone (spec without prepare, its own process) "
+              f"{m('agent_run'):.1f} here; a local `hostrun -- true` (same run_local) "
+              f"{m('local_true'):.1f}; the by-hand ssh 'cd DIR && true' {m('ssh_cd'):.1f}")
         print(f"  local start-up: python -c pass {m('py'):.1f}; import dispatch.cli "
               f"{step_ms('import dispatch.cli'):.1f} then dispatch.peerrun "
-              f"{step_ms('then import dispatch.peerrun'):.1f} (in-process); with hostrun's bytecode "
-              f"cached [*] a whole run took {m('h_cached'):.1f} vs {h0:.1f} as is")
-        print(f"  probe session, replayed: {m('probe'):.1f} = ssh {m('ssh'):.1f} + "
-              f"{m('probe') - m('ssh'):.1f} on the peer (the agent alone, no ssh: {m('agent'):.1f}; "
-              f"the peer's python -I -c pass: {m('py_peer'):.1f}; {agent_kind})")
-        print(f"  run session, replayed: {m('run_ssh'):.1f}; the agent's run alone, no ssh: "
-              f"{m('run_agent'):.1f} (a local `hostrun -- true` here, same run_local: {m('local_true'):.1f})")
+              f"{step_ms('then import dispatch.peerrun'):.1f}, config {step_ms('load_settings'):.1f}, "
+              f"agent name {step_ms('agent.remote_path'):.1f}, probe here "
+              f"{step_ms('toolchain probe_here'):.1f} (in-process); with hostrun's bytecode cached [*] "
+              f"a whole run took {m('h_cached'):.1f} vs {h0:.1f} as is")
+        print(f"  so hostrun - by hand {h0 - b0:+.1f} ~ hostrun - replayed session - rsync "
+              f"{h0 - m('session') - m('rsync'):.1f} (local Python ~{local_est:.0f} + glue + waits) "
+              f"+ the session beyond the by-hand ssh {m('session') - m('ssh_cd'):.1f}")
         files_seen = walk_out[0] if walk_out else "?"
         walk_ms = walk_out[2] if len(walk_out) > 2 else "?"
         print(f"  rsync alone {m('rsync'):.1f}; fingerprint candidates: git status --porcelain "
@@ -1119,32 +1271,35 @@ def main() -> int:
               f"stat walk {m('walk'):.1f} wall ({walk_ms} in-process, "
               f"{files_seen} entries); rsync of just the {TOUCHED} touched files (--files-from) "
               f"{m('rsync_changed'):.1f}")
-        asyncio_ms = max((r[1] for r in local_rows if r[2].strip() == "asyncio"), default=0) / 1000
-        probe_ms = (sum(statistics.median(v) for k, v in segs.items()
-                        if k.split(". ", 1)[1].startswith("probe:")) * 1000) if segs else m("probe")
+        before_rsync = seg(SEG_SSH, SEG_TO_P) if segs else to_p  # what rsync waits for in the session
+        fingerprint = m("rsync") - m("git_status_uc")
+        cached = max(0.0, h0 - m("h_cached"))
+        # the controller notices the sync thread's end only when its select() wakes (a frame, or its
+        # timeout): the timeline shows that wait; without a timeline, what the parts leave unexplained
+        wait_g = (seg(SEG_WAIT_G) if segs and any(SEG_WAIT_G in k for k in segs)
+                  else max(0.0, h0 - m("session") - m("rsync") - local_est))
         ideas = [
-            ("fold the probe into the run session (one ssh + one agent start less)", probe_ms),
+            ("send G as soon as rsync exits (the loop wakes on the sync thread's end, not on its "
+             "select timeout)", wait_g),
             ("skip the rsync walk when a git-status fingerprint (untracked cache on) shows no change",
-             m("rsync") - m("git_status_uc")),
-            ("no asyncio for one ssh call on the --peer path (its import, -X importtime cumulative)",
-             asyncio_ms),
+             fingerprint),
+            ("start rsync (--mkpath) with the session, not after the P frame (overlap; a toolchain "
+             "mismatch then aborts after the sync)", min(before_rsync, m("rsync"))),
+            ("hostrun's own bytecode cached (PYTHONDONTWRITEBYTECODE unset)", cached),
         ]
-        if variants:
-            ideas.append((".pyc in the agent zip (x2 agent starts)", 2 * (m("agent") - m("agent_pyc"))))
-        if m("h_cached") < h0:
-            ideas.append(("hostrun's own bytecode cached (PYTHONDONTWRITEBYTECODE unset)",
-                          h0 - m("h_cached")))
         print("  each on its own (savings estimated from the medians above) -> the no-change ratio:")
         for text, saving in ideas:
-            print(f"    -{saving:7.1f}  -> {(h0 - saving) / b0:.2f}x  {text}")
-        print(f"    (instead of folding: the probe concurrently with rsync, `rsync --mkpath` making the dir, "
-              f"-{min(probe_ms, m('rsync')):.1f} -> {(h0 - min(probe_ms, m('rsync'))) / b0:.2f}x)")
-        together = sum(s for _, s in ideas)
+            print(f"    {-saving:+8.1f}  -> {(h0 - saving) / b0:.2f}x  {text}")
+        # together: the overlap then hides (part of) the fingerprint instead of the walk
+        together = wait_g + fingerprint + min(before_rsync, m("git_status_uc")) + cached
+        print(f"    {-together:+8.1f}  -> {(h0 - together) / b0:.2f}x  all of them (the overlap then hides "
+              f"the fingerprint: -{min(before_rsync, m('git_status_uc')):.1f})")
         partial = m("rsync") - m("git_status_uc") - m("rsync_changed")
-        touched = (med["h10"] * 1000 - together + ideas[1][1] - partial) / (med["b10"] * 1000)
-        print(f"    -{together:7.1f}  -> {(h0 - together) / b0:.2f}x  all of them")
-        print(f"  {TOUCHED} touched: rsync only what git status lists instead of the walk: -{partial:.1f} -> "
-              f"{(med['h10'] * 1000 - partial) / (med['b10'] * 1000):.2f}x alone; with the rest above: "
+        hidden = min(before_rsync, m("git_status_uc") + m("rsync_changed"))
+        touched = (med["h10"] * 1000 - wait_g - partial - hidden - cached) / (med["b10"] * 1000)
+        print(f"  {TOUCHED} touched: rsync only what git status lists instead of the walk: "
+              f"{-partial:+.1f} -> {(med['h10'] * 1000 - partial) / (med['b10'] * 1000):.2f}x alone; "
+              f"with the rest above: "
               f"{touched:.2f}x")
 
         # --- checks and leftovers ------------------------------------------------------------

@@ -333,7 +333,7 @@ def importtime_profile(python: str, args: list[str], shown: str, env: dict[str, 
           f"pydantic* {family('pydantic') + family('pydantic_core'):.1f} ms")
     if any(r[0] < 0 for r in rows):
         print("  (negative self times: modules were imported by two threads at once -- the local "
-              "report's asyncio.to_thread worker and the event loop -- and -X importtime's accounting "
+              "report's reader threads -- and -X importtime's accounting "
               "is not per thread; see the single-thread profile of the same modules)")
     if top > 0:
         print(f"  top {top} by cumulative time:")
@@ -499,7 +499,7 @@ def main() -> int:
         floor = med["py"] + med["py_ssh"]
         print(f"  floor of any Python controller + Python agent (python -c pass + ssh python3 -I -c pass): "
               f"{floor * 1000:.1f} ms = {floor / med['ssh']:.2f}x ssh true")
-        print(f"  import asyncio alone (every `report` pays it): "
+        print(f"  import asyncio alone (for reference; the report path no longer imports it): "
               f"{(med['py_asyncio'] - med['py']) * 1000:.1f} ms over python -c pass")
         if "json_cached" in med:
             print(f"  [*] with dispatch's bytecode cached: {med['json_cached'] / med['ssh']:.2f}x "

@@ -264,7 +264,9 @@ class PeerRun:
         sync_error: list[BaseException] = []
         try:
             while sel.get_map():
-                for key, _ in sel.select(timeout=0.5):
+                # While rsync runs, nothing comes from the agent for up to 2 s: poll often, so "go" is
+                # sent as soon as rsync ends, not at the next heartbeat.
+                for key, _ in sel.select(timeout=0.01 if phase == "sync" else 0.5):
                     data = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
                     if not data:
                         sel.unregister(key.fileobj)
