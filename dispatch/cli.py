@@ -26,7 +26,7 @@ if MYPY:
 SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts", "capacity",
                "lock", "workdir", "preflight")
 PROG = "hostrun"
-USAGE = f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{doctor,codes,ledger,report}} ..."
+USAGE = (f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{{','.join(SUBCOMMANDS[1:])}}} ...")
 
 
 def _size(text: str) -> int:
@@ -119,7 +119,7 @@ def _argparser(prog: str, description: str) -> argparse.ArgumentParser:
 
 def _print_run_help() -> None:
     p = _argparser(PROG, "Run CMD under a memory cap, booked in this host's shared ledger. "
-                         "Subcommands: doctor, codes, ledger, report (each has --help).")
+                         f"Subcommands: {', '.join(SUBCOMMANDS[1:])} (each has --help).")
     p.usage = USAGE
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     for opt in RUN_OPTIONS:
