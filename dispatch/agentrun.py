@@ -93,10 +93,6 @@ def _pump(fd: int, kind: bytes, writer: FrameWriter) -> None:
 
 
 def run_job(spec: dict[str, Any]) -> int:
-    from dispatch.agentmain import peer_settings
-    from dispatch.runner import RunRequest, run_local
-
-    settings, _notes = peer_settings(spec.get("fallback") or {})
     writer = FrameWriter(os.dup(1))
     control_fd = os.dup(0)
     stdin_w = None
@@ -143,6 +139,11 @@ def run_job(spec: dict[str, Any]) -> int:
         from dispatch.agentmain import probe
 
         writer.send(b"P", json.dumps(probe(prepare)).encode())
+        # While the controller compares and syncs: load what the run needs (off the critical path).
+        from dispatch.agentmain import peer_settings
+        from dispatch.runner import RunRequest, run_local
+
+        settings, _notes = peer_settings(spec.get("fallback") or {})
         while not link.decided.wait(0.5):
             if time.monotonic() - link.last_seen > SILENCE_LIMIT:
                 break
@@ -150,6 +151,11 @@ def run_job(spec: dict[str, Any]) -> int:
             done.set()
             return 0  # aborted (toolchain, sync, Ctrl-C) or the controller went away: nothing ran
 
+    from dispatch.agentmain import peer_settings
+    from dispatch.runner import RunRequest, run_local
+
+    if prepare is None:
+        settings, _notes = peer_settings(spec.get("fallback") or {})
     result: dict[str, Any]
     try:
         os.chdir(os.path.expanduser(spec["cwd"]))
