@@ -6,12 +6,24 @@ is compared with kernel figures, which are binary.
 
 from __future__ import annotations
 
-import re
+import functools
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*$", re.IGNORECASE)
+MYPY = False
+if MYPY:
+    import re
+
+_SIZE_PATTERN = r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*$"
 _SIZE_MULT = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
-_DUR_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_DUR_PATTERN = r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$"
 _DUR_MULT = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+@functools.cache
+def _pattern(source: str) -> re.Pattern[str]:
+    """Compiled on first use: ``re`` stays off the import path of ``hostrun -- CMD``."""
+    import re
+
+    return re.compile(source, re.IGNORECASE)
 
 
 def parse_size(text: str | int) -> int:
@@ -22,7 +34,7 @@ def parse_size(text: str | int) -> int:
         if text < 0:
             raise ValueError(f"size must not be negative: {text}")
         return text
-    m = _SIZE_RE.match(str(text))
+    m = _pattern(_SIZE_PATTERN).match(str(text))
     if not m:
         raise ValueError(f"not a size: {text!r} (use e.g. 512M, 8G, 1.5GiB)")
     return int(float(m.group(1)) * _SIZE_MULT[m.group(2).lower()])
@@ -36,7 +48,7 @@ def parse_duration(text: str | int | float) -> float:
         if text < 0:
             raise ValueError(f"duration must not be negative: {text}")
         return float(text)
-    m = _DUR_RE.match(str(text))
+    m = _pattern(_DUR_PATTERN).match(str(text))
     if not m:
         raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 10m, 2h)")
     return float(m.group(1)) * _DUR_MULT[(m.group(2) or "").lower()]
