@@ -141,7 +141,8 @@ def run_job(spec: dict[str, Any]) -> int:
         writer.send(b"P", json.dumps(probe(prepare)).encode())
         # While the controller compares and syncs: load what the run needs (off the critical path).
         from dispatch.agentmain import peer_settings
-        from dispatch.runner import RunRequest, run_local
+        from dispatch.request import RunRequest
+        from dispatch.runner import run_local
 
         settings, _notes = peer_settings(spec.get("fallback") or {})
         while not link.decided.wait(0.5):
@@ -152,7 +153,8 @@ def run_job(spec: dict[str, Any]) -> int:
             return 0  # aborted (toolchain, sync, Ctrl-C) or the controller went away: nothing ran
 
     from dispatch.agentmain import peer_settings
-    from dispatch.runner import RunRequest, run_local
+    from dispatch.request import RunRequest
+    from dispatch.runner import run_local
 
     if prepare is None:
         settings, _notes = peer_settings(spec.get("fallback") or {})

@@ -21,7 +21,7 @@ if MYPY:
     from typing import Any, NoReturn
 
     from dispatch.outcome import Outcome
-    from dispatch.runner import RunRequest
+    from dispatch.request import RunRequest
 
 SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts", "capacity",
                "lock", "workdir", "preflight")
@@ -208,7 +208,7 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def cmd_run(argv: list[str]) -> int:
-    from dispatch.runner import RunRequest, enclosing_job, run_local
+    from dispatch.request import RunRequest, enclosing_job
 
     options, command = _split_command(argv)
     if "-h" in options or "--help" in options:
@@ -241,6 +241,8 @@ def cmd_run(argv: list[str]) -> int:
         elif args["peer"] or args["auto"]:
             return _run_elsewhere(options, command, args, request)
         else:
+            from dispatch.runner import run_local
+
             settings = _settings(args["config"])
             outcome = run_local(settings, request, _say, _peer_watch(settings, options, command, args))
     except HostrunError as exc:

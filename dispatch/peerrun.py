@@ -36,7 +36,7 @@ MYPY = False
 if MYPY:
     from typing import Any
 
-    from dispatch.runner import RunRequest
+    from dispatch.request import RunRequest
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 DEFAULT_WORK_ROOT = "~/hostrun-work"

@@ -21,7 +21,7 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 
 from dispatch.admission import wait_for_room
 from dispatch.booking import Plan, default_label, plan_booking
@@ -34,14 +34,13 @@ from dispatch.hostfacts import read_meminfo
 from dispatch.ledger import Admission, Ledger
 from dispatch.outcome import Outcome
 from dispatch.procinfo import start_time
-from dispatch.records import NamedTuple
+from dispatch.request import JOB_ENV, RunRequest
 from dispatch.settings import LOCAL, HostSettings, Settings
 from dispatch.spawn import CGROUP_FAILED, PreparedChild
 from dispatch.units import format_size
 
 MYPY = False
 if MYPY:
-    from typing import Optional
 
     from dispatch.gpu import GpuRun
 
@@ -50,45 +49,6 @@ FAST_SAMPLE_INTERVAL = 0.01  # short jobs are over before a 50 ms sample would s
 FAST_SAMPLING_FOR = 1.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 THREAD_KNOBS = ("CARGO_BUILD_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL")
-JOB_ENV = "HOSTRUN_JOB"  # set in every job: the job's cgroup, so a nested hostrun can tell
-
-
-class RunRequest(NamedTuple):
-    argv: Sequence[str]
-    label: Optional[str] = None
-    cap: Optional[int] = None
-    max_runtime: Optional[float] = None
-    threads: Optional[int] = None
-    no_cap: bool = False
-    session: Optional[str] = None
-    env: Optional[dict[str, str]] = None  # the job's environment (default: hostrun's own)
-    gpu_memory: Optional[int] = None  # VRAM to book on one GPU (--gpu-memory), bytes
-    force: bool = False  # --force: run although the script's '# admission:' says nothing changed
-    group: Optional[str] = None  # --group: the group's max_running caps it
-    when_idle: bool = False  # --when-idle: only while no other hostrun job runs here
-
-
-
-def enclosing_job(environ: Mapping[str, str]) -> str | None:
-    """The hostrun job this process runs inside, if any (its cgroup path), else None.
-
-    ``HOSTRUN_JOB`` alone could have leaked into an unrelated process's environment, so it counts
-    only while this process really is in that job's cgroup.
-    """
-    path = environ.get(JOB_ENV)
-    if not path:
-        return None
-    try:
-        with open("/proc/self/cgroup", encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    job = path.rstrip("/")
-    for line in lines:
-        own = line.split(":", 2)[-1].rstrip("/")
-        if own and (job == own or job.endswith("/" + own.lstrip("/"))):
-            return path
-    return None
 
 
 def run_nested(request: RunRequest, enclosing: str) -> Outcome:
