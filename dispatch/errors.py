@@ -10,7 +10,6 @@ calls ``sys.exit``. The hierarchy::
     ├── NeverFitsError              243  cap larger than the host's whole slice
     ├── NoCapBackendError           78   no memory-cap backend works here and --no-cap was not given
     ├── BackendError                78   a backend failed while preparing the slice or the job
-    ├── LongJobError                244  too long for one host without a long-job declaration
     ├── PeerUnreachableError        246  the peer could not be reached or read in time
     │   ├── HostKeyError            246  its host key is unknown or changed (never retried)
     │   └── PeerAuthError           246  authentication failed (never retried)
@@ -56,10 +55,6 @@ class NoCapBackendError(HostrunError):
 
 class BackendError(HostrunError):
     exit_code = ExitCode.NOT_RUN
-
-
-class LongJobError(HostrunError):
-    exit_code = ExitCode.LONG_SINGLE_HOST
 
 
 class PeerUnreachableError(HostrunError):

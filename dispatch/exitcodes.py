@@ -56,12 +56,3 @@ MEANINGS: dict[ExitCode, str] = {
 }
 
 SIGNAL_BASE = 128
-
-
-def from_wait_status(status: int) -> tuple[int, str]:
-    """Map a raw ``os.waitpid`` status to (exit code, outcome) for a job that hostrun did not judge."""
-    import os
-
-    if os.WIFSIGNALED(status):
-        return SIGNAL_BASE + os.WTERMSIG(status), "signal"
-    return os.WEXITSTATUS(status), "exit"

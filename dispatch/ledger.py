@@ -290,19 +290,6 @@ class Ledger:
             self.db.executemany("DELETE FROM bookings WHERE id = ?", [(b.id,) for b in stale])
         return stale
 
-    def reclaim(self, host: str) -> list[Booking]:
-        """Delete bookings and queue entries whose holder is gone; the caller stops their cgroups."""
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            stale = self._reclaim_locked(host)
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        if stale:
-            self.touch()
-        return stale
-
     def _evaluate(self, booking_id: int, host: str, room: Callable[[int], int],
                   gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None
                   ) -> Admission:
@@ -400,9 +387,6 @@ class Ledger:
 
     def set_reason(self, booking_id: int, reason: str) -> None:
         self.db.execute("UPDATE bookings SET reason = ? WHERE id = ?", (reason, booking_id))
-
-    def set_cgroup(self, booking_id: int, cgroup: str) -> None:
-        self.db.execute("UPDATE bookings SET cgroup = ? WHERE id = ?", (cgroup, booking_id))
 
     def release(self, booking_id: int) -> None:
         self.db.execute("DELETE FROM bookings WHERE id = ?", (booking_id,))

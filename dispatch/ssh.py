@@ -186,10 +186,3 @@ class SshPeer:
             proc.wait()
             return None
         return RemoteResult(proc.returncode, out, err, time.monotonic() - started)
-
-    def close_master(self) -> None:
-        """Stop this peer's ControlMaster (``ssh -O exit``), if one runs."""
-        import subprocess
-
-        subprocess.run([*self.base_argv(master="no"), "-O", "exit", self.destination],
-                       capture_output=True, check=False, timeout=10)

@@ -20,7 +20,6 @@ MYPY = False
 if MYPY:
     from typing import Any
 
-DEFAULT_PROBES = ("rustc -Vv", "cargo -V")
 PROBE_TIMEOUT = 30.0
 
 

@@ -108,10 +108,6 @@ def fallback_session() -> str:
     return f"sid-{sid}-{start_time(sid) or 0}"
 
 
-def calling_session(session: str | None = None, environ: Mapping[str, str] | None = None) -> str:
-    return explicit_session(session, environ) or fallback_session()
-
-
 def owner_path(directory: str) -> str:
     return os.path.join(directory, OWNER_FILE)
 
