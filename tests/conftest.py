@@ -199,7 +199,12 @@ def _stop_masters(state_dir: Path) -> None:
     from dispatch.ssh import control_dir
 
     # A master renames itself "ssh: DIR/HASH [mux]"; clients carry "ControlPath=DIR/%C".
-    subprocess.run(["pkill", "-f", f"{control_dir(str(state_dir))}/"], check=False)
+    directory = control_dir(str(state_dir))
+    subprocess.run(["pkill", "-f", f"{directory}/"], check=False)
+    if directory.startswith("/tmp/hostrun-ssh-"):  # the short fallback for long state paths
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture
