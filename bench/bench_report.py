@@ -67,7 +67,6 @@ import json
 import os
 import shutil
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -80,6 +79,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from _common import (  # noqa: E402 - after the sys.path set-up above
+    cgroup_leftovers,
+    find_hostrun,
+    interpreter_of,
+    ledger_leftovers,
+    own_memory_cgroup,
+    private_env,
+    remove_slice,
+    sources_digest,
+)
+
 from dispatch.ssh import control_dir, remote_command  # noqa: E402
 from tests.sshd import SshdPeer  # noqa: E402
 
@@ -90,93 +100,18 @@ PEER = "peer1"
 
 
 # ---------------------------------------------------------------- shared setup helpers
-def find_hostrun(explicit: str | None) -> str:
-    path = explicit or os.path.join(os.path.dirname(sys.executable), "hostrun")
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        sys.exit(f"bench: hostrun not found at {path} (use --hostrun PATH or run with the venv python)")
-    return os.path.abspath(path)
 
 
-def interpreter_of(script: str) -> str:
-    """The Python a console script runs on (its ``#!`` line), else this interpreter."""
-    try:
-        with open(script, "rb") as fh:
-            first = fh.readline().decode("utf-8", "replace").strip()
-    except OSError:
-        return sys.executable
-    if first.startswith("#!"):
-        parts = first[2:].split()
-        if parts and os.path.basename(parts[0]) != "env" and os.access(parts[0], os.X_OK):
-            return parts[0]
-    return sys.executable
 
 
-def own_memory_cgroup() -> str | None:
-    with open("/proc/self/cgroup", encoding="utf-8") as fh:
-        for line in fh:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            if "memory" in controllers.split(","):
-                return path
-    return None
 
 
-def private_env(tmp: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")  # hostrun's config cache goes here
-    env.pop("HOSTRUN_CONFIG", None)
-    return env
 
 
-def ledger_leftovers(state_dir: str, who: str) -> list[str]:
-    found: list[str] = []
-    db = os.path.join(state_dir, "ledger.sqlite3")
-    if os.path.exists(db):
-        try:
-            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-            try:
-                rows = conn.execute("SELECT id, state, label, pid, size FROM bookings").fetchall()
-            finally:
-                conn.close()
-            found += [f"{who}: ledger booking left: id={r[0]} state={r[1]} label={r[2]} pid={r[3]} "
-                      f"size={r[4]}" for r in rows]
-        except sqlite3.Error as exc:
-            if "no such table" not in str(exc):
-                found.append(f"{who}: could not read ledger {db}: {exc}")
-    return found
 
 
-def cgroup_leftovers(slice_dir: str | None, who: str) -> list[str]:
-    found: list[str] = []
-    if slice_dir and os.path.isdir(slice_dir):
-        for dirpath, dirnames, _ in os.walk(slice_dir):
-            for name in dirnames:
-                found.append(f"{who}: cgroup left: {os.path.join(dirpath, name)}")
-            try:
-                with open(os.path.join(dirpath, "cgroup.procs"), encoding="utf-8") as fh:
-                    pids = fh.read().split()
-            except OSError:
-                pids = []
-            if pids:
-                found.append(f"{who}: processes left in {dirpath}: {' '.join(pids)}")
-    return found
 
 
-def remove_slice(slice_dir: str | None) -> None:
-    """rmdir the slice and any (empty) job cgroups under it, deepest first."""
-    if not slice_dir or not os.path.isdir(slice_dir):
-        return
-    deadline = time.monotonic() + 5.0
-    while True:
-        try:
-            for dirpath, _, _ in sorted(os.walk(slice_dir), key=lambda w: -w[0].count("/")):
-                if os.path.isdir(dirpath):
-                    os.rmdir(dirpath)
-            return
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                print(f"bench: warning: could not remove {slice_dir}: {exc}", file=sys.stderr)
-                return
-            time.sleep(0.1)
 
 
 def pct(values: list[float], q: int) -> float:
@@ -184,15 +119,6 @@ def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def sources_digest(root: str) -> str:
-    """Names, sizes and mtimes of ROOT/dispatch/**.py: the agent's name changes with them."""
-    parts = []
-    for dirpath, dirnames, filenames in os.walk(os.path.join(root, "dispatch")):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        for name in sorted(f for f in filenames if f.endswith(".py")):
-            st = os.stat(os.path.join(dirpath, name))
-            parts.append(f"{dirpath}/{name}:{st.st_size}:{st.st_mtime_ns}")
-    return "\n".join(parts)
 
 
 # ---------------------------------------------------------------- ssh master handling

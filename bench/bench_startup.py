@@ -33,114 +33,38 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from _common import (
+    find_hostrun,
+    interpreter_of,
+    leftovers,
+    private_env,
+    remove_slice,
+    write_config,
+)
+
 TARGET_RATIO = 3.0
 MEMORY_MOUNT = "/sys/fs/cgroup/memory"
 
 
 # ---------------------------------------------------------------- shared setup helpers
-def find_hostrun(explicit: str | None) -> str:
-    path = explicit or os.path.join(os.path.dirname(sys.executable), "hostrun")
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        sys.exit(f"bench: hostrun not found at {path} (use --hostrun PATH or run with the venv python)")
-    return os.path.abspath(path)
 
 
-def interpreter_of(script: str) -> str:
-    """The Python a console script runs on (its ``#!`` line), else this interpreter."""
-    try:
-        with open(script, "rb") as fh:
-            first = fh.readline().decode("utf-8", "replace").strip()
-    except OSError:
-        return sys.executable
-    if first.startswith("#!"):
-        parts = first[2:].split()
-        if parts and os.path.basename(parts[0]) != "env" and os.access(parts[0], os.X_OK):
-            return parts[0]
-    return sys.executable
 
 
-def own_memory_cgroup() -> str | None:
-    with open("/proc/self/cgroup", encoding="utf-8") as fh:
-        for line in fh:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            if "memory" in controllers.split(","):
-                return path
-    return None
 
 
-def write_config(tmp: str, slice_size: str) -> tuple[str, str | None]:
-    """A private config; returns (config path, slice cgroup directory or None)."""
-    cgroup = own_memory_cgroup()
-    slice_rel = f"{(cgroup or '').rstrip('/')}/hostrun-bench-{os.getpid()}" if cgroup else None
-    lines = [f'state_dir = "{tmp}/state"', "", "[hosts.local]", f'slice = "{slice_size}"']
-    if slice_rel:
-        lines.append(f'cgroup = "{slice_rel}"')
-    path = os.path.join(tmp, "hosts.toml")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write("\n".join(lines) + "\n")
-    slice_dir = MEMORY_MOUNT + slice_rel if slice_rel and os.path.isdir(MEMORY_MOUNT) else None
-    return path, slice_dir
 
 
-def private_env(tmp: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")  # hostrun's config cache goes here
-    env.pop("HOSTRUN_CONFIG", None)
-    return env
 
 
-def leftovers(state_dir: str, slice_dir: str | None) -> list[str]:
-    """What hostrun left behind once all its runs ended: bookings, job cgroups, processes."""
-    found: list[str] = []
-    db = os.path.join(state_dir, "ledger.sqlite3")
-    if os.path.exists(db):
-        try:
-            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-            try:
-                rows = conn.execute("SELECT id, state, label, pid, size FROM bookings").fetchall()
-            finally:
-                conn.close()
-            found += [f"ledger booking left: id={r[0]} state={r[1]} label={r[2]} pid={r[3]} size={r[4]}"
-                      for r in rows]
-        except sqlite3.Error as exc:
-            found.append(f"could not read ledger {db}: {exc}")
-    if slice_dir and os.path.isdir(slice_dir):
-        for dirpath, dirnames, _ in os.walk(slice_dir):
-            for name in dirnames:
-                found.append(f"cgroup left: {os.path.join(dirpath, name)}")
-            try:
-                with open(os.path.join(dirpath, "cgroup.procs"), encoding="utf-8") as fh:
-                    pids = fh.read().split()
-            except OSError:
-                pids = []
-            if pids:
-                found.append(f"processes left in {dirpath}: {' '.join(pids)}")
-    return found
 
 
-def remove_slice(slice_dir: str | None) -> None:
-    """rmdir the slice and any (empty) job cgroups under it, deepest first."""
-    if not slice_dir or not os.path.isdir(slice_dir):
-        return
-    deadline = time.monotonic() + 5.0
-    while True:
-        try:
-            for dirpath, _, _ in sorted(os.walk(slice_dir), key=lambda w: -w[0].count("/")):
-                if os.path.isdir(dirpath):
-                    os.rmdir(dirpath)
-            return
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                print(f"bench: warning: could not remove {slice_dir}: {exc}", file=sys.stderr)
-                return
-            time.sleep(0.1)
 
 
 def pct(values: list[float], q: int) -> float:
