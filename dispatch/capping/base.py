@@ -12,7 +12,7 @@ import os
 import signal
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dispatch.records import NamedTuple
 
@@ -123,6 +123,36 @@ def remove_dir(path: str, settle: float = 2.0) -> None:
             if exc.errno != errno.EBUSY or time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
+
+
+def make_job_dir(slice_dir: str, job_id: str, cap: int,
+                 set_limit: Callable[[str, int], None]) -> str:
+    """Create a job's cgroup directory under the slice and set its limit.
+
+    An existing directory is another job's: it is never removed. A directory we made and could not
+    limit is removed again (nothing may run uncapped).
+    """
+    from dispatch.errors import BackendError
+
+    directory = os.path.join(slice_dir, f"job-{job_id}")
+    try:
+        os.mkdir(directory)
+    except OSError as exc:
+        raise BackendError(f"cannot create job cgroup {directory}: {exc.strerror}") from None
+    try:
+        set_limit(directory, cap)
+    except OSError as exc:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass
+        raise BackendError(f"cannot limit job cgroup {directory}: {exc.strerror}") from None
+    return directory
+
+
+def is_job_dir(slice_dir: str, path: str) -> bool:
+    """Whether a path recorded in the ledger is a job cgroup of this slice (and still there)."""
+    return path.startswith(slice_dir + "/") and os.path.isdir(path)
 
 
 class JobCgroup(ABC):

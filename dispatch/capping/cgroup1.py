@@ -20,7 +20,9 @@ from dispatch.capping.base import (
     OomVerdict,
     Probe,
     SliceUsage,
+    is_job_dir,
     kill_pids,
+    make_job_dir,
     read_int,
     read_keyed,
     read_pids,
@@ -198,19 +200,14 @@ class Cgroup1Backend(CapBackend):
         return SliceUsage(limit=limit, usage=usage, held=_held(read_keyed(os.path.join(d, "memory.stat"))))
 
     def create_job(self, job_id: str, cap: int) -> Cgroup1Job:
-        directory = os.path.join(self.slice_dir, f"job-{job_id}")
+        directory = make_job_dir(self.slice_dir, job_id, cap, set_limit)
         try:
-            os.mkdir(directory)
-            set_limit(directory, cap)
             return Cgroup1Job(directory, cap, self.slice_dir)
-        except OSError as exc:
-            try:
-                os.rmdir(directory)
-            except OSError:
-                pass
-            raise BackendError(f"cannot create job cgroup {directory}: {exc.strerror}") from None
+        except OSError as exc:  # the OOM eventfds could not be registered
+            remove_dir(directory)
+            raise BackendError(f"cannot watch job cgroup {directory}: {exc.strerror}") from None
 
     def job_at(self, path: str) -> Cgroup1Job | None:
-        if not path.startswith(self.slice_dir + "/") or not os.path.isdir(path):
+        if not is_job_dir(self.slice_dir, path):
             return None
         return Cgroup1Job(path, 0, self.slice_dir, watch=False)

@@ -20,7 +20,9 @@ from dispatch.capping.base import (
     OomVerdict,
     Probe,
     SliceUsage,
+    is_job_dir,
     kill_pids,
+    make_job_dir,
     read_int,
     read_keyed,
     read_pids,
@@ -201,22 +203,9 @@ class Cgroup2Backend(CapBackend):
         return SliceUsage(limit=limit, usage=usage, held=held(read_keyed(os.path.join(d, "memory.stat"))))
 
     def create_job(self, job_id: str, cap: int) -> Cgroup2Job:
-        directory = os.path.join(self.slice_dir, f"job-{job_id}")
-        try:
-            os.mkdir(directory)
-        except OSError as exc:  # an existing directory is another job's: never remove it
-            raise BackendError(f"cannot create job cgroup {directory}: {exc.strerror}") from None
-        try:
-            set_limit(directory, cap)
-        except OSError as exc:
-            try:
-                os.rmdir(directory)
-            except OSError:
-                pass
-            raise BackendError(f"cannot create job cgroup {directory}: {exc.strerror}") from None
-        return Cgroup2Job(directory, cap, self.slice_dir)
+        return Cgroup2Job(make_job_dir(self.slice_dir, job_id, cap, set_limit), cap, self.slice_dir)
 
     def job_at(self, path: str) -> Cgroup2Job | None:
-        if not path.startswith(self.slice_dir + "/") or not os.path.isdir(path):
+        if not is_job_dir(self.slice_dir, path):
             return None
         return Cgroup2Job(path, 0, self.slice_dir)
