@@ -504,18 +504,25 @@ def cmd_ledger(argv: list[str]) -> int:
         bookings, peaks = ledger.bookings(), ledger.peaks()
     finally:
         ledger.close()
+    from dispatch.procinfo import is_alive
+
+    # Read only: a booking whose holder is gone is shown as stale; the next admission reclaims it.
+    stale = {b.id for b in bookings if not is_alive(b.pid, b.pid_start)}
     if args.json:
         import json
 
+        def row(b: Any) -> dict[str, Any]:
+            return {**b._asdict(), "stale": b.id in stale}
+
         print(json.dumps({
-            "running": [b._asdict() for b in bookings if b.state == "running"],
-            "queue": [b._asdict() for b in bookings if b.state == "waiting"],
+            "running": [row(b) for b in bookings if b.state == "running"],
+            "queue": [row(b) for b in bookings if b.state == "waiting"],
             "peaks": [p._asdict() for p in peaks],
         }, indent=2))
         return 0
     from dispatch import render
 
-    render.ledger(bookings, peaks)
+    render.ledger(bookings, peaks, stale)
     return 0
 
 

@@ -25,7 +25,8 @@ def codes(rows: Sequence[tuple[int, str, str]]) -> None:
     console.print(table)
 
 
-def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord]) -> None:
+def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
+           stale: frozenset[int] | set[int] = frozenset()) -> None:
     now = time.time()
     running = Table(title="running")
     for col in ("id", "host", "label", "pid", "kind", "booked", "cap", "age", "session"):
@@ -34,12 +35,13 @@ def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord]) -> None:
     for col in ("id", "host", "label", "pid", "need", "waited", "reason"):
         queue.add_column(col)
     for b in bookings:
+        label = f"{b.label} [red](stale: holder gone)[/red]" if b.id in stale else b.label
         if b.state == "running":
-            running.add_row(str(b.id), b.host, b.label, str(b.pid), b.kind, format_size(b.size),
+            running.add_row(str(b.id), b.host, label, str(b.pid), b.kind, format_size(b.size),
                             format_size(b.cap), format_duration(now - (b.since or now)),
                             b.session or "")
         else:
-            queue.add_row(str(b.id), b.host, b.label, str(b.pid), format_size(b.size),
+            queue.add_row(str(b.id), b.host, label, str(b.pid), format_size(b.size),
                           format_duration(now - b.queued), b.reason or "")
     table = Table(title="peak table")
     for col in ("label", "host", "max peak", "last peak", "runs", "hit ceiling", "last duration"):

@@ -118,3 +118,22 @@ def test_fifo_a_small_job_does_not_jump_a_waiting_big_one(hostrun: Hostrun, tmp_
     # 150M held + 60M small would fit at once, but it would delay big (250M + 60M > 300M): FIFO says
     # big first, and small only once big is done.
     assert marks.read_text().split() == ["big", "small"]
+
+
+def test_ledger_shows_a_dead_holders_booking_as_stale(hostrun: Hostrun) -> None:
+    """``hostrun ledger`` only reads: a booking whose holder is gone is flagged until reclaimed."""
+    import json
+
+    assert hostrun.run("-m", "64M", "--", "true").returncode == 0  # creates the ledger
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ledger = Ledger(str(hostrun.state_dir))
+    ledger.enqueue(host="local", label="ghost", pid=dead.pid, pid_start=1, size=64 * MiB, cap=64 * MiB,
+                   kind="cap", command="x", session=None)
+    ledger.close()
+    shown = json.loads(hostrun.run("ledger", "--json").stdout)
+    (entry,) = shown["queue"]
+    assert entry["label"] == "ghost" and entry["stale"] is True
+    assert "stale: holder gone" in hostrun.run("ledger").stdout
+    assert hostrun.run("-m", "64M", "--", "true").returncode == 0  # the next admission reclaims it
+    assert json.loads(hostrun.run("ledger", "--json").stdout)["queue"] == []
