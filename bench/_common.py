@@ -63,32 +63,8 @@ def private_env(tmp: str) -> dict[str, str]:
 
 
 def leftovers(state_dir: str, slice_dir: str | None) -> list[str]:
-    """What hostrun left behind once all its runs ended: bookings, job cgroups, processes."""
-    found: list[str] = []
-    db = os.path.join(state_dir, "ledger.sqlite3")
-    if os.path.exists(db):
-        try:
-            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-            try:
-                rows = conn.execute("SELECT id, state, label, pid, size FROM bookings").fetchall()
-            finally:
-                conn.close()
-            found += [f"ledger booking left: id={r[0]} state={r[1]} label={r[2]} pid={r[3]} size={r[4]}"
-                      for r in rows]
-        except sqlite3.Error as exc:
-            found.append(f"could not read ledger {db}: {exc}")
-    if slice_dir and os.path.isdir(slice_dir):
-        for dirpath, dirnames, _ in os.walk(slice_dir):
-            for name in dirnames:
-                found.append(f"cgroup left: {os.path.join(dirpath, name)}")
-            try:
-                with open(os.path.join(dirpath, "cgroup.procs"), encoding="utf-8") as fh:
-                    pids = fh.read().split()
-            except OSError:
-                pids = []
-            if pids:
-                found.append(f"processes left in {dirpath}: {' '.join(pids)}")
-    return found
+    """Bookings, cgroups and processes left behind on this host (empty when all was cleaned up)."""
+    return ledger_leftovers(state_dir, "local") + cgroup_leftovers(slice_dir, "local")
 
 
 def remove_slice(slice_dir: str | None) -> None:

@@ -526,6 +526,12 @@ def cmd_ledger(argv: list[str]) -> int:
     return 0
 
 
+def _check_hosts(settings: Any, names: list[str] | None) -> None:
+    for name in names or []:
+        if name not in settings.hosts:
+            raise UsageError(f"--host {name}: no such host (configured: {', '.join(settings.hosts)})")
+
+
 def cmd_report(argv: list[str]) -> int:
     p = _sub_parser("report", "Every configured host's memory, slice, bookings, load, GPUs and queue, "
                               "read in parallel within the configured deadlines.")
@@ -534,9 +540,7 @@ def cmd_report(argv: list[str]) -> int:
     from dispatch.reports import read_reports
 
     settings = _settings(args.config)
-    for name in args.host or []:
-        if name not in settings.hosts:
-            raise UsageError(f"--host {name}: no such host (configured: {', '.join(settings.hosts)})")
+    _check_hosts(settings, args.host)
     readings = read_reports(settings, args.host)
     if args.json:
         import json
@@ -571,9 +575,7 @@ def cmd_capacity(argv: list[str]) -> int:
     from dispatch.reports import read_reports
 
     settings = _settings(args.config)
-    for name in args.host or []:
-        if name not in settings.hosts:
-            raise UsageError(f"--host {name}: no such host (configured: {', '.join(settings.hosts)})")
+    _check_hosts(settings, args.host)
     readings = read_reports(settings, args.host, peaks=True)
     hosts = [host_capacity(r.host, r.report, r.error, what_if) for r in readings]
     if args.json:
