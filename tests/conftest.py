@@ -239,3 +239,71 @@ def peers(hostrun: Hostrun, tmp_path: Path) -> Iterator[Any]:
                 if slice_dir.exists() else []
             _kill_tree(slice_dir)
             assert not leftovers, f"processes left in {peer.name}'s slice: {leftovers}"
+
+
+class OtherUser:
+    """A real second local account (created with ``useradd``), for trust-model tests: what another
+    user on the same machine can do to a root-run hostrun. ``home`` is a private directory it owns,
+    outside root's 0700 pytest tree so it can reach it."""
+
+    def __init__(self, name: str, uid: int, gid: int, home: Path) -> None:
+        self.name, self.uid, self.gid, self.home = name, uid, gid, home
+
+    def run(self, argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` as this user (no shell, no login environment), checked."""
+        kw.setdefault("capture_output", True)
+        kw.setdefault("env", {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.home)})
+        return subprocess.run(argv, text=True, check=True, user=self.uid, group=self.gid,
+                              extra_groups=[], **kw)
+
+    def chown(self, path: Path) -> None:
+        """Hand ``path`` (and everything below it) to this user, as if they had made it."""
+        for root, dirs, files in os.walk(path):
+            for name in [*dirs, *files]:
+                os.lchown(os.path.join(root, name), self.uid, self.gid)
+        os.lchown(path, self.uid, self.gid)
+
+
+OTHER_USER = "hostrun-other"
+
+
+@pytest.fixture(scope="session")
+def other_user_account() -> Iterator[tuple[str, int, int]]:
+    """The second account, created once per session when missing (and removed again then)."""
+    import pwd
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        problem = "a second local user needs root and useradd"
+        if ON_CI:
+            pytest.fail(f"CI=true but {problem}")
+        pytest.skip(problem)  # only off CI: with CI=true the line above fails instead
+    created = False
+    try:
+        entry = pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        OTHER_USER], check=True, capture_output=True)
+        entry = pwd.getpwnam(OTHER_USER)
+        created = True
+    try:
+        yield OTHER_USER, entry.pw_uid, entry.pw_gid
+    finally:
+        if created:
+            subprocess.run(["userdel", OTHER_USER], check=False, capture_output=True)
+
+
+@pytest.fixture
+def other_user(other_user_account: tuple[str, int, int]) -> Iterator[OtherUser]:
+    """A second local user with a home directory of its own under /tmp, removed afterwards."""
+    import shutil
+    import tempfile
+
+    name, uid, gid = other_user_account
+    home = Path(tempfile.mkdtemp(prefix="hostrun-other-"))
+    os.chown(home, uid, gid)
+    os.chmod(home, 0o755)
+    try:
+        yield OtherUser(name, uid, gid, home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
