@@ -44,14 +44,46 @@ def _duration(text: str) -> float:
     return parse_duration(text)
 
 
-def _positive_int(text: str) -> int:
+def _positive_duration(text: str) -> float:
+    value = _duration(text)
+    if value <= 0:
+        raise ValueError(f"must be longer than 0: {text!r}")
+    return value
+
+
+MAX_THREADS = 4096  # far above any machine hostrun shares; a larger count is a typo, not a plan
+
+
+def _thread_count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise ValueError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise ValueError(f"must be at least 1: {value}")
+    if not 1 <= value <= MAX_THREADS:
+        raise ValueError(f"must be from 1 to {MAX_THREADS}: {value}")
     return value
+
+
+def _name(what: str) -> Callable[[str], str]:
+    """A label or group name: no control characters (they are printed in other sessions' output)."""
+    def convert(text: str) -> str:
+        from dispatch.text import check_name
+
+        return check_name(text, what) or text
+
+    return convert
+
+
+def _session(explicit: str | None) -> str | None:
+    """``--session``, else ``$HOSTRUN_SESSION``, checked like a label; None when neither is set."""
+    if explicit:
+        return explicit  # already checked by its option's converter
+    named = os.environ.get("HOSTRUN_SESSION")
+    if not named:
+        return None
+    from dispatch.text import check_name
+
+    return check_name(named, "HOSTRUN_SESSION")
 
 
 class Option:
@@ -74,14 +106,15 @@ RUN_OPTIONS = (
     Option(("-m", "--memory-cap"), "memory_cap", "the job's memory cap, e.g. 4G "
            "(default: the host's default_cap)", "SIZE", _size),
     Option(("-l", "--label"), "label", "name for the peak table (default: a fingerprint of CMD)",
-           "LABEL"),
+           "LABEL", _name("--label")),
     Option(("--max-runtime",), "max_runtime", "stop the job after DUR (e.g. 30m) and exit 253", "DUR",
-           _duration),
+           _positive_duration),
     Option(("--threads",), "threads", "heavy-thread count handed to the job (overrides variables "
-           "already set)", "N", _positive_int),
+           "already set)", "N", _thread_count),
     Option(("--result-file",), "result_file", "write the outcome as JSON to PATH", "PATH"),
     Option(("--no-cap",), "no_cap", "run even when no memory-cap backend works here (uncapped!)"),
-    Option(("--session",), "session", "who is running this (default: $HOSTRUN_SESSION)", "NAME"),
+    Option(("--session",), "session", "who is running this (default: $HOSTRUN_SESSION)", "NAME",
+           _name("--session")),
     Option(("--gpu-memory",), "gpu_memory", "book SIZE of VRAM on one GPU (e.g. 8G); the job gets it "
            "in CUDA_VISIBLE_DEVICES, and a GPU out-of-memory exits 245", "SIZE", _size),
     Option(("--auto",), "auto", "run where the dispatcher decides (see 'hostrun dispatch')"),
@@ -99,7 +132,7 @@ RUN_OPTIONS = (
     Option(("--force",), "force", "run a script whose '# admission:' says nothing changed since its "
            "last success (never overrides a '# run-condition:'; see 'hostrun preflight')"),
     Option(("--group",), "group", "count the job in group NAME: at most groups.NAME.max_running of "
-           "them run at once on a host", "NAME"),
+           "them run at once on a host", "NAME", _name("--group")),
     Option(("--when-idle",), "when_idle", "start only while no other hostrun job runs on the host "
            "(low-priority background work; may wait long on a busy machine)"),
 )
@@ -183,7 +216,17 @@ def _sub_parser(name: str, help_text: str, json_flag: bool = True) -> argparse.A
 
 
 def _say(line: str) -> None:
-    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+    from dispatch.text import printable  # a message may quote a label, a path or a peer's words
+
+    print(f"{PROG}: {printable(line)}", file=sys.stderr, flush=True)
+
+
+def _print_lines(lines: Sequence[str]) -> None:
+    """Lines that quote other sessions' words (lock holders, owners, alerts): escaped first."""
+    from dispatch.text import printable
+
+    if lines:
+        print("\n".join(printable(line) for line in lines), flush=True)
 
 
 def _settings(config: str | None):  # type: ignore[no-untyped-def]
@@ -225,16 +268,19 @@ def cmd_run(argv: list[str]) -> int:
     request = RunRequest(
         argv=command, label=args["label"], cap=args["memory_cap"], max_runtime=args["max_runtime"],
         threads=args["threads"], no_cap=args["no_cap"],
-        session=args["session"] or os.environ.get("HOSTRUN_SESSION"), gpu_memory=args["gpu_memory"],
+        session=_session(args["session"]), gpu_memory=args["gpu_memory"],
         force=args["force"], group=args["group"], when_idle=args["when_idle"],
     )
     enclosing = enclosing_job(os.environ)
     if enclosing is not None and not args["result_file"] and not _declares_preflight(command):
         try:  # already booked and capped by the enclosing job: become the command
             os.execvp(command[0], command)
-        except OSError as exc:
-            _say(f"cannot run {command[0]!r}: {exc.strerror}")
-            return 127 if isinstance(exc, FileNotFoundError) else 126
+        except (OSError, ValueError) as exc:  # ValueError: an empty command name
+            from dispatch.exitcodes import exec_failure
+
+            code, reason = exec_failure(exc)
+            _say(f"cannot run {command[0]!r}: {reason}")
+            return code
     try:
         if enclosing is not None:
             outcome = _nested(request, enclosing, args)
@@ -429,7 +475,7 @@ def cmd_preflight(argv: list[str]) -> int:
 
         print(json.dumps(verdict.as_dict(), indent=2))
     else:
-        print("\n".join(report_lines(verdict)))
+        _print_lines(report_lines(verdict))
     return 0 if verdict.runs else int(ExitCode.NOT_RUN)
 
 
@@ -444,7 +490,10 @@ def cmd_alerts(argv: list[str]) -> int:
         import json
 
         for record in alerts.follow(path):
-            print(json.dumps(record) if args.json else _alert_line(record), flush=True)
+            if args.json:
+                print(json.dumps(record), flush=True)
+            else:
+                _print_lines([_alert_line(record)])
         return 0
     records = alerts.read_all(path)
     if args.json:
@@ -452,8 +501,7 @@ def cmd_alerts(argv: list[str]) -> int:
 
         print(json.dumps(records, indent=2))
     else:
-        for record in records:
-            print(_alert_line(record))
+        _print_lines([_alert_line(record) for record in records])
     return 0
 
 
@@ -638,7 +686,7 @@ def cmd_lock(argv: list[str]) -> int:
 
             print(json.dumps(data, indent=2))
         else:
-            print("\n".join(lock.status_lines(data)))
+            _print_lines(lock.status_lines(data))
         return 0
     if args.json:
         raise UsageError("--json goes with --status")
@@ -651,7 +699,8 @@ def cmd_lock(argv: list[str]) -> int:
         except ValueError as exc:
             raise UsageError(f"argument --wait: {exc}") from None
     settings = _settings(args.config)
-    return lock.run_locked(args.dir, command, _say, settings.status_interval, wait)
+    return lock.run_locked(args.dir, command, _say, settings.status_interval, wait,
+                           session=_session(None))
 
 
 def cmd_workdir(argv: list[str]) -> int:
@@ -685,21 +734,22 @@ def cmd_workdir(argv: list[str]) -> int:
         p.add_argument("--depth", type=int, default=workdirs.DEFAULT_DEPTH, metavar="N",
                        help="levels below ROOT to search (default: %(default)s)")
     if action != "list":
-        p.add_argument("--session", metavar="NAME", help="who is asking (default: $HOSTRUN_SESSION)")
+        p.add_argument("--session", metavar="NAME", type=_name("--session"),
+                       help="who is asking (default: $HOSTRUN_SESSION)")
     if action == "clean":
         p.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
     args = p.parse_args(rest)
     import json
 
     if action == "claim":
-        explicit = workdirs.explicit_session(args.session)
+        explicit = args.session or _session(None)
         session = explicit or workdirs.fallback_session()
         path, owner, new = workdirs.claim(args.dir, args.purpose, session)
         if args.json:
             print(json.dumps({"path": path, "new": new, **owner.as_dict()}, indent=2))
         else:
-            print(f"{'claimed' if new else 'updated the claim on'} {path} for session {session}: "
-                  f"{args.purpose}")
+            _print_lines([f"{'claimed' if new else 'updated the claim on'} {path} for session "
+                          f"{session}: {args.purpose}"])
         if explicit is None:
             _say(f"no HOSTRUN_SESSION: claimed for this terminal session, {session!r}; 'workdir clean' "
                  f"removes it only with HOSTRUN_SESSION={session} (or --session)")
@@ -713,7 +763,7 @@ def cmd_workdir(argv: list[str]) -> int:
 
             render.workdirs(data)
         return 0
-    asking = workdirs.explicit_session(args.session)
+    asking = args.session or _session(None)
     if asking is None:
         raise UsageError("workdir clean needs to know which session is asking: set HOSTRUN_SESSION or "
                          "pass --session NAME ('workdir list' shows each directory's owner)")
@@ -721,7 +771,7 @@ def cmd_workdir(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
     else:
-        print("\n".join(workdirs.clean_lines(data)))
+        _print_lines(workdirs.clean_lines(data))
     return 0
 
 
@@ -749,7 +799,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return handler(rest)
         return cmd_run(leading + args)
     except HostrunError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        from dispatch.text import printable
+
+        print(f"{PROG}: error: {printable(str(exc))}", file=sys.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return 130

@@ -7,6 +7,7 @@ outcome hostrun can report has a distinct code here, so a caller never has to gu
 from __future__ import annotations
 
 import enum
+from errno import ENOENT
 
 
 class ExitCode(enum.IntEnum):
@@ -56,3 +57,14 @@ MEANINGS: dict[ExitCode, str] = {
 }
 
 SIGNAL_BASE = 128
+NOT_FOUND = 127  # as shells do: the command was not found
+CANNOT_EXECUTE = 126  # found, but could not be executed
+
+
+def exec_failure(exc: Exception) -> tuple[int, str]:
+    """The exit code and reason for a command that could not be started, as a shell gives them:
+    127 when it is not found (or its name is empty: Python refuses that with ValueError), 126 when
+    it cannot be executed."""
+    if not isinstance(exc, OSError):
+        return NOT_FOUND, "command not found"
+    return (NOT_FOUND if exc.errno == ENOENT else CANNOT_EXECUTE), exc.strerror or str(exc)

@@ -324,10 +324,13 @@ def run_child(argv: Sequence[str], on_start: Callable[[int], None] | None = None
         try:
             pid = os.posix_spawnp(argv[0], list(argv), dict(os.environ), setsigmask=(),
                                   setsigdef=_CHILD_DEFAULTS)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: an empty command name
+            from dispatch.exitcodes import exec_failure
+
+            code, reason = exec_failure(exc)
             if say is not None:
-                say(f"cannot run {argv[0]!r}: {exc.strerror}")
-            return 127 if isinstance(exc, FileNotFoundError) else 126
+                say(f"cannot run {argv[0]!r}: {reason}")
+            return code
         if on_start is not None:
             try:
                 on_start(pid)

@@ -7,12 +7,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dispatch.ledger import Booking, PeakRecord
+from dispatch.text import printable
 from dispatch.units import format_duration, format_size
 
 console = Console()
+
+
+def _t(value: object) -> str:
+    """Text that came from elsewhere (a label, a session, a peer's report, a path): control
+    characters escaped, and no rich markup (``[red]`` in a label stays literal)."""
+    return escape(printable(str(value)))
 
 
 def codes(rows: Sequence[tuple[int, str, str]]) -> None:
@@ -35,19 +43,19 @@ def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
     for col in ("id", "host", "label", "pid", "need", "waited", "reason"):
         queue.add_column(col)
     for b in bookings:
-        label = f"{b.label} [red](stale: holder gone)[/red]" if b.id in stale else b.label
+        label = f"{_t(b.label)} [red](stale: holder gone)[/red]" if b.id in stale else _t(b.label)
         if b.state == "running":
-            running.add_row(str(b.id), b.host, label, str(b.pid), b.kind, format_size(b.size),
+            running.add_row(str(b.id), _t(b.host), label, str(b.pid), _t(b.kind), format_size(b.size),
                             format_size(b.cap), format_duration(now - (b.since or now)),
-                            b.session or "")
+                            _t(b.session or ""))
         else:
-            queue.add_row(str(b.id), b.host, label, str(b.pid), format_size(b.size),
-                          format_duration(now - b.queued), b.reason or "")
+            queue.add_row(str(b.id), _t(b.host), label, str(b.pid), format_size(b.size),
+                          format_duration(now - b.queued), _t(b.reason or ""))
     table = Table(title="peak table")
     for col in ("label", "host", "max peak", "last peak", "runs", "hit ceiling", "last duration"):
         table.add_column(col)
     for p in peaks:
-        table.add_row(p.label, p.host, format_size(p.max_peak), format_size(p.last_peak),
+        table.add_row(_t(p.label), _t(p.host), format_size(p.max_peak), format_size(p.last_peak),
                       str(p.runs), "yes" if p.hit_ceiling else "no", format_duration(p.last_duration))
     console.print(running if running.row_count else "running: none")
     console.print(queue if queue.row_count else "queue: empty")
@@ -58,31 +66,32 @@ def readings(items: Sequence[Any]) -> None:
     """Every host's report, or why it could not be read."""
     for reading in items:
         if reading.report is None:
-            console.print(f"[bold]{reading.host}[/bold]: [red]could not read:[/red] {reading.error}")
+            console.print(f"[bold]{_t(reading.host)}[/bold]: [red]could not read:[/red] "
+                          f"{_t(reading.error)}")
         else:
             report(reading.report)
 
 
 def decision(d: Any) -> None:
-    verdict = {"local": "run here (local)", "peer": f"run on {d.host}",
-               "queue": f"wait in the queue on {d.host}", "refuse": f"refuse (exit {d.exit_code})"}
+    verdict = {"local": "run here (local)", "peer": f"run on {_t(d.host)}",
+               "queue": f"wait in the queue on {_t(d.host)}", "refuse": f"refuse (exit {d.exit_code})"}
     console.print(f"[bold]decision:[/bold] {verdict[d.action]}")
     for reason in d.reasons:
-        console.print(f"  - {reason}")
+        console.print(f"  - {_t(reason)}")
     if d.judgements:
         table = Table(title="hosts")
         for col in ("host", "fits", "need", "free", "why"):
             table.add_column(col)
         for j in d.judgements:
-            table.add_row(j.host, "yes" if j.fits else "no", format_size(j.need), format_size(j.free),
-                          j.reason)
+            table.add_row(_t(j.host), "yes" if j.fits else "no", format_size(j.need),
+                          format_size(j.free), _t(j.reason))
         console.print(table)
 
 
 def report(data: dict[str, Any]) -> None:
     s = data["slice"]
-    table = Table(title=f"host {data['host']} ({data['hostname']}), backend {data['backend']}, "
-                        f"hostrun {data.get('agent_version') or data['version']}",
+    table = Table(title=f"host {_t(data['host'])} ({_t(data['hostname'])}), backend "
+                        f"{_t(data['backend'])}, hostrun {_t(data.get('agent_version') or data['version'])}",
                   show_header=False)
     table.add_column("what")
     table.add_column("value")
@@ -95,7 +104,7 @@ def report(data: dict[str, Any]) -> None:
     table.add_row("load", " ".join(f"{x:.2f}" for x in data["load"]) + f" on {data['cores']} cores")
     table.add_row("heavy threads", str(data["heavy_threads"]))
     for gpu in data.get("gpus") or []:
-        table.add_row(f"GPU {gpu.get('index', '?')}", f"{gpu.get('name', '')}: "
+        table.add_row(f"GPU {_t(gpu.get('index', '?'))}", f"{_t(gpu.get('name', ''))}: "
                       f"{format_size(gpu.get('free'))} free of {format_size(gpu.get('total'))}")
     table.add_row("running", str(len(data["running"])))
     table.add_row("queue", str(data["queue_length"]))
@@ -105,15 +114,15 @@ def report(data: dict[str, Any]) -> None:
         for col in ("label", "pid", "kind", "booked", "in use", "age"):
             jobs.add_column(col)
         for j in data["running"]:
-            jobs.add_row(j["label"], str(j["pid"]), j["kind"], format_size(j["booked"]),
+            jobs.add_row(_t(j["label"]), str(j["pid"]), _t(j["kind"]), format_size(j["booked"]),
                          format_size(j["in_use"]), format_duration(j["age_s"]))
         console.print(jobs)
 
 
 def doctor(data: dict[str, Any]) -> None:
     console.print(f"hostrun {data['version']} (python {data['python']})")
-    console.print(f"config:   {data['config']}")
-    console.print(f"ledger:   {data['ledger']}")
+    console.print(f"config:   {_t(data['config'])}")
+    console.print(f"ledger:   {_t(data['ledger'])}")
     console.print(f"backend:  [bold]{data['backend']}[/bold]"
                   + (f" (forced by config: {data['forced_backend']})" if data["forced_backend"] else ""))
     console.print(f"slice:    {data['slice'] or '-'}, limit {format_size(data['slice_limit'])} "
@@ -124,20 +133,20 @@ def doctor(data: dict[str, Any]) -> None:
     table.add_column("usable")
     table.add_column("detail")
     for p in data["probes"]:
-        table.add_row(p["backend"], "yes" if p["ok"] else "no", p["detail"])
+        table.add_row(p["backend"], "yes" if p["ok"] else "no", _t(p["detail"]))
     table.add_row("none", "yes", "always; only with --no-cap")
     console.print(table)
     for problem in data["problems"]:
-        console.print(f"[red]problem:[/red] {problem}")
+        console.print(f"[red]problem:[/red] {_t(problem)}")
     for peer in data.get("peers", []):
         state = "[green]ok[/green]" if peer["ok"] and not peer["problems"] else (
             "[yellow]warnings[/yellow]" if peer["ok"] else "[red]unreachable[/red]")
         rt = f", {peer['round_trip_ms']} ms per command" if "round_trip_ms" in peer else ""
-        details = (f", agent {peer['agent_version']} on python {peer['python']}, backend "
-                   f"{peer['backend']}") if peer["ok"] else ""
-        console.print(f"peer {peer['host']} ({peer['ssh']}): {state}{details}{rt}")
+        details = (f", agent {_t(peer['agent_version'])} on python {_t(peer['python'])}, backend "
+                   f"{_t(peer['backend'])}") if peer["ok"] else ""
+        console.print(f"peer {_t(peer['host'])} ({_t(peer['ssh'])}): {state}{details}{rt}")
         for problem in peer["problems"]:
-            console.print(f"  [red]problem:[/red] {problem}")
+            console.print(f"  [red]problem:[/red] {_t(problem)}")
 
 
 def capacity(hosts: Sequence[Any]) -> None:
@@ -146,9 +155,9 @@ def capacity(hosts: Sequence[Any]) -> None:
              "peaks-vary": "varies"}
     for h in hosts:
         if not h.ok:
-            console.print(f"[bold]{h.host}[/bold]: [red]could not read:[/red] {h.error}")
+            console.print(f"[bold]{_t(h.host)}[/bold]: [red]could not read:[/red] {_t(h.error)}")
             continue
-        where = f"{h.host} ({h.hostname})" if h.hostname else h.host
+        where = f"{_t(h.host)} ({_t(h.hostname)})" if h.hostname else _t(h.host)
         if not h.labels:
             console.print(f"[bold]{where}[/bold]: peak table empty (slice {format_size(h.slice_limit)})")
             continue
@@ -170,13 +179,13 @@ def capacity(hosts: Sequence[Any]) -> None:
             else:
                 cap = format_size(a.cap) if a.cap is not None else "none"
                 cap += " (default)" if a.cap_source == "default-cap" else ""
-            table.add_row(a.label, str(a.runs), f"{format_size(a.max_peak)} / {format_size(a.last_peak)}",
+            table.add_row(_t(a.label), str(a.runs), f"{format_size(a.max_peak)} / {format_size(a.last_peak)}",
                           booked, fits, cap, format_size(a.half_rule_cap), at_half,
                           " ".join(short.get(f, f) for f in a.flags) or "-")
         console.print(table)
         for a in h.labels:
             for note in a.notes:
-                console.print(f"  [yellow]{a.label}[/yellow] on {h.host}: {note}")
+                console.print(f"  [yellow]{_t(a.label)}[/yellow] on {_t(h.host)}: {_t(note)}")
 
 
 def workdirs(data: dict[str, Any]) -> None:
@@ -184,10 +193,11 @@ def workdirs(data: dict[str, Any]) -> None:
     import os
 
     root = data["root"]
+    shown_root = _t(root)
     if not data["directories"]:
-        console.print(f"no claimed directories under {root}")
+        console.print(f"no claimed directories under {shown_root}")
     else:
-        table = Table(title=f"claimed directories under {root}")
+        table = Table(title=f"claimed directories under {shown_root}")
         for col in ("directory", "session", "purpose", "age", "size", "open by"):
             table.add_column(col)
         for d in data["directories"]:
@@ -195,9 +205,10 @@ def workdirs(data: dict[str, Any]) -> None:
             if not d["size_complete"]:
                 size = f">= {size}"
             opened = ", ".join(f"pid {o['pid']} ({o['comm']}) {o['how']}" for o in d["open_by"]) or "-"
-            session = d["session"] or "(unknown)"
-            table.add_row(os.path.relpath(d["path"], root), f"{session} (you)" if d["mine"] else session,
-                          d["purpose"], format_duration(d["age_s"]), size, opened)
+            session = _t(d["session"]) if d["session"] else "(unknown)"
+            table.add_row(_t(os.path.relpath(d["path"], root)),
+                          f"{session} (you)" if d["mine"] else session,
+                          _t(d["purpose"]), format_duration(d["age_s"]), size, _t(opened))
         console.print(table)
     if data["hidden_processes"]:
         console.print(f"note: {data['hidden_processes']} processes could not be inspected for open files "

@@ -16,7 +16,6 @@ failed run exit 245. Jobs without ``--gpu-memory`` are neither teed nor checked 
 
 from __future__ import annotations
 
-import errno
 import os
 import select
 import signal
@@ -28,7 +27,7 @@ from dispatch.booking import Plan, default_label, plan_booking
 from dispatch.capping import select_backend
 from dispatch.capping.base import CapBackend, JobCgroup
 from dispatch.errors import BackendError, NeverFitsError, NoCapBackendError, UsageError
-from dispatch.exitcodes import SIGNAL_BASE, ExitCode
+from dispatch.exitcodes import SIGNAL_BASE, ExitCode, exec_failure
 from dispatch.guardian import Guardian
 from dispatch.hostfacts import read_meminfo
 from dispatch.ledger import Admission, Ledger
@@ -64,10 +63,11 @@ def run_nested(request: RunRequest, enclosing: str) -> Outcome:
         pid = os.posix_spawnp(request.argv[0], list(request.argv), env,
                               setsigdef=(signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE))
         _, status = os.waitpid(pid, 0)
-    except OSError as exc:
-        return Outcome(exit_code=127 if exc.errno == errno.ENOENT else 126, outcome="exit",
-                       host=LOCAL, label=request.label or default_label(request.argv),
-                       argv=list(request.argv), message=f"cannot run {request.argv[0]!r}: {exc.strerror}")
+    except (OSError, ValueError) as exc:  # ValueError: an empty command name
+        code, reason = exec_failure(exc)
+        return Outcome(exit_code=code, outcome="exit", host=LOCAL,
+                       label=request.label or default_label(request.argv), argv=list(request.argv),
+                       message=f"cannot run {request.argv[0]!r}: {reason}")
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)

@@ -51,12 +51,22 @@ class HostSettings(NamedTuple):
         return self.name == LOCAL
 
     def slice_limit(self, mem_total: int) -> int:
-        """Slice size: ``slice`` if set, else RAM minus ``reserve`` (default 20% of RAM, >= 2 GiB)."""
+        """Slice size: ``slice`` if set, else RAM minus ``reserve`` (default 20% of RAM, >= 2 GiB).
+
+        A ``reserve`` that leaves less than 1 MiB is a configuration error (exit 2): the config was
+        checked against the RAM of the machine that validated it, which may not be this one.
+        """
         if self.slice_bytes is not None:
             return self.slice_bytes
         reserve = self.reserve_bytes
         if reserve is None:
             reserve = max(2 * GIB, mem_total // 5)
+        if self.reserve_bytes is not None and mem_total - reserve < 1 << 20:
+            from dispatch.errors import ConfigError
+            from dispatch.units import format_size
+
+            raise ConfigError(f"hosts.{self.name}.reserve {format_size(reserve)} leaves no slice: "
+                              f"this machine has {format_size(mem_total)} of RAM")
         return max(0, mem_total - reserve)
 
     def threads(self) -> int:

@@ -13,12 +13,12 @@ instead. ``go`` may add environment variables decided only at admission (``CUDA_
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 from collections.abc import Sequence
 
 from dispatch.capping.base import JobCgroup
+from dispatch.exitcodes import exec_failure
 
 # Python ignores SIGPIPE (and SIGXFSZ); an ignored signal stays ignored across exec, so restore them.
 _RESTORE = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(signal, name))
@@ -71,10 +71,9 @@ class PreparedChild:
                     if eq:
                         env[name.decode(errors="surrogateescape")] = value.decode(errors="surrogateescape")
                 os.execvpe(exec_argv[0], exec_argv, env)
-            except OSError as exc:
-                # As shells do: 127 when the command is not found, 126 when it cannot be executed.
-                code = 127 if exc.errno == errno.ENOENT else 126
-                os.write(err_w, f"{code} {exc.strerror}".encode())
+            except (OSError, ValueError) as exc:  # ValueError: an empty command name
+                code, reason = exec_failure(exc)
+                os.write(err_w, f"{code} {reason}".encode())
             finally:
                 os._exit(code)
         os.close(go_r)

@@ -62,7 +62,7 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, body: str, needle: st
         (["--frobnicate", "--", "true"], "unrecognized arguments: --frobnicate"),
         (["-m", "12X", "--", "true"], "not a size"),
         (["--max-runtime", "later", "--", "true"], "not a duration"),
-        (["--threads", "0", "--", "true"], "must be at least 1"),
+        (["--threads", "0", "--", "true"], "must be from 1 to 4096"),
         (["--"], "no command given"),
         ([], "no command given"),
         (["--config", "/nonexistent/hosts.toml", "--", "true"], "config file not found"),

@@ -13,7 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from dispatch.config.plain import settings_from_dict
 from dispatch.errors import ConfigError
 from dispatch.settings import LOCAL, Settings
-from dispatch.units import parse_duration, parse_size
+from dispatch.units import format_size, parse_duration, parse_size
 
 
 def _size(value: Any) -> int:
@@ -26,8 +26,27 @@ def _duration(value: Any) -> float:
     return parse_duration(value)
 
 
+MIN_SIZE = 1 << 20  # below 1 MiB no cap, slice or booking can hold a process at all
+
+
+def _memory_size(value: Any) -> int:
+    size = _size(value)
+    if size < MIN_SIZE:
+        raise ValueError(f"{value!r} is too small: at least 1M (nothing runs in less)")
+    return size
+
+
 Size = Annotated[int, BeforeValidator(_size)]
+MemorySize = Annotated[int, BeforeValidator(_memory_size)]
+def _positive_duration(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"{value!r}: must be longer than 0")
+    return seconds
+
+
 Duration = Annotated[float, BeforeValidator(_duration)]
+PositiveDuration = Annotated[float, BeforeValidator(_positive_duration)]
 BACKENDS = ("systemd", "cgroup2", "cgroup1", "none")
 
 
@@ -36,11 +55,11 @@ class _Strict(BaseModel):
 
 
 class HostModel(_Strict):
-    slice: Optional[Size] = None
+    slice: Optional[MemorySize] = None
     reserve: Optional[Size] = None
-    heavy_threads: Optional[int] = Field(default=None, ge=1)
-    default_cap: Optional[Size] = None
-    gamble_size: Optional[Size] = None
+    heavy_threads: Optional[int] = Field(default=None, ge=1, le=4096)
+    default_cap: Optional[MemorySize] = None
+    gamble_size: Optional[MemorySize] = None
     cgroup: Optional[str] = None
     backend: Optional[str] = None
     ssh: Optional[str] = None
@@ -49,11 +68,18 @@ class HostModel(_Strict):
     identity_file: Optional[str] = None
     work_root: Optional[str] = None
     python: Optional[str] = None
-    peer_memory_cap: Optional[Size] = None
+    peer_memory_cap: Optional[MemorySize] = None
 
     def check(self, name: str) -> None:
         if self.slice is not None and self.reserve is not None:
             raise ValueError("set either slice or reserve, not both")
+        if name == LOCAL and self.reserve is not None:
+            from dispatch.hostfacts import read_meminfo
+
+            total = read_meminfo().total
+            if total - self.reserve < MIN_SIZE:
+                raise ValueError(f"reserve {format_size(self.reserve)} leaves no slice: this machine "
+                                 f"has {format_size(total)} of RAM")
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}")
         if self.cgroup is not None and not self.cgroup.startswith("/"):
@@ -76,11 +102,11 @@ class ConfigModel(_Strict):
     alert_file: Optional[str] = None
     long_job_threshold: Duration = 7200.0
     pending_window: Duration = 30.0
-    report_timeout: Duration = 12.0
-    report_deadline: Duration = 25.0
+    report_timeout: PositiveDuration = 12.0
+    report_deadline: PositiveDuration = 25.0
     enable_across_machines: bool = False
-    gamble_size: Size = 512 << 20
-    status_interval: Duration = 60.0
+    gamble_size: MemorySize = 512 << 20
+    status_interval: PositiveDuration = 60.0
     kill_grace: Duration = 10.0
     control_persist: Duration = 600.0
     toolchain_probes: list[str] = Field(default_factory=lambda: ["rustc -Vv", "cargo -V"])
@@ -105,6 +131,9 @@ def _load_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
+                          f"at offset {exc.start})") from None
 
 
 def validate_file(path: str) -> Settings:
