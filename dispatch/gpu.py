@@ -39,7 +39,10 @@ SMI_TIMEOUT = 5.0
 QUERY_FIELDS = "index,uuid,name,memory.total,memory.used,memory.free"
 QUERY_GPUS = (f"--query-gpu={QUERY_FIELDS}", "--format=csv,noheader,nounits")
 QUERY_APPS = ("--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits")
-OUTPUT_PATTERNS = (b"CUDA out of memory", b"CUDA_ERROR_OUT_OF_MEMORY", b"RESOURCE_EXHAUSTED")
+# PyTorch, the CUDA driver API, JAX/XLA/TensorFlow, the CUDA runtime API, CuPy (seen on a real H200:
+# CuPy's pool says only "OutOfMemoryError: Out of memory allocating N bytes").
+OUTPUT_PATTERNS = (b"CUDA out of memory", b"CUDA_ERROR_OUT_OF_MEMORY", b"RESOURCE_EXHAUSTED",
+                   b"cudaErrorMemoryAllocation", b"OutOfMemoryError: Out of memory allocating")
 KERNEL_PATTERNS = (b"NV_ERR_NO_MEMORY",)
 KERNEL_LOG_ENV = "HOSTRUN_KERNEL_LOG"  # test hook: a plain file read instead of /dev/kmsg
 KMSG = "/dev/kmsg"

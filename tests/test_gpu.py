@@ -7,7 +7,10 @@ these tests check our parsing of nvidia-smi's documented CSV output and our prot
 CUDA_VISIBLE_DEVICES, output forwarding, the 245 rules), not a real driver or a real CUDA OOM. The
 nvidia-smi texts below are WRITTEN to match the documented format (``--format=csv,noheader,nounits``:
 fields joined by ", ", MiB, ``[N/A]``/``[Not Supported]`` where a device does not report a figure,
-names unquoted) and outputs quoted in public bug reports; none was recorded on this machine. Only
+names unquoted) and outputs quoted in public bug reports. The exception: ``tests/recorded/h200-*``
+were recorded on a real NVIDIA H200 (driver 580.159.04, PyTorch 2.11) by ``scripts/gpu-check`` on a
+GPU machine lent to one session (not CI); there a real PyTorch and JAX CUDA OOM through hostrun exited
+245, a caught one 0 with the warning, and CuPy's wording was found missing (now in OUTPUT_PATTERNS). Only
 the /dev/kmsg test touches a real kernel interface (it writes a harmless marker, never the pattern).
 
 End-to-end tests run the real CLI against a real cgroup v1 slice and ledger (the ``hostrun`` fixture,
@@ -31,6 +34,8 @@ import pytest
 from dispatch.admission import status_line, wait_reason
 from dispatch.gpu import (
     KERNEL_LOG_ENV,
+    KERNEL_PATTERNS,
+    OUTPUT_PATTERNS,
     QUERY_APPS,
     QUERY_GPUS,
     Gpu,
@@ -102,6 +107,29 @@ def test_parse_names_with_commas_and_quotes() -> None:
     assert b.name == 'NVIDIA A100, MIG 1g.10gb "x"' and b.used == 20 * MiB and b.index == 1
 
 
+RECORDED = Path(__file__).parent / "recorded"
+
+
+def test_parse_recorded_h200_answers() -> None:
+    """nvidia-smi 580.159.04 on a real H200 (recorded by scripts/gpu-check on a lent GPU machine)."""
+    (gpu,) = parse_gpus((RECORDED / "h200-query-gpu.txt").read_text())
+    assert gpu == Gpu(index=0, uuid="GPU-09f17fe3-06d3-ee33-36f6-2cfb1bd871aa", name="NVIDIA H200",
+                      total=143771 * MiB, used=0, free=143156 * MiB)
+    (app,) = parse_apps((RECORDED / "h200-query-compute-apps.txt").read_text())
+    assert (app.uuid, app.pid, app.used) == (gpu.uuid, 454, 8710 * MiB)
+
+
+@pytest.mark.parametrize(("output", "found"), [
+    ((RECORDED / "h200-torch-oom-stderr.txt").read_bytes(), b"CUDA out of memory"),
+    # CuPy 14 on the same H200: the only OOM words in its traceback.
+    (b"cupy.cuda.memory.OutOfMemoryError: Out of memory allocating 429,496,729,600 bytes "
+     b"(allocated so far: 0 bytes).\n", b"OutOfMemoryError: Out of memory allocating"),
+])
+def test_recorded_real_oom_output_is_recognised(output: bytes, found: bytes) -> None:
+    scanner = PatternScanner(OUTPUT_PATTERNS)
+    assert scanner.feed(output) == found
+
+
 def test_parse_skips_what_is_not_a_device_row() -> None:
     text = "\n" + ONE_GPU + "WARNING: infoROM is corrupted at gpu 0000:01:00.0\nNo devices were found\n"
     assert [g.index for g in parse_gpus(text)] == [0]
@@ -158,8 +186,7 @@ def test_choose_gpu_most_room_and_fifo() -> None:
     assert choose_gpu({}, [], GiB) == (None, None, 0, False)
 
 
-@pytest.mark.parametrize("pattern", [b"CUDA out of memory", b"CUDA_ERROR_OUT_OF_MEMORY",
-                                     b"RESOURCE_EXHAUSTED", b"NV_ERR_NO_MEMORY"])
+@pytest.mark.parametrize("pattern", [*OUTPUT_PATTERNS, *KERNEL_PATTERNS])
 def test_scanner_finds_a_pattern_split_anywhere(pattern: bytes) -> None:
     text = b"\x00\xffnoise " * 100 + pattern + b" more"
     end = text.index(pattern) + len(pattern)
