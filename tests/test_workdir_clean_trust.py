@@ -195,3 +195,27 @@ def test_a_mount_point_inside_keeps_the_directory(tmp_path: Path) -> None:
         assert (mine / "mnt" / "kept").exists()
     finally:
         subprocess.run(["umount", str(mine / "mnt")], check=True)
+
+
+def test_a_subdirectory_swapped_for_a_link_during_removal_is_not_followed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: Any) -> None:
+    """The swap comes while the tree is being removed: the link is refused, not descended into."""
+    from dispatch import fdtree
+
+    before = victim(tmp_path / "victim")
+    mine = tmp_path / "root" / "mine"
+    workdirs.claim(str(mine), "p", SESSION)
+    _tree(mine, {"sub/inner/f": "x"})
+    real_open_child = fdtree._open_child
+
+    def swapping(parent_fd: int, name: str, seen: os.stat_result, dev: int) -> int:
+        if name == "inner":  # listed and stat'ed as a directory; now a link takes its place
+            os.rename(mine / "sub" / "inner", mine / "inner.moved")
+            (mine / "sub" / "inner").symlink_to(tmp_path / "victim")
+        return real_open_child(parent_fd, name, seen, dev)
+
+    monkeypatch.setattr(fdtree, "_open_child", swapping)
+    (verdict,) = workdirs.clean(str(tmp_path / "root"), SESSION)["directories"]
+    assert verdict["action"] == "kept" and verdict["reason"].startswith("could not remove it: ")
+    assert _snapshot(tmp_path / "victim") == before
+    assert (mine / ".hostrun-owner").exists()  # still claimed: the next clean tries again
