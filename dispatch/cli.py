@@ -545,6 +545,8 @@ def _invalid_cgroups(settings: Any, bookings: list[Any]) -> set[int]:
         backend = select_backend(settings.local, read_meminfo().total)
     except BackendError:  # a forced backend that does not work here: nothing to judge against
         return set()
+    if not backend.caps_memory:  # no slice here (nothing acts on any row's cgroup either)
+        return set()
     return {b.id for b in mine if not backend.job_path_ok(b.cgroup)}
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from dispatch.errors import ConfigError
 from dispatch.exitcodes import ExitCode
 from dispatch.ledger import Ledger
 from tests.conftest import Hostrun, pid_alive
@@ -177,3 +178,13 @@ def test_a_bad_cgroup_that_skipped_the_config_check_is_no_slice(tmp_path: Path) 
 
     probes = probe_all(HostSettings("local", cgroup="/x/../../escape"))
     assert probes and all(not p.ok and "hosts.local.cgroup" in p.detail for _, p in probes)
+
+
+def test_a_plain_cgroup_is_accepted_and_one_trailing_slash_dropped() -> None:
+    from dispatch.config.plain import settings_from_dict
+
+    settings = settings_from_dict({"hosts": {"local": {"cgroup": "/ci/hostrun-jobs/"}}}, "hosts.toml")
+    assert settings.local.cgroup == "/ci/hostrun-jobs"
+    for bad in ("/", "//", "ci/hostrun", "/ci//hostrun", "/ci/./hostrun", "/ci/..", "/ci/x\0"):
+        with pytest.raises(ConfigError, match=r"^hosts\.toml: hosts\.local\.cgroup: must "):
+            settings_from_dict({"hosts": {"local": {"cgroup": bad}}}, "hosts.toml")
