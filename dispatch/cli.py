@@ -556,11 +556,13 @@ def cmd_ledger(argv: list[str]) -> int:
 
     # Read only: a booking whose holder is gone is shown as stale; the next admission reclaims it.
     stale = {b.id for b in bookings if not is_alive(b.pid, b.pid_start)}
+    invalid = _invalid_cgroups(settings, bookings)
     if args.json:
         import json
 
         def row(b: Any) -> dict[str, Any]:
-            return {**b._asdict(), "stale": b.id in stale}
+            return {**b._asdict(), "stale": b.id in stale,
+                    "invalid": INVALID_CGROUP if b.id in invalid else None}
 
         print(json.dumps({
             "running": [row(b) for b in bookings if b.state == "running"],
@@ -570,8 +572,30 @@ def cmd_ledger(argv: list[str]) -> int:
         return 0
     from dispatch import render
 
-    render.ledger(bookings, peaks, stale)
+    render.ledger(bookings, peaks, stale, invalid)
     return 0
+
+
+INVALID_CGROUP = "cgroup outside the slice"
+
+
+def _invalid_cgroups(settings: Any, bookings: list[Any]) -> set[int]:
+    """This host's rows whose cgroup is not one of its slice's job cgroups: nothing acts on them (a
+    reclaim releases the row and leaves the cgroup alone), and the view says so."""
+    mine = [b for b in bookings if b.cgroup and b.host == settings.local.name]
+    if not mine:
+        return set()
+    from dispatch.capping import select_backend
+    from dispatch.errors import BackendError
+    from dispatch.hostfacts import read_meminfo
+
+    try:
+        backend = select_backend(settings.local, read_meminfo().total)
+    except BackendError:  # a forced backend that does not work here: nothing to judge against
+        return set()
+    if not backend.caps_memory:  # no slice here (nothing acts on any row's cgroup either)
+        return set()
+    return {b.id for b in mine if not backend.job_path_ok(b.cgroup)}
 
 
 def _check_hosts(settings: Any, names: list[str] | None) -> None:

@@ -34,7 +34,8 @@ def codes(rows: Sequence[tuple[int, str, str]]) -> None:
 
 
 def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
-           stale: frozenset[int] | set[int] = frozenset()) -> None:
+           stale: frozenset[int] | set[int] = frozenset(),
+           invalid: frozenset[int] | set[int] = frozenset()) -> None:
     now = time.time()
     running = Table(title="running")
     for col in ("id", "host", "label", "pid", "kind", "booked", "cap", "age", "session"):
@@ -44,6 +45,8 @@ def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
         queue.add_column(col)
     for b in bookings:
         label = f"{_t(b.label)} [red](stale: holder gone)[/red]" if b.id in stale else _t(b.label)
+        if b.id in invalid:  # nothing acts on its cgroup; see dispatch.capping.base.checked_job_path
+            label += " [red](invalid: cgroup outside the slice)[/red]"
         if b.state == "running":
             running.add_row(str(b.id), _t(b.host), label, str(b.pid), _t(b.kind), format_size(b.size),
                             format_size(b.cap), format_duration(now - (b.since or now)),

@@ -7,6 +7,9 @@ own subdirectories belong to it and are not searched), with owner, age, size and
 have something open in it. ``clean`` removes only directories that the calling session owns and that
 no process has open; it says why it kept each of the others and never removes a directory of another
 session, an unclaimed one, one with another session's claim inside, or one with a mount point inside.
+Its checks and the removal go through one descriptor of each directory (``dispatch.fdtree``), and
+only an owner file of the caller or root, writable by nobody else, counts: ``clean`` may run as root
+in a tree another user can change while it works.
 
 Sessions: ``--session``, else ``$HOSTRUN_SESSION``. ``claim`` without either records this process's
 POSIX session (``sid-<SID>-<start time of its leader>``: the same for every command typed in one
@@ -20,6 +23,7 @@ another user sees only their own. Processes that could not be read are counted a
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -123,13 +127,57 @@ def read_owner(directory: str) -> Owner | None:
     if not stat.S_ISREG(st.st_mode):
         return None
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        with open(path, "rb") as fh:
+            return _parse_owner(fh.read(), st)
+    except OSError as exc:
+        return Owner(session="", created=st.st_mtime, purpose=f"(unreadable owner file: {exc})")
+
+
+def _parse_owner(raw: bytes, st: os.stat_result) -> Owner:
+    try:
+        data = json.loads(raw.decode("utf-8"))
         return Owner(session=str(data["session"]), created=float(data["created"]),
                      purpose=str(data.get("purpose", "")), host=str(data.get("host", "")),
                      user=str(data.get("user", "")), pid=int(data.get("pid", 0)))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
         return Owner(session="", created=st.st_mtime, purpose=f"(unreadable owner file: {exc})")
+
+
+def read_owner_at(dir_fd: int) -> tuple[Owner | None, str | None]:
+    """The owner of the directory open as ``dir_fd`` (read through it, the link never followed),
+    and why the owner file is not to be trusted (None when it is).
+
+    Trusted: a regular file owned by the caller or root, not writable by group or others, with no
+    other hard link. Anyone else's owner file may name any session, so it never lets ``clean``
+    remove anything.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(OWNER_FILE, flags, dir_fd=dir_fd)
+    except OSError:  # missing, or a link: not a claim (as read_owner)
+        return None, None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, None
+        raw = b""
+        while len(raw) <= 1 << 20:  # an owner file is a few hundred bytes
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            raw += chunk
+    except OSError as exc:
+        return Owner(session="", created=0.0, purpose=f"(unreadable owner file: {exc})"), None
+    finally:
+        os.close(fd)
+    owner = _parse_owner(raw, st)
+    if st.st_uid not in (0, os.geteuid()):
+        return owner, f"is owned by uid {st.st_uid}, not by you or root"
+    if st.st_mode & 0o022:
+        return owner, "is writable by others"
+    if st.st_nlink != 1:
+        return owner, "has other hard links"
+    return owner, None
 
 
 def _user() -> str:
@@ -349,42 +397,37 @@ def list_claimed(root: str, depth: int = DEFAULT_DEPTH, size_budget: float = SIZ
             "unclaimed": unclaimed, "hidden_processes": hidden}
 
 
-def _blocker_inside(path: str, session: str) -> str | None:
-    """Why the tree at ``path`` must not be removed although its top is ours: another session's claim
-    inside it, or a mount point inside it."""
-    top = os.lstat(path).st_dev
-    for current, dirs, files in os.walk(path):
-        if current != path and OWNER_FILE in files:
-            inner = read_owner(current)
-            if inner is not None and inner.session != session:
-                return f"it contains {current}, claimed by session {inner.session or '(unknown)'}"
+def _blocker_inside(dir_fd: int, path: str, session: str) -> str | None:
+    """Why the tree open as ``dir_fd`` (at ``path``) must not be removed although its top is ours:
+    another session's claim inside it (or an untrusted one, whatever it names), or a mount point."""
+    top = os.fstat(dir_fd).st_dev
+    for current, dirs, files, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+        where = os.path.normpath(os.path.join(path, current))
+        if current != "." and OWNER_FILE in files:
+            inner, untrusted = read_owner_at(fd)
+            if inner is not None and (inner.session != session or untrusted):
+                return f"it contains {where}, claimed by session {inner.session or '(unknown)'}"
         for name in dirs:
-            sub = os.path.join(current, name)
             try:
-                st = os.lstat(sub)
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError:
                 continue
             if stat.S_ISDIR(st.st_mode) and st.st_dev != top:
-                return f"it contains a mount point, {sub}"
+                return f"it contains a mount point, {os.path.join(where, name)}"
     return None
 
 
-def _remove_tree(path: str) -> None:
-    """Remove everything but the owner file, then the owner file, then the directory: a removal that
-    fails half way leaves the directory still claimed, so a later ``clean`` tries again."""
-    import shutil
+def _remove_tree(parent_fd: int, dir_fd: int, name: str) -> None:
+    """Remove everything but the owner file, then the owner file, then the directory, all through
+    the descriptors opened for the checks: a removal that fails half way leaves the directory still
+    claimed, so a later ``clean`` tries again."""
+    from dispatch import fdtree
 
-    with os.scandir(path) as it:
-        entries = list(it)
-    for entry in entries:
-        if entry.name == OWNER_FILE:
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
-        else:
-            os.unlink(entry.path)
-    os.unlink(owner_path(path))
-    os.rmdir(path)
+    fdtree.remove_contents(dir_fd, keep=OWNER_FILE)
+    os.unlink(OWNER_FILE, dir_fd=dir_fd)
+    if not os.path.samestat(os.fstat(dir_fd), os.stat(name, dir_fd=parent_fd, follow_symlinks=False)):
+        raise OSError(errno.EBUSY, "it was moved away while being removed (its contents are gone)")
+    os.rmdir(name, dir_fd=parent_fd)
 
 
 def clean(root: str, session: str, depth: int = DEFAULT_DEPTH, dry_run: bool = False
@@ -401,39 +444,75 @@ def clean(root: str, session: str, depth: int = DEFAULT_DEPTH, dry_run: bool = F
         owner = read_owner(path)
         if owner is None:
             continue
-        reason = _keep_reason(path, owner, session, opened[path])
-        if reason is None and not dry_run:
-            # Look again right before removing: the owner file and the processes, for this one.
-            owner = read_owner(path) or owner
-            reason = _keep_reason(path, owner, session, openers([path])[0][path])
-            if reason is None:
-                try:
-                    _remove_tree(path)
-                except OSError as exc:
-                    reason = f"could not remove it: {exc.strerror or exc}"
-        if reason is not None:
-            verdicts.append(Verdict(path, owner, "kept", reason))
-        else:
-            verdicts.append(Verdict(path, owner, "would-remove" if dry_run else "removed",
-                                    f"owned by this session ({session}) and not open"))
+        verdict = _clean_one(path, owner, session, opened[path], dry_run)
+        if verdict is not None:
+            verdicts.append(verdict)
     return {"root": os.path.realpath(root), "session": session, "dry_run": dry_run,
             "directories": [v.as_dict() for v in verdicts], "unclaimed": unclaimed,
             "hidden_processes": hidden}
 
 
-def _keep_reason(path: str, owner: Owner, session: str, opened: list[Opener]) -> str | None:
+def _clean_one(path: str, seen: Owner, session: str, opened: list[Opener], dry_run: bool
+               ) -> Verdict | None:
+    """What ``clean`` does with one claimed directory (None: its claim was released meanwhile).
+
+    Everything that decides the removal, and the removal itself, goes through one descriptor of the
+    directory, opened with no symbolic link followed on the way (``dispatch.fdtree``): another user
+    who swaps it, or a directory above it, for a link makes the open fail, or leaves us holding
+    the directory that was checked.
+    """
+    from dispatch import fdtree
+
+    try:
+        parent_fd, dir_fd = fdtree.open_dir(path)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            return Verdict(path, seen, "kept", "it, or a directory above it, is now a symbolic link "
+                                               "or not a directory")
+        return Verdict(path, seen, "kept", f"cannot open it: {exc.strerror or exc}")
+    mine = f"owned by this session ({session}) and not open"
+    try:
+        owner, reason = _keep_reason_at(dir_fd, path, session, opened)
+        if owner is None:  # released meanwhile
+            return None
+        if reason is not None:
+            return Verdict(path, owner, "kept", reason)
+        if dry_run:
+            return Verdict(path, owner, "would-remove", mine)
+        # Look again right before removing: the owner file and the processes, for this one.
+        owner, reason = _keep_reason_at(dir_fd, path, session, openers([path])[0][path])
+        if owner is None:
+            return None
+        if reason is None:
+            try:
+                _remove_tree(parent_fd, dir_fd, os.path.basename(path))
+            except OSError as exc:
+                reason = f"could not remove it: {exc.strerror or exc}"
+        return Verdict(path, owner, "kept", reason) if reason else Verdict(path, owner, "removed", mine)
+    finally:
+        os.close(dir_fd)
+        os.close(parent_fd)
+
+
+def _keep_reason_at(dir_fd: int, path: str, session: str, opened: list[Opener]
+                    ) -> tuple[Owner | None, str | None]:
+    owner, untrusted = read_owner_at(dir_fd)
+    if owner is None:
+        return None, None
     if owner.session != session:
         where = f" on {owner.host}" if owner.host and owner.host != socket.gethostname() else ""
-        return (f"owned by session {owner.session or '(unknown)'}{where} ({owner.purpose}; claimed "
-                f"{_when(owner.created)})")
+        return owner, (f"owned by session {owner.session or '(unknown)'}{where} ({owner.purpose}; "
+                       f"claimed {_when(owner.created)})")
+    if untrusted is not None:
+        return owner, f"its owner file {untrusted}; not trusted"
     if opened:
         shown = ", ".join(o.text() for o in opened[:MAX_SHOWN_OPENERS])
         more = f" and {len(opened) - MAX_SHOWN_OPENERS} more" if len(opened) > MAX_SHOWN_OPENERS else ""
-        return f"open: {shown}{more}"
+        return owner, f"open: {shown}{more}"
     try:
-        return _blocker_inside(path, session)
+        return owner, _blocker_inside(dir_fd, path, session)
     except OSError as exc:
-        return f"cannot inspect it: {exc.strerror}"
+        return owner, f"cannot inspect it: {exc.strerror}"
 
 
 def clean_lines(data: dict[str, Any]) -> list[str]:

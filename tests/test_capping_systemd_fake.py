@@ -293,3 +293,11 @@ def test_verdict_reads_the_scope_and_slice_counters(fake: FakeSystemd, backend: 
     (scope / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     v = job.verdict()
     assert (v.killed, v.own, v.slice_full) == (True, True, False)
+
+
+def test_job_paths_are_the_scope_units_it_creates(fake: FakeSystemd, backend: SystemdBackend) -> None:
+    job = backend.create_job("12-345", 64 << 20)
+    assert backend.job_path_ok(job.path)
+    assert not backend.job_path_ok(f"{backend.slice_dir}/job-12-345")  # not a name this backend gives
+    assert not backend.job_path_ok(f"{backend.slice_dir}/../hostrun-job-12-345.scope")
+    assert not backend.job_path_ok(f"{backend.slice_dir}/hostrun-job-12.scope")

@@ -389,6 +389,43 @@ def test_job_at(fake: FakeCgroup2) -> None:
     assert backend.job_at(backend.slice_dir + "-other/job-1-1") is None
 
 
+def test_a_ledger_path_outside_the_slice_is_never_killed_or_removed(fake: FakeCgroup2) -> None:
+    """The reclaim path (``stop_reclaimed``) acts only on this slice's job cgroups. A symbolic link in
+    the slice pointing out can only be made here: real cgroupfs refuses symlink() (EPERM), so
+    test_cgroup_paths.py covers the other shapes against real cgroup v1."""
+    from dispatch.admission import stop_reclaimed
+    from dispatch.ledger import Booking
+
+    backend = ready(fake)
+    victim = fake.make("/ci/job-5-5")  # named like a job, next to the slice
+    proc = sleeper()
+    fake.attach(victim, proc)
+    link = Path(backend.slice_dir) / "job-6-6"
+    link.symlink_to(victim)
+    slice_dir = backend.slice_dir
+    shapes = [str(link), f"{slice_dir}/../job-5-5", str(victim), f"{slice_dir}/job-1-1/../../job-5-5",
+              f"{slice_dir}/job-5-5/..", "job-5-5", f"{slice_dir}//job-6-6"]
+    rows = [Booking(id=i, host="local", label="x", state="running", pid=1, pid_start=1, size=1, cap=1,
+                    kind="cap", cgroup=path, command="x", session=None, queued=0.0, since=0.0, reason=None)
+            for i, path in enumerate(shapes)]
+    for row in rows:
+        assert backend.job_at(row.cgroup or "") is None, row.cgroup
+        assert not backend.job_path_ok(row.cgroup or ""), row.cgroup
+    stop_reclaimed(backend, rows)
+    assert proc.poll() is None and victim.is_dir() and link.is_symlink()
+    assert str(proc.pid) in (victim / "cgroup.procs").read_text().split()
+    # A real job of the slice, named by a path that normalises to it, is still found and stopped.
+    job = backend.create_job("7-7", 64 * MiB)
+    inside = sleeper()
+    fake.attach(Path(job.path), inside)
+    found = backend.job_at(f"{slice_dir}/job-1-1/../job-7-7")
+    assert found is not None and found.path == job.path
+    assert backend.job_path_ok(job.path)
+    stop_reclaimed(backend, [rows[0]._replace(cgroup=f"{slice_dir}/./job-7-7")])
+    inside.wait(timeout=10)
+    assert not os.path.exists(job.path)
+
+
 # -------------------------------------------------------------------------------------------- verdict
 def test_verdict_own_cap(fake: FakeCgroup2) -> None:
     backend = ready(fake)

@@ -14,6 +14,12 @@ ORDER = ("systemd", "cgroup2", "cgroup1")
 
 
 def _probe(name: str, host: HostSettings) -> tuple[Probe, CapBackend | None]:
+    if host.cgroup is not None:  # checked at load too; this catches values that skipped the load
+        from dispatch.capping.cgroupfs import cgroup_path_problem  # (a controller's fallback on a peer)
+
+        problem = cgroup_path_problem(host.cgroup)
+        if problem is not None:
+            return Probe(False, f"hosts.{host.name}.cgroup: {problem}"), None
     if name == "systemd":
         from dispatch.capping.systemd import SystemdBackend
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import stat
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -125,6 +126,9 @@ def remove_dir(path: str, settle: float = 2.0) -> None:
             time.sleep(0.01)
 
 
+JOB_PREFIX = "job-"
+
+
 def make_job_dir(slice_dir: str, job_id: str, cap: int,
                  set_limit: Callable[[str, int], None]) -> str:
     """Create a job's cgroup directory under the slice and set its limit.
@@ -134,7 +138,7 @@ def make_job_dir(slice_dir: str, job_id: str, cap: int,
     """
     from dispatch.errors import BackendError
 
-    directory = os.path.join(slice_dir, f"job-{job_id}")
+    directory = os.path.join(slice_dir, f"{JOB_PREFIX}{job_id}")
     try:
         os.mkdir(directory)
     except OSError as exc:
@@ -150,9 +154,43 @@ def make_job_dir(slice_dir: str, job_id: str, cap: int,
     return directory
 
 
-def is_job_dir(slice_dir: str, path: str) -> bool:
-    """Whether a path recorded in the ledger is a job cgroup of this slice (and still there)."""
-    return path.startswith(slice_dir + "/") and os.path.isdir(path)
+def is_job_name(name: str, prefix: str = JOB_PREFIX, suffix: str = "") -> bool:
+    """Whether ``name`` is one hostrun gives a job cgroup: ``<prefix><pid>-<start time><suffix>``."""
+    if not (name.startswith(prefix) and name.endswith(suffix)):
+        return False
+    parts = name[len(prefix):len(name) - len(suffix)].split("-")
+    return len(parts) == 2 and all(p.isascii() and p.isdigit() for p in parts)
+
+
+def checked_job_path(slice_dir: str, path: str, prefix: str = JOB_PREFIX, suffix: str = "") -> str | None:
+    """The job cgroup a ledger row names, normalised, or None when hostrun must leave it alone.
+
+    A row's path is not trusted: it is acted on (killed, removed, its pids read) only when, after
+    ``normpath``, it is a direct child of the slice named as hostrun names jobs, and ``realpath``
+    agrees (no symbolic link on the way). ``<slice>/../victim`` or a link in the slice pointing
+    elsewhere would otherwise make a reclaim kill and remove a cgroup that is not hostrun's.
+    """
+    if not slice_dir or not path.startswith("/") or "\0" in path:
+        return None
+    norm = os.path.normpath(path)
+    base = os.path.normpath(slice_dir)
+    name = os.path.basename(norm)
+    if os.path.dirname(norm) != base or not is_job_name(name, prefix, suffix):
+        return None
+    if os.path.realpath(norm) != os.path.join(os.path.realpath(base), name):
+        return None
+    return norm
+
+
+def job_dir_at(slice_dir: str, path: str, prefix: str = JOB_PREFIX, suffix: str = "") -> str | None:
+    """``checked_job_path``, and only while that directory exists (a real one, not a link)."""
+    checked = checked_job_path(slice_dir, path, prefix, suffix)
+    if checked is None:
+        return None
+    try:
+        return checked if stat.S_ISDIR(os.lstat(checked).st_mode) else None
+    except OSError:
+        return None
 
 
 class JobCgroup(ABC):
@@ -210,6 +248,8 @@ class JobCgroup(ABC):
 
 class CapBackend(ABC):
     name: str = ""
+    slice_dir: str = ""  # "" when there is no slice (the ``none`` backend)
+    job_affixes: tuple[str, str] = (JOB_PREFIX, "")  # what a job cgroup's name starts and ends with
 
     @abstractmethod
     def describe(self) -> str:
@@ -227,7 +267,13 @@ class CapBackend(ABC):
 
     @abstractmethod
     def job_at(self, path: str) -> JobCgroup | None:
-        """The job cgroup recorded at ``path`` in the ledger (for reclaiming a dead holder's job)."""
+        """The job cgroup recorded at ``path`` in the ledger (for reclaiming a dead holder's job), or
+        None when it is gone or not one of this slice's (see ``checked_job_path``)."""
+
+    def job_path_ok(self, path: str) -> bool:
+        """Whether a ledger row's cgroup could be one of this slice's jobs (``hostrun ledger`` flags
+        the rows for which it is not; nothing acts on them)."""
+        return checked_job_path(self.slice_dir, path, *self.job_affixes) is not None
 
     @property
     def caps_memory(self) -> bool:

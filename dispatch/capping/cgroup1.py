@@ -20,7 +20,7 @@ from dispatch.capping.base import (
     OomVerdict,
     Probe,
     SliceUsage,
-    is_job_dir,
+    job_dir_at,
     kill_pids,
     make_job_dir,
     read_int,
@@ -208,6 +208,5 @@ class Cgroup1Backend(CapBackend):
             raise BackendError(f"cannot watch job cgroup {directory}: {exc.strerror}") from None
 
     def job_at(self, path: str) -> Cgroup1Job | None:
-        if not is_job_dir(self.slice_dir, path):
-            return None
-        return Cgroup1Job(path, 0, self.slice_dir, watch=False)
+        directory = job_dir_at(self.slice_dir, path, *self.job_affixes)
+        return None if directory is None else Cgroup1Job(directory, 0, self.slice_dir, watch=False)

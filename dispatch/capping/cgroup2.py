@@ -20,7 +20,7 @@ from dispatch.capping.base import (
     OomVerdict,
     Probe,
     SliceUsage,
-    is_job_dir,
+    job_dir_at,
     kill_pids,
     make_job_dir,
     read_int,
@@ -206,6 +206,5 @@ class Cgroup2Backend(CapBackend):
         return Cgroup2Job(make_job_dir(self.slice_dir, job_id, cap, set_limit), cap, self.slice_dir)
 
     def job_at(self, path: str) -> Cgroup2Job | None:
-        if not is_job_dir(self.slice_dir, path):
-            return None
-        return Cgroup2Job(path, 0, self.slice_dir)
+        directory = job_dir_at(self.slice_dir, path, *self.job_affixes)
+        return None if directory is None else Cgroup2Job(directory, 0, self.slice_dir)

@@ -41,6 +41,7 @@ def _valid_slice_unit(unit: str) -> bool:
 
 class SystemdBackend(Cgroup2Backend):
     name = "systemd"
+    job_affixes = ("hostrun-job-", ".scope")  # the scope units create_job names
 
     def __init__(self, mount: str, slice_unit: str = SLICE_UNIT, systemd_run: str = "systemd-run",
                  systemctl: str = "systemctl") -> None:
@@ -101,7 +102,8 @@ class SystemdBackend(Cgroup2Backend):
             raise BackendError(f"cannot set limits on {self.slice_unit}: {why}")
 
     def create_job(self, job_id: str, cap: int) -> Cgroup2Job:
-        unit = f"hostrun-job-{job_id}.scope"
+        prefix, suffix = self.job_affixes
+        unit = f"{prefix}{job_id}{suffix}"
         wrapper = [self.systemd_run, "--scope", "--quiet", "--collect", f"--slice={self.slice_unit}",
                    f"--unit={unit}", "-p", f"MemoryMax={cap}", "-p", "MemorySwapMax=0"]
         return Cgroup2Job(os.path.join(self.slice_dir, unit), cap, self.slice_dir, wrapper=wrapper)

@@ -82,8 +82,6 @@ class HostModel(_Strict):
                                  f"has {format_size(total)} of RAM")
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}")
-        if self.cgroup is not None and not self.cgroup.startswith("/"):
-            raise ValueError("cgroup must be an absolute path inside the hierarchy, e.g. /hostrun")
         if name != LOCAL and not self.ssh:
             raise ValueError("a peer needs ssh = 'destination'")
         peer_only = ("ssh", "port", "ssh_config", "identity_file", "work_root", "python",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from dispatch.capping.cgroupfs import cgroup_path_problem
+from dispatch.errors import ConfigError
 from dispatch.settings import LOCAL, HostSettings, Settings
 from dispatch.units import parse_duration, parse_size
 
@@ -29,8 +31,13 @@ def _expand(path: Any) -> Any:
     return os.path.expanduser(path) if isinstance(path, str) else path
 
 
-def host_from_dict(name: str, table: Mapping[str, Any]) -> HostSettings:
+def host_from_dict(name: str, table: Mapping[str, Any], source: str = "") -> HostSettings:
+    """One host's settings. ``cgroup`` is checked here, on both paths (pydantic's and the agent's)."""
     values: dict[str, Any] = {"name": name}
+    if table.get("cgroup") is not None:
+        problem = cgroup_path_problem(table["cgroup"])
+        if problem is not None:
+            raise ConfigError(f"{source + ': ' if source else ''}hosts.{name}.cgroup: {problem}")
     for key, field in _HOST_SIZES.items():
         if table.get(key) is not None:
             values[field] = parse_size(table[key])
@@ -40,6 +47,8 @@ def host_from_dict(name: str, table: Mapping[str, Any]) -> HostSettings:
     for key in ("ssh_config", "identity_file"):
         if key in values:
             values[key] = _expand(values[key])
+    if "cgroup" in values:
+        values["cgroup"] = values["cgroup"].rstrip("/")
     return HostSettings(**values)
 
 
@@ -60,7 +69,8 @@ def settings_from_dict(raw: Mapping[str, Any], source: str) -> Settings:
             values[key] = tuple(str(item) for item in raw[key])
     if raw.get("enable_across_machines") is not None:
         values["enable_across_machines"] = bool(raw["enable_across_machines"])
-    hosts = {name: host_from_dict(name, table or {}) for name, table in (raw.get("hosts") or {}).items()}
+    hosts = {name: host_from_dict(name, table or {}, source)
+             for name, table in (raw.get("hosts") or {}).items()}
     hosts.setdefault(LOCAL, HostSettings(LOCAL))
     return Settings.default(
         state_dir=_expand(raw.get("state_dir")) or "",
