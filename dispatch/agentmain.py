@@ -55,6 +55,9 @@ def peer_settings(fallback: dict[str, Any]) -> tuple[Settings, dict[str, Any]]:
     try:
         path = find_config(None, os.environ)
         if path is not None:
+            from dispatch.trust import check_file
+
+            check_file(path, "config file", os.environ)  # as on the controller (docs/trust.md)
             settings = settings_from_dict(_load_toml(path), path)
             notes["config"] = os.path.abspath(path)
     except Exception as exc:

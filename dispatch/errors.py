@@ -6,6 +6,7 @@ calls ``sys.exit``. The hierarchy::
     HostrunError                    (exit_code from dispatch.exitcodes)
     ├── UsageError                  2    bad arguments, bad or unreadable configuration
     │   └── ConfigError             2    a configuration key or value is wrong (names the key)
+    │       └── UntrustedPathError  2    a file or directory someone else owns or can write (trust.py)
     ├── NotRunError                 78   a preflight condition was not met
     ├── NeverFitsError              243  cap larger than the host's whole slice
     ├── NoCapBackendError           78   no memory-cap backend works here and --no-cap was not given
@@ -39,6 +40,10 @@ class UsageError(HostrunError):
 
 class ConfigError(UsageError):
     """A configuration problem; the message names the file and the key."""
+
+
+class UntrustedPathError(ConfigError):
+    """Another user could steer hostrun through this file or directory; the message says the fix."""
 
 
 class NotRunError(HostrunError):

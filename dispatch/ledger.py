@@ -203,9 +203,11 @@ def _peak(row: Any) -> PeakRecord:
 
 
 def _ensure_private_dir(path: str) -> None:
-    if not os.path.isdir(path):
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        os.chmod(path, 0o700)
+    """The state directory: created 0700 and checked; another user's, or one others can write, is
+    refused (UntrustedPathError), never reused."""
+    from dispatch.trust import private_dir
+
+    private_dir(path, fix="set state_dir to a directory of your own")
 
 
 class Ledger:

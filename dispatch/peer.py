@@ -18,12 +18,46 @@ AGENT_MISSING = 97
 # Paths are relative to $HOME (sshd starts in the passwd home, which $HOME may override).
 _RUN = ('cd "$HOME" || exit 1; [ -f "$1/__main__.py" ] || exit 97; f=$1; py=$2; shift 2; '
         'exec "$py" -I "$f" "$@"')
-# Unpack the zip from stdin into a temporary directory, byte-compile it with the peer's own python,
-# then move it into place (if another sender won the race, keep theirs).
-_SEND = ('cd "$HOME" || exit 1; d=$1; py=$2; t="$d.tmp.$$"; mkdir -p "$(dirname "$d")" && rm -rf "$t" && '
-         '"$py" -I -c "import io, sys, zipfile; '
-         'zipfile.ZipFile(io.BytesIO(sys.stdin.buffer.read())).extractall(sys.argv[1])" "$t" && '
-         '"$py" -I -m compileall -q "$t" > /dev/null && { mv "$t" "$d" 2>/dev/null || rm -rf "$t"; }')
+# Unpack the zip from stdin into a private temporary directory, byte-compile it with the peer's own
+# python, then move it into place (if another sender won the race, keep theirs). ~/.cache/hostrun is
+# created 0700 and checked with lstat first: a directory another user owns or can write (or a
+# symlink) is refused, never unpacked into, as on the controller (dispatch.trust).
+_SEND = 'cd "$HOME" || exit 1; umask 077; py=$1; shift; exec "$py" -I -c "$@"'
+_UNPACK = """
+import compileall, io, os, shutil, stat, sys, tempfile, zipfile
+d = sys.argv[1]
+parent = os.path.dirname(d)
+here = ""
+for part in parent.split("/"):
+    here = os.path.join(here, part) if here else part
+    try:
+        os.mkdir(here, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(here)
+    mode = stat.S_IMODE(st.st_mode)
+    if here == parent:
+        bad = st.st_uid != os.geteuid() or mode & 0o022
+    else:
+        bad = st.st_uid not in (os.geteuid(), 0) or (mode & 0o022 and not mode & stat.S_ISVTX)
+    link = " (a symlink)" if stat.S_ISLNK(st.st_mode) else ""
+    if bad or link or not stat.S_ISDIR(st.st_mode):
+        sys.exit("refusing %s: owned by uid %d, mode %04o%s, not a private directory of ours; remove it"
+                 % (os.path.abspath(here), st.st_uid, mode, link))
+if mode != 0o700:
+    os.chmod(parent, 0o700)
+t = tempfile.mkdtemp(prefix=os.path.basename(d) + ".tmp.", dir=parent)
+try:
+    zipfile.ZipFile(io.BytesIO(sys.stdin.buffer.read())).extractall(t)
+    if not compileall.compile_dir(t, quiet=1):
+        sys.exit("could not byte-compile the agent")
+    try:
+        os.rename(t, d)
+    except OSError:
+        pass
+finally:
+    shutil.rmtree(t, ignore_errors=True)
+"""
 
 FALLBACK_FIELDS = ("slice_bytes", "reserve_bytes", "heavy_threads", "default_cap", "gamble_size",
                    "cgroup", "backend")
@@ -46,7 +80,7 @@ class PeerClient:
 
     def send_agent(self, timeout: float | None = None) -> None:
         """Send this version of the agent; the peer unpacks and byte-compiles it."""
-        result = self.ssh.run(["sh", "-c", _SEND, "hostrun-send", agent.remote_path(), self.python],
+        result = self.ssh.run(["sh", "-c", _SEND, "hostrun-send", self.python, _UNPACK, agent.remote_path()],
                               input=agent.build()[0], timeout=timeout or self.settings.report_timeout * 2)
         if result.returncode != 0:
             last = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]

@@ -24,8 +24,9 @@ CREATE TABLE IF NOT EXISTS pending (
 
 class Pending:
     def __init__(self, state_dir: str) -> None:
-        if not os.path.isdir(state_dir):
-            os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        from dispatch.trust import private_dir
+
+        private_dir(state_dir, fix="set state_dir to a directory of your own")
         path = os.path.join(state_dir, "pending.sqlite3")
         if not os.path.exists(path):
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))

@@ -473,9 +473,10 @@ def _load_record(state: str, script: Script) -> dict[str, Any] | None:
 
 
 def _ensure_private_dir(path: str) -> None:
-    if not os.path.isdir(path):
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        os.chmod(path, 0o700)
+    """Created 0700 and checked; another user's directory is refused, never reused (trust.md)."""
+    from dispatch.trust import private_dir
+
+    private_dir(path, fix="set state_dir to a directory of your own")
 
 
 # -------------------------------------------------------------------------- single-instance: lock

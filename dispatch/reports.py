@@ -59,6 +59,11 @@ def read_reports(settings: Settings, names: list[str] | None = None, label: str 
     calling thread meanwhile; whatever has not answered by ``report_deadline`` is reported so.
     """
     chosen = list(settings.hosts) if names is None else names
+    if any(not settings.hosts[name].is_local for name in chosen):
+        # Refuse an untrusted ControlMaster directory once, up front, before any ssh (exit 2).
+        from dispatch.ssh import control_dir, ensure_control_dir
+
+        ensure_control_dir(control_dir(settings.state_dir))
     started = time.monotonic()
     results: dict[str, HostReading] = {}
     threads = []

@@ -74,12 +74,18 @@ def is_transient(error: Exception) -> bool:
 
 
 def control_dir(state_dir: str) -> str:
-    """Where the ControlMaster sockets live: in the state dir, or a short private path if that is
-    too long for a unix socket."""
+    """Where the ControlMaster sockets live: in the state dir, or a short path under /tmp if that is
+    too long for a unix socket (``ensure_control_dir`` makes it private or refuses it)."""
     preferred = os.path.join(state_dir, "ssh")
     if len(preferred) + 41 <= SOCKET_PATH_MAX:
         return preferred
     return os.path.join("/tmp", f"hostrun-ssh-{os.getuid()}-{short_hash(state_dir.encode(), 8)}")
+
+
+def ensure_control_dir(directory: str) -> None:
+    from dispatch.trust import private_dir
+
+    private_dir(directory, fix="set a shorter state_dir (its ssh/ subdirectory is used then)")
 
 
 def remote_command(argv: Sequence[str]) -> str:
@@ -130,9 +136,10 @@ class SshPeer:
         return remote_command(self.base_argv())
 
     def ensure_control_dir(self) -> None:
-        if not os.path.isdir(self.ctl_dir):
-            os.makedirs(self.ctl_dir, mode=0o700, exist_ok=True)
-            os.chmod(self.ctl_dir, 0o700)
+        """Before any ssh: whoever controls this directory controls where our connections go (a
+        master socket of theirs at the socket's name), so it must be ours alone (``dispatch.trust``):
+        the /tmp fallback pre-created by another user, or a symlink, is refused (exit 2)."""
+        ensure_control_dir(self.ctl_dir)
 
     def run(self, remote: Sequence[str], *, input: bytes | None = None,
             timeout: float | None = None, retries: int = RETRIES) -> RemoteResult:

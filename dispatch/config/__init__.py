@@ -7,7 +7,13 @@ default (this host only) serves.
 pydantic costs ~150 ms to import, so it stays off the hot path of ``hostrun -- CMD``: a file is
 validated once, and its normalized form is cached (``marshal``: no ``json``/``re`` import on the hot
 path) keyed by the file's path, size, mtime and inode; later runs read that while the file is
-unchanged. The cache is private to its owner, like every state file.
+unchanged. The cache is private to its owner, like every state file, and is read back only when it
+and its directory are (a foreign or others-writable cache is ignored and never overwritten). After a
+config edit, a burst of concurrent runs validates once: the first takes an flock on the cache
+directory's ``lock`` file, the others wait there and then read its entry.
+
+Trust (``dispatch.trust``, docs/trust.md): the config file, the ``ssh_config``/``identity_file`` it
+names and the state directory must be the invoking user's or root's and writable by nobody else.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from dispatch import __version__
+from dispatch import __version__, trust
 from dispatch.errors import ConfigError
 from dispatch.fingerprint import short_hash
 from dispatch.settings import Settings
@@ -50,49 +56,122 @@ def _cache_dir(environ: Mapping[str, str]) -> str:
     return os.path.join(base, "hostrun", "config")
 
 
-def _cache_key(path: str) -> list[object]:
-    st = os.stat(path)
+def _cache_key(path: str, st: os.stat_result | None = None) -> list[object]:
+    st = os.stat(path) if st is None else st
     return [CACHE_FORMAT, __version__, sys.hexversion, os.path.realpath(path), st.st_size, st.st_mtime_ns,
             st.st_ino]
 
 
 def load_settings(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> Settings:
-    """The settings in force, with environment overrides applied."""
+    """The settings in force, with environment overrides applied. Every file they come from or name
+    must be trusted (``dispatch.trust``): another user's config could run commands as us."""
     env: Mapping[str, str] = os.environ if environ is None else environ
     path = find_config(explicit, env)
     if path is None:
-        return Settings.default().with_env_overrides(env)
-    return _load_file(path, env).with_env_overrides(env)
+        settings = Settings.default().with_env_overrides(env)
+        trust.check_existing_dir(settings.state_dir, "state directory")
+        return settings
+    settings = _load_file(path, env).with_env_overrides(env)
+    _check_named(settings, path, env)
+    return settings
+
+
+def _check_named(settings: Settings, path: str, environ: Mapping[str, str]) -> None:
+    """The files a trusted config names are checked on every load (the cache cannot vouch for them):
+    a few ``stat`` calls. A file not there yet is ssh's to complain about."""
+    for host in settings.hosts.values():
+        for key in ("ssh_config", "identity_file"):
+            named = getattr(host, key)
+            if not named:
+                continue
+            try:
+                st = os.stat(named)
+            except OSError:
+                continue
+            trust.check_file(named, f"hosts.{host.name}.{key} (in {os.path.abspath(path)})", environ, st)
+    trust.check_existing_dir(settings.state_dir, f"state_dir (from {os.path.abspath(path)})")
 
 
 def _load_file(path: str, environ: Mapping[str, str]) -> Settings:
-    key = _cache_key(path)
-    cache_file = os.path.join(
-        _cache_dir(environ), short_hash(str(key[3]).encode(), 32) + ".marshal"
-    )
+    st = os.stat(path)
+    trust.check_file(path, "config file", environ, st)
+    key = _cache_key(path, st)
+    directory = _cache_dir(environ)
+    cache_file = os.path.join(directory, short_hash(str(key[3]).encode(), 32) + ".marshal")
+    cached = _read_cache(directory, cache_file, key)
+    if cached is not None:
+        return cached
+    return _validate_once(path, environ, directory, cache_file)
+
+
+def _read_cache(directory: str, cache_file: str, key: list[object]) -> Settings | None:
+    """The cached settings if the entry matches ``key`` and only we could have written it (a foreign
+    or others-writable cache, e.g. under another user's $XDG_CACHE_HOME, is ignored)."""
     try:
-        with open(cache_file, "rb") as fh:
+        if not trust.private_dir_ok(directory):
+            return None
+        fd = os.open(cache_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            if not trust.own_file_ok(os.fstat(fd)):
+                return None
             cached = marshal.load(fh)
         if cached.get("key") == key:
             return Settings.from_normalized(cached["settings"])
     except (OSError, ValueError, KeyError, TypeError, EOFError, AttributeError):
         pass
-    from dispatch.config.model import validate_file  # pydantic: only on a cache miss
+    return None
 
-    settings = validate_file(path)
-    _write_cache(cache_file, {"key": key, "settings": settings.to_normalized()})
-    return settings
+
+def _validate_once(path: str, environ: Mapping[str, str], directory: str, cache_file: str) -> Settings:
+    """Validate the file (pydantic) and cache the result, once for a burst of concurrent runs: under
+    an flock on the cache directory's lock file, the first validates and writes, the others then
+    find its entry. Without a usable (private) cache directory, validate and cache nothing."""
+    lock_fd = None
+    try:
+        trust.private_dir(directory)
+        lock_fd = os.open(os.path.join(directory, "lock"),
+                          os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        import fcntl
+
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    except (OSError, ConfigError):
+        if lock_fd is not None:
+            os.close(lock_fd)
+        lock_fd = None
+    try:
+        with open(path, "rb") as fh:  # what is validated is exactly what was checked and keyed
+            st = os.fstat(fh.fileno())
+            trust.check_file(path, "config file", environ, st)
+            key = _cache_key(path, st)
+            if lock_fd is not None:
+                cached = _read_cache(directory, cache_file, key)
+                if cached is not None:
+                    return cached
+            data = fh.read()
+        from dispatch.config.model import validate_file  # pydantic: only on a cache miss
+
+        settings = validate_file(path, data)
+        if lock_fd is not None:
+            _write_cache(cache_file, {"key": key, "settings": settings.to_normalized()})
+        return settings
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
 
 
 def _write_cache(cache_file: str, payload: dict[str, object]) -> None:
-    """Best effort: a cache that cannot be written only costs the next run a validation."""
-    directory = os.path.dirname(cache_file)
+    """Best effort, into the private directory checked by the caller: a cache that cannot be written
+    only costs the next run a validation."""
+    tmp = f"{cache_file}.{os.getpid()}.tmp"
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        tmp = f"{cache_file}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as fh:
             marshal.dump(payload, fh)
         os.replace(tmp, cache_file)
     except OSError:
-        pass
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

@@ -117,16 +117,20 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
-def _load_toml(path: str) -> dict[str, Any]:
+def _load_toml(path: str, data: bytes | None = None) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - exercised on 3.9/3.10 only
         import tomli as tomllib
     try:
+        if data is not None:
+            return tomllib.loads(data.decode())
         with open(path, "rb") as fh:
             return tomllib.load(fh)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
@@ -134,9 +138,10 @@ def _load_toml(path: str) -> dict[str, Any]:
                           f"at offset {exc.start})") from None
 
 
-def validate_file(path: str) -> Settings:
-    """Settings from a TOML file, or ConfigError with one line naming the file and key."""
-    raw = _load_toml(path)
+def validate_file(path: str, data: bytes | None = None) -> Settings:
+    """Settings from a TOML file (``data``: its bytes, already read and trust-checked by the caller),
+    or ConfigError with one line naming the file and key."""
+    raw = _load_toml(path, data)
     try:
         model = ConfigModel.model_validate(raw)
     except ValidationError as exc:
