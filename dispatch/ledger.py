@@ -318,7 +318,12 @@ class Ledger:
         self._connected = True
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA busy_timeout=60000")
-        if self.db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0 and os.path.exists(self.journal_path):
+            # Before any write: on a file emptied under a live WAL, switching it to WAL would wait
+            # out the busy timeout on the other connections' locks.
+            raise LedgerDamaged("it is empty (no tables) though its peak journal exists")
+        if version != SCHEMA_VERSION:
             self._create_schema()
         if not os.path.exists(self.journal_path):  # a ledger from before the journal: seed it
             self._locked(lambda: self._snapshot_if_missing())
@@ -400,10 +405,10 @@ class Ledger:
         with recovery.Lock(self.state_dir):
             self.close()
             if exc is not None and file_id(self.path) in (self._ident, None):
-                problem = str(exc) if isinstance(exc, LedgerDamaged) else \
-                    recovery.damage(self.path, self.journal_path)
-                if problem is None:
-                    raise exc  # not damage after all
+                problem = recovery.damage(self.path, self.journal_path)
+                if problem is None:  # sound after all (e.g. just created by another process): retry
+                    self._connect()
+                    return
                 if self.live_jobs is None:
                     raise LedgerError(f"ledger {self.path} is damaged ({problem}); any hostrun run or "
                                       "'hostrun ledger' moves it aside and starts fresh")
