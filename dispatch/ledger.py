@@ -417,6 +417,9 @@ class Ledger:
             self._connect()
             if self._mine:
                 self._locked(self._put_back)
+                if exc is None:  # another process recovered it: our terminal has not heard of it
+                    self.say(f"ledger {self.path} was replaced (recovered by another hostrun); "
+                             f"put back booking {', '.join(str(i) for i in self._mine)}")
 
     def _put_back(self) -> None:
         """Our bookings, with their own ids (FIFO order kept), over any row re-booked for our cgroup."""
