@@ -271,6 +271,12 @@ def cmd_run(argv: list[str]) -> int:
         session=_session(args["session"]), gpu_memory=args["gpu_memory"],
         force=args["force"], group=args["group"], when_idle=args["when_idle"],
     )
+    if args["result_file"]:
+        from dispatch.outcome import check_result_path
+
+        problem = check_result_path(args["result_file"])
+        if problem is not None:  # before anything runs: the caller would lose the outcome
+            raise UsageError(f"--result-file {args['result_file']}: cannot write there: {problem}")
     enclosing = enclosing_job(os.environ)
     if enclosing is not None and not args["result_file"] and not _declares_preflight(command):
         try:  # already booked and capped by the enclosing job: become the command
@@ -370,7 +376,10 @@ def _finish(outcome: Outcome, args: dict[str, Any]) -> int:
     if args["result_file"]:
         from dispatch.outcome import write_result
 
-        write_result(args["result_file"], outcome)
+        try:
+            write_result(args["result_file"], outcome)
+        except OSError as exc:  # the job's own exit status still stands
+            _say(f"warning: could not write the result file {args['result_file']}: {exc.strerror}")
     return outcome.exit_code
 
 
@@ -522,10 +531,13 @@ def _write_failure(path: str, request: RunRequest, exc: HostrunError) -> None:
         name = ExitCode(exc.exit_code).outcome
     except ValueError:
         name = "error"
-    write_result(path, Outcome(
-        exit_code=int(exc.exit_code), outcome=name, host=getattr(exc, "host", "local"),
-        label=request.label or default_label(argv), argv=argv, message=str(exc),
-    ))
+    try:
+        write_result(path, Outcome(
+            exit_code=int(exc.exit_code), outcome=name, host=getattr(exc, "host", "local"),
+            label=request.label or default_label(argv), argv=argv, message=str(exc),
+        ))
+    except OSError as error:
+        _say(f"warning: could not write the result file {path}: {error.strerror}")
 
 
 def cmd_codes(argv: list[str]) -> int:
@@ -545,9 +557,10 @@ def cmd_codes(argv: list[str]) -> int:
 def cmd_ledger(argv: list[str]) -> int:
     args = _sub_parser("ledger", "Show running jobs, the queue and the peak table.").parse_args(argv)
     from dispatch.ledger import Ledger
+    from dispatch.recovery import live_jobs_of
 
     settings = _settings(args.config)
-    ledger = Ledger(settings.state_dir)
+    ledger = Ledger(settings.state_dir, _say, live_jobs_of(settings))
     try:
         bookings, peaks = ledger.bookings(), ledger.peaks()
     finally:

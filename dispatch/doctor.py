@@ -30,12 +30,18 @@ def diagnose(settings: Settings) -> dict[str, Any]:
         problems.append("backend forced to none by the configuration: jobs run only with --no-cap")
     elif active == "none":
         problems.append("no memory-cap backend works here: jobs run only with --no-cap")
+    from dispatch.recovery import inspect
+
+    ledger_ok, ledger_check = inspect(settings.state_dir)
+    if not ledger_ok:
+        problems.append(ledger_check)
     return {
         "version": __version__,
         "python": sys.version.split()[0],
         "config": settings.source,
         "state_dir": settings.state_dir,
         "ledger": os.path.join(settings.state_dir, "ledger.sqlite3"),
+        "ledger_check": {"ok": ledger_ok, "detail": ledger_check},
         "backend": active,
         "forced_backend": host.backend,
         "slice": slice_path,

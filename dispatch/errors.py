@@ -11,6 +11,7 @@ calls ``sys.exit``. The hierarchy::
     ├── NeverFitsError              243  cap larger than the host's whole slice
     ├── NoCapBackendError           78   no memory-cap backend works here and --no-cap was not given
     ├── BackendError                78   a backend failed while preparing the slice or the job
+    ├── LedgerError                 78   the ledger (state dir) cannot be read or written
     ├── PeerUnreachableError        246  the peer could not be reached or read in time
     │   ├── HostKeyError            246  its host key is unknown or changed (never retried)
     │   └── PeerAuthError           246  authentication failed (never retried)
@@ -59,6 +60,12 @@ class NoCapBackendError(HostrunError):
 
 
 class BackendError(HostrunError):
+    exit_code = ExitCode.NOT_RUN
+
+
+class LedgerError(HostrunError):
+    """The state dir's ledger cannot be used (read-only, disk full, damaged and not recoverable)."""
+
     exit_code = ExitCode.NOT_RUN
 
 

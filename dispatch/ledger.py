@@ -8,24 +8,39 @@ start time no longer match) are reclaimed inside the same transaction by whoever
 A job given ``--gpu-memory`` is booked on one GPU as well, in the same row and the same transaction:
 ``gpu_bytes`` is what it asked for, ``gpu_index`` the device it was admitted on (NULL while waiting).
 The ledger never reads a GPU itself: the caller passes the room per device, read beforehand.
+
+Damage (a file that is not, or no longer, a sound SQLite database) is noticed when an operation fails,
+never looked for on the hot path: then ``dispatch.recovery`` confirms it (``PRAGMA quick_check``),
+moves the file aside, builds a fresh ledger (peaks from the journal, ``dispatch.peakjournal``; running
+jobs from their cgroups) and the operation is retried once. Every booking made through this object is
+put back with its own id, so its holder keeps its place. Other failures (read-only state dir, disk
+full, a lock held too long) raise ``LedgerError``: one line, exit 78.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from dispatch import peakjournal
+from dispatch.errors import LedgerError
 from dispatch.procinfo import is_alive
 from dispatch.records import NamedTuple
 from dispatch.units import format_size
 
 MYPY = False
 if MYPY:
-    from typing import Any, Optional
+    from typing import Any, Optional, ParamSpec, TypeVar
 
     GpuRoom = Callable[[list["Booking"]], dict[int, int]]  # running bookings -> room per GPU index
+    LiveJobs = Callable[[], list["Booking"]]  # running jobs found outside the ledger (their cgroups)
+    P = ParamSpec("P")
+    R = TypeVar("R")
 
 SCHEMA_VERSION = 4  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle
 SCHEMA = """
@@ -202,6 +217,68 @@ def _peak(row: Any) -> PeakRecord:
     return PeakRecord(*fields)
 
 
+def _stderr(line: str) -> None:
+    print(f"hostrun: {line}", file=sys.stderr, flush=True)
+
+
+def file_id(path: str) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, None if it is missing: tells when the ledger file was replaced."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def create_tables(db: sqlite3.Connection) -> None:
+    """The schema, one statement at a time (inside the caller's transaction)."""
+    for statement in SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    """ROLLBACK that never hides the error being handled (a damaged file may refuse it too)."""
+    try:
+        db.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
+
+
+def _probe(directory: str) -> OSError | None:
+    """Write one page to a scratch file in ``directory``: the OSError (EROFS, ENOSPC, ...) or None."""
+    path = os.path.join(directory, f".hostrun-probe-{os.getpid()}")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        return exc
+    try:
+        os.write(fd, bytes(4096))
+        os.fsync(fd)
+    except OSError as exc:
+        return exc
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return None
+
+
+class LedgerDamaged(sqlite3.DatabaseError):
+    """Found on open: the file lost its tables (e.g. truncated to 0 bytes) though a journal exists."""
+
+
+def _guarded(method: Callable[P, R]) -> Callable[P, R]:
+    """Run a ledger operation through ``Ledger._do``: damage recovered and retried once, any other
+    failure one ``LedgerError`` line."""
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        self = args[0]
+        assert isinstance(self, Ledger)
+        return self._do(lambda: method(*args, **kwargs))
+
+    return wrapper
+
+
 def _ensure_private_dir(path: str) -> None:
     """The state directory: created 0700 and checked; another user's, or one others can write, is
     refused (UntrustedPathError), never reused."""
@@ -211,42 +288,160 @@ def _ensure_private_dir(path: str) -> None:
 
 
 class Ledger:
-    def __init__(self, state_dir: str) -> None:
-        _ensure_private_dir(state_dir)
+    """``say`` gets the one line a recovery prints (default: stderr). ``live_jobs`` lists the jobs
+    running in the slice, to re-book them after a recovery; without it a damaged ledger is not
+    recovered here (``LedgerError``), as running jobs' bookings would be lost."""
+
+    def __init__(self, state_dir: str, say: Callable[[str], None] | None = None,
+                 live_jobs: LiveJobs | None = None) -> None:
+        self.state_dir = state_dir
         self.path = os.path.join(state_dir, "ledger.sqlite3")
         self.tick_path = os.path.join(state_dir, "ledger.tick")
         self.log_path = os.path.join(state_dir, "queue.log")
+        self.journal_path = os.path.join(state_dir, "peaks.journal")
+        self.say = say or _stderr
+        self.live_jobs = live_jobs
+        self._mine: dict[int, Booking] = {}  # bookings made here: put back after a recovery
+        self._ident: tuple[int, int] | None = None
+        self.db: sqlite3.Connection
+        self._connected = False
+        try:
+            _ensure_private_dir(state_dir)
+        except OSError as exc:
+            raise self._error(exc) from None
+        self._do(lambda: None, connect=True)
+
+    def _connect(self) -> None:
         if not os.path.exists(self.path):
             # Create it private; SQLite gives the -wal and -shm files the same mode.
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        self._ident = file_id(self.path)
         self.db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        self._connected = True
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA busy_timeout=60000")
-        if self.db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0 and os.path.exists(self.journal_path):
+            # Before any write: on a file emptied under a live WAL, switching it to WAL would wait
+            # out the busy timeout on the other connections' locks.
+            raise LedgerDamaged("it is empty (no tables) though its peak journal exists")
+        if version != SCHEMA_VERSION:
             self._create_schema()
+        if not os.path.exists(self.journal_path):  # a ledger from before the journal: seed it
+            self._locked(lambda: self._snapshot_if_missing())
 
     def _create_schema(self) -> None:
         """Create the tables, or bring an older ledger up to date; safe to race with another process.
 
-        The version is written last, in the migration's transaction, so a crash in between leaves
-        an older version number and the next open migrates again.
+        One transaction, the version written last: a crash leaves the old version and the next open
+        migrates again. A new ledger gets its journal in the same transaction, so an empty ledger
+        (version 0) next to a journal is one that lost its contents.
         """
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.executescript(f"BEGIN IMMEDIATE; {SCHEMA} COMMIT;")
         self.db.execute("BEGIN IMMEDIATE")
         try:
-            have = {row[1] for row in self.db.execute("PRAGMA table_info(bookings)")}
-            for name, declaration in ADDED_COLUMNS:
-                if name not in have:
-                    self.db.execute(f"ALTER TABLE bookings ADD COLUMN {name} {declaration}")
-            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA_VERSION:
+                if version == 0 and os.path.exists(self.journal_path):
+                    raise LedgerDamaged("it is empty (no tables) though its peak journal exists")
+                create_tables(self.db)
+                have = {row[1] for row in self.db.execute("PRAGMA table_info(bookings)")}
+                for name, declaration in ADDED_COLUMNS:
+                    if name not in have:
+                        self.db.execute(f"ALTER TABLE bookings ADD COLUMN {name} {declaration}")
+                self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                self._snapshot_if_missing()
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            _rollback(self.db)
+            raise
+
+    def _snapshot_if_missing(self) -> None:
+        if not os.path.exists(self.journal_path):
+            peakjournal.write_snapshot(self.journal_path, self._peaks(), self._peak_runs())
+
+    def _locked(self, fn: Callable[[], None]) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            fn()
+            self.db.execute("COMMIT")
+        except BaseException:
+            _rollback(self.db)
             raise
 
     def close(self) -> None:
-        self.db.close()
+        if self._connected:
+            self._connected = False
+            try:
+                self.db.close()
+            except sqlite3.Error:
+                pass
+
+    # -- failures: damage is recovered and the operation retried once; the rest is one line --
+    def _do(self, fn: Callable[[], R], connect: bool = False) -> R:
+        try:
+            if connect:
+                self._connect()
+            elif file_id(self.path) != self._ident:  # replaced (recovered by another process)
+                self._recover(None)
+            return fn()
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and not str(exc).startswith("no such table"):
+                raise self._error(exc) from None  # locked, read-only, disk full, I/O: not damage
+            try:
+                self._recover(exc)
+            except (sqlite3.Error, OSError) as again:
+                raise self._error(again) from None
+        except OSError as exc:
+            raise self._error(exc) from None
+        try:
+            return fn()
+        except (sqlite3.Error, OSError) as exc:
+            raise self._error(exc) from None
+
+    def _recover(self, exc: sqlite3.DatabaseError | None) -> None:
+        """Confirm the damage, replace the file (once, whoever comes first) and reconnect; then put
+        this object's bookings back with their ids. ``exc`` None: the file was replaced already."""
+        from dispatch import recovery
+
+        with recovery.Lock(self.state_dir):
+            self.close()
+            if exc is not None and file_id(self.path) in (self._ident, None):
+                problem = recovery.damage(self.path, self.journal_path)
+                if problem is None:  # sound after all (e.g. just created by another process): retry
+                    self._connect()
+                    return
+                if self.live_jobs is None:
+                    raise LedgerError(f"ledger {self.path} is damaged ({problem}); any hostrun run or "
+                                      "'hostrun ledger' moves it aside and starts fresh")
+                self.say(recovery.replace(self.path, self.journal_path, problem, self.live_jobs(),
+                                          list(self._mine.values())))
+            self._connect()
+            if self._mine:
+                self._locked(self._put_back)
+                if exc is None:  # another process recovered it: our terminal has not heard of it
+                    self.say(f"ledger {self.path} was replaced (recovered by another hostrun); "
+                             f"put back booking {', '.join(str(i) for i in self._mine)}")
+
+    def _put_back(self) -> None:
+        """Our bookings, with their own ids (FIFO order kept), over any row re-booked for our cgroup."""
+        from dispatch.recovery import insert_booking
+
+        for b in self._mine.values():
+            if self._rows("id = ?", (b.id,)):
+                continue
+            if b.cgroup:
+                self.db.execute("DELETE FROM bookings WHERE cgroup = ?", (b.cgroup,))
+            insert_booking(self.db, b, with_id=True)
+
+    def _error(self, exc: BaseException) -> LedgerError:
+        """One line naming the state dir and the errno (found by a probe write when SQLite hides it)."""
+        cause = exc if isinstance(exc, OSError) else _probe(self.state_dir)
+        detail = str(exc)
+        if cause is not None and cause.errno is not None:
+            name = errno.errorcode.get(cause.errno, str(cause.errno))
+            detail = f"{cause.strerror} ({name})" + ("" if cause is exc else f"; SQLite: {exc}")
+        return LedgerError(f"state dir {self.state_dir}: {detail} (ledger {self.path})")
 
     # -- change notification: waiters stat this file instead of querying the store in a loop --
     def touch(self) -> None:
@@ -271,6 +466,7 @@ class Ledger:
         cur = self.db.execute(f"SELECT {BOOKING_COLUMNS} FROM bookings WHERE {where} ORDER BY id", params)
         return [Booking(*row) for row in cur.fetchall()]
 
+    @_guarded
     def enqueue(
         self, *, host: str, label: str, pid: int, pid_start: int, size: int, cap: int, kind: str,
         command: str, session: str | None, cgroup: str | None = None, gpu_bytes: int | None = None,
@@ -284,7 +480,13 @@ class Ledger:
              gpu_bytes, group, int(when_idle)),
         )
         assert cur.lastrowid is not None
+        self._track(cur.lastrowid)
         return cur.lastrowid
+
+    def _track(self, booking_id: int) -> None:
+        rows = self._rows("id = ?", (booking_id,))
+        if rows:
+            self._mine[booking_id] = rows[0]
 
     def _reclaim_locked(self, host: str) -> list[Booking]:
         stale = [b for b in self._rows("host = ?", (host,)) if not is_alive(b.pid, b.pid_start)]
@@ -321,6 +523,7 @@ class Ledger:
                          running, [], gpu_need=me.gpu_bytes, gpu_device=device, gpu_free=gpu_free,
                          gpu_ahead=gpu_ahead, memory_ok=memory_ok, gpu_ok=gpu_ok, policy=policy)
 
+    @_guarded
     def peek(self, booking_id: int, host: str, room: Callable[[int], int],
              gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None) -> Admission:
         """Would ``try_admit`` admit now? A plain read: takes no lock and changes nothing.
@@ -330,6 +533,7 @@ class Ledger:
         """
         return self._evaluate(booking_id, host, room, gpu_room, groups)
 
+    @_guarded
     def try_admit(self, booking_id: int, host: str, room: Callable[[int], int],
                   gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None
                   ) -> Admission:
@@ -355,9 +559,11 @@ class Ledger:
                     " gpu_index = coalesce(gpu_index, ?) WHERE id = ? AND state = 'waiting'",
                     (time.time(), adm.gpu_device if adm.gpu_need else None, booking_id),
                 )
+                if booking_id in self._mine:
+                    self._track(booking_id)
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            _rollback(self.db)
             raise
         if adm.admitted or reclaimed:
             self.touch()
@@ -387,21 +593,27 @@ class Ledger:
         finally:
             os.close(fd)
 
+    @_guarded
     def set_reason(self, booking_id: int, reason: str) -> None:
         self.db.execute("UPDATE bookings SET reason = ? WHERE id = ?", (reason, booking_id))
 
+    @_guarded
     def release(self, booking_id: int) -> None:
         self.db.execute("DELETE FROM bookings WHERE id = ?", (booking_id,))
+        self._mine.pop(booking_id, None)
         self.touch()
 
+    @_guarded
     def booking(self, booking_id: int) -> Booking | None:
         rows = self._rows("id = ?", (booking_id,))
         return rows[0] if rows else None
 
+    @_guarded
     def bookings(self, host: str | None = None) -> list[Booking]:
         return self._rows("host = ?", (host,)) if host else self._rows("1 = 1", ())
 
     # -- peak table --
+    @_guarded
     def peak(self, label: str, host: str) -> PeakRecord | None:
         row = self.db.execute(
             "SELECT label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration,"
@@ -410,15 +622,23 @@ class Ledger:
         ).fetchone()
         return _peak(row) if row else None
 
+    @_guarded
     def peaks(self) -> list[PeakRecord]:
+        return self._peaks()
+
+    def _peaks(self) -> list[PeakRecord]:
         rows = self.db.execute(
             "SELECT label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration,"
             " updated FROM peaks ORDER BY host, label"
         ).fetchall()
         return [_peak(r) for r in rows]
 
+    @_guarded
     def peak_runs(self, host: str | None = None) -> list[PeakRun]:
         """The peak history (oldest first per label), of one host or all."""
+        return self._peak_runs(host)
+
+    def _peak_runs(self, host: str | None = None) -> list[PeakRun]:
         where, params = ("WHERE host = ?", (host,)) if host else ("", ())
         rows = self.db.execute(
             "SELECT label, host, peak, cap, hit_ceiling, duration, at FROM peak_runs"
@@ -431,36 +651,69 @@ class Ledger:
         cap: int | None,
     ) -> None:
         """Fold one run into the peak table and append it to the history (``cap``: the job's own
-        cap, None when it had none), in one transaction; only the last PEAK_HISTORY runs are kept."""
+        cap, None when it had none), in one transaction; only the last PEAK_HISTORY runs are kept.
+
+        The run goes to the journal too, inside the write lock. When the ledger fails, it still goes
+        there (then a recovery replays it, so the retry after one is skipped).
+        """
         now = time.time()
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            self._record_peak_locked(label, host, peak, hit_ceiling, duration, cap, now)
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
+        line = peakjournal.run_line(label, host, peak, cap, hit_ceiling, duration, now)
+        journaled: list[bool] = []
+
+        def record() -> None:
+            if journaled:
+                return  # replayed from the journal by the recovery
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+                self._record_peak_locked(label, host, peak, hit_ceiling, duration, cap, now)
+                size = peakjournal.append(self.journal_path, line)
+                journaled.append(True)
+                self._compact_if_due(size)
+                self.db.execute("COMMIT")
+            except BaseException as exc:
+                _rollback(self.db)
+                if not journaled and isinstance(exc, sqlite3.DatabaseError):
+                    peakjournal.append(self.journal_path, line)
+                    journaled.append(True)
+                raise
+
+        self._do(record)
+
+    def _compact_if_due(self, size: int) -> None:
+        if size <= peakjournal.COMPACT_AT:
+            return
+        lines = self.db.execute("SELECT (SELECT count(*) FROM peaks) + (SELECT count(*) FROM peak_runs)"
+                                ).fetchone()[0]
+        if peakjournal.wants_compaction(size, lines):
+            peakjournal.write_snapshot(self.journal_path, self._peaks(), self._peak_runs())
 
     def _record_peak_locked(self, label: str, host: str, peak: int, hit_ceiling: bool,
                             duration: float, cap: int | None, now: float) -> None:
-        self.db.execute(
-            "INSERT INTO peak_runs (label, host, peak, cap, hit_ceiling, duration, at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (label, host, peak, cap, int(hit_ceiling), duration, now),
-        )
-        self.db.execute(
-            "DELETE FROM peak_runs WHERE label = ? AND host = ? AND id <= (SELECT id FROM peak_runs"
-            " WHERE label = ? AND host = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
-            (label, host, label, host, PEAK_HISTORY),
-        )
-        self.db.execute(
-            "INSERT INTO peaks (label, host, max_peak, runs, last_peak, hit_ceiling, last_duration,"
-            " max_duration, updated) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (label, host) DO UPDATE SET max_peak = max(max_peak, excluded.max_peak),"
-            " runs = runs + 1, last_peak = excluded.last_peak,"
-            " hit_ceiling = max(hit_ceiling, excluded.hit_ceiling),"
-            " last_duration = excluded.last_duration,"
-            " max_duration = max(coalesce(max_duration, 0), excluded.max_duration),"
-            " updated = excluded.updated",
-            (label, host, peak, peak, int(hit_ceiling), duration, duration, now),
-        )
+        record_fold(self.db, label, host, peak, hit_ceiling, duration, cap, now)
+
+
+def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ceiling: bool,
+                duration: float | None, cap: int | None, now: float) -> None:
+    """One run into peak_runs (keeping the last PEAK_HISTORY) and into peaks; in a write transaction.
+    Also how a recovery replays the journal, so a rebuilt table equals the one that was there."""
+    db.execute(
+        "INSERT INTO peak_runs (label, host, peak, cap, hit_ceiling, duration, at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (label, host, peak, cap, int(hit_ceiling), duration, now),
+    )
+    db.execute(
+        "DELETE FROM peak_runs WHERE label = ? AND host = ? AND id <= (SELECT id FROM peak_runs"
+        " WHERE label = ? AND host = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+        (label, host, label, host, PEAK_HISTORY),
+    )
+    db.execute(
+        "INSERT INTO peaks (label, host, max_peak, runs, last_peak, hit_ceiling, last_duration,"
+        " max_duration, updated) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (label, host) DO UPDATE SET max_peak = max(max_peak, excluded.max_peak),"
+        " runs = runs + 1, last_peak = excluded.last_peak,"
+        " hit_ceiling = max(hit_ceiling, excluded.hit_ceiling),"
+        " last_duration = excluded.last_duration,"
+        " max_duration = max(coalesce(max_duration, 0), excluded.max_duration),"
+        " updated = excluded.updated",
+        (label, host, peak, peak, int(hit_ceiling), duration, duration, now),
+    )

@@ -57,11 +57,35 @@ class Outcome:
 
 
 def write_result(path: str, outcome: Outcome) -> None:
-    """Write atomically, so a reader polling for the file never sees half of it."""
+    """Write atomically, so a reader polling for the file never sees half of it; on failure the
+    temporary file is removed and the OSError raised."""
     import json
 
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(outcome.to_dict(), fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(outcome.to_dict(), fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def check_result_path(path: str) -> str | None:
+    """Why a result file could not be written at ``path`` (checked before the job runs), or None.
+
+    Creates and removes the same temporary name ``write_result`` uses, in the same directory.
+    """
+    if os.path.isdir(path):
+        return "it is a directory"
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.unlink(tmp)
+    return None

@@ -338,12 +338,13 @@ def slice_room(settings: Settings) -> int:
     from dispatch.capping import select_backend
     from dispatch.hostfacts import read_meminfo
     from dispatch.ledger import Ledger
+    from dispatch.recovery import live_jobs
 
     host = settings.local
     mem = read_meminfo()
     backend = select_backend(host, mem.total)
     limit = host.slice_limit(mem.total)
-    ledger = Ledger(settings.state_dir)
+    ledger = Ledger(settings.state_dir, live_jobs=lambda: live_jobs(backend, host.name, limit))
     try:
         booked = sum(b.size for b in ledger.bookings(host.name) if b.state == "running")
     finally:

@@ -24,7 +24,7 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
     backend = select_backend(host, mem.total)
     limit = host.slice_limit(mem.total)
     usage = backend.slice_usage()
-    ledger = Ledger(settings.state_dir)
+    ledger = Ledger(settings.state_dir, live_jobs=lambda: _live_jobs(backend, host.name, limit))
     try:
         bookings = ledger.bookings(host.name)
         peak = ledger.peak(label, host.name) if label else None
@@ -93,6 +93,13 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
     if table is not None:
         data["peak_table"] = table
     return data
+
+
+def _live_jobs(backend: Any, host: str, limit: int) -> list[Any]:
+    """Running jobs to re-book, should this read find the ledger damaged (imported only then)."""
+    from dispatch.recovery import live_jobs
+
+    return live_jobs(backend, host, limit)
 
 
 def _gpus() -> tuple[list[dict[str, Any]], str | None]:

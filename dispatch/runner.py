@@ -26,11 +26,11 @@ from dispatch.admission import wait_for_room
 from dispatch.booking import Plan, default_label, plan_booking
 from dispatch.capping import select_backend
 from dispatch.capping.base import CapBackend, JobCgroup
-from dispatch.errors import BackendError, NeverFitsError, NoCapBackendError, UsageError
+from dispatch.errors import BackendError, LedgerError, NeverFitsError, NoCapBackendError, UsageError
 from dispatch.exitcodes import SIGNAL_BASE, ExitCode, exec_failure
 from dispatch.guardian import Guardian
 from dispatch.hostfacts import read_meminfo
-from dispatch.ledger import Admission, Ledger
+from dispatch.ledger import Admission, Booking, Ledger
 from dispatch.outcome import Outcome
 from dispatch.procinfo import start_time
 from dispatch.request import JOB_ENV, RunRequest
@@ -271,7 +271,7 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
         if gpu is not None and gpu.tee is not None:
             gpu.tee.parent_side()
         guardian.job_started(child.pid)
-        ledger = Ledger(settings.state_dir)
+        ledger = Ledger(settings.state_dir, say, lambda: _live_jobs(backend, host.name, limit))
         label = request.label or default_label(request.argv)
         plan = plan_booking(cap=cap, peak=ledger.peak(label, host.name), slice_limit=limit,
                             gamble_size=settings.gamble_size_for(host))
@@ -298,8 +298,11 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
         outcome = _run(settings, host, backend, job, child, request, label, plan, say, gpu)
         outcome.waited_s = round(waited, 3)
         if outcome.peak_bytes is not None:
-            ledger.record_peak(label, host.name, outcome.peak_bytes, outcome.hit_ceiling,
-                               outcome.duration_s, cap=cap)
+            try:  # the job has run: a ledger failure now must not change its exit status
+                ledger.record_peak(label, host.name, outcome.peak_bytes, outcome.hit_ceiling,
+                                   outcome.duration_s, cap=cap)
+            except LedgerError as exc:
+                say(f"warning: the peak of this run was not recorded: {exc}")
         return outcome
     finally:
         if child is not None:
@@ -309,7 +312,10 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             gpu.close()
         if ledger is not None:
             if booking_id is not None:
-                ledger.release(booking_id)  # first: the next job may start while we tidy up
+                try:
+                    ledger.release(booking_id)  # first: the next job may start while we tidy up
+                except LedgerError as exc:  # a dead holder's booking: the next admission reclaims it
+                    say(f"warning: could not release booking {booking_id}: {exc}")
             ledger.close()
         try:
             job.remove()
@@ -317,6 +323,13 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             say(f"warning: could not remove {job.path}: {exc.strerror}")
         if guardian is not None:
             guardian.dismiss()
+
+
+def _live_jobs(backend: CapBackend, host: str, limit: int) -> list[Booking]:
+    """The running jobs to re-book if the ledger has to be recovered (imported only then)."""
+    from dispatch.recovery import live_jobs
+
+    return live_jobs(backend, host, limit)
 
 
 def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSettings,

@@ -129,8 +129,6 @@ def _load_toml(path: str, data: bytes | None = None) -> dict[str, Any]:
             return tomllib.load(fh)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
