@@ -27,6 +27,16 @@ if MYPY:
 
     GpuRoom = Callable[[list["Booking"]], dict[int, int]]  # running bookings -> room per GPU index
 
+def printable(text: str) -> str:
+    """``text`` with the bytes that were not UTF-8 (an argument decoded with surrogateescape, as
+    Python does on Linux) written as ``\\xNN``: SQLite stores only valid text, and a person reads it."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 SCHEMA_VERSION = 4  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bookings (
@@ -278,8 +288,9 @@ class Ledger:
             "INSERT INTO bookings (host, label, state, pid, pid_start, size, cap, kind, command,"
             " session, queued, cgroup, gpu_bytes, grp, when_idle)"
             " VALUES (?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (host, label, pid, pid_start, size, cap, kind, command, session, time.time(), cgroup,
-             gpu_bytes, group, int(when_idle)),
+            (host, printable(label), pid, pid_start, size, cap, kind, printable(command),
+             None if session is None else printable(session), time.time(), cgroup, gpu_bytes,
+             None if group is None else printable(group), int(when_idle)),
         )
         assert cur.lastrowid is not None
         return cur.lastrowid

@@ -31,7 +31,7 @@ from dispatch.errors import BackendError, NeverFitsError, NoCapBackendError, Usa
 from dispatch.exitcodes import SIGNAL_BASE, ExitCode
 from dispatch.guardian import Guardian
 from dispatch.hostfacts import read_meminfo
-from dispatch.ledger import Admission, Ledger
+from dispatch.ledger import Admission, Ledger, printable
 from dispatch.outcome import Outcome
 from dispatch.procinfo import start_time
 from dispatch.request import JOB_ENV, RunRequest
@@ -272,7 +272,7 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             gpu.tee.parent_side()
         guardian.job_started(child.pid)
         ledger = Ledger(settings.state_dir)
-        label = request.label or default_label(request.argv)
+        label = printable(request.label or default_label(request.argv))  # a text key in the ledger
         plan = plan_booking(cap=cap, peak=ledger.peak(label, host.name), slice_limit=limit,
                             gamble_size=settings.gamble_size_for(host))
         booking_id = ledger.enqueue(
