@@ -111,9 +111,9 @@ class PeerRun:
         # Without -s the peer's shell would read the remote paths: refuse what it would interpret.
         self.protect_args = protects_args(settings.state_dir)
         if not self.protect_args:
-            for path in [self.rel_cwd, *self.returns]:
-                self._check_unprotected(path, f"--return {path!r}" if path in self.returns
-                                        else f"the current directory {self.rel_cwd!r} in the tree")
+            for path in self.returns:
+                self._check_unprotected(path, f"--return {path!r}")
+            self._check_unprotected(self.rel_cwd, f"the job's directory {self.rel_cwd!r} in the tree")
 
     def _check_unprotected(self, path: str, what: str) -> None:
         if shell_unsafe(path):
@@ -290,7 +290,27 @@ class PeerRun:
         old = {sig: signal.signal(sig, lambda s, _f: pending.append(s)) for sig in FORWARDED}
         lock = threading.Lock()
 
+        # The spec first: it may be megabytes, so a thread writes it and the loop below never waits on
+        # a stalled peer. Until it is written, nothing else is sent (the agent reads nothing else yet).
+        spec = encode(SPEC, self.spec())
+        spec_sent = threading.Event()
+
+        def send_spec() -> None:
+            with lock:
+                try:
+                    proc.stdin.write(spec)  # type: ignore[union-attr]
+                    proc.stdin.flush()  # type: ignore[union-attr]
+                except (BrokenPipeError, ValueError, OSError):
+                    pass  # the session ended: its exit status says why
+                finally:
+                    spec_sent.set()
+
+        writer = threading.Thread(target=send_spec, daemon=True)
+        writer.start()
+
         def send(kind: bytes, payload: bytes = b"") -> None:
+            if not spec_sent.is_set():
+                return
             with lock:
                 try:
                     proc.stdin.write(encode(kind, payload))  # type: ignore[union-attr]
@@ -304,21 +324,6 @@ class PeerRun:
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ, "out")
         sel.register(proc.stderr, selectors.EVENT_READ, "err")
-        # The spec first (it may be megabytes: a thread, so a stalled peer cannot block this loop);
-        # the lock is taken here, so no heartbeat can go before it.
-        lock.acquire()
-        spec = encode(SPEC, self.spec())
-
-        def send_spec() -> None:
-            try:
-                proc.stdin.write(spec)  # type: ignore[union-attr]
-                proc.stdin.flush()  # type: ignore[union-attr]
-            except (BrokenPipeError, ValueError, OSError):
-                pass  # the session ended: its exit status says why
-            finally:
-                lock.release()
-
-        threading.Thread(target=send_spec, daemon=True).start()
         heard = False
         garbled = ""
         started = last_beat = last_heard = last_loop = time.monotonic()
@@ -404,6 +409,9 @@ class PeerRun:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
             sel.close()
+            if writer.is_alive():  # still stuck writing the spec: end the session, which frees it
+                proc.kill()
+                writer.join(10)
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 try:
                     pipe.close()
