@@ -17,11 +17,11 @@ Warm-up (not timed): ``hostrun --peer -- true`` twice (config validation, agent 
 start, the full first sync; then nothing to sync), the second time with ``ssh``/``rsync`` wrappers
 first on its PATH that record the exact argv of every ssh and rsync it starts; then one by-hand run.
 hostrun's flow, which the recorded calls must show: ONE ssh session running the agent
-(``agent run <spec>``; the agent probes the toolchain and prepares the work directory, sends a ``P``
-frame, waits while hostrun compares and rsyncs, heartbeating, then gets ``G`` and runs the job in the
-same session), ONE rsync (the sync, with its own ssh transport under it), and possibly the local
-toolchain probe itself (``rsync --version``: recorded by the rsync wrapper too, told apart by having no
-``-e``; it runs only when hostrun's cached probe output is stale).
+(``agent run``, its spec the first frame on stdin; the agent probes the toolchain and prepares the
+work directory, sends a ``P`` frame, waits while hostrun compares and rsyncs, heartbeating, then gets
+``G`` and runs the job in the same session), ONE rsync (the sync, with its own ssh transport under
+it), and possibly the local toolchain probe itself (``rsync --version``: recorded by the rsync wrapper
+too, told apart by having no ``-e``; it runs only when hostrun's cached probe output is stale).
 
 The by-hand side is built from what hostrun really ran: the rsync is hostrun's own rsync argv
 (issue 4's ``-a --delete --modify-window=-1 --filter=':- .gitignore' --exclude=/.git/`` plus whatever
@@ -144,6 +144,19 @@ print(json.dumps({"rsh": client.ssh.rsync_rsh(), "base": client.ssh.base_argv(),
                   "dest": client.ssh.destination, "ctl_dir": client.ssh.ctl_dir,
                   "agent": agent.remote_path(), "run": _RUN, "python": client.python,
                   "probes": list(settings.toolchain_probes), "code": dispatch.__file__}))
+"""
+
+# The spec hostrun's session sends first on its stdin (a J frame), for `hostrun --peer -- true` run
+# from the tree (argv[3]); printed base64-encoded.
+SPEC_OF = r"""
+import base64, os, sys
+from dispatch.config import load_settings
+from dispatch.peerrun import PeerRun
+from dispatch.request import RunRequest
+settings = load_settings(sys.argv[1])
+os.chdir(sys.argv[3])
+run = PeerRun(settings, settings.hosts[sys.argv[2]], RunRequest(argv=["true"]), print)
+print(base64.b64encode(run.spec()).decode())
 """
 
 # A stat walk of the tree (.git and the top-level target/ skipped): what a "cheap fingerprint" that
@@ -405,17 +418,19 @@ FRAME = struct.Struct(">cI")  # dispatch.frames: one type byte, a 4-byte big-end
 TO_P, AFTER_G = "to the P frame", "from G to the end"
 
 
-def drive_session(argv: list[str], env: dict[str, str], cwd: str, timeout: float = 120.0
+def drive_session(argv: list[str], env: dict[str, str], cwd: str, spec: bytes, timeout: float = 120.0
                   ) -> tuple[float | None, float, int, dict[str, Any] | None, dict[str, Any] | None, str]:
     """Run an agent ``run`` session (over ssh or directly) as hostrun does, minus the rsync: stdin a
-    pipe of control frames kept open until the end; the agent's ``P`` frame is answered with ``G`` at
-    once. Returns (seconds to the P frame or None, total seconds, exit status, the P payload, the R
-    payload, stderr's tail)."""
+    pipe of control frames kept open until the end, the spec (a ``J`` frame) first; the agent's ``P``
+    frame is answered with ``G`` at once. Returns (seconds to the P frame or None, total seconds, exit
+    status, the P payload, the R payload, stderr's tail)."""
     err = tempfile.TemporaryFile()
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=err)
     assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(FRAME.pack(b"J", len(spec)) + spec)
+    proc.stdin.flush()
     deadline = t0 + timeout
     to_p: float | None = None
     prepared = result = None
@@ -460,13 +475,14 @@ class FramedSeries(Series):
     is also split at the P frame."""
 
     def __init__(self, key: str, label: str, argv: list[str], env: dict[str, str], cwd: str,
-                 expect_p: bool = True) -> None:
+                 spec: bytes, expect_p: bool = True) -> None:
         super().__init__(key, label, [argv], env, cwd)
+        self.spec = spec
         self.expect_p = expect_p
 
     def run_once(self, i: int) -> None:
         to_p, total, returncode, prepared, result, stderr = drive_session(self.steps[0], self.env,
-                                                                          self.cwd)
+                                                                          self.cwd, self.spec)
         self.times.append(total)
         problem = None
         if returncode != 0:
@@ -858,10 +874,11 @@ def main() -> int:
                       file=sys.stderr)
                 return 1
         calls = captured(capture_log)
-        # Expected: one ssh session running `agent run <spec>` (probe, P, G, the job), one rsync (the
+        # Expected: one ssh session running `agent run` (spec on stdin; probe, P, G, the job), one rsync (the
         # sync; -e, with its own ssh under it), and the local toolchain probes when their cached output
         # was stale (the rsync wrapper is another binary: its fingerprint differs, so it runs here).
         probe_words = {tuple(shlex.split(p)) for p in info.get("probes") or ["rsync --version"]}
+        probe_words.add(("rsync", "--help"))  # whether rsync has -s (cached per rsync binary)
         syncs: list[list[str]] = []
         sessions: list[tuple[list[str], tuple[str, str, list[str]]]] = []
         local_probes: list[str] = []
@@ -872,20 +889,22 @@ def main() -> int:
                 syncs.append(a)
             elif (prog, *a) in probe_words:
                 local_probes.append(shlex.join([prog, *a]))
-            elif prog == "ssh" and "--server" in a and any(os.path.basename(w) == "rsync" for w in a):
+            elif prog == "ssh" and "--server" in a and any(w.split()[-1:] == ["rsync"] or
+                                                           os.path.basename(w) == "rsync" for w in a):
                 continue  # rsync's own transport
             elif call is not None and call[2][:2] and call[2][0] == "run":
                 sessions.append((a, call))
             else:
                 other.append(f"{prog} {shlex.join(a)[:160]}")
         spec: dict[str, Any] = {}
-        if len(sessions) == 1 and len(sessions[0][1][2]) > 1:
-            try:
-                spec = json.loads(base64.b64decode(sessions[0][1][2][1]))
-            except ValueError:
-                spec = {}
+        made = subprocess.run([python, "-c", SPEC_OF, config, PEER, tree.root], env=env, cwd=tree.root,
+                              capture_output=True, text=True)
+        try:
+            spec = json.loads(base64.b64decode(made.stdout.strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            print(f"bench: cannot build hostrun's spec: {made.stderr.strip()[-300:]}", file=sys.stderr)
         if len(syncs) != 1 or len(sessions) != 1 or other or "prepare" not in spec:
-            print(f"bench: expected from hostrun one ssh session running `agent run <spec with prepare>` "
+            print(f"bench: expected from hostrun one ssh session running `agent run` "
                   f"and one rsync (plus local toolchain probes); recorded: "
                   f"{[(p, [*a[:3], '...', a[-1][:80]]) for p, a in calls]}; unexpected: {other}; "
                   f"spec keys: {sorted(spec)}", file=sys.stderr)
@@ -899,8 +918,8 @@ def main() -> int:
         session_cmd = ["ssh", *session_argv]
         prepare = spec["prepare"]
         prepare_json = json.dumps(prepare)
-        plain_spec = base64.b64encode(json.dumps({k: v for k, v in spec.items() if k != "prepare"})
-                                      .encode()).decode()
+        full_spec = json.dumps(spec).encode()
+        plain_spec = json.dumps({k: v for k, v in spec.items() if k != "prepare"}).encode()
         ssh_prefix = ["ssh", *session_argv[:-1]]  # hostrun's session argv: options, -T, peer1, --
         ssh_cd = [*ssh_prefix, f"cd {shlex.quote(remote)} && true"]
         # sshd starts in the passwd home; the peer's HOME (SetEnv) is where the agent lives, as in _RUN
@@ -1026,15 +1045,15 @@ def main() -> int:
             Series("ssh_py", f"ssh peer1 {agent_py} -I -c pass", [[*ssh_prefix, f"{agent_py} -I -c pass"]],
                    env, tree.root),
             FramedSeries("session", "ssh peer1 <hostrun's session replayed; G at once on P>",
-                         session_cmd, env, tree.root),
+                         session_cmd, env, tree.root, full_spec),
             Series("probe_ssh", "ssh peer1 python3 -I <agent dir> probe --spec <prepare>",
                    [probe_ssh], env, tree.root),
             FramedSeries("agent_session", "python3 -I <agent dir> run <spec> (here, no ssh; G on P)",
-                         [*agent_here, *agent_args], peer_env, str(peer.home)),
+                         [*agent_here, *agent_args], peer_env, str(peer.home), full_spec),
             Series("agent_probe", "python3 -I <agent dir> probe --spec ... (here, no ssh)",
                    [[*agent_here, "probe", "--spec", prepare_json]], peer_env, str(peer.home)),
             FramedSeries("agent_run", "python3 -I <agent dir> run <spec w/o prepare> (here)",
-                         [*agent_here, "run", plain_spec], peer_env, str(peer.home), expect_p=False),
+                         [*agent_here, "run"], peer_env, str(peer.home), plain_spec, expect_p=False),
             Series("agent_src", "  the probe, agent without __pycache__ (-B) [src]",
                    [[peer_python, "-I", "-B", src_copy, "probe", "--spec", prepare_json]], peer_env,
                    str(peer.home)),

@@ -18,7 +18,8 @@ from dispatch.fingerprint import sha256
 # Modules that need pydantic or rich, or only make sense on the controller.
 CONTROLLER_ONLY = frozenset({
     "cli.py", "render.py", "doctor.py", "__main__.py", "config/model.py", "agent.py", "peer.py",
-    "reports.py", "dispatcher.py", "peerrun.py", "auto.py", "pending.py", "alerts.py", "peers.py",
+    "reports.py", "dispatcher.py", "peerrun.py", "rsync.py", "auto.py", "pending.py", "alerts.py",
+    "peers.py",
 })
 REMOTE_DIR = ".cache/hostrun"
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)

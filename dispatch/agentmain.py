@@ -5,7 +5,7 @@ Commands:
   and slice (one JSON document on stdout); ``--peaks`` adds its peak table and peak history;
 - ``probe --spec JSON``: toolchain probe outputs, and the job's work directory made ready (and,
   with ``owner`` in the spec, claimed for the controller's session unless already claimed);
-- ``run BASE64-JSON``: run one job here, framed (see ``dispatch.agentrun``).
+- ``run``: run one job here, framed; its spec is the first frame on stdin (see ``dispatch.agentrun``).
 
 The peer's own configuration (``$HOSTRUN_CONFIG``, ``./hosts.toml`` or
 ``~/.config/hostrun/hosts.toml``) decides its slice; the controller's ``[hosts.NAME]`` values, passed
@@ -97,11 +97,15 @@ def main(argv: list[str]) -> int:
         json.dump(data, sys.stdout)
         return 0
     if command == "run":
-        import base64
-
         from dispatch.agentrun import run_job
+        from dispatch.frames import read_spec
 
-        return run_job(json.loads(base64.b64decode(argv[1])))
+        try:
+            spec = json.loads(read_spec(0))
+        except (OSError, EOFError, ValueError) as exc:  # the controller went away, or is not one
+            print(f"agent: no run spec: {exc}", file=sys.stderr)
+            return 2
+        return run_job(spec)
     if command == "probe":
         json.dump(probe(json.loads(_option(argv, "--spec") or "{}")), sys.stdout)
         return 0

@@ -9,6 +9,7 @@ agent stops the job itself: nothing is left running or booked on the peer when a
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 
-from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, FrameReader, FrameWriter
+from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, SYNC_MARK, FrameReader, FrameWriter
 
 MYPY = False
 if MYPY:
@@ -92,6 +93,29 @@ def _pump(fd: int, kind: bytes, writer: FrameWriter) -> None:
                 broken = True
 
 
+def _stop_sync(mark: str) -> None:
+    """Kill the rsync server of this run's sync, if it still runs: the session dropped (or the
+    controller aborted) mid-sync. It runs under the controller's master connection, not under this
+    session, so its end is not ours; the controller marked it with ``SYNC_MARK=<mark>`` in its
+    environment (its forks inherit it). Only this user's processes are looked at."""
+    if not mark:
+        return
+    needle = f"{SYNC_MARK}={mark}".encode()
+    uid = os.getuid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if needle not in fh.read().split(b"\0"):
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+        except OSError:  # gone meanwhile, or not readable
+            continue
+
+
 def run_job(spec: dict[str, Any]) -> int:
     writer = FrameWriter(os.dup(1))
     control_fd = os.dup(0)
@@ -150,6 +174,7 @@ def run_job(spec: dict[str, Any]) -> int:
                 break
         if not link.go:
             done.set()
+            _stop_sync(str(prepare.get("sync_mark") or ""))
             return 0  # aborted (toolchain, sync, Ctrl-C) or the controller went away: nothing ran
 
     from dispatch.agentmain import peer_settings
@@ -169,7 +194,8 @@ def run_job(spec: dict[str, Any]) -> int:
             own = settings.local.default_cap
             cap = bound if own is None else min(own, bound)
         request = RunRequest(
-            argv=spec["argv"], label=spec.get("label"), cap=cap,
+            argv=[os.fsdecode(base64.b64decode(arg)) for arg in spec["argv_b64"]],
+            label=spec.get("label"), cap=cap,
             max_runtime=spec.get("max_runtime"), threads=spec.get("threads"),
             no_cap=bool(spec.get("no_cap")), session=spec.get("session"),
             gpu_memory=spec.get("gpu_memory"), force=bool(spec.get("force")),
@@ -177,6 +203,7 @@ def run_job(spec: dict[str, Any]) -> int:
         )
         outcome = run_local(settings, request, say)
         result = outcome.to_dict()
+        del result["argv"]  # the controller has it; it may be megabytes, over a frame's limit
     except Exception as exc:
         from dispatch.errors import HostrunError
         from dispatch.exitcodes import ExitCode

@@ -17,6 +17,7 @@ from dispatch.errors import NeverFitsError
 from dispatch.fingerprint import short_hash
 from dispatch.ledger import PeakRecord
 from dispatch.records import NamedTuple
+from dispatch.text import storable
 from dispatch.units import format_size
 
 OOM_SCORE_ADJ = {"cap": 0, "peak": 500, "gamble": 1000}
@@ -30,9 +31,10 @@ class Plan(NamedTuple):
 
 
 def default_label(argv: Sequence[str]) -> str:
-    """A stable fingerprint of the command: readable program name plus a hash of the whole argv."""
+    """A stable fingerprint of the command: readable program name plus a hash of the whole argv
+    (bytes that are not UTF-8 in the name are written ``\\xNN``: the label is stored as text)."""
     digest = short_hash("\0".join(argv).encode("utf-8", "surrogateescape"))
-    return f"{os.path.basename(argv[0]) or 'job'}-{digest}"
+    return f"{storable(os.path.basename(argv[0])) or 'job'}-{digest}"
 
 
 def plan_booking(

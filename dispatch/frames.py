@@ -1,8 +1,11 @@
 """The wire format between ``hostrun --peer`` and the agent running the job on the peer.
 
-Each frame is one type byte, a 4-byte big-endian length and the payload. Agent → controller:
-``O`` job stdout, ``E`` job stderr, ``M`` a hostrun message line (admission status and the like),
-``R`` the result (JSON), last. Controller → agent: ``H`` heartbeat (every ``HEARTBEAT`` s), ``S``
+Each frame is one type byte, a 4-byte big-endian length and the payload. The controller starts with
+the run's spec, one ``J`` frame (JSON, the job's argv inside it), which the agent reads before anything
+else: no argument rides on ssh's command line (one word of it is limited to 128 KiB), so the only
+limit on the job's arguments is the peer's own ``ARG_MAX``. Agent → controller: ``O`` job stdout,
+``E`` job stderr, ``M`` a hostrun message line (admission status and the like), ``R`` the result
+(JSON), last. Controller → agent: ``H`` heartbeat (every ``HEARTBEAT`` s), ``S``
 forward a signal (payload: its number), ``D`` stdin data, ``Z`` stdin closed.
 
 Framing the job's output (rather than passing ssh's stdout/stderr through) keeps stdout and stderr
@@ -19,6 +22,9 @@ HEADER = struct.Struct(">cI")
 HEARTBEAT = 2.0
 SILENCE_LIMIT = 15.0  # no frame for this long: the connection is gone
 MAX_PAYLOAD = 1 << 20
+SPEC = b"J"
+MAX_SPEC = 256 << 20  # far above any ARG_MAX (6 MiB at most on Linux): only a guard against garbage
+SYNC_MARK = "HOSTRUN_SYNC"  # NAME=token in the environment of the peer's rsync of one run's sync
 
 
 def encode(kind: bytes, payload: bytes = b"") -> bytes:
@@ -39,6 +45,24 @@ class FrameWriter:
             while view:
                 written = os.write(self.fd, view)
                 view = view[written:]
+
+
+def read_spec(fd: int) -> bytes:
+    """The spec frame, read from ``fd`` byte by byte exactly (the control frames follow it)."""
+
+    def exactly(size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = os.read(fd, min(size - len(data), 1 << 20))
+            if not chunk:
+                raise EOFError("the controller closed the session before sending the spec")
+            data += chunk
+        return data
+
+    kind, length = HEADER.unpack(exactly(HEADER.size))
+    if kind != SPEC or length > MAX_SPEC:
+        raise ValueError(f"expected the spec frame, got {kind!r} of {length} bytes")
+    return exactly(length)
 
 
 class FrameReader:

@@ -31,6 +31,7 @@ from dispatch import peakjournal
 from dispatch.errors import LedgerError
 from dispatch.procinfo import is_alive
 from dispatch.records import NamedTuple
+from dispatch.text import storable
 from dispatch.units import format_size
 
 MYPY = False
@@ -476,8 +477,9 @@ class Ledger:
             "INSERT INTO bookings (host, label, state, pid, pid_start, size, cap, kind, command,"
             " session, queued, cgroup, gpu_bytes, grp, when_idle)"
             " VALUES (?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (host, label, pid, pid_start, size, cap, kind, command, session, time.time(), cgroup,
-             gpu_bytes, group, int(when_idle)),
+            (host, storable(label), pid, pid_start, size, cap, kind, storable(command),
+             None if session is None else storable(session), time.time(), cgroup, gpu_bytes,
+             None if group is None else storable(group), int(when_idle)),
         )
         assert cur.lastrowid is not None
         self._track(cur.lastrowid)

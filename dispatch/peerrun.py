@@ -7,6 +7,10 @@ rsynced to a stable per-tree directory under the peer's work root, over the same
 outcome; output is streamed live (stdout and stderr kept apart), signals are forwarded in-band (sshd
 refuses signal requests for root logins), heartbeats both ways detect a dead link (251), and
 ``--return`` paths are copied back afterwards, even after a failed job.
+
+A session that fails before the job was started (ssh cannot connect, authenticate or verify the host
+key; the link drops during the sync) is 246 with ssh's own reason, after the transport's retries for
+a transient failure; 251 is only for a link lost once the agent was told to go.
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ import time
 from collections.abc import Callable, Sequence
 
 from dispatch import agent
-from dispatch.errors import HostrunError, PeerUnreachableError
+from dispatch.errors import HostrunError, PeerUnreachableError, UsageError
 from dispatch.exitcodes import SIGNAL_BASE, ExitCode
 from dispatch.fingerprint import short_hash
-from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, FrameReader, encode
+from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, SPEC, SYNC_MARK, FrameReader, encode
 from dispatch.outcome import Outcome
 from dispatch.peer import _RUN, AGENT_MISSING, PeerClient
+from dispatch.rsync import PROTECT_ARGS, die_with_parent, protects_args, shell_unsafe
 from dispatch.settings import HostSettings, Settings
+from dispatch.ssh import RETRIES, backoff, classify, is_transient
 from dispatch.toolchain import ToolchainMismatchError, compare, probe_here
 
 MYPY = False
@@ -101,6 +107,19 @@ class PeerRun:
         self.remote_tree_spec = f"{work_root}/{tree_id(self.tree)}"
         self.remote_tree = ""
         self._rsync_proc: subprocess.Popen[str] | None = None
+        self.sync_mark = os.urandom(8).hex()
+        # Without -s the peer's shell would read the remote paths: refuse what it would interpret.
+        self.protect_args = protects_args(settings.state_dir)
+        if not self.protect_args:
+            for path in self.returns:
+                self._check_unprotected(path, f"--return {path!r}")
+            self._check_unprotected(self.rel_cwd, f"the job's directory {self.rel_cwd!r} in the tree")
+
+    def _check_unprotected(self, path: str, what: str) -> None:
+        if shell_unsafe(path):
+            raise UsageError(f"{what}: the local rsync cannot protect it from the peer's shell (no -s, "
+                             "rsync older than 3.0): use a path of letters, digits and _-.,/:@+% only, "
+                             "or a newer rsync; nothing ran")
 
     # -- step 3: toolchain, and the work directory made ready in the same round trip --
     def prepare_spec(self) -> dict[str, Any]:
@@ -125,17 +144,23 @@ class PeerRun:
         if "workdir" not in remote:
             raise SyncFailedError(f"cannot prepare the work directory on {self.host.name}: "
                                   f"{remote.get('workdir_error', 'no answer')}")
+        if not self.protect_args:
+            self._check_unprotected(remote["workdir"], f"the work directory {remote['workdir']!r} on "
+                                                       f"{self.host.name}")
         self.remote_tree = remote["workdir"]
 
     # -- step 4: sync --
     def _rsync(self, args: list[str], what: str) -> None:
-        argv = ["rsync", "-a", "-e", self.client.ssh.rsync_rsh(), *args]
+        argv = ["rsync", "-a", *([PROTECT_ARGS] if self.protect_args else []),
+                "-e", self.client.ssh.rsync_rsh(), *args]
         show_progress = os.isatty(2) and what == "sync"
         if show_progress:
             argv.insert(2, "--info=progress2")
         try:
+            # Its own session (a Ctrl-C for hostrun must not cut it mid-file), but killed with us.
             proc = subprocess.Popen(argv, stdout=None if show_progress else subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                    preexec_fn=die_with_parent())
         except OSError as exc:
             raise SyncFailedError(f"{what}: cannot run rsync: {exc.strerror}") from None
         self._rsync_proc = proc
@@ -165,7 +190,9 @@ class PeerRun:
         # --modify-window=-1: compare mtimes to the nanosecond. The default (whole seconds) misses an
         # edit that keeps the size within the same second, which an agent's quick edits often do.
         # The owner file and lock files at the top are the peer's own: never sent, never deleted.
-        self._rsync(["--delete", "--modify-window=-1", "--filter=:- .gitignore", "--exclude=/.git/",
+        # The mark in the remote rsync's environment lets the agent stop it if the session drops.
+        self._rsync([f"--rsync-path=env {SYNC_MARK}={self.sync_mark} rsync",
+                     "--delete", "--modify-window=-1", "--filter=:- .gitignore", "--exclude=/.git/",
                      "--exclude=/.hostrun-owner*", "--exclude=/.hostrun-lock*",
                      *excludes,
                      f"{self.tree}/", f"{self.host.ssh}:{self.remote_tree}/"], "sync")
@@ -184,17 +211,21 @@ class PeerRun:
         return failures
 
     # -- steps 5-7: the run --
-    def spec(self) -> str:
+    def spec(self) -> bytes:
+        """The agent's spec, sent as the session's first frame. The arguments travel as their bytes
+        (base64 of ``os.fsencode``): exact whatever they are, and whatever the peer's encoding."""
         r = self.request
         data = {
-            "argv": list(r.argv), "cwd": os.path.join(self.remote_tree_spec, self.rel_cwd), "label": r.label,
+            "argv_b64": [base64.b64encode(os.fsencode(arg)).decode() for arg in r.argv],
+            "cwd": os.path.join(self.remote_tree_spec, self.rel_cwd), "label": r.label,
             "cap": r.cap, "cap_if_none": self.host.peer_memory_cap,
             "max_runtime": r.max_runtime, "threads": r.threads, "no_cap": r.no_cap,
             "session": r.session, "gpu_memory": r.gpu_memory, "stdin": self.forward_stdin,
             "force": r.force, "group": r.group, "when_idle": r.when_idle,
             "fallback": json.loads(self.client.fallback()), "prepare": self.prepare_spec(),
         }
-        return base64.b64encode(json.dumps(data).encode()).decode()
+        data["prepare"]["sync_mark"] = self.sync_mark
+        return json.dumps(data).encode()
 
     def run(self) -> Outcome:
         try:
@@ -220,21 +251,37 @@ class PeerRun:
         return failures
 
     def _open(self) -> subprocess.Popen[bytes]:
+        """The session: only the agent's fixed argv on ssh's command line; the spec goes on stdin."""
         self.client.ssh.ensure_control_dir()
-        command = ["sh", "-c", _RUN, "hostrun-agent", agent.remote_path(), self.client.python, "run",
-                   self.spec()]
+        command = ["sh", "-c", _RUN, "hostrun-agent", agent.remote_path(), self.client.python, "run"]
         return subprocess.Popen(self.client.ssh.argv(command), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
     def _session(self) -> Outcome:
         """One SSH session for steps 3-7. The agent first probes and prepares the work directory
         (frame ``P``); we compare, rsync while heartbeating, then say go (``G``) or abort (``X``).
-        Folding the probe into the run session saves an ssh round trip and an agent start."""
-        try:
-            return self._session_once()
-        except _AgentMissing:
-            self.client.send_agent()
-            return self._session_once()
+        Folding the probe into the run session saves an ssh round trip and an agent start.
+
+        A session that could not connect (nothing came from the agent) is tried again when the
+        failure is transient, as ``SshPeer.run`` does: at most ``RETRIES`` times, full jitter, within
+        twice ``report_timeout``."""
+        deadline = time.monotonic() + self.settings.report_timeout * 2
+        attempt = 0
+        sent = False
+        while True:
+            try:
+                return self._session_once()
+            except _AgentMissing:
+                if sent:
+                    raise PeerUnreachableError(f"peer {self.host.name}: the agent sent there does not "
+                                               "start (exit 97 after installing it)") from None
+                self.client.send_agent()
+                sent = True
+            except PeerUnreachableError as exc:
+                if not is_transient(exc) or attempt >= RETRIES or time.monotonic() >= deadline:
+                    raise
+                attempt += 1
+                time.sleep(backoff(attempt, deadline))
 
     def _session_once(self) -> Outcome:
         proc = self._open()
@@ -243,7 +290,27 @@ class PeerRun:
         old = {sig: signal.signal(sig, lambda s, _f: pending.append(s)) for sig in FORWARDED}
         lock = threading.Lock()
 
+        # The spec first: it may be megabytes, so a thread writes it and the loop below never waits on
+        # a stalled peer. Until it is written, nothing else is sent (the agent reads nothing else yet).
+        spec = encode(SPEC, self.spec())
+        spec_sent = threading.Event()
+
+        def send_spec() -> None:
+            with lock:
+                try:
+                    proc.stdin.write(spec)  # type: ignore[union-attr]
+                    proc.stdin.flush()  # type: ignore[union-attr]
+                except (BrokenPipeError, ValueError, OSError):
+                    pass  # the session ended: its exit status says why
+                finally:
+                    spec_sent.set()
+
+        writer = threading.Thread(target=send_spec, daemon=True)
+        writer.start()
+
         def send(kind: bytes, payload: bytes = b"") -> None:
+            if not spec_sent.is_set():
+                return
             with lock:
                 try:
                     proc.stdin.write(encode(kind, payload))  # type: ignore[union-attr]
@@ -257,6 +324,8 @@ class PeerRun:
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ, "out")
         sel.register(proc.stderr, selectors.EVENT_READ, "err")
+        heard = False
+        garbled = ""
         started = last_beat = last_heard = last_loop = time.monotonic()
         lost = False
         phase = "prepare"  # -> "sync" -> "run"
@@ -275,7 +344,14 @@ class PeerRun:
                         ssh_errors = (ssh_errors + data)[-4096:]
                         continue
                     last_heard = time.monotonic()
-                    for kind, payload in reader.feed(data):
+                    heard = True
+                    try:
+                        frames = reader.feed(data)
+                    except ValueError as exc:  # not the agent talking: give up as on a dead link
+                        garbled, lost = str(exc), True
+                        proc.kill()
+                        break
+                    for kind, payload in frames:
                         if kind == b"O":
                             _write_all(1, payload)
                         elif kind == b"E":
@@ -294,6 +370,8 @@ class PeerRun:
                             syncing = threading.Thread(target=_capture, args=(self.sync, sync_error),
                                                        daemon=True)
                             syncing.start()
+                if garbled:
+                    break
                 now = time.monotonic()
                 if now - last_loop > HEARTBEAT * 2:
                     last_heard = now  # we were stopped (Ctrl-Z, a frozen host), not the link
@@ -331,6 +409,9 @@ class PeerRun:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
             sel.close()
+            if writer.is_alive():  # still stuck writing the spec: end the session, which frees it
+                proc.kill()
+                writer.join(10)
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 try:
                     pipe.close()
@@ -342,7 +423,13 @@ class PeerRun:
         if result is None and phase == "prepare" and proc.returncode == AGENT_MISSING:
             raise _AgentMissing
         if result is None:
-            why = ssh_errors.decode(errors="replace").strip().splitlines()[-1:] or ["no answer"]
+            text = ssh_errors.decode(errors="replace")
+            why = [garbled] if garbled else text.strip().splitlines()[-1:] or ["no answer"]
+            if not heard and proc.returncode == 255:
+                raise classify(self.host.name, text)  # ssh could not connect: nothing started there
+            if (lost or proc.returncode == 255) and phase != "run":
+                raise PeerUnreachableError(f"peer {self.host.name}: the connection broke before the job "
+                                           f"started ({why[0]}); nothing ran")
             if lost or proc.returncode == 255:
                 raise ConnectionLostError(
                     f"the connection to {self.host.name} broke during the run ({why[0]}); the agent "

@@ -36,6 +36,7 @@ from dispatch.procinfo import start_time
 from dispatch.request import JOB_ENV, RunRequest
 from dispatch.settings import LOCAL, HostSettings, Settings
 from dispatch.spawn import CGROUP_FAILED, PreparedChild
+from dispatch.text import storable
 from dispatch.units import format_size
 
 MYPY = False
@@ -272,7 +273,7 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             gpu.tee.parent_side()
         guardian.job_started(child.pid)
         ledger = Ledger(settings.state_dir, say, lambda: _live_jobs(backend, host.name, limit))
-        label = request.label or default_label(request.argv)
+        label = storable(request.label or default_label(request.argv))  # a text key in the ledger
         plan = plan_booking(cap=cap, peak=ledger.peak(label, host.name), slice_limit=limit,
                             gamble_size=settings.gamble_size_for(host))
         booking_id = ledger.enqueue(

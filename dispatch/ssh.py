@@ -73,6 +73,14 @@ def is_transient(error: Exception) -> bool:
     return bool(getattr(error, "transient", False))
 
 
+def backoff(attempt: int, deadline: float | None = None) -> float:
+    """The pause before retry ``attempt`` (1, 2, ...): full jitter, capped, never past ``deadline``."""
+    pause = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** attempt))
+    if deadline is not None:
+        pause = min(pause, max(0.0, deadline - time.monotonic()))
+    return pause
+
+
 def control_dir(state_dir: str) -> str:
     """Where the ControlMaster sockets live: in the state dir, or a short path under /tmp if that is
     too long for a unix socket (``ensure_control_dir`` makes it private or refuses it)."""
@@ -165,10 +173,7 @@ class SshPeer:
             if not is_transient(error) or attempt >= retries:
                 raise error
             attempt += 1
-            pause = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** attempt))
-            if deadline is not None:
-                pause = min(pause, max(0.0, deadline - time.monotonic()))
-            time.sleep(pause)
+            time.sleep(backoff(attempt, deadline))
 
     def _once(self, remote: Sequence[str], input: bytes | None, timeout: float | None
               ) -> RemoteResult | None:

@@ -41,6 +41,17 @@ def printable(text: str) -> str:
     return "".join(_escape(ch) if _is_control(ch) else ch for ch in text)
 
 
+def storable(text: str) -> str:
+    """``text`` with the bytes that were not UTF-8 (an argument decoded with surrogateescape, as
+    Python does on Linux) written as ``\\xNN``: SQLite stores only valid text, and a person reads it.
+    Unlike ``printable`` it keeps control characters: what is stored is escaped where it is shown."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def check_name(value: str | None, what: str) -> str | None:
     """``value`` unchanged, or UsageError (exit 2) if it holds a control character.
 
