@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.capping.base import CapBackend
-from dispatch.ledger import Admission, Booking, Ledger
+from dispatch.ledger import Admission, Ledger
+from dispatch.ledgerdb import Booking
 from dispatch.units import format_duration, format_size
 
 MYPY = False

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from dispatch.errors import NeverFitsError
 from dispatch.fingerprint import short_hash
-from dispatch.ledger import PeakRecord
+from dispatch.ledgerdb import PeakRecord
 from dispatch.records import NamedTuple
 from dispatch.text import storable
 from dispatch.units import format_size

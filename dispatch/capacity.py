@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from dispatch.booking import plan_booking
 from dispatch.errors import NeverFitsError
-from dispatch.ledger import PeakRecord
+from dispatch.ledgerdb import PeakRecord
 from dispatch.records import NamedTuple
 from dispatch.units import format_size
 
@@ -33,7 +33,7 @@ MYPY = False
 if MYPY:
     from typing import Any, Optional
 
-    from dispatch.ledger import PeakRun
+    from dispatch.ledgerdb import PeakRun
 
 MiB = 1 << 20
 STEP = 512 * MiB  # caps are rounded up to a multiple of this

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dispatch.booking import plan_booking
 from dispatch.errors import NeverFitsError
 from dispatch.exitcodes import ExitCode
-from dispatch.ledger import PeakRecord
+from dispatch.ledgerdb import PeakRecord
 from dispatch.records import NamedTuple
 from dispatch.reports import HostReading
 from dispatch.settings import LOCAL, Settings

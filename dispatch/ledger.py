@@ -29,6 +29,17 @@ from collections.abc import Callable, Mapping, Sequence
 
 from dispatch import peakjournal
 from dispatch.errors import LedgerError
+from dispatch.ledgerdb import (
+    ADDED_COLUMNS,
+    BOOKING_COLUMNS,
+    SCHEMA_VERSION,
+    Booking,
+    PeakRecord,
+    PeakRun,
+    create_tables,
+    peak_record,
+    record_fold,
+)
 from dispatch.procinfo import is_alive
 from dispatch.records import NamedTuple
 from dispatch.text import storable
@@ -36,119 +47,12 @@ from dispatch.units import format_size
 
 MYPY = False
 if MYPY:
-    from typing import Any, Optional, ParamSpec, TypeVar
+    from typing import Optional, ParamSpec, TypeVar
 
     GpuRoom = Callable[[list["Booking"]], dict[int, int]]  # running bookings -> room per GPU index
     LiveJobs = Callable[[], list["Booking"]]  # running jobs found outside the ledger (their cgroups)
     P = ParamSpec("P")
     R = TypeVar("R")
-
-SCHEMA_VERSION = 4  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS bookings (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    host TEXT NOT NULL,
-    label TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('waiting', 'running')),
-    pid INTEGER NOT NULL,
-    pid_start INTEGER NOT NULL,
-    size INTEGER NOT NULL,
-    cap INTEGER NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN ('cap', 'peak', 'gamble')),
-    cgroup TEXT,
-    command TEXT NOT NULL,
-    session TEXT,
-    queued REAL NOT NULL,
-    since REAL,
-    reason TEXT,
-    gpu_index INTEGER,
-    gpu_bytes INTEGER,
-    grp TEXT,
-    when_idle INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS bookings_host_state ON bookings (host, state, id);
-CREATE TABLE IF NOT EXISTS peaks (
-    label TEXT NOT NULL,
-    host TEXT NOT NULL,
-    max_peak INTEGER NOT NULL,
-    runs INTEGER NOT NULL,
-    last_peak INTEGER NOT NULL,
-    hit_ceiling INTEGER NOT NULL,
-    last_duration REAL,
-    max_duration REAL,
-    updated REAL NOT NULL,
-    PRIMARY KEY (label, host)
-);
-CREATE TABLE IF NOT EXISTS peak_runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    label TEXT NOT NULL,
-    host TEXT NOT NULL,
-    peak INTEGER NOT NULL,
-    cap INTEGER,
-    hit_ceiling INTEGER NOT NULL,
-    duration REAL,
-    at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS peak_runs_label_host ON peak_runs (label, host, id);
-"""
-# The last PEAK_HISTORY runs of each (label, host) are kept in peak_runs, one row per run; ``cap`` is
-# the job's own cap, NULL when it had none (limited by the slice only). The peaks table keeps the
-# all-time figures; peak_runs is what says how much the peaks vary (see dispatch/capacity.py).
-PEAK_HISTORY = 20
-BOOKING_COLUMNS = (
-    "id, host, label, state, pid, pid_start, size, cap, kind, cgroup, command, session, queued, "
-    "since, reason, gpu_index, gpu_bytes, grp, when_idle"
-)
-# Columns added after version 1, for ledgers created by an older hostrun: (name, declaration).
-ADDED_COLUMNS = (("gpu_index", "INTEGER"), ("gpu_bytes", "INTEGER"), ("grp", "TEXT"),
-                 ("when_idle", "INTEGER NOT NULL DEFAULT 0"))
-
-
-class Booking(NamedTuple):
-    id: int
-    host: str
-    label: str
-    state: str
-    pid: int
-    pid_start: int
-    size: int
-    cap: int
-    kind: str
-    cgroup: Optional[str]
-    command: str
-    session: Optional[str]
-    queued: float
-    since: Optional[float]
-    reason: Optional[str]
-    gpu_index: Optional[int] = None  # the GPU it was admitted on
-    gpu_bytes: Optional[int] = None  # VRAM asked for with --gpu-memory
-    grp: Optional[str] = None  # --group
-    when_idle: bool = False  # --when-idle
-
-
-class PeakRecord(NamedTuple):
-    label: str
-    host: str
-    max_peak: int
-    runs: int
-    last_peak: int
-    hit_ceiling: bool
-    last_duration: Optional[float]
-    max_duration: Optional[float]
-    updated: float
-
-
-class PeakRun(NamedTuple):
-    """One run in the peak history (the last ``PEAK_HISTORY`` runs of a label on a host)."""
-
-    label: str
-    host: str
-    peak: int
-    cap: Optional[int]  # the job's own cap; None: it had none (limited by the slice only)
-    hit_ceiling: bool
-    duration: Optional[float]
-    at: float
-
 
 def choose_gpu(rooms: dict[int, int], earlier: list[int], need: int
                ) -> tuple[int | None, int | None, int, bool]:
@@ -212,12 +116,6 @@ def policy_block(b: Booking, running: Sequence[Booking], groups: Mapping[str, in
     return None
 
 
-def _peak(row: Any) -> PeakRecord:
-    fields = list(row)
-    fields[5] = bool(fields[5])
-    return PeakRecord(*fields)
-
-
 def _stderr(line: str) -> None:
     print(f"hostrun: {line}", file=sys.stderr, flush=True)
 
@@ -229,13 +127,6 @@ def file_id(path: str) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return (st.st_dev, st.st_ino)
-
-
-def create_tables(db: sqlite3.Connection) -> None:
-    """The schema, one statement at a time (inside the caller's transaction)."""
-    for statement in SCHEMA.split(";"):
-        if statement.strip():
-            db.execute(statement)
 
 
 def _rollback(db: sqlite3.Connection) -> None:
@@ -622,7 +513,7 @@ class Ledger:
             " updated FROM peaks WHERE label = ? AND host = ?",
             (label, host),
         ).fetchone()
-        return _peak(row) if row else None
+        return peak_record(row) if row else None
 
     @_guarded
     def peaks(self) -> list[PeakRecord]:
@@ -633,7 +524,7 @@ class Ledger:
             "SELECT label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration,"
             " updated FROM peaks ORDER BY host, label"
         ).fetchall()
-        return [_peak(r) for r in rows]
+        return [peak_record(r) for r in rows]
 
     @_guarded
     def peak_runs(self, host: str | None = None) -> list[PeakRun]:
@@ -692,30 +583,3 @@ class Ledger:
     def _record_peak_locked(self, label: str, host: str, peak: int, hit_ceiling: bool,
                             duration: float, cap: int | None, now: float) -> None:
         record_fold(self.db, label, host, peak, hit_ceiling, duration, cap, now)
-
-
-def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ceiling: bool,
-                duration: float | None, cap: int | None, now: float) -> None:
-    """One run into peak_runs (keeping the last PEAK_HISTORY) and into peaks; in a write transaction.
-    Also how a recovery replays the journal, so a rebuilt table equals the one that was there."""
-    db.execute(
-        "INSERT INTO peak_runs (label, host, peak, cap, hit_ceiling, duration, at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (label, host, peak, cap, int(hit_ceiling), duration, now),
-    )
-    db.execute(
-        "DELETE FROM peak_runs WHERE label = ? AND host = ? AND id <= (SELECT id FROM peak_runs"
-        " WHERE label = ? AND host = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
-        (label, host, label, host, PEAK_HISTORY),
-    )
-    db.execute(
-        "INSERT INTO peaks (label, host, max_peak, runs, last_peak, hit_ceiling, last_duration,"
-        " max_duration, updated) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)"
-        " ON CONFLICT (label, host) DO UPDATE SET max_peak = max(max_peak, excluded.max_peak),"
-        " runs = runs + 1, last_peak = excluded.last_peak,"
-        " hit_ceiling = max(hit_ceiling, excluded.hit_ceiling),"
-        " last_duration = excluded.last_duration,"
-        " max_duration = max(coalesce(max_duration, 0), excluded.max_duration),"
-        " updated = excluded.updated",
-        (label, host, peak, peak, int(hit_ceiling), duration, duration, now),
-    )

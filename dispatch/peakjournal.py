@@ -21,7 +21,7 @@ MYPY = False
 if MYPY:
     from collections.abc import Callable, Sequence
 
-    from dispatch.ledger import PeakRecord, PeakRun
+    from dispatch.ledgerdb import PeakRecord, PeakRun
 
 HEADER = "# hostrun peak journal 1\n"
 COMPACT_AT = 256 << 10  # bytes; then compacted once it is also twice the size of a snapshot

@@ -24,7 +24,7 @@ import sqlite3
 import time
 
 from dispatch import peakjournal
-from dispatch.ledger import SCHEMA_VERSION, Booking, create_tables, record_fold
+from dispatch.ledgerdb import SCHEMA_VERSION, Booking, create_tables, record_fold
 from dispatch.procinfo import cmdline, is_alive
 
 MYPY = False

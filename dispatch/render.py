@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dispatch.ledger import Booking, PeakRecord
+from dispatch.ledgerdb import Booking, PeakRecord
 from dispatch.text import printable
 from dispatch.units import format_duration, format_size
 

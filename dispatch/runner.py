@@ -30,7 +30,8 @@ from dispatch.errors import BackendError, LedgerError, NeverFitsError, NoCapBack
 from dispatch.exitcodes import SIGNAL_BASE, ExitCode, exec_failure
 from dispatch.guardian import Guardian
 from dispatch.hostfacts import read_meminfo
-from dispatch.ledger import Admission, Booking, Ledger
+from dispatch.ledger import Admission, Ledger
+from dispatch.ledgerdb import Booking
 from dispatch.outcome import Outcome
 from dispatch.procinfo import start_time
 from dispatch.request import JOB_ENV, RunRequest

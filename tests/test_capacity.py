@@ -33,7 +33,8 @@ from dispatch.capacity import (
     variation,
 )
 from dispatch.exitcodes import ExitCode
-from dispatch.ledger import PEAK_HISTORY, SCHEMA_VERSION, Ledger
+from dispatch.ledger import Ledger
+from dispatch.ledgerdb import PEAK_HISTORY, SCHEMA_VERSION
 from tests.conftest import Hostrun
 
 PY = sys.executable

@@ -394,7 +394,7 @@ def test_a_ledger_path_outside_the_slice_is_never_killed_or_removed(fake: FakeCg
     the slice pointing out can only be made here: real cgroupfs refuses symlink() (EPERM), so
     test_cgroup_paths.py covers the other shapes against real cgroup v1."""
     from dispatch.admission import stop_reclaimed
-    from dispatch.ledger import Booking
+    from dispatch.ledgerdb import Booking
 
     backend = ready(fake)
     victim = fake.make("/ci/job-5-5")  # named like a job, next to the slice

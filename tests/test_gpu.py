@@ -51,7 +51,8 @@ from dispatch.gpu import (
     read_gpus,
     visible,
 )
-from dispatch.ledger import SCHEMA_VERSION, Admission, Booking, Ledger, choose_gpu
+from dispatch.ledger import Admission, Ledger, choose_gpu
+from dispatch.ledgerdb import SCHEMA_VERSION, Booking
 from dispatch.procinfo import start_time
 from tests.conftest import Hostrun, wait_for
 
