@@ -33,6 +33,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from dispatch.atomicfile import write_atomic
 from dispatch.errors import HostrunError, UsageError
 from dispatch.exitcodes import SIGNAL_BASE, ExitCode
 from dispatch.procinfo import cmdline, is_alive, start_time
@@ -158,14 +159,8 @@ def read_record(path: str) -> Holder | None:
 
 def write_record(path: str, holder: Holder) -> None:
     """Replace the record atomically (readers never see half of one); readable by everyone."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.fchmod(fd, 0o644)
-        os.write(fd, (json.dumps(holder._asdict(), sort_keys=True) + "\n").encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps(holder._asdict(), sort_keys=True) + "\n").encode(), 0o644,
+                 exact_mode=True)
 
 
 def _remove_record_if_ours(path: str, me: Holder) -> None:

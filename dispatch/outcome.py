@@ -61,18 +61,10 @@ def write_result(path: str, outcome: Outcome) -> None:
     temporary file is removed and the OSError raised."""
     import json
 
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(outcome.to_dict(), fh, indent=2, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from dispatch.atomicfile import write_atomic
+
+    text = json.dumps(outcome.to_dict(), indent=2, sort_keys=True) + "\n"
+    write_atomic(path, text.encode(), 0o666)  # the caller's file: modes as its umask says
 
 
 def check_result_path(path: str) -> str | None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 
+from dispatch.atomicfile import write_atomic
+
 MYPY = False
 if MYPY:
     from collections.abc import Callable, Sequence
@@ -87,21 +89,7 @@ def write_snapshot(path: str, peaks: Sequence[PeakRecord], runs: Sequence[PeakRu
     text = [HEADER, *(peak_line(p) for p in peaks)]
     text += [run_line(r.label, r.host, r.peak, r.cap, r.hit_ceiling, r.duration, r.at, "H")
              for r in runs]
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        try:
-            os.write(fd, "".join(text).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, "".join(text).encode(), 0o600, fsync=True)
 
 
 def replay(path: str, fold: Callable[[str, str, int, bool, float | None, int | None, float], object],

@@ -32,6 +32,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 
+from dispatch.atomicfile import write_atomic
 from dispatch.errors import UsageError
 from dispatch.headers import PREFLIGHT_KEYS, parse_numbered, read_script
 from dispatch.records import NamedTuple
@@ -289,12 +290,7 @@ class Guard:
                   "host": os.uname().nodename, "time": time.time(), "inputs": self.inputs}
         _ensure_private_dir(self.state)
         path = _state_path(self.state, self.script, ".json")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(record, fh, indent=1, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, path)
+        write_atomic(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
 
     def release(self) -> None:
         if self.lock_fd is not None:

@@ -22,6 +22,8 @@ import signal
 import subprocess
 from collections.abc import Callable
 
+from dispatch.atomicfile import write_atomic
+
 PROTECT_ARGS = "-s"
 SYNC_MARK = "HOSTRUN_SYNC"  # in the remote rsync's environment: which run's sync it is
 _CACHE = "rsync-caps.json"
@@ -54,11 +56,7 @@ def protects_args(state_dir: str) -> bool:
         return True  # cannot tell: passing -s to an rsync without it fails loudly, never silently
     found = "--protect-args" in help_text or "--secluded-args" in help_text
     try:
-        tmp = f"{path}.{os.getpid()}"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
-                  encoding="utf-8") as fh:
-            json.dump({"binary": key, "protect_args": found}, fh)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({"binary": key, "protect_args": found}).encode())
     except OSError:
         pass
     return found

@@ -13,6 +13,7 @@ import shlex
 import shutil
 import subprocess
 
+from dispatch.atomicfile import write_atomic
 from dispatch.errors import HostrunError
 from dispatch.exitcodes import ExitCode
 
@@ -65,11 +66,7 @@ def probe_here(probes: list[str], cache_dir: str) -> dict[str, dict[str, Any]]:
     if changed:
         try:
             os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-            tmp = f"{cache_path}.{os.getpid()}"
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
-                      encoding="utf-8") as fh:
-                json.dump(cache, fh)
-            os.replace(tmp, cache_path)
+            write_atomic(cache_path, json.dumps(cache).encode())
         except OSError:
             pass
     return results

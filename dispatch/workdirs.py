@@ -31,6 +31,7 @@ import stat
 import time
 from collections.abc import Mapping
 
+from dispatch.atomicfile import write_atomic
 from dispatch.errors import NotRunError, UsageError
 from dispatch.procinfo import start_time
 from dispatch.records import NamedTuple
@@ -231,14 +232,8 @@ def _write_owner(directory: str, owner: Owner) -> None:
     data = owner._asdict()
     data["created_at"] = owner.as_dict()["created_at"]
     path = owner_path(directory)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.fchmod(fd, 0o644)
-        os.write(fd, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(), 0o644,
+                 exact_mode=True)
 
 
 def _when(epoch: float) -> str:

@@ -164,14 +164,9 @@ def _validate_once(path: str, environ: Mapping[str, str], directory: str, cache_
 def _write_cache(cache_file: str, payload: dict[str, object]) -> None:
     """Best effort, into the private directory checked by the caller: a cache that cannot be written
     only costs the next run a validation."""
-    tmp = f"{cache_file}.{os.getpid()}.tmp"
+    from dispatch.atomicfile import write_atomic
+
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            marshal.dump(payload, fh)
-        os.replace(tmp, cache_file)
+        write_atomic(cache_file, marshal.dumps(payload))
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass
