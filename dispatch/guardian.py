@@ -35,6 +35,11 @@ class Guardian:
                 devnull = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(devnull, fd)
+                # Hold nothing of hostrun's but its pipe: a copy of, say, the write end of the pipe
+                # that feeds the job's stdin (the peer agent's --stdin) would keep the job from ever
+                # seeing EOF, for as long as the guardian lives (the whole run).
+                os.closerange(3, read_fd)
+                os.closerange(read_fd + 1, max(read_fd + 1, os.sysconf("SC_OPEN_MAX")))
                 _watch(read_fd, state_dir, job)
             except BaseException:
                 status = 1

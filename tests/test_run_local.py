@@ -420,3 +420,23 @@ def test_ctrl_z_stops_the_job_and_hands_the_terminal_back(hostrun: Hostrun, tmp_
             pass
         os.waitpid(pid, 0)
         os.close(fd)
+
+
+def test_the_guardian_holds_no_descriptor_but_its_own(tmp_path: Path) -> None:
+    """The forked guardian must not keep hostrun's other descriptors open: the peer agent feeds a
+    --stdin job through a pipe whose write end it closes on EOF, and a guardian forked before that
+    held a copy for the whole run, so the job (``cat``) never saw EOF (found as a CI hang)."""
+    import select
+
+    from dispatch.guardian import Guardian
+
+    read_end, write_end = os.pipe()
+    guardian = Guardian.start(str(tmp_path), object())  # type: ignore[arg-type]  # unused until EOF
+    try:
+        os.close(write_end)  # our copy: the only one, if the guardian took none
+        readable, _, _ = select.select([read_end], [], [], 10)
+        assert readable, "the guardian still holds the pipe's write end"
+        assert os.read(read_end, 1) == b""
+    finally:
+        guardian.dismiss()
+        os.close(read_end)
