@@ -35,11 +35,10 @@ class Guardian:
                 devnull = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(devnull, fd)
-                # Hold nothing of hostrun's but its pipe: a copy of, say, the write end of the pipe
-                # that feeds the job's stdin (the peer agent's --stdin) would keep the job from ever
-                # seeing EOF, for as long as the guardian lives (the whole run).
-                os.closerange(3, read_fd)
-                os.closerange(read_fd + 1, max(read_fd + 1, os.sysconf("SC_OPEN_MAX")))
+                # Hold nothing of hostrun's but its pipe and the job's own descriptors: a copy of, say,
+                # the write end of the pipe that feeds the job's stdin (the peer agent's --stdin)
+                # would keep the job from ever seeing EOF, for as long as the guardian lives.
+                _close_all_but([read_fd, *job.held_fds()])
                 _watch(read_fd, state_dir, job)
             except BaseException:
                 status = 1
@@ -66,6 +65,16 @@ class Guardian:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
+
+
+def _close_all_but(keep: list[int]) -> None:  # pragma: no cover - child
+    """Close every descriptor from 3 up except those in ``keep``."""
+    low = 3
+    for fd in sorted(set(keep)):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, max(low, os.sysconf("SC_OPEN_MAX")))
 
 
 def _watch(read_fd: int, state_dir: str, job: JobCgroup) -> None:  # pragma: no cover - child

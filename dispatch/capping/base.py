@@ -245,6 +245,10 @@ class JobCgroup(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release file descriptors (e.g. eventfds) held for this job."""
 
+    def held_fds(self) -> list[int]:
+        """The file descriptors this object holds (a forked guardian keeps these, closes the rest)."""
+        return []
+
 
 class CapBackend(ABC):
     name: str = ""

@@ -154,6 +154,9 @@ class Cgroup1Job(JobCgroup):
             if watch:
                 watch.close()
 
+    def held_fds(self) -> list[int]:
+        return [w.efd for w in (self._job_watch, self._slice_watch) if w is not None and w.efd >= 0]
+
 
 class Cgroup1Backend(CapBackend):
     name = "cgroup1"
