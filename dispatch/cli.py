@@ -703,7 +703,7 @@ def cmd_lock(argv: list[str]) -> int:
     p = _sub_parser("lock", "Run CMD while holding DIR's workspace lock: one holder at a time; others "
                             "wait, saying who holds it. Not the memory cap: for both, "
                             "'hostrun lock DIR -- hostrun -m 4G -- CMD'. See docs/guards.md.")
-    p.add_argument("--wait", metavar="DUR", help="give up after waiting DUR (e.g. 10m): exit 253, "
+    p.add_argument("--wait", metavar="DUR", help="give up after waiting DUR (e.g. 10m): exit 78, "
                                                  "the command not run (default: wait as long as it takes)")
     p.add_argument("--status", action="store_true", help="show who holds DIR's lock, run nothing")
     p.add_argument("dir", metavar="DIR", help="the directory to lock")
