@@ -380,7 +380,8 @@ def _run(
             result.exit_code = code
             result.message = f"cannot run {request.argv[0]!r}: {reason}"
             return result
-        status, peak, timed_out = _watch(settings, job, child.pid, request.max_runtime, signals, say,
+        max_runtime = request.max_runtime if request.max_runtime is not None else host.max_runtime
+        status, peak, timed_out = _watch(settings, job, child.pid, max_runtime, signals, say,
                                          foreground, gpu)
     result.duration_s = round(time.monotonic() - started, 3)
     job.kill_all()

@@ -45,6 +45,7 @@ class HostSettings(NamedTuple):
     work_root: Optional[str] = None  # on the peer; default ~/hostrun-work
     python: Optional[str] = None  # on the peer; default python3
     peer_memory_cap: Optional[int] = None
+    max_runtime: Optional[float] = None  # seconds; runs here without --max-runtime stop after it
 
     @property
     def is_local(self) -> bool:

@@ -41,6 +41,8 @@ def host_from_dict(name: str, table: Mapping[str, Any], source: str = "") -> Hos
     for key, field in _HOST_SIZES.items():
         if table.get(key) is not None:
             values[field] = parse_size(table[key])
+    if table.get("max_runtime") is not None:
+        values["max_runtime"] = parse_duration(table["max_runtime"])
     for key in _HOST_PLAIN:
         if table.get(key) is not None:
             values[key] = table[key]
