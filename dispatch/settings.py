@@ -96,6 +96,7 @@ class Settings(NamedTuple):
     toolchain_probes: tuple[str, ...] = ("rustc -Vv", "cargo -V")
     sync_excludes: tuple[str, ...] = ()
     groups: Mapping[str, int] = {}
+    clear_mark_after: int = 3  # clean runs at its cap that clear a label's slice-full mark
     source: str = "<built-in default>"
 
     @classmethod

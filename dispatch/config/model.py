@@ -114,6 +114,7 @@ class ConfigModel(_Strict):
     toolchain_probes: list[str] = Field(default_factory=lambda: ["rustc -Vv", "cargo -V"])
     sync_excludes: list[str] = Field(default_factory=list)
     groups: dict[str, GroupModel] = Field(default_factory=dict)
+    clear_mark_after: int = Field(default=3, ge=1, le=1000)
     hosts: dict[str, HostModel] = Field(default_factory=dict)
 
 
