@@ -60,6 +60,7 @@ class LabelPeaks(NamedTuple):
     history: tuple[int, ...] = ()  # peaks of the last runs kept (oldest first)
     cap_known: bool = False  # whether the last run's cap was recorded (runs since the history)
     last_cap: Optional[int] = None  # that cap; None with cap_known: the job had no cap of its own
+    slice_full_marked: bool = False  # exited 254 and not yet cleared: booked at its cap
 
 
 class Fit(NamedTuple):
@@ -167,9 +168,9 @@ def fit(p: LabelPeaks, cap: int | None, slice_limit: int, gamble_size: int, half
     if plan.kind == "peak":
         why = "booked at its recorded peak (never hit its ceiling)"
     elif plan.kind == "cap" and cap is None:
-        why = "hit its ceiling and has no cap: booked at the whole slice"
+        why = f"{_marked(p)} and has no cap: booked at the whole slice"
     elif plan.kind == "cap":
-        why = "hit its ceiling: booked at its cap" if p.hit_ceiling else (
+        why = f"{_marked(p)}: booked at its cap" if p.hit_ceiling or p.slice_full_marked else (
             "booked at its cap (its peak is not below the cap)")
     else:
         why = "no usable peak and no cap: booked at the gamble size"
@@ -182,8 +183,13 @@ def fit(p: LabelPeaks, cap: int | None, slice_limit: int, gamble_size: int, half
     return Fit(slice_limit, plan.kind, plan.size, fits, at_half, why)
 
 
+def _marked(p: LabelPeaks) -> str:
+    return "hit its ceiling" if p.hit_ceiling else "killed when the slice filled (marked)"
+
+
 def _as_record(p: LabelPeaks) -> PeakRecord:
-    return PeakRecord(p.label, p.host, p.max_peak, p.runs, p.last_peak, p.hit_ceiling, None, None, 0.0)
+    return PeakRecord(p.label, p.host, p.max_peak, p.runs, p.last_peak, p.hit_ceiling, None, None, 0.0,
+                      slice_full_at=0.0 if p.slice_full_marked else None)
 
 
 def assess(p: LabelPeaks, *, slice_limit: int, default_cap: int | None, gamble_size: int,
@@ -246,7 +252,7 @@ def peak_table(records: Sequence[PeakRecord], runs: Sequence[PeakRun]) -> list[d
         table.append(LabelPeaks(
             label=r.label, host=r.host, max_peak=r.max_peak, runs=r.runs, last_peak=r.last_peak,
             hit_ceiling=r.hit_ceiling, history=tuple(x.peak for x in mine), cap_known=bool(mine),
-            last_cap=mine[-1].cap if mine else None,
+            last_cap=mine[-1].cap if mine else None, slice_full_marked=r.slice_full_at is not None,
         )._asdict())
         table[-1]["history"] = list(table[-1]["history"])
     return table
@@ -262,6 +268,7 @@ def labels_from_table(table: Sequence[dict[str, Any]], host: str) -> list[LabelP
             last_peak=int(e["last_peak"]), hit_ceiling=bool(e["hit_ceiling"]),
             history=tuple(int(x) for x in e.get("history") or ()), cap_known=bool(e.get("cap_known")),
             last_cap=None if e.get("last_cap") is None else int(e["last_cap"]),
+            slice_full_marked=bool(e.get("slice_full_marked")),
         ))
     return out
 

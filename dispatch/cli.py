@@ -556,6 +556,7 @@ def cmd_codes(argv: list[str]) -> int:
 
 def cmd_ledger(argv: list[str]) -> int:
     args = _sub_parser("ledger", "Show running jobs, the queue and the peak table.").parse_args(argv)
+    from dispatch.booking import mark_reasons
     from dispatch.ledger import Ledger
     from dispatch.recovery import live_jobs_of
 
@@ -580,12 +581,13 @@ def cmd_ledger(argv: list[str]) -> int:
         print(json.dumps({
             "running": [row(b) for b in bookings if b.state == "running"],
             "queue": [row(b) for b in bookings if b.state == "waiting"],
-            "peaks": [p._asdict() for p in peaks],
+            "peaks": [{**p._asdict(), "clear_mark_after": settings.clear_mark_after,
+                       "marked_because": mark_reasons(p, settings.clear_mark_after)} for p in peaks],
         }, indent=2))
         return 0
     from dispatch import render
 
-    render.ledger(bookings, peaks, stale, invalid)
+    render.ledger(bookings, peaks, stale, invalid, settings.clear_mark_after)
     return 0
 
 
@@ -703,7 +705,7 @@ def cmd_lock(argv: list[str]) -> int:
     p = _sub_parser("lock", "Run CMD while holding DIR's workspace lock: one holder at a time; others "
                             "wait, saying who holds it. Not the memory cap: for both, "
                             "'hostrun lock DIR -- hostrun -m 4G -- CMD'. See docs/guards.md.")
-    p.add_argument("--wait", metavar="DUR", help="give up after waiting DUR (e.g. 10m): exit 253, "
+    p.add_argument("--wait", metavar="DUR", help="give up after waiting DUR (e.g. 10m): exit 78, "
                                                  "the command not run (default: wait as long as it takes)")
     p.add_argument("--status", action="store_true", help="show who holds DIR's lock, run nothing")
     p.add_argument("dir", metavar="DIR", help="the directory to lock")

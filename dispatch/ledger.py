@@ -31,7 +31,11 @@ from dispatch import peakjournal
 from dispatch.errors import LedgerError
 from dispatch.ledgerdb import (
     ADDED_COLUMNS,
+    ADDED_PEAK_COLUMNS,
     BOOKING_COLUMNS,
+    CLEAR_MARK_AFTER,
+    NO_EVENT,
+    PEAK_COLUMNS,
     SCHEMA_VERSION,
     Booking,
     PeakRecord,
@@ -241,6 +245,10 @@ class Ledger:
                 for name, declaration in ADDED_COLUMNS:
                     if name not in have:
                         self.db.execute(f"ALTER TABLE bookings ADD COLUMN {name} {declaration}")
+                have = {row[1] for row in self.db.execute("PRAGMA table_info(peaks)")}
+                for name, declaration in ADDED_PEAK_COLUMNS:
+                    if name not in have:
+                        self.db.execute(f"ALTER TABLE peaks ADD COLUMN {name} {declaration}")
                 self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 self._snapshot_if_missing()
             self.db.execute("COMMIT")
@@ -509,9 +517,7 @@ class Ledger:
     @_guarded
     def peak(self, label: str, host: str) -> PeakRecord | None:
         row = self.db.execute(
-            "SELECT label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration,"
-            " updated FROM peaks WHERE label = ? AND host = ?",
-            (label, host),
+            f"SELECT {PEAK_COLUMNS} FROM peaks WHERE label = ? AND host = ?", (label, host),
         ).fetchone()
         return peak_record(row) if row else None
 
@@ -520,10 +526,7 @@ class Ledger:
         return self._peaks()
 
     def _peaks(self) -> list[PeakRecord]:
-        rows = self.db.execute(
-            "SELECT label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration,"
-            " updated FROM peaks ORDER BY host, label"
-        ).fetchall()
+        rows = self.db.execute(f"SELECT {PEAK_COLUMNS} FROM peaks ORDER BY host, label").fetchall()
         return [peak_record(r) for r in rows]
 
     @_guarded
@@ -541,16 +544,18 @@ class Ledger:
 
     def record_peak(
         self, label: str, host: str, peak: int, hit_ceiling: bool, duration: float, *,
-        cap: int | None,
+        cap: int | None, event: str = NO_EVENT, clear_after: int = CLEAR_MARK_AFTER,
     ) -> None:
         """Fold one run into the peak table and append it to the history (``cap``: the job's own
         cap, None when it had none), in one transaction; only the last PEAK_HISTORY runs are kept.
+        ``event`` and ``clear_after`` set or clear the label's mark (``ledgerdb.record_fold``).
 
         The run goes to the journal too, inside the write lock. When the ledger fails, it still goes
         there (then a recovery replays it, so the retry after one is skipped).
         """
         now = time.time()
-        line = peakjournal.run_line(label, host, peak, cap, hit_ceiling, duration, now)
+        line = peakjournal.run_line(label, host, peak, cap, hit_ceiling, duration, now,
+                                    event=event, clear_after=clear_after)
         journaled: list[bool] = []
 
         def record() -> None:
@@ -558,7 +563,8 @@ class Ledger:
                 return  # replayed from the journal by the recovery
             try:
                 self.db.execute("BEGIN IMMEDIATE")
-                self._record_peak_locked(label, host, peak, hit_ceiling, duration, cap, now)
+                record_fold(self.db, label, host, peak, hit_ceiling, duration, cap, now, event,
+                            clear_after)
                 size = peakjournal.append(self.journal_path, line)
                 journaled.append(True)
                 self._compact_if_due(size)
@@ -580,6 +586,3 @@ class Ledger:
         if peakjournal.wants_compaction(size, lines):
             peakjournal.write_snapshot(self.journal_path, self._peaks(), self._peak_runs())
 
-    def _record_peak_locked(self, label: str, host: str, peak: int, hit_ceiling: bool,
-                            duration: float, cap: int | None, now: float) -> None:
-        record_fold(self.db, label, host, peak, hit_ceiling, duration, cap, now)

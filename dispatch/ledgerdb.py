@@ -14,7 +14,8 @@ MYPY = False
 if MYPY:
     from typing import Any, Optional
 
-SCHEMA_VERSION = 4  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle
+SCHEMA_VERSION = 5  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle;
+# 5: peaks.ceiling_at, slice_full_at, clean_runs (the marks that book a label at its cap)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bookings (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -48,6 +49,9 @@ CREATE TABLE IF NOT EXISTS peaks (
     last_duration REAL,
     max_duration REAL,
     updated REAL NOT NULL,
+    ceiling_at REAL,
+    slice_full_at REAL,
+    clean_runs INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (label, host)
 );
 CREATE TABLE IF NOT EXISTS peak_runs (
@@ -73,6 +77,14 @@ BOOKING_COLUMNS = (
 # Columns added after version 1, for ledgers created by an older hostrun: (name, declaration).
 ADDED_COLUMNS = (("gpu_index", "INTEGER"), ("gpu_bytes", "INTEGER"), ("grp", "TEXT"),
                  ("when_idle", "INTEGER NOT NULL DEFAULT 0"))
+ADDED_PEAK_COLUMNS = (("ceiling_at", "REAL"), ("slice_full_at", "REAL"),
+                      ("clean_runs", "INTEGER NOT NULL DEFAULT 0"))
+PEAK_COLUMNS = ("label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration,"
+                " updated, ceiling_at, slice_full_at, clean_runs")
+# What a run says about its label's mark (``dispatch.booking.mark_event``), in record_fold and in the
+# peak journal: killed with 254; OOM-killed otherwise; a clean run at its cap; nothing of that.
+SLICE_FULL, OOM_KILLED, CLEAN, NO_EVENT = "s", "o", "c", "-"
+CLEAR_MARK_AFTER = 3  # the default of ``clear_mark_after``
 
 
 class Booking(NamedTuple):
@@ -107,6 +119,9 @@ class PeakRecord(NamedTuple):
     last_duration: Optional[float]
     max_duration: Optional[float]
     updated: float
+    ceiling_at: Optional[float] = None  # when it last hit its own cap (None: never, or before v5)
+    slice_full_at: Optional[float] = None  # marked: killed when the slice filled (254) then
+    clean_runs: int = 0  # clean runs at its cap since that mark; the mark clears at clear_mark_after
 
 
 class PeakRun(NamedTuple):
@@ -135,9 +150,16 @@ def create_tables(db: sqlite3.Connection) -> None:
 
 
 def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ceiling: bool,
-                duration: float | None, cap: int | None, now: float) -> None:
+                duration: float | None, cap: int | None, now: float, event: str = NO_EVENT,
+                clear_after: int = CLEAR_MARK_AFTER) -> None:
     """One run into peak_runs (keeping the last PEAK_HISTORY) and into peaks; in a write transaction.
-    Also how a recovery replays the journal, so a rebuilt table equals the one that was there."""
+    Also how a recovery replays the journal, so a rebuilt table equals the one that was there.
+
+    The mark: hitting its own cap sets ``ceiling_at`` (``hit_ceiling`` stays set for good). ``event``
+    SLICE_FULL marks the label (``slice_full_at``, clean runs back to 0); OOM_KILLED sets the count
+    back to 0; CLEAN counts one, and the ``clear_after``-th in a row clears the mark, so one lucky
+    run does not put the label back to peak or gamble booking.
+    """
     db.execute(
         "INSERT INTO peak_runs (label, host, peak, cap, hit_ceiling, duration, at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -159,3 +181,16 @@ def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ce
         " updated = excluded.updated",
         (label, host, peak, peak, int(hit_ceiling), duration, duration, now),
     )
+    key = (label, host)
+    if hit_ceiling:
+        db.execute("UPDATE peaks SET ceiling_at = ? WHERE label = ? AND host = ?", (now, *key))
+    if event == SLICE_FULL:
+        db.execute("UPDATE peaks SET slice_full_at = ?, clean_runs = 0 WHERE label = ? AND host = ?",
+                   (now, *key))
+    elif event == OOM_KILLED:
+        db.execute("UPDATE peaks SET clean_runs = 0 WHERE label = ? AND host = ?", key)
+    elif event == CLEAN:
+        db.execute("UPDATE peaks SET clean_runs = clean_runs + 1 WHERE label = ? AND host = ?"
+                   " AND slice_full_at IS NOT NULL", key)
+        db.execute("UPDATE peaks SET slice_full_at = NULL, clean_runs = 0 WHERE label = ? AND host = ?"
+                   " AND clean_runs >= ?", (*key, clear_after))

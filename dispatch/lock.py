@@ -54,9 +54,10 @@ _CHILD_DEFAULTS = (*FORWARDED, signal.SIGQUIT,
 
 
 class LockTimeoutError(HostrunError):
-    """``--wait`` ran out while another holder kept DIR: the command did not run."""
+    """``--wait`` ran out while another holder kept DIR: the command did not run, so 78 ("nothing
+    ran"), not 253 (which says a job ran past its max runtime)."""
 
-    exit_code = ExitCode.MAX_RUNTIME
+    exit_code = ExitCode.NOT_RUN
 
 
 class LockPaths(NamedTuple):

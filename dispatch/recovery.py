@@ -24,7 +24,7 @@ import sqlite3
 import time
 
 from dispatch import peakjournal
-from dispatch.ledgerdb import SCHEMA_VERSION, Booking, create_tables, record_fold
+from dispatch.ledgerdb import PEAK_COLUMNS, SCHEMA_VERSION, Booking, create_tables, record_fold
 from dispatch.procinfo import cmdline, is_alive
 
 MYPY = False
@@ -144,11 +144,10 @@ def _build(tmp: str, journal_path: str, live: list[Booking], mine: list[Booking]
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         used, skipped = peakjournal.replay(
             journal_path,
-            lambda label, host, peak, hit, duration, cap, at: record_fold(
-                db, label, host, peak, hit, duration, cap, at),
-            lambda row: db.execute("INSERT OR REPLACE INTO peaks (label, host, max_peak, runs, "
-                                   "last_peak, hit_ceiling, last_duration, max_duration, updated) "
-                                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row),
+            lambda label, host, peak, hit, duration, cap, at, event, clear_after: record_fold(
+                db, label, host, peak, hit, duration, cap, at, event, clear_after),
+            lambda row: db.execute(f"INSERT OR REPLACE INTO peaks ({PEAK_COLUMNS}) "
+                                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row),
             lambda label, host, peak, hit, duration, cap, at: db.execute(
                 "INSERT INTO peak_runs (label, host, peak, cap, hit_ceiling, duration, at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)", (label, host, peak, cap, int(hit), duration, at)),

@@ -35,7 +35,9 @@ def codes(rows: Sequence[tuple[int, str, str]]) -> None:
 
 def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
            stale: frozenset[int] | set[int] = frozenset(),
-           invalid: frozenset[int] | set[int] = frozenset()) -> None:
+           invalid: frozenset[int] | set[int] = frozenset(), clear_after: int = 3) -> None:
+    from dispatch.booking import mark_reasons
+
     now = time.time()
     running = Table(title="running")
     for col in ("id", "host", "label", "pid", "kind", "booked", "cap", "age", "session"):
@@ -57,12 +59,18 @@ def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
     table = Table(title="peak table")
     for col in ("label", "host", "max peak", "last peak", "runs", "hit ceiling", "last duration"):
         table.add_column(col)
+    marks = []
     for p in peaks:
         table.add_row(_t(p.label), _t(p.host), format_size(p.max_peak), format_size(p.last_peak),
                       str(p.runs), "yes" if p.hit_ceiling else "no", format_duration(p.last_duration))
+        reasons = mark_reasons(p, clear_after)
+        if reasons:
+            marks.append(f"{_t(p.label)} on {_t(p.host)}: booked at its cap: {'; '.join(reasons)}")
     console.print(running if running.row_count else "running: none")
     console.print(queue if queue.row_count else "queue: empty")
     console.print(table if table.row_count else "peak table: empty")
+    for line in marks:
+        console.print(line)
 
 
 def readings(items: Sequence[Any]) -> None:

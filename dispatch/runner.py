@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from dispatch.admission import wait_for_room
-from dispatch.booking import Plan, default_label, plan_booking
+from dispatch.booking import Plan, default_label, mark_event, plan_booking
 from dispatch.capping import select_backend
 from dispatch.capping.base import CapBackend, JobCgroup
 from dispatch.errors import BackendError, LedgerError, NeverFitsError, NoCapBackendError, UsageError
@@ -300,9 +300,11 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
         outcome = _run(settings, host, backend, job, child, request, label, plan, say, gpu)
         outcome.waited_s = round(waited, 3)
         if outcome.peak_bytes is not None:
+            event = mark_event(outcome.exit_code, plan.kind, outcome.counters.get("oom_kill", 0) > 0)
             try:  # the job has run: a ledger failure now must not change its exit status
                 ledger.record_peak(label, host.name, outcome.peak_bytes, outcome.hit_ceiling,
-                                   outcome.duration_s, cap=cap)
+                                   outcome.duration_s, cap=cap, event=event,
+                                   clear_after=settings.clear_mark_after)
             except LedgerError as exc:
                 say(f"warning: the peak of this run was not recorded: {exc}")
         return outcome
@@ -380,7 +382,8 @@ def _run(
             result.exit_code = code
             result.message = f"cannot run {request.argv[0]!r}: {reason}"
             return result
-        status, peak, timed_out = _watch(settings, job, child.pid, request.max_runtime, signals, say,
+        max_runtime = request.max_runtime if request.max_runtime is not None else host.max_runtime
+        status, peak, timed_out = _watch(settings, job, child.pid, max_runtime, signals, say,
                                          foreground, gpu)
     result.duration_s = round(time.monotonic() - started, 3)
     job.kill_all()

@@ -45,6 +45,7 @@ class HostSettings(NamedTuple):
     work_root: Optional[str] = None  # on the peer; default ~/hostrun-work
     python: Optional[str] = None  # on the peer; default python3
     peer_memory_cap: Optional[int] = None
+    max_runtime: Optional[float] = None  # seconds; runs here without --max-runtime stop after it
 
     @property
     def is_local(self) -> bool:
@@ -95,6 +96,7 @@ class Settings(NamedTuple):
     toolchain_probes: tuple[str, ...] = ("rustc -Vv", "cargo -V")
     sync_excludes: tuple[str, ...] = ()
     groups: Mapping[str, int] = {}
+    clear_mark_after: int = 3  # clean runs at its cap that clear a label's slice-full mark
     source: str = "<built-in default>"
 
     @classmethod

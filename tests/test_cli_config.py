@@ -45,6 +45,9 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
         ("[hosts.local]\nheavy_threads = 0\n", "hosts.local.heavy_threads"),
         ("enable_across_machines = 'perhaps'\n", "enable_across_machines"),
         ("this is not toml\n", "not valid TOML"),
+        ("[hosts.local]\nmax_runtime = '0s'\n", "hosts.local.max_runtime: '0s': must be longer than 0"),
+        ("[hosts.peer]\nssh = 'p'\nmax_runtime = '90m'\n",
+         "hosts.peer: max_runtime of a peer is set in the peer's own config"),
     ],
 )
 def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, body: str, needle: str) -> None:

@@ -141,6 +141,17 @@ def test_max_runtime_is_253(hostrun: Hostrun, tmp_path: Path) -> None:
     assert result(out)["outcome"] == "max-runtime"
 
 
+def test_host_max_runtime_applies_and_the_option_overrides_it(hostrun: Hostrun, tmp_path: Path) -> None:
+    """``[hosts.local] max_runtime`` stops a job that gives none (253); ``--max-runtime`` beats it."""
+    hostrun.configure(host='max_runtime = "1s"')
+    out = tmp_path / "r.json"
+    proc = hostrun.run("-m", "64M", "--result-file", str(out), "--", "sleep", "30")
+    assert proc.returncode == 253, proc.stderr
+    assert result(out)["outcome"] == "max-runtime"
+    proc = hostrun.run("-m", "64M", "--max-runtime", "1h", "--", "sleep", "2")
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_max_runtime_kills_a_job_that_ignores_sigterm(hostrun: Hostrun) -> None:
     started = time.monotonic()
     proc = hostrun.run("-m", "64M", "--max-runtime", "0.5s", "--", "sh", "-c",

@@ -69,6 +69,7 @@ class HostModel(_Strict):
     work_root: Optional[str] = None
     python: Optional[str] = None
     peer_memory_cap: Optional[MemorySize] = None
+    max_runtime: Optional[PositiveDuration] = None
 
     def check(self, name: str) -> None:
         if self.slice is not None and self.reserve is not None:
@@ -89,6 +90,9 @@ class HostModel(_Strict):
         if name == LOCAL and any(getattr(self, key) is not None for key in peer_only):
             key = next(key for key in peer_only if getattr(self, key) is not None)
             raise ValueError(f"{key} is for peers; local is this machine")
+        if name != LOCAL and self.max_runtime is not None:
+            raise ValueError("max_runtime of a peer is set in the peer's own config ([hosts.local] "
+                             "there); --max-runtime goes along with the job")
 
 
 class GroupModel(_Strict):
@@ -110,6 +114,7 @@ class ConfigModel(_Strict):
     toolchain_probes: list[str] = Field(default_factory=lambda: ["rustc -Vv", "cargo -V"])
     sync_excludes: list[str] = Field(default_factory=list)
     groups: dict[str, GroupModel] = Field(default_factory=dict)
+    clear_mark_after: int = Field(default=3, ge=1, le=1000)
     hosts: dict[str, HostModel] = Field(default_factory=dict)
 
 

@@ -41,6 +41,8 @@ def host_from_dict(name: str, table: Mapping[str, Any], source: str = "") -> Hos
     for key, field in _HOST_SIZES.items():
         if table.get(key) is not None:
             values[field] = parse_size(table[key])
+    if table.get("max_runtime") is not None:
+        values["max_runtime"] = parse_duration(table["max_runtime"])
     for key in _HOST_PLAIN:
         if table.get(key) is not None:
             values[key] = table[key]
@@ -67,6 +69,8 @@ def settings_from_dict(raw: Mapping[str, Any], source: str) -> Settings:
     for key in ("toolchain_probes", "sync_excludes"):
         if raw.get(key) is not None:
             values[key] = tuple(str(item) for item in raw[key])
+    if raw.get("clear_mark_after") is not None:
+        values["clear_mark_after"] = max(1, int(raw["clear_mark_after"]))
     if raw.get("enable_across_machines") is not None:
         values["enable_across_machines"] = bool(raw["enable_across_machines"])
     hosts = {name: host_from_dict(name, table or {}, source)
