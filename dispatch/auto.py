@@ -15,6 +15,7 @@ from dispatch import alerts
 from dispatch.booking import default_label
 from dispatch.dispatcher import Decision, Job, Judgement, decide, judge
 from dispatch.headers import read_headers
+from dispatch.longjob import KEYS, from_headers, parse_spec
 from dispatch.pending import Pending
 from dispatch.reports import read_reports
 from dispatch.settings import LOCAL, Settings
@@ -26,10 +27,14 @@ if MYPY:
 
 
 def make_job(argv: Sequence[str], *, label: str | None, cap: int | None, gpu_memory: int | None,
-             expect_duration: float | None, long_job: bool) -> Job:
-    declared_long = long_job or any(key == "long-job" for key, _ in read_headers(argv))
+             expect_duration: float | None, long_job: str | bool | None) -> Job:
+    """The job as the dispatcher sees it. The long-job answers come from ``--long-job=SPEC`` (a bare
+    ``--long-job`` answers nothing) together with the script's ``# long-job:`` header lines."""
+    answers = from_headers(value for key, value in read_headers(argv) if key == "long-job")
+    if isinstance(long_job, str):
+        answers.update(parse_spec(long_job))
     return Job(label=label or default_label(argv), cap=cap, gpu_memory=gpu_memory,
-               expect_duration=expect_duration, long_job=declared_long)
+               expect_duration=expect_duration, long_job=tuple(k for k in KEYS if k in answers))
 
 
 def consider(settings: Settings, job: Job) -> Decision:

@@ -122,8 +122,9 @@ RUN_OPTIONS = (
            optional_value=True),
     Option(("--expect-duration",), "expect_duration", "how long the job is expected to run, for the "
            "long-job rule (default: its recorded durations)", "DUR", _duration),
-    Option(("--long-job",), "long_job", "the job is sharded/resumable/multi-host: exempt from the "
-           "long-job rule (a '# long-job:' header in the script says the same)"),
+    Option(("--long-job",), "long_job", "declare the job long, exempt from the long-job rule: "
+           "--long-job='sharded=HOW;resumable=HOW;multi-host=HOW' or --long-job=@FILE (all three; "
+           "'# long-job: KEY: HOW' header lines in the script say the same)", optional_value=True),
     Option(("--tree",), "tree", "with --peer: the tree to sync (default: the git top level, else the "
            "current directory)", "DIR"),
     Option(("--return",), "returns", "with --peer: bring PATH (relative to the job's directory) back "
@@ -160,7 +161,8 @@ def _print_run_help() -> None:
             p.add_argument(*opt.flags, dest=opt.dest, metavar=opt.metavar, help=opt.help,
                            action="append" if opt.repeat else "store")
         elif opt.optional_value:
-            p.add_argument(*opt.flags, dest=opt.dest, nargs="?", metavar="NAME", help=opt.help)
+            p.add_argument(*opt.flags, dest=opt.dest, nargs="?", help=opt.help,
+                           metavar="SPEC" if opt.dest == "long_job" else "NAME")
         else:
             p.add_argument(*opt.flags, dest=opt.dest, action="store_true", help=opt.help)
     p.print_help()

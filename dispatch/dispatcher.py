@@ -2,7 +2,8 @@
 
 Rules, in order:
 0. a job recorded or declared longer than ``long_job_threshold`` that would use one host → refuse
-   (244), unless it declares itself long (``--long-job`` or a ``# long-job:`` header);
+   (244), unless it declares itself long with all three answers of ``dispatch.longjob`` (sharded,
+   resumable, multi-host), by ``--long-job`` or ``# long-job:`` header lines;
 1. hosts: ``local`` always; peers only when ``enable_across_machines`` is on;
 2. a host fits when its slice's free room, less queued jobs and less pending bookings younger than
    ``pending_window``, covers the job's booking there; for peers the cap must be within
@@ -17,6 +18,7 @@ from dispatch.booking import plan_booking
 from dispatch.errors import NeverFitsError
 from dispatch.exitcodes import ExitCode
 from dispatch.ledgerdb import PeakRecord
+from dispatch.longjob import missing
 from dispatch.records import NamedTuple
 from dispatch.reports import HostReading
 from dispatch.settings import LOCAL, Settings
@@ -32,7 +34,7 @@ class Job(NamedTuple):
     cap: Optional[int] = None
     gpu_memory: Optional[int] = None
     expect_duration: Optional[float] = None
-    long_job: bool = False
+    long_job: tuple[str, ...] = ()  # the long-job declaration's answered keys (dispatch.longjob)
 
 
 class Judgement(NamedTuple):
@@ -116,10 +118,13 @@ def decide(settings: Settings, job: Job, readings: list[HostReading], pending: d
     duration, source = expected_duration(job, readings)
     if duration is not None:
         reasons.append(f"expected duration {format_duration(duration)} ({source})")
-    if duration is not None and duration > settings.long_job_threshold and not job.long_job:
+    lacking = missing(job.long_job)
+    if duration is not None and duration > settings.long_job_threshold and lacking:
         reasons.append(f"longer than {format_duration(settings.long_job_threshold)} on one host: "
-                       "declare it sharded/resumable/multi-host with --long-job or a "
-                       "'# long-job:' header")
+                       f"its long-job declaration lacks {', '.join(lacking)} (say how it is "
+                       "sharded, resumes after an interruption, uses more than one machine: "
+                       "'# long-job: KEY: how' header lines or "
+                       "--long-job='sharded=...;resumable=...;multi-host=...')")
         return Decision("refuse", None, ExitCode.LONG_SINGLE_HOST, reasons, [])
     considered = [r for r in readings if r.host == LOCAL or settings.enable_across_machines]
     if not settings.enable_across_machines and any(name != LOCAL for name in settings.hosts):

@@ -144,19 +144,69 @@ def test_two_quick_dispatches_do_not_both_take_room_that_fits_one(hostrun: Hostr
     assert second["action"] == "peer" and "wait in its queue" in second["reasons"][-1]
 
 
+LONG = "--long-job=sharded=one shard per file;resumable=from checkpoints;multi-host=shards go to peers"
+
+
 def test_long_job_rule(hostrun: Hostrun, tmp_path: Path) -> None:
     refused = hostrun.run("--auto", "-m", "64M", "--expect-duration", "3h", "--", "true")
     assert refused.returncode == ExitCode.LONG_SINGLE_HOST
-    assert "--long-job" in refused.stderr
-    allowed = hostrun.run("--auto", "-m", "64M", "--expect-duration", "3h", "--long-job", "--", "true")
-    assert allowed.returncode == 0
+    assert "--long-job" in refused.stderr and "sharded, resumable, multi-host" in refused.stderr
+    allowed = hostrun.run("--auto", "-m", "64M", "--expect-duration", "3h", LONG, "--", "true")
+    assert allowed.returncode == 0, allowed.stderr
     script = tmp_path / "train.sh"
-    script.write_text("#!/bin/sh\n# long-job: sharded, resumable from checkpoints\nexit 0\n")
+    script.write_text("#!/bin/sh\n# long-job: sharded: one shard per input file\n"
+                      "# long-job: resumable: from the last checkpoint\n"
+                      "# Long-Job: multi-host: shards run on peers with --peer\nexit 0\n")
     script.chmod(0o755)
     header = hostrun.run("--auto", "-m", "64M", "--expect-duration", "3h", "--", str(script))
-    assert header.returncode == 0
+    assert header.returncode == 0, header.stderr
     short = hostrun.run("--auto", "-m", "64M", "--expect-duration", "1h", "--", "true")
     assert short.returncode == 0
+
+
+def test_partial_long_job_declaration_is_244_naming_what_is_missing(hostrun: Hostrun,
+                                                                   tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\n# long-job: sharded, resumable from checkpoints\n"
+                      "# long-job: resumable: from the last checkpoint\ntouch \"$1\"\n")
+    script.chmod(0o755)
+    marker = tmp_path / "ran"
+    header = hostrun.run("--auto", "-m", "64M", "--expect-duration", "3h", "--", str(script),
+                         str(marker))
+    assert header.returncode == ExitCode.LONG_SINGLE_HOST
+    assert "lacks sharded, multi-host (" in header.stderr and not marker.exists()
+    bare = hostrun.run("dispatch", "--json", "--expect-duration", "3h", "--long-job", "--", "true")
+    assert bare.returncode == ExitCode.LONG_SINGLE_HOST
+    assert "lacks sharded, resumable, multi-host" in json.loads(bare.stdout)["reasons"][-1]
+    flag = hostrun.run("dispatch", "--json", "--expect-duration", "3h",
+                       "--long-job=sharded=by file;multi-host=peers", "--", "true")
+    assert flag.returncode == ExitCode.LONG_SINGLE_HOST
+    assert "lacks resumable (" in json.loads(flag.stdout)["reasons"][-1]
+    # The flag and the header lines add up: the header's resumable completes the flag's two.
+    both = hostrun.run("dispatch", "--json", "--expect-duration", "3h",
+                       "--long-job=sharded=by file;multi-host=peers", "--", str(script), str(marker))
+    assert both.returncode == 0, both.stdout
+    assert hostrun.bookings() == []
+
+
+def test_long_job_declaration_from_a_file(hostrun: Hostrun, tmp_path: Path) -> None:
+    answers = tmp_path / "long-job.txt"
+    answers.write_text("sharded: one shard per file; 64 shards\nresumable = from checkpoints\n"
+                       "# a comment\nmulti-host: shards go to peers\n")
+    ok = hostrun.run("dispatch", "--json", "--expect-duration", "3h", f"--long-job=@{answers}", "--",
+                     "true")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    answers.write_text("sharded: one shard per file\n")
+    partial = hostrun.run("--auto", "--expect-duration", "3h", f"--long-job=@{answers}", "--",
+                          "true")
+    assert partial.returncode == ExitCode.LONG_SINGLE_HOST
+    assert "lacks resumable, multi-host" in partial.stderr
+    missing = hostrun.run("--auto", "--expect-duration", "3h", f"--long-job=@{tmp_path}/nope", "--",
+                          "true")
+    assert missing.returncode == ExitCode.USAGE and "cannot read" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    typo = hostrun.run("--auto", "--expect-duration", "3h", "--long-job=shardd=x", "--", "true")
+    assert typo.returncode == ExitCode.USAGE and "'shardd=x' is not one of" in typo.stderr
 
 
 def test_long_job_rule_uses_recorded_durations(hostrun: Hostrun) -> None:
