@@ -287,3 +287,68 @@ def test_vram_aware_choice_with_a_fake_nvidia_smi_on_the_peer(hostrun: Hostrun, 
     too_big = json.loads(hostrun.run("dispatch", "--json", "-m", "64M", "--gpu-memory", "100G",
                                      "--", "true").stdout)
     assert too_big["action"] == "refuse"
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no MemAvailable in /proc/meminfo")
+
+
+def test_report_gives_available_memory_and_free_heavy_threads(hostrun: Hostrun, tmp_path: Path
+                                                              ) -> None:
+    from tests.conftest import wait_for
+
+    hostrun.configure(slice="300M", host="heavy_threads = 64")
+    started, stop = tmp_path / "started", tmp_path / "stop"
+    job = hostrun.popen("-m", "200M", "--label", "idle", "--", "sh", "-c",
+                        f"touch {started}; while [ ! -e {stop} ]; do sleep 0.05; done")
+    try:
+        wait_for(started.exists, timeout=30)
+        before = _mem_available()
+        code, hosts = report(hostrun, "--host", "local")
+        after = _mem_available()
+        text = hostrun.run("report", "--host", "local").stdout
+    finally:
+        stop.touch()
+        job.wait(timeout=30)
+    assert code == 0 and job.returncode == 0
+    data = hosts["local"]["report"]
+    (running,) = data["running"]
+    assert running["booked"] == 200 * MiB and 0 < running["in_use"] < 200 * MiB
+    # booked but not yet at peak: the cap booking less what the job uses now
+    assert data["slice"]["booked_not_at_peak"] == 200 * MiB - running["in_use"]
+    mem = data["memory"]
+    assert min(before, after) - 256 * MiB <= mem["available"] <= max(before, after) + 256 * MiB
+    assert mem["available_for_jobs"] == mem["available"] - (200 * MiB - running["in_use"])
+    assert data["heavy_threads"] == 64
+    assert data["threads_free"] == max(0, 64 - int(data["load"][0] + 0.5))
+    assert "available less booked not yet at peak" in text and "free)" in text
+
+
+def test_report_and_admission_agree_on_room(hostrun: Hostrun, tmp_path: Path) -> None:
+    """A gamble job using a little more than its booking (less than admission's 32 MiB slack): the
+    report's free room is what admission would give, and a job of exactly that size starts."""
+    from tests.conftest import wait_for
+
+    hostrun.configure(slice="300M", top='gamble_size = "64M"')
+    started, stop = tmp_path / "started", tmp_path / "stop"
+    code = (f"b = b'x' * (70 << 20)\nopen({str(started)!r}, 'w').close()\nimport os, time\n"
+            f"while not os.path.exists({str(stop)!r}): time.sleep(0.05)\n")
+    job = hostrun.popen("--label", "gambler", "--", "python3", "-c", code)
+    try:
+        wait_for(started.exists, timeout=30)
+        _, hosts = report(hostrun, "--host", "local")
+        s = hosts["local"]["report"]["slice"]
+        assert s["booked"] == 64 * MiB and 64 * MiB < s["used"] < 96 * MiB, s
+        assert s["free"] == 300 * MiB - 64 * MiB, s
+        decision = json.loads(hostrun.run("dispatch", "--json", "-m", "236M", "--", "true").stdout)
+        assert decision["action"] == "local", decision
+        exact = hostrun.run("-m", "236M", "--", "true", timeout=30)
+        assert exact.returncode == 0 and "waiting" not in exact.stderr, exact.stderr
+    finally:
+        stop.touch()
+        job.wait(timeout=30)
+    assert job.returncode == 0
