@@ -336,9 +336,17 @@ def _run_elsewhere(options: list[str], command: list[str], args: dict[str, Any],
         if not settings.enable_across_machines:
             raise AcrossDisabledError("--peer: enable_across_machines is off (set it in the config "
                                       "or ENABLE_ACROSS_MACHINES=1); not running locally instead")
-        return _finish(_on_peer(settings, choose_peer(settings, args["peer"], args["memory_cap"]),
-                                request, args), args)
-    from dispatch.auto import consider, note_sent
+        from dispatch.auto import forget_sent, note_sent, peer_estimate
+        from dispatch.booking import default_label
+
+        host = choose_peer(settings, args["peer"], args["memory_cap"])
+        sent = note_sent(settings, host.name, request.label or default_label(command),
+                         peer_estimate(settings, host, args["memory_cap"]), args["gpu_memory"])
+        try:
+            return _finish(_on_peer(settings, host, request, args), args)
+        finally:
+            forget_sent(settings, sent)
+    from dispatch.auto import consider, forget_sent, note_decision
 
     job = _job(command, args)
     decision = consider(settings, job)
@@ -348,14 +356,17 @@ def _run_elsewhere(options: list[str], command: list[str], args: dict[str, Any],
         code = ExitCode(decision.exit_code)
         _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
         return code.value
-    if decision.action == "peer":
-        assert decision.host is not None
-        note_sent(settings, decision, job)
-        return _finish(_on_peer(settings, settings.hosts[decision.host], request, args), args)
-    from dispatch.runner import run_local
+    note = note_decision(settings, decision, job)  # until its booking shows, or the run ends
+    try:
+        if decision.action == "peer":
+            assert decision.host is not None
+            return _finish(_on_peer(settings, settings.hosts[decision.host], request, args), args)
+        from dispatch.runner import run_local
 
-    return _finish(run_local(settings, request, _say, _peer_watch(settings, options, command, args)),
-                   args)
+        return _finish(run_local(settings, request, _say,
+                                 _peer_watch(settings, options, command, args)), args)
+    finally:
+        forget_sent(settings, note)
 
 
 def _on_peer(settings: Any, host: Any, request: RunRequest, args: dict[str, Any]) -> Outcome:

@@ -7,7 +7,8 @@ Rules, in order:
 1. hosts: ``local`` always; peers only when ``enable_across_machines`` is on;
 2. a host fits when its slice's free room, less queued jobs and less pending bookings younger than
    ``pending_window``, covers the job's booking there; for peers the cap must be within
-   ``peer_memory_cap``; with ``--gpu-memory``, one of its GPUs must have that much free;
+   ``peer_memory_cap``; with ``--gpu-memory``, one of its GPUs must have that much free, less the
+   VRAM pending on it;
 3. prefer local when it fits; else a peer that fits; else queue locally (or on the one host whose
    slice could ever hold the job). The decision carries its reasons.
 """
@@ -19,6 +20,7 @@ from dispatch.errors import NeverFitsError
 from dispatch.exitcodes import ExitCode
 from dispatch.ledgerdb import PeakRecord
 from dispatch.longjob import missing
+from dispatch.pending import HostPending, gpu_free_after
 from dispatch.records import NamedTuple
 from dispatch.reports import HostReading
 from dispatch.settings import LOCAL, Settings
@@ -44,6 +46,7 @@ class Judgement(NamedTuple):
     need: Optional[int]
     free: Optional[int]
     reason: str
+    gpu_index: Optional[int] = None  # with --gpu-memory: the GPU judged (most free after pending)
 
 
 class Decision(NamedTuple):
@@ -73,7 +76,8 @@ def expected_duration(job: Job, readings: list[HostReading]) -> tuple[float | No
     return seconds, f"recorded on {host}"
 
 
-def judge(settings: Settings, job: Job, reading: HostReading, pending: int) -> Judgement:
+def judge(settings: Settings, job: Job, reading: HostReading, waiting: HostPending | None = None
+          ) -> Judgement:
     if reading.report is None:
         return Judgement(reading.host, False, False, None, None, f"could not read: {reading.error}")
     report = reading.report
@@ -89,6 +93,8 @@ def judge(settings: Settings, job: Job, reading: HostReading, pending: int) -> J
     except NeverFitsError:
         return Judgement(reading.host, False, False, cap, None,
                          f"cap {format_size(cap)} is larger than its slice ({format_size(limit)})")
+    waiting = waiting or HostPending(0, {}, ())
+    pending = waiting.memory
     free = int(s["free"]) - int(s.get("queued", 0)) - pending
     if not host.is_local and host.peer_memory_cap is not None and plan.limit > host.peer_memory_cap:
         return Judgement(reading.host, False, False, plan.size, free,
@@ -98,22 +104,28 @@ def judge(settings: Settings, job: Job, reading: HostReading, pending: int) -> J
         gpus = report.get("gpus") or []
         if not gpus:
             return Judgement(reading.host, False, False, plan.size, free, "no GPU")
-        best = max(int(g.get("free") or 0) for g in gpus)  # "[N/A]" memory counts as none
+        vram = gpu_free_after(gpus, waiting)
+        gpu_index = max(vram, key=lambda i: vram[i])
+        best = vram[gpu_index]
         if best < job.gpu_memory:
             ever = any(int(g.get("total") or 0) >= job.gpu_memory for g in gpus)
+            vpend = " after pending" if waiting.vram or waiting.vram_unplaced else ""
             return Judgement(reading.host, False, ever, plan.size, free,
                              f"needs {format_size(job.gpu_memory)} VRAM, most free on a GPU "
-                             f"{format_size(best)}")
+                             f"{format_size(max(0, best))}{vpend}", gpu_index)
+    else:
+        gpu_index = None
     pend = f" (after {format_size(pending)} pending)" if pending else ""
     if free >= plan.size:
         return Judgement(reading.host, True, True, plan.size, free, f"fits: {plan.kind} booking "
-                         f"{format_size(plan.size)}, {format_size(free)} free{pend}")
+                         f"{format_size(plan.size)}, {format_size(free)} free{pend}", gpu_index)
     return Judgement(reading.host, False, True, plan.size, free,
-                     f"full: needs {format_size(plan.size)}, {format_size(max(0, free))} free{pend}")
+                     f"full: needs {format_size(plan.size)}, {format_size(max(0, free))} free{pend}",
+                     gpu_index)
 
 
-def decide(settings: Settings, job: Job, readings: list[HostReading], pending: dict[str, int]
-           ) -> Decision:
+def decide(settings: Settings, job: Job, readings: list[HostReading],
+           pending: dict[str, HostPending]) -> Decision:
     reasons: list[str] = []
     duration, source = expected_duration(job, readings)
     if duration is not None:
@@ -129,7 +141,7 @@ def decide(settings: Settings, job: Job, readings: list[HostReading], pending: d
     considered = [r for r in readings if r.host == LOCAL or settings.enable_across_machines]
     if not settings.enable_across_machines and any(name != LOCAL for name in settings.hosts):
         reasons.append("peers not considered: enable_across_machines is off")
-    judgements = [judge(settings, job, r, pending.get(r.host, 0)) for r in considered]
+    judgements = [judge(settings, job, r, pending.get(r.host)) for r in considered]
     by_host = {j.host: j for j in judgements}
     local = by_host.get(LOCAL)
     if local is not None and local.fits:

@@ -135,13 +135,66 @@ def test_two_quick_dispatches_do_not_both_take_room_that_fits_one(hostrun: Hostr
                         cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "local does not fit; peer1 fits" in first.stderr and first.stdout == "ran-on-peer\n"
+    # The run ended: its booking is released and its pending note is gone with it.
+    assert _pending_notes(hostrun) == []
     second = json.loads(hostrun.run("dispatch", "--json", "-m", "200M", "--", "true").stdout)
-    by_host = {j["host"]: j for j in second["judgements"]}
-    # The first job's 200M is still pending on peer1 (its booking may be gone already, but the
-    # dispatcher's own note lasts pending_window): the second does not count on that room; it would
-    # wait in peer1's queue, the only slice that can ever hold it.
-    assert not by_host["peer1"]["fits"] and "200 MiB pending" in by_host["peer1"]["reason"]
-    assert second["action"] == "peer" and "wait in its queue" in second["reasons"][-1]
+    assert second["action"] == "peer" and "peer1 fits" in second["reasons"][-1], second
+
+
+def _pending_notes(hostrun: Hostrun) -> list[tuple[Any, ...]]:
+    import sqlite3
+
+    path = hostrun.state_dir / "pending.sqlite3"
+    if not path.exists():
+        return []
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT host, label, size, gpu_bytes, gpu_index FROM pending").fetchall()
+    except sqlite3.OperationalError:  # created, its table not yet
+        return []
+    finally:
+        db.close()
+
+
+def test_a_peer_run_is_pending_memory_and_vram_until_its_booking_shows(
+    hostrun: Hostrun, peers: Any, tmp_path: Path
+) -> None:
+    """FAKE GPU (tests/test_gpu.py): the peer reports one 80 GiB device. A slow toolchain probe holds
+    the --peer run between recording its note and booking on the peer, so the window is observable."""
+    from tests.conftest import wait_for
+    from tests.test_gpu import FakeGpus
+
+    fake = FakeGpus(tmp_path)
+    fake.set((81920, 0, 81920))
+    peer = peers("peer1", "127.0.0.2", slice="300M",
+                 extra_env={"PATH": f"{fake.bin}:/usr/local/bin:/usr/bin:/bin"})
+    hostrun.configure(slice="100M", peers=peer.host_table(),
+                      top='enable_across_machines = true\ntoolchain_probes = ["sleep 8"]')
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    first = hostrun.popen("--peer=peer1", "-m", "200M", "--gpu-memory", "50G", "--label", "a",
+                          "--", "sleep", "20", cwd=tree)
+    try:
+        wait_for(lambda: _pending_notes(hostrun), timeout=20)
+        assert _pending_notes(hostrun) == [("peer1", "a", 200 * MiB, 50 << 30, None)]
+        vram = json.loads(hostrun.run("dispatch", "--json", "-m", "64M", "--gpu-memory", "40G",
+                                      "--", "true").stdout)
+        peer_judged = {j["host"]: j for j in vram["judgements"]}["peer1"]
+        assert not peer_judged["fits"] and "30.0 GiB after pending" in peer_judged["reason"], vram
+        memory = json.loads(hostrun.run("dispatch", "--json", "-m", "200M", "--", "true").stdout)
+        peer_judged = {j["host"]: j for j in memory["judgements"]}["peer1"]
+        assert not peer_judged["fits"] and "200 MiB pending" in peer_judged["reason"], memory
+        # Once the peer's ledger shows the booking, its report counts it: the note is dropped.
+        wait_for(lambda: any(j["label"] == "a" for j in
+                             report(hostrun, "--host", "peer1")[1]["peer1"]["report"]["running"]),
+                 timeout=40)
+        after = json.loads(hostrun.run("dispatch", "--json", "-m", "64M", "--gpu-memory", "40G",
+                                       "--", "true").stdout)
+        assert after["action"] == "peer" and after["host"] == "peer1", after
+        assert _pending_notes(hostrun) == []
+    finally:
+        first.wait(timeout=120)
+    assert first.returncode == 0, first.stderr.read()  # type: ignore[union-attr]
 
 
 LONG = "--long-job=sharded=one shard per file;resumable=from checkpoints;multi-host=shards go to peers"
