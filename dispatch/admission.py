@@ -43,10 +43,15 @@ def room_function(backend: CapBackend, limit: int) -> Callable[[int], int]:
     charged in page-sized steps. Without it a booking as large as the slice could never start.
     """
     def room(booked: int) -> int:
-        used = backend.slice_usage().used
-        return limit - booked - max(0, used - booked - USAGE_SLACK)
+        return slice_room(limit, booked, backend.slice_usage().used)
 
     return room
+
+
+def slice_room(limit: int, booked: int, used: int) -> int:
+    """The one definition of a slice's room, shared by admission, the report and so the dispatcher:
+    limit - running bookings - cache-free usage above them beyond ``USAGE_SLACK``."""
+    return limit - booked - max(0, used - booked - USAGE_SLACK)
 
 
 def stop_reclaimed(backend: CapBackend, reclaimed: list[Booking]) -> None:

@@ -1,8 +1,8 @@
 """``hostrun dispatch`` and ``hostrun --auto``: read the hosts, decide, and (for --auto) act.
 
 hostrun never moves a job by itself between machines on a guess: the decision is computed from
-reports read now, printed with its reasons, and a peer decision is recorded as a pending booking so a
-second dispatch a second later sees that room as taken.
+reports read now, printed with its reasons, and every run sent to a host (``--auto``, ``--peer``) is
+recorded as a pending booking so a second dispatch a second later sees that room as taken.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from dispatch import alerts
 from dispatch.booking import default_label
 from dispatch.dispatcher import Decision, Job, Judgement, decide, judge
 from dispatch.headers import read_headers
-from dispatch.pending import Pending
-from dispatch.reports import read_reports
-from dispatch.settings import LOCAL, Settings
+from dispatch.longjob import KEYS, from_headers, parse_spec
+from dispatch.pending import HostPending, Pending
+from dispatch.reports import HostReading, read_reports
+from dispatch.settings import LOCAL, HostSettings, Settings
 from dispatch.units import format_size
 
 MYPY = False
@@ -26,34 +27,72 @@ if MYPY:
 
 
 def make_job(argv: Sequence[str], *, label: str | None, cap: int | None, gpu_memory: int | None,
-             expect_duration: float | None, long_job: bool) -> Job:
-    declared_long = long_job or any(key == "long-job" for key, _ in read_headers(argv))
+             expect_duration: float | None, long_job: str | bool | None) -> Job:
+    """The job as the dispatcher sees it. The long-job answers come from ``--long-job=SPEC`` (a bare
+    ``--long-job`` answers nothing) together with the script's ``# long-job:`` header lines."""
+    answers = from_headers(value for key, value in read_headers(argv) if key == "long-job")
+    if isinstance(long_job, str):
+        answers.update(parse_spec(long_job))
     return Job(label=label or default_label(argv), cap=cap, gpu_memory=gpu_memory,
-               expect_duration=expect_duration, long_job=declared_long)
+               expect_duration=expect_duration, long_job=tuple(k for k in KEYS if k in answers))
 
 
 def consider(settings: Settings, job: Job) -> Decision:
     """Read local (and, when enabled, the peers) within the deadlines, then decide."""
     names = [LOCAL] + ([n for n in settings.hosts if n != LOCAL] if settings.enable_across_machines else [])
     readings = read_reports(settings, names, job.label)
+    return decide(settings, job, readings, pending_after(settings, readings))
+
+
+def pending_after(settings: Settings, readings: Sequence[HostReading]) -> dict[str, HostPending]:
+    """The pending bookings still to count: not older than ``pending_window``, and not already shown
+    as a booking in the reports just read."""
     pending = Pending(settings.state_dir)
     try:
-        active = pending.active(settings.pending_window)
+        pending.settle((r.host, r.report) for r in readings)
+        return pending.active(settings.pending_window)
     finally:
         pending.close()
-    return decide(settings, job, readings, active)
 
 
-def note_sent(settings: Settings, decision: Decision, job: Job) -> None:
-    """Record a pending booking for a job sent to a peer."""
-    need = next((j.need for j in decision.judgements if j.host == decision.host), None)
-    if decision.host is None or need is None:
+def note_sent(settings: Settings, host: str, label: str, need: int, gpu_bytes: int | None = None,
+              gpu_index: int | None = None) -> int:
+    """Record a pending booking for a job sent to ``host``; returns the note's id (``forget_sent``)."""
+    pending = Pending(settings.state_dir)
+    try:
+        return pending.add(host, label, need, gpu_bytes, gpu_index)
+    finally:
+        pending.close()
+
+
+def note_decision(settings: Settings, decision: Decision, job: Job) -> int | None:
+    """``note_sent`` for the host a decision chose, with the booking and GPU it judged there."""
+    judged = next((j for j in decision.judgements if j.host == decision.host), None)
+    if decision.host is None or judged is None or judged.need is None:
+        return None
+    return note_sent(settings, decision.host, job.label, judged.need, job.gpu_memory,
+                     judged.gpu_index)
+
+
+def forget_sent(settings: Settings, note: int | None) -> None:
+    """The run ended: its booking is released (or was never made), so its note is done."""
+    if note is None:
         return
     pending = Pending(settings.state_dir)
     try:
-        pending.add(decision.host, job.label, need)
+        pending.remove(note)
     finally:
         pending.close()
+
+
+def peer_estimate(settings: Settings, host: HostSettings, cap: int | None) -> int:
+    """What a ``--peer`` run will book there, without reading that host's peak table: its cap (a
+    peak booking is never larger), else the peer's default cap, else its ``peer_memory_cap``, else
+    its gamble size."""
+    for size in (cap, host.default_cap, host.peer_memory_cap):
+        if size is not None:
+            return size
+    return settings.gamble_size_for(host)
 
 
 def peer_command(options: Sequence[str], host: str, command: Sequence[str]) -> str:
@@ -94,13 +133,9 @@ class PeerWatch:
     def _check(self) -> None:
         try:
             readings = read_reports(self.settings, self.peers, self.job.label)
-            pending = Pending(self.settings.state_dir)
-            try:
-                active = pending.active(self.settings.pending_window)
-            finally:
-                pending.close()
+            active = pending_after(self.settings, readings)
             for reading in readings:
-                verdict = judge(self.settings, self.job, reading, active.get(reading.host, 0))
+                verdict = judge(self.settings, self.job, reading, active.get(reading.host))
                 if verdict.fits and not self.alerted:
                     self.alerted = True
                     self._alert(reading.host, verdict)

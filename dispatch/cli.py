@@ -122,8 +122,9 @@ RUN_OPTIONS = (
            optional_value=True),
     Option(("--expect-duration",), "expect_duration", "how long the job is expected to run, for the "
            "long-job rule (default: its recorded durations)", "DUR", _duration),
-    Option(("--long-job",), "long_job", "the job is sharded/resumable/multi-host: exempt from the "
-           "long-job rule (a '# long-job:' header in the script says the same)"),
+    Option(("--long-job",), "long_job", "declare the job long, exempt from the long-job rule: "
+           "--long-job='sharded=HOW;resumable=HOW;multi-host=HOW' or --long-job=@FILE (all three; "
+           "'# long-job: KEY: HOW' header lines in the script say the same)", optional_value=True),
     Option(("--tree",), "tree", "with --peer: the tree to sync (default: the git top level, else the "
            "current directory)", "DIR"),
     Option(("--return",), "returns", "with --peer: bring PATH (relative to the job's directory) back "
@@ -160,7 +161,8 @@ def _print_run_help() -> None:
             p.add_argument(*opt.flags, dest=opt.dest, metavar=opt.metavar, help=opt.help,
                            action="append" if opt.repeat else "store")
         elif opt.optional_value:
-            p.add_argument(*opt.flags, dest=opt.dest, nargs="?", metavar="NAME", help=opt.help)
+            p.add_argument(*opt.flags, dest=opt.dest, nargs="?", help=opt.help,
+                           metavar="SPEC" if opt.dest == "long_job" else "NAME")
         else:
             p.add_argument(*opt.flags, dest=opt.dest, action="store_true", help=opt.help)
     p.print_help()
@@ -334,9 +336,17 @@ def _run_elsewhere(options: list[str], command: list[str], args: dict[str, Any],
         if not settings.enable_across_machines:
             raise AcrossDisabledError("--peer: enable_across_machines is off (set it in the config "
                                       "or ENABLE_ACROSS_MACHINES=1); not running locally instead")
-        return _finish(_on_peer(settings, choose_peer(settings, args["peer"], args["memory_cap"]),
-                                request, args), args)
-    from dispatch.auto import consider, note_sent
+        from dispatch.auto import forget_sent, note_sent, peer_estimate
+        from dispatch.booking import default_label
+
+        host = choose_peer(settings, args["peer"], args["memory_cap"])
+        sent = note_sent(settings, host.name, request.label or default_label(command),
+                         peer_estimate(settings, host, args["memory_cap"]), args["gpu_memory"])
+        try:
+            return _finish(_on_peer(settings, host, request, args), args)
+        finally:
+            forget_sent(settings, sent)
+    from dispatch.auto import consider, forget_sent, note_decision
 
     job = _job(command, args)
     decision = consider(settings, job)
@@ -346,14 +356,17 @@ def _run_elsewhere(options: list[str], command: list[str], args: dict[str, Any],
         code = ExitCode(decision.exit_code)
         _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
         return code.value
-    if decision.action == "peer":
-        assert decision.host is not None
-        note_sent(settings, decision, job)
-        return _finish(_on_peer(settings, settings.hosts[decision.host], request, args), args)
-    from dispatch.runner import run_local
+    note = note_decision(settings, decision, job)  # until its booking shows, or the run ends
+    try:
+        if decision.action == "peer":
+            assert decision.host is not None
+            return _finish(_on_peer(settings, settings.hosts[decision.host], request, args), args)
+        from dispatch.runner import run_local
 
-    return _finish(run_local(settings, request, _say, _peer_watch(settings, options, command, args)),
-                   args)
+        return _finish(run_local(settings, request, _say,
+                                 _peer_watch(settings, options, command, args)), args)
+    finally:
+        forget_sent(settings, note)
 
 
 def _on_peer(settings: Any, host: Any, request: RunRequest, args: dict[str, Any]) -> Outcome:

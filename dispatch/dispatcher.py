@@ -2,11 +2,13 @@
 
 Rules, in order:
 0. a job recorded or declared longer than ``long_job_threshold`` that would use one host → refuse
-   (244), unless it declares itself long (``--long-job`` or a ``# long-job:`` header);
+   (244), unless it declares itself long with all three answers of ``dispatch.longjob`` (sharded,
+   resumable, multi-host), by ``--long-job`` or ``# long-job:`` header lines;
 1. hosts: ``local`` always; peers only when ``enable_across_machines`` is on;
 2. a host fits when its slice's free room, less queued jobs and less pending bookings younger than
    ``pending_window``, covers the job's booking there; for peers the cap must be within
-   ``peer_memory_cap``; with ``--gpu-memory``, one of its GPUs must have that much free;
+   ``peer_memory_cap``; with ``--gpu-memory``, one of its GPUs must have that much free, less the
+   VRAM pending on it;
 3. prefer local when it fits; else a peer that fits; else queue locally (or on the one host whose
    slice could ever hold the job). The decision carries its reasons.
 """
@@ -17,6 +19,8 @@ from dispatch.booking import plan_booking
 from dispatch.errors import NeverFitsError
 from dispatch.exitcodes import ExitCode
 from dispatch.ledgerdb import PeakRecord
+from dispatch.longjob import missing
+from dispatch.pending import HostPending, gpu_free_after
 from dispatch.records import NamedTuple
 from dispatch.reports import HostReading
 from dispatch.settings import LOCAL, Settings
@@ -32,7 +36,7 @@ class Job(NamedTuple):
     cap: Optional[int] = None
     gpu_memory: Optional[int] = None
     expect_duration: Optional[float] = None
-    long_job: bool = False
+    long_job: tuple[str, ...] = ()  # the long-job declaration's answered keys (dispatch.longjob)
 
 
 class Judgement(NamedTuple):
@@ -42,6 +46,7 @@ class Judgement(NamedTuple):
     need: Optional[int]
     free: Optional[int]
     reason: str
+    gpu_index: Optional[int] = None  # with --gpu-memory: the GPU judged (most free after pending)
 
 
 class Decision(NamedTuple):
@@ -71,7 +76,8 @@ def expected_duration(job: Job, readings: list[HostReading]) -> tuple[float | No
     return seconds, f"recorded on {host}"
 
 
-def judge(settings: Settings, job: Job, reading: HostReading, pending: int) -> Judgement:
+def judge(settings: Settings, job: Job, reading: HostReading, waiting: HostPending | None = None
+          ) -> Judgement:
     if reading.report is None:
         return Judgement(reading.host, False, False, None, None, f"could not read: {reading.error}")
     report = reading.report
@@ -87,6 +93,8 @@ def judge(settings: Settings, job: Job, reading: HostReading, pending: int) -> J
     except NeverFitsError:
         return Judgement(reading.host, False, False, cap, None,
                          f"cap {format_size(cap)} is larger than its slice ({format_size(limit)})")
+    waiting = waiting or HostPending(0, {}, ())
+    pending = waiting.memory
     free = int(s["free"]) - int(s.get("queued", 0)) - pending
     if not host.is_local and host.peer_memory_cap is not None and plan.limit > host.peer_memory_cap:
         return Judgement(reading.host, False, False, plan.size, free,
@@ -96,35 +104,44 @@ def judge(settings: Settings, job: Job, reading: HostReading, pending: int) -> J
         gpus = report.get("gpus") or []
         if not gpus:
             return Judgement(reading.host, False, False, plan.size, free, "no GPU")
-        best = max(int(g.get("free") or 0) for g in gpus)  # "[N/A]" memory counts as none
+        vram = gpu_free_after(gpus, waiting)
+        gpu_index = max(vram, key=lambda i: vram[i])
+        best = vram[gpu_index]
         if best < job.gpu_memory:
             ever = any(int(g.get("total") or 0) >= job.gpu_memory for g in gpus)
+            vpend = " after pending" if waiting.vram or waiting.vram_unplaced else ""
             return Judgement(reading.host, False, ever, plan.size, free,
                              f"needs {format_size(job.gpu_memory)} VRAM, most free on a GPU "
-                             f"{format_size(best)}")
+                             f"{format_size(max(0, best))}{vpend}", gpu_index)
+    else:
+        gpu_index = None
     pend = f" (after {format_size(pending)} pending)" if pending else ""
     if free >= plan.size:
         return Judgement(reading.host, True, True, plan.size, free, f"fits: {plan.kind} booking "
-                         f"{format_size(plan.size)}, {format_size(free)} free{pend}")
+                         f"{format_size(plan.size)}, {format_size(free)} free{pend}", gpu_index)
     return Judgement(reading.host, False, True, plan.size, free,
-                     f"full: needs {format_size(plan.size)}, {format_size(max(0, free))} free{pend}")
+                     f"full: needs {format_size(plan.size)}, {format_size(max(0, free))} free{pend}",
+                     gpu_index)
 
 
-def decide(settings: Settings, job: Job, readings: list[HostReading], pending: dict[str, int]
-           ) -> Decision:
+def decide(settings: Settings, job: Job, readings: list[HostReading],
+           pending: dict[str, HostPending]) -> Decision:
     reasons: list[str] = []
     duration, source = expected_duration(job, readings)
     if duration is not None:
         reasons.append(f"expected duration {format_duration(duration)} ({source})")
-    if duration is not None and duration > settings.long_job_threshold and not job.long_job:
+    lacking = missing(job.long_job)
+    if duration is not None and duration > settings.long_job_threshold and lacking:
         reasons.append(f"longer than {format_duration(settings.long_job_threshold)} on one host: "
-                       "declare it sharded/resumable/multi-host with --long-job or a "
-                       "'# long-job:' header")
+                       f"its long-job declaration lacks {', '.join(lacking)} (say how it is "
+                       "sharded, resumes after an interruption, uses more than one machine: "
+                       "'# long-job: KEY: how' header lines or "
+                       "--long-job='sharded=...;resumable=...;multi-host=...')")
         return Decision("refuse", None, ExitCode.LONG_SINGLE_HOST, reasons, [])
     considered = [r for r in readings if r.host == LOCAL or settings.enable_across_machines]
     if not settings.enable_across_machines and any(name != LOCAL for name in settings.hosts):
         reasons.append("peers not considered: enable_across_machines is off")
-    judgements = [judge(settings, job, r, pending.get(r.host, 0)) for r in considered]
+    judgements = [judge(settings, job, r, pending.get(r.host)) for r in considered]
     by_host = {j.host: j for j in judgements}
     local = by_host.get(LOCAL)
     if local is not None and local.fits:

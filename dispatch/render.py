@@ -106,14 +106,18 @@ def report(data: dict[str, Any]) -> None:
                   show_header=False)
     table.add_column("what")
     table.add_column("value")
-    table.add_row("memory", f"{format_size(data['memory']['available'])} available of "
-                            f"{format_size(data['memory']['total'])}")
+    mem = data["memory"]
+    table.add_row("memory", f"{format_size(mem['available'])} available of {format_size(mem['total'])}")
+    if "available_for_jobs" in mem:  # an older peer's agent does not report it
+        table.add_row("available", f"{format_size(mem['available_for_jobs'])} (available less booked "
+                                   "not yet at peak)")
     table.add_row("slice", f"{format_size(s['limit'])} limit, {format_size(s['used'])} used "
                            f"(page cache excluded; {format_size(s['reclaimable'])} reclaimable)")
     table.add_row("booked", f"{format_size(s['booked'])} ({format_size(s['booked_not_at_peak'])} "
                             f"not yet at peak); {format_size(s['free'])} free to book")
     table.add_row("load", " ".join(f"{x:.2f}" for x in data["load"]) + f" on {data['cores']} cores")
-    table.add_row("heavy threads", str(data["heavy_threads"]))
+    free = f" ({data['threads_free']} free)" if "threads_free" in data else ""
+    table.add_row("heavy threads", f"{data['heavy_threads']}{free}")
     for gpu in data.get("gpus") or []:
         table.add_row(f"GPU {_t(gpu.get('index', '?'))}", f"{_t(gpu.get('name', ''))}: "
                       f"{format_size(gpu.get('free'))} free of {format_size(gpu.get('total'))}")

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from dispatch import __version__
+from dispatch.admission import slice_room
 from dispatch.capping import select_backend
 from dispatch.hostfacts import cores, read_loadavg, read_meminfo
 from dispatch.ledger import Ledger
@@ -60,7 +61,8 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
         "time": now,
         "backend": backend.name,
         "slice_path": backend.describe(),
-        "memory": {"total": mem.total, "available": mem.available},
+        "memory": {"total": mem.total, "available": mem.available,
+                   "available_for_jobs": max(0, mem.available - not_at_peak)},
         "slice": {
             "limit": limit,
             "used": usage.used,
@@ -69,11 +71,12 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
             "booked": booked,
             "booked_not_at_peak": not_at_peak,
             "queued": sum(b.size for b in waiting),
-            "free": limit - booked - max(0, usage.used - booked),
+            "free": slice_room(limit, booked, usage.used),
         },
         "load": list(load),
         "cores": cores(),
         "heavy_threads": host.threads(),
+        "threads_free": threads_free(host.threads(), load[0]),
         "gpus": gpus,
         "gpu_error": gpu_error,
         "running": jobs,
@@ -93,6 +96,13 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
     if table is not None:
         data["peak_table"] = table
     return data
+
+
+def threads_free(heavy_threads: int, load1: float) -> int:
+    """Heavy threads still free: the heavy-thread default less the 1-minute load average (rounded).
+    The load counts every runnable thread on the host, hostrun's jobs or not, so it says what a new
+    job would really compete with."""
+    return max(0, heavy_threads - int(load1 + 0.5))
 
 
 def _live_jobs(backend: Any, host: str, limit: int) -> list[Any]:

@@ -135,28 +135,131 @@ def test_two_quick_dispatches_do_not_both_take_room_that_fits_one(hostrun: Hostr
                         cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "local does not fit; peer1 fits" in first.stderr and first.stdout == "ran-on-peer\n"
+    # The run ended: its booking is released and its pending note is gone with it.
+    assert _pending_notes(hostrun) == []
     second = json.loads(hostrun.run("dispatch", "--json", "-m", "200M", "--", "true").stdout)
-    by_host = {j["host"]: j for j in second["judgements"]}
-    # The first job's 200M is still pending on peer1 (its booking may be gone already, but the
-    # dispatcher's own note lasts pending_window): the second does not count on that room; it would
-    # wait in peer1's queue, the only slice that can ever hold it.
-    assert not by_host["peer1"]["fits"] and "200 MiB pending" in by_host["peer1"]["reason"]
-    assert second["action"] == "peer" and "wait in its queue" in second["reasons"][-1]
+    assert second["action"] == "peer" and "peer1 fits" in second["reasons"][-1], second
+
+
+def _pending_notes(hostrun: Hostrun) -> list[tuple[Any, ...]]:
+    import sqlite3
+
+    path = hostrun.state_dir / "pending.sqlite3"
+    if not path.exists():
+        return []
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT host, label, size, gpu_bytes, gpu_index FROM pending").fetchall()
+    except sqlite3.OperationalError:  # created, its table not yet
+        return []
+    finally:
+        db.close()
+
+
+def test_a_peer_run_is_pending_memory_and_vram_until_its_booking_shows(
+    hostrun: Hostrun, peers: Any, tmp_path: Path
+) -> None:
+    """FAKE GPU (tests/test_gpu.py): the peer reports one 80 GiB device. A slow toolchain probe holds
+    the --peer run between recording its note and booking on the peer, so the window is observable."""
+    from tests.conftest import wait_for
+    from tests.test_gpu import FakeGpus
+
+    fake = FakeGpus(tmp_path)
+    fake.set((81920, 0, 81920))
+    peer = peers("peer1", "127.0.0.2", slice="300M",
+                 extra_env={"PATH": f"{fake.bin}:/usr/local/bin:/usr/bin:/bin"})
+    hostrun.configure(slice="100M", peers=peer.host_table(),
+                      top='enable_across_machines = true\ntoolchain_probes = ["sleep 8"]')
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    first = hostrun.popen("--peer=peer1", "-m", "200M", "--gpu-memory", "50G", "--label", "a",
+                          "--", "sleep", "20", cwd=tree)
+    try:
+        wait_for(lambda: _pending_notes(hostrun), timeout=20)
+        assert _pending_notes(hostrun) == [("peer1", "a", 200 * MiB, 50 << 30, None)]
+        vram = json.loads(hostrun.run("dispatch", "--json", "-m", "64M", "--gpu-memory", "40G",
+                                      "--", "true").stdout)
+        peer_judged = {j["host"]: j for j in vram["judgements"]}["peer1"]
+        assert not peer_judged["fits"] and "30.0 GiB after pending" in peer_judged["reason"], vram
+        memory = json.loads(hostrun.run("dispatch", "--json", "-m", "200M", "--", "true").stdout)
+        peer_judged = {j["host"]: j for j in memory["judgements"]}["peer1"]
+        assert not peer_judged["fits"] and "200 MiB pending" in peer_judged["reason"], memory
+        # Once the peer's ledger shows the booking, its report counts it: the note is dropped.
+        wait_for(lambda: any(j["label"] == "a" for j in
+                             report(hostrun, "--host", "peer1")[1]["peer1"]["report"]["running"]),
+                 timeout=40)
+        after = json.loads(hostrun.run("dispatch", "--json", "-m", "64M", "--gpu-memory", "40G",
+                                       "--", "true").stdout)
+        assert after["action"] == "peer" and after["host"] == "peer1", after
+        assert _pending_notes(hostrun) == []
+    finally:
+        first.wait(timeout=120)
+    assert first.returncode == 0, first.stderr.read()  # type: ignore[union-attr]
+
+
+LONG = "--long-job=sharded=one shard per file;resumable=from checkpoints;multi-host=shards go to peers"
 
 
 def test_long_job_rule(hostrun: Hostrun, tmp_path: Path) -> None:
     refused = hostrun.run("--auto", "-m", "64M", "--expect-duration", "3h", "--", "true")
     assert refused.returncode == ExitCode.LONG_SINGLE_HOST
-    assert "--long-job" in refused.stderr
-    allowed = hostrun.run("--auto", "-m", "64M", "--expect-duration", "3h", "--long-job", "--", "true")
-    assert allowed.returncode == 0
+    assert "--long-job" in refused.stderr and "sharded, resumable, multi-host" in refused.stderr
+    allowed = hostrun.run("--auto", "-m", "64M", "--expect-duration", "3h", LONG, "--", "true")
+    assert allowed.returncode == 0, allowed.stderr
     script = tmp_path / "train.sh"
-    script.write_text("#!/bin/sh\n# long-job: sharded, resumable from checkpoints\nexit 0\n")
+    script.write_text("#!/bin/sh\n# long-job: sharded: one shard per input file\n"
+                      "# long-job: resumable: from the last checkpoint\n"
+                      "# Long-Job: multi-host: shards run on peers with --peer\nexit 0\n")
     script.chmod(0o755)
     header = hostrun.run("--auto", "-m", "64M", "--expect-duration", "3h", "--", str(script))
-    assert header.returncode == 0
+    assert header.returncode == 0, header.stderr
     short = hostrun.run("--auto", "-m", "64M", "--expect-duration", "1h", "--", "true")
     assert short.returncode == 0
+
+
+def test_partial_long_job_declaration_is_244_naming_what_is_missing(hostrun: Hostrun,
+                                                                   tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\n# long-job: sharded, resumable from checkpoints\n"
+                      "# long-job: resumable: from the last checkpoint\ntouch \"$1\"\n")
+    script.chmod(0o755)
+    marker = tmp_path / "ran"
+    header = hostrun.run("--auto", "-m", "64M", "--expect-duration", "3h", "--", str(script),
+                         str(marker))
+    assert header.returncode == ExitCode.LONG_SINGLE_HOST
+    assert "lacks sharded, multi-host (" in header.stderr and not marker.exists()
+    bare = hostrun.run("dispatch", "--json", "--expect-duration", "3h", "--long-job", "--", "true")
+    assert bare.returncode == ExitCode.LONG_SINGLE_HOST
+    assert "lacks sharded, resumable, multi-host" in json.loads(bare.stdout)["reasons"][-1]
+    flag = hostrun.run("dispatch", "--json", "--expect-duration", "3h",
+                       "--long-job=sharded=by file;multi-host=peers", "--", "true")
+    assert flag.returncode == ExitCode.LONG_SINGLE_HOST
+    assert "lacks resumable (" in json.loads(flag.stdout)["reasons"][-1]
+    # The flag and the header lines add up: the header's resumable completes the flag's two.
+    both = hostrun.run("dispatch", "--json", "--expect-duration", "3h",
+                       "--long-job=sharded=by file;multi-host=peers", "--", str(script), str(marker))
+    assert both.returncode == 0, both.stdout
+    assert hostrun.bookings() == []
+
+
+def test_long_job_declaration_from_a_file(hostrun: Hostrun, tmp_path: Path) -> None:
+    answers = tmp_path / "long-job.txt"
+    answers.write_text("sharded: one shard per file; 64 shards\nresumable = from checkpoints\n"
+                       "# a comment\nmulti-host: shards go to peers\n")
+    ok = hostrun.run("dispatch", "--json", "--expect-duration", "3h", f"--long-job=@{answers}", "--",
+                     "true")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    answers.write_text("sharded: one shard per file\n")
+    partial = hostrun.run("--auto", "--expect-duration", "3h", f"--long-job=@{answers}", "--",
+                          "true")
+    assert partial.returncode == ExitCode.LONG_SINGLE_HOST
+    assert "lacks resumable, multi-host" in partial.stderr
+    missing = hostrun.run("--auto", "--expect-duration", "3h", f"--long-job=@{tmp_path}/nope", "--",
+                          "true")
+    assert missing.returncode == ExitCode.USAGE and "cannot read" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    typo = hostrun.run("--auto", "--expect-duration", "3h", "--long-job=shardd=x", "--", "true")
+    assert typo.returncode == ExitCode.USAGE and "'shardd=x' is not one of" in typo.stderr
 
 
 def test_long_job_rule_uses_recorded_durations(hostrun: Hostrun) -> None:
@@ -237,3 +340,68 @@ def test_vram_aware_choice_with_a_fake_nvidia_smi_on_the_peer(hostrun: Hostrun, 
     too_big = json.loads(hostrun.run("dispatch", "--json", "-m", "64M", "--gpu-memory", "100G",
                                      "--", "true").stdout)
     assert too_big["action"] == "refuse"
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no MemAvailable in /proc/meminfo")
+
+
+def test_report_gives_available_memory_and_free_heavy_threads(hostrun: Hostrun, tmp_path: Path
+                                                              ) -> None:
+    from tests.conftest import wait_for
+
+    hostrun.configure(slice="300M", host="heavy_threads = 64")
+    started, stop = tmp_path / "started", tmp_path / "stop"
+    job = hostrun.popen("-m", "200M", "--label", "idle", "--", "sh", "-c",
+                        f"touch {started}; while [ ! -e {stop} ]; do sleep 0.05; done")
+    try:
+        wait_for(started.exists, timeout=30)
+        before = _mem_available()
+        code, hosts = report(hostrun, "--host", "local")
+        after = _mem_available()
+        text = hostrun.run("report", "--host", "local").stdout
+    finally:
+        stop.touch()
+        job.wait(timeout=30)
+    assert code == 0 and job.returncode == 0
+    data = hosts["local"]["report"]
+    (running,) = data["running"]
+    assert running["booked"] == 200 * MiB and 0 < running["in_use"] < 200 * MiB
+    # booked but not yet at peak: the cap booking less what the job uses now
+    assert data["slice"]["booked_not_at_peak"] == 200 * MiB - running["in_use"]
+    mem = data["memory"]
+    assert min(before, after) - 256 * MiB <= mem["available"] <= max(before, after) + 256 * MiB
+    assert mem["available_for_jobs"] == mem["available"] - (200 * MiB - running["in_use"])
+    assert data["heavy_threads"] == 64
+    assert data["threads_free"] == max(0, 64 - int(data["load"][0] + 0.5))
+    assert "available less booked not yet at peak" in text and "free)" in text
+
+
+def test_report_and_admission_agree_on_room(hostrun: Hostrun, tmp_path: Path) -> None:
+    """A gamble job using a little more than its booking (less than admission's 32 MiB slack): the
+    report's free room is what admission would give, and a job of exactly that size starts."""
+    from tests.conftest import wait_for
+
+    hostrun.configure(slice="300M", top='gamble_size = "64M"')
+    started, stop = tmp_path / "started", tmp_path / "stop"
+    code = (f"b = b'x' * (70 << 20)\nopen({str(started)!r}, 'w').close()\nimport os, time\n"
+            f"while not os.path.exists({str(stop)!r}): time.sleep(0.05)\n")
+    job = hostrun.popen("--label", "gambler", "--", "python3", "-c", code)
+    try:
+        wait_for(started.exists, timeout=30)
+        _, hosts = report(hostrun, "--host", "local")
+        s = hosts["local"]["report"]["slice"]
+        assert s["booked"] == 64 * MiB and 64 * MiB < s["used"] < 96 * MiB, s
+        assert s["free"] == 300 * MiB - 64 * MiB, s
+        decision = json.loads(hostrun.run("dispatch", "--json", "-m", "236M", "--", "true").stdout)
+        assert decision["action"] == "local", decision
+        exact = hostrun.run("-m", "236M", "--", "true", timeout=30)
+        assert exact.returncode == 0 and "waiting" not in exact.stderr, exact.stderr
+    finally:
+        stop.touch()
+        job.wait(timeout=30)
+    assert job.returncode == 0
