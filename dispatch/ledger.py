@@ -32,13 +32,17 @@ from dispatch.errors import LedgerError
 from dispatch.ledgerdb import (
     ADDED_COLUMNS,
     BOOKING_COLUMNS,
+    RUN_COLUMNS,
     SCHEMA_VERSION,
     Booking,
     PeakRecord,
     PeakRun,
+    RunRecord,
     create_tables,
     peak_record,
     record_fold,
+    record_run,
+    run_record,
 )
 from dispatch.procinfo import is_alive
 from dispatch.records import NamedTuple
@@ -541,24 +545,29 @@ class Ledger:
 
     def record_peak(
         self, label: str, host: str, peak: int, hit_ceiling: bool, duration: float, *,
-        cap: int | None,
+        cap: int | None, run: RunRecord | None = None, keep: tuple[float, int] = (90.0, 100_000),
     ) -> None:
         """Fold one run into the peak table and append it to the history (``cap``: the job's own
         cap, None when it had none), in one transaction; only the last PEAK_HISTORY runs are kept.
+        ``run``: its row in the run history, written in the same transaction (``keep``: days, rows).
 
         The run goes to the journal too, inside the write lock. When the ledger fails, it still goes
-        there (then a recovery replays it, so the retry after one is skipped).
+        there (then a recovery replays it, so the retry after one only writes the history row).
         """
         now = time.time()
         line = peakjournal.run_line(label, host, peak, cap, hit_ceiling, duration, now)
         journaled: list[bool] = []
 
         def record() -> None:
-            if journaled:
-                return  # replayed from the journal by the recovery
+            if journaled:  # the peak was replayed from the journal by the recovery
+                if run is not None:
+                    self._locked(lambda: record_run(self.db, run, keep[0], keep[1], now))
+                return
             try:
                 self.db.execute("BEGIN IMMEDIATE")
                 self._record_peak_locked(label, host, peak, hit_ceiling, duration, cap, now)
+                if run is not None:
+                    record_run(self.db, run, keep[0], keep[1], now)
                 size = peakjournal.append(self.journal_path, line)
                 journaled.append(True)
                 self._compact_if_due(size)
@@ -583,3 +592,29 @@ class Ledger:
     def _record_peak_locked(self, label: str, host: str, peak: int, hit_ceiling: bool,
                             duration: float, cap: int | None, now: float) -> None:
         record_fold(self.db, label, host, peak, hit_ceiling, duration, cap, now)
+
+    # -- run history --
+    @_guarded
+    def record_run(self, run: RunRecord, keep: tuple[float, int]) -> None:
+        """One row of the run history, for a run without a measured peak (or run elsewhere)."""
+        self._locked(lambda: record_run(self.db, run, keep[0], keep[1], time.time()))
+
+    @_guarded
+    def runs(self, *, label: str | None = None, host: str | None = None,
+             session: str | None = None, since: float | None = None, limit: int = 0
+             ) -> list[RunRecord]:
+        """The run history, oldest first; ``limit`` > 0: only the latest that many; ``since``: runs
+        that ended at or after that time."""
+        where: list[str] = []
+        params: list[object] = []
+        for column, value in (("label", label), ("host", host), ("session", session)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if since is not None:
+            where.append("ended >= ?")
+            params.append(since)
+        text = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self.db.execute(f"SELECT id, {RUN_COLUMNS} FROM runs {text} ORDER BY id DESC LIMIT ?",
+                               (*params, limit if limit > 0 else -1)).fetchall()
+        return [run_record(r) for r in reversed(rows)]

@@ -67,6 +67,10 @@ def settings_from_dict(raw: Mapping[str, Any], source: str) -> Settings:
     for key in ("toolchain_probes", "sync_excludes"):
         if raw.get(key) is not None:
             values[key] = tuple(str(item) for item in raw[key])
+    if raw.get("history_days") is not None:
+        values["history_days"] = float(raw["history_days"])
+    if raw.get("history_rows") is not None:
+        values["history_rows"] = int(raw["history_rows"])
     if raw.get("enable_across_machines") is not None:
         values["enable_across_machines"] = bool(raw["enable_across_machines"])
     hosts = {name: host_from_dict(name, table or {}, source)
