@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dispatch.ledgerdb import Booking, PeakRecord
+from dispatch.ledgerdb import Booking, PeakRecord, RunRecord
 from dispatch.text import printable
 from dispatch.units import format_duration, format_size
 
@@ -63,6 +63,27 @@ def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
     console.print(running if running.row_count else "running: none")
     console.print(queue if queue.row_count else "queue: empty")
     console.print(table if table.row_count else "peak table: empty")
+
+
+def history(runs: Sequence[RunRecord]) -> None:
+    """``hostrun history``: one row per finished run, oldest first."""
+    if not runs:
+        console.print("history: no runs")
+        return
+    table = Table(title="run history (oldest first)")
+    for col in ("started", "ended", "duration", "host", "label", "session", "exit", "peak", "cap",
+                "booked", "command"):
+        table.add_column(col)
+    for r in runs:
+        code = str(r.exit_code) if r.outcome in ("exit", "signal") \
+            else f"{r.exit_code} {_t(r.outcome)}"
+        peak = format_size(r.peak) + (" [red](hit ceiling)[/red]" if r.hit_ceiling else "")
+        booked = f"{format_size(r.booked)} {_t(r.kind)}" if r.kind else "-"
+        table.add_row(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)),
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.ended)),
+                      format_duration(r.duration), _t(r.host), _t(r.label), _t(r.session or ""),
+                      code, peak, format_size(r.cap), booked, _t(r.command))
+    console.print(table)
 
 
 def readings(items: Sequence[Any]) -> None:
