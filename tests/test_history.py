@@ -131,7 +131,10 @@ def test_history_is_pruned_by_age(hostrun: Hostrun) -> None:
     assert [r["label"] for r in history(hostrun, "--limit", "0")] == ["first", "second", "third"]
 
 
-def test_bad_history_settings_are_one_line_and_exit_2(hostrun: Hostrun) -> None:
+def test_history_settings_are_read_and_bad_ones_are_one_line_and_exit_2(hostrun: Hostrun) -> None:
+    hostrun.configure(top="history_days = 0.5\nhistory_rows = 10")
+    assert hostrun.run("-m", "64M", "--", "true").returncode == 0
+    assert len(history(hostrun)) == 1
     for top in ("history_days = 0", "history_rows = 0", "history_days = true",
                 'history_rows = "many"'):
         hostrun.configure(top=top)
