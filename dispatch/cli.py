@@ -24,7 +24,7 @@ if MYPY:
     from dispatch.request import RunRequest
 
 SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts", "capacity",
-               "lock", "workdir", "preflight")
+               "lock", "workdir", "preflight", "history")
 PROG = "hostrun"
 USAGE = (f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{{','.join(SUBCOMMANDS[1:])}}} ...")
 
@@ -604,6 +604,56 @@ def cmd_ledger(argv: list[str]) -> int:
     return 0
 
 
+def _limit(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be 0 (all) or more: {value}")
+    return value
+
+
+def cmd_history(argv: list[str]) -> int:
+    p = _sub_parser("history", "Finished runs from this host's ledger, oldest first: start, end, "
+                               "duration, host, label, session, command, cap, booking, peak, exit "
+                               "code and outcome, hit-ceiling. See docs/cli.md.")
+    p.add_argument("--label", metavar="LABEL", help="only runs with this label")
+    p.add_argument("--host", metavar="NAME", help="only runs on this host (local, or a peer's name)")
+    p.add_argument("--session", metavar="NAME", help="only runs of this session")
+    p.add_argument("--since", metavar="T", help="only runs that ended since T: a duration ago (2h, "
+                                                "7d) or an ISO date/time (2024-05-01T14:30)")
+    p.add_argument("--limit", metavar="N", type=_limit, default=50,
+                   help="only the latest N runs (default: %(default)s; 0: all)")
+    args = p.parse_args(argv)
+    since = None
+    if args.since is not None:
+        from dispatch.history import since_time
+
+        try:
+            since = since_time(args.since)
+        except ValueError as exc:
+            raise UsageError(f"argument --since: {exc}") from None
+    from dispatch.ledger import Ledger
+    from dispatch.recovery import live_jobs_of
+
+    settings = _settings(args.config)
+    ledger = Ledger(settings.state_dir, _say, live_jobs_of(settings))
+    try:
+        runs = ledger.runs(label=args.label, host=args.host, session=args.session, since=since,
+                           limit=args.limit)
+    finally:
+        ledger.close()
+    if args.json:
+        import json
+
+        from dispatch.history import as_dict
+
+        print(json.dumps([as_dict(r) for r in runs], indent=2))
+        return 0
+    from dispatch import render
+
+    render.history(runs)
+    return 0
+
+
 INVALID_CGROUP = "cgroup outside the slice"
 
 
@@ -847,7 +897,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             handler = {"doctor": cmd_doctor, "codes": cmd_codes, "ledger": cmd_ledger,
                        "lock": cmd_lock, "workdir": cmd_workdir,
                        "report": cmd_report, "dispatch": cmd_dispatch, "alerts": cmd_alerts,
-                       "capacity": cmd_capacity, "preflight": cmd_preflight}[name]
+                       "capacity": cmd_capacity, "preflight": cmd_preflight,
+                       "history": cmd_history}[name]
             return handler(rest)
         return cmd_run(leading + args)
     except HostrunError as exc:

@@ -36,13 +36,17 @@ from dispatch.ledgerdb import (
     CLEAR_MARK_AFTER,
     NO_EVENT,
     PEAK_COLUMNS,
+    RUN_COLUMNS,
     SCHEMA_VERSION,
     Booking,
     PeakRecord,
     PeakRun,
+    RunRecord,
     create_tables,
     peak_record,
     record_fold,
+    record_run,
+    run_record,
 )
 from dispatch.procinfo import is_alive
 from dispatch.records import NamedTuple
@@ -545,13 +549,15 @@ class Ledger:
     def record_peak(
         self, label: str, host: str, peak: int, hit_ceiling: bool, duration: float, *,
         cap: int | None, event: str = NO_EVENT, clear_after: int = CLEAR_MARK_AFTER,
+        run: RunRecord | None = None, keep: tuple[float, int] = (90.0, 100_000),
     ) -> None:
         """Fold one run into the peak table and append it to the history (``cap``: the job's own
         cap, None when it had none), in one transaction; only the last PEAK_HISTORY runs are kept.
         ``event`` and ``clear_after`` set or clear the label's mark (``ledgerdb.record_fold``).
+        ``run``: its row in the run history, written in the same transaction (``keep``: days, rows).
 
         The run goes to the journal too, inside the write lock. When the ledger fails, it still goes
-        there (then a recovery replays it, so the retry after one is skipped).
+        there (then a recovery replays it, so the retry after one only writes the history row).
         """
         now = time.time()
         line = peakjournal.run_line(label, host, peak, cap, hit_ceiling, duration, now,
@@ -559,12 +565,16 @@ class Ledger:
         journaled: list[bool] = []
 
         def record() -> None:
-            if journaled:
-                return  # replayed from the journal by the recovery
+            if journaled:  # the peak was replayed from the journal by the recovery
+                if run is not None:
+                    self._locked(lambda: record_run(self.db, run, keep[0], keep[1], now))
+                return
             try:
                 self.db.execute("BEGIN IMMEDIATE")
                 record_fold(self.db, label, host, peak, hit_ceiling, duration, cap, now, event,
                             clear_after)
+                if run is not None:
+                    record_run(self.db, run, keep[0], keep[1], now)
                 size = peakjournal.append(self.journal_path, line)
                 journaled.append(True)
                 self._compact_if_due(size)
@@ -586,3 +596,28 @@ class Ledger:
         if peakjournal.wants_compaction(size, lines):
             peakjournal.write_snapshot(self.journal_path, self._peaks(), self._peak_runs())
 
+    # -- run history --
+    @_guarded
+    def record_run(self, run: RunRecord, keep: tuple[float, int]) -> None:
+        """One row of the run history, for a run without a measured peak (or run elsewhere)."""
+        self._locked(lambda: record_run(self.db, run, keep[0], keep[1], time.time()))
+
+    @_guarded
+    def runs(self, *, label: str | None = None, host: str | None = None,
+             session: str | None = None, since: float | None = None, limit: int = 0
+             ) -> list[RunRecord]:
+        """The run history, oldest first; ``limit`` > 0: only the latest that many; ``since``: runs
+        that ended at or after that time."""
+        where: list[str] = []
+        params: list[object] = []
+        for column, value in (("label", label), ("host", host), ("session", session)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if since is not None:
+            where.append("ended >= ?")
+            params.append(since)
+        text = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self.db.execute(f"SELECT id, {RUN_COLUMNS} FROM runs {text} ORDER BY id DESC LIMIT ?",
+                               (*params, limit if limit > 0 else -1)).fetchall()
+        return [run_record(r) for r in reversed(rows)]

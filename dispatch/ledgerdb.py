@@ -14,8 +14,8 @@ MYPY = False
 if MYPY:
     from typing import Any, Optional
 
-SCHEMA_VERSION = 5  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle;
-# 5: peaks.ceiling_at, slice_full_at, clean_runs (the marks that book a label at its cap)
+SCHEMA_VERSION = 6  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle;
+# 5: peaks.ceiling_at, slice_full_at, clean_runs (the marks that book a label at its cap); 6: runs
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bookings (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -65,11 +65,35 @@ CREATE TABLE IF NOT EXISTS peak_runs (
     at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS peak_runs_label_host ON peak_runs (label, host, id);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    started REAL NOT NULL,
+    ended REAL NOT NULL,
+    duration REAL,
+    waited REAL,
+    host TEXT NOT NULL,
+    label TEXT NOT NULL,
+    session TEXT,
+    command TEXT NOT NULL,
+    cap INTEGER,
+    kind TEXT,
+    booked INTEGER,
+    peak INTEGER,
+    exit_code INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    hit_ceiling INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_ended ON runs (ended);
 """
 # The last PEAK_HISTORY runs of each (label, host) are kept in peak_runs, one row per run; ``cap`` is
 # the job's own cap, NULL when it had none (limited by the slice only). The peaks table keeps the
 # all-time figures; peak_runs is what says how much the peaks vary (see dispatch/capacity.py).
 PEAK_HISTORY = 20
+# ``runs`` is the run history (``hostrun history``): one row per run that started, written when it
+# ends; kept for ``history_days`` and at most ``history_rows`` rows, pruned as each row is written.
+RUN_COLUMNS = ("started, ended, duration, waited, host, label, session, command, cap, kind, booked, "
+               "peak, exit_code, outcome, hit_ceiling")
+DAY = 86400.0
 BOOKING_COLUMNS = (
     "id, host, label, state, pid, pid_start, size, cap, kind, cgroup, command, session, queued, "
     "since, reason, gpu_index, gpu_bytes, grp, when_idle"
@@ -134,6 +158,45 @@ class PeakRun(NamedTuple):
     hit_ceiling: bool
     duration: Optional[float]
     at: float
+
+
+class RunRecord(NamedTuple):
+    """One finished run in the history. ``cap``: the job cgroup's limit (the slice's when it had no
+    cap of its own); ``peak`` None: nothing was measured (the command could not be started)."""
+
+    started: float
+    ended: float
+    duration: Optional[float]
+    waited: Optional[float]
+    host: str
+    label: str
+    session: Optional[str]
+    command: str
+    cap: Optional[int]
+    kind: Optional[str]  # the booking kind: cap, peak or gamble
+    booked: Optional[int]
+    peak: Optional[int]
+    exit_code: int
+    outcome: str  # "exit", "signal" or an exit-code name ("own-cap", "max-runtime", ...)
+    hit_ceiling: bool
+    id: Optional[int] = None  # set when read back
+
+
+def run_record(row: Any) -> RunRecord:
+    """A ``SELECT id, RUN_COLUMNS`` row."""
+    return RunRecord._make([*row[1:15], bool(row[15]), row[0]])
+
+
+def record_run(db: sqlite3.Connection, run: RunRecord, keep_days: float, keep_rows: int,
+               now: float) -> None:
+    """Insert one history row and prune, in the caller's write transaction. Both deletes are one
+    index seek when nothing is due (the id for the row count, ``runs_ended`` for the age), so the
+    history stays within its bounds exactly at a constant cost per run."""
+    cur = db.execute(f"INSERT INTO runs ({RUN_COLUMNS}) VALUES ({', '.join('?' * 15)})",
+                     (*run[:14], int(run.hit_ceiling)))
+    assert cur.lastrowid is not None
+    db.execute("DELETE FROM runs WHERE id <= ?", (cur.lastrowid - keep_rows,))
+    db.execute("DELETE FROM runs WHERE ended < ?", (now - keep_days * DAY,))
 
 
 def peak_record(row: Any) -> PeakRecord:

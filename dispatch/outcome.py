@@ -6,7 +6,10 @@ import os
 
 MYPY = False
 if MYPY:
+    from collections.abc import Sequence
     from typing import Any
+
+    from dispatch.ledgerdb import RunRecord
 
 FIELDS = (
     "exit_code", "outcome", "host", "label", "argv", "cap_bytes", "booking_kind", "booked_bytes",
@@ -54,6 +57,25 @@ class Outcome:
 
     def __repr__(self) -> str:
         return f"Outcome({self.to_dict()!r})"
+
+
+def history_row(outcome: Outcome, session: str | None, argv: Sequence[str]) -> RunRecord:
+    """The run's row in the ledger's run history, ending now (text made storable: SQLite keeps only
+    valid UTF-8). Its start is the end less the job's own run time."""
+    import time
+
+    from dispatch.ledgerdb import RunRecord
+    from dispatch.text import storable
+
+    ended = time.time()
+    return RunRecord(
+        started=ended - (outcome.duration_s or 0.0), ended=ended, duration=outcome.duration_s,
+        waited=outcome.waited_s, host=storable(outcome.host), label=storable(outcome.label),
+        session=None if session is None else storable(session), command=storable(" ".join(argv)),
+        cap=outcome.cap_bytes, kind=outcome.booking_kind, booked=outcome.booked_bytes,
+        peak=outcome.peak_bytes, exit_code=outcome.exit_code, outcome=storable(outcome.outcome),
+        hit_ceiling=bool(outcome.hit_ceiling),
+    )
 
 
 def write_result(path: str, outcome: Outcome) -> None:

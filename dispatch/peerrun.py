@@ -242,6 +242,10 @@ class PeerRun:
         if failures and outcome.exit_code == 0:
             outcome.exit_code, outcome.outcome = ExitCode.SYNC_FAILED, ExitCode.SYNC_FAILED.outcome
             outcome.message = "the job succeeded but --return could not bring everything back"
+        if ran:  # the peer's agent wrote its own row in the peer's ledger; this is ours
+            from dispatch.history import record_peer_run
+
+            record_peer_run(self.settings, outcome, self.request, self.say)
         return outcome
 
     def _bring_back_and_say(self) -> list[str]:

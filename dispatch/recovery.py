@@ -35,7 +35,7 @@ if MYPY:
     from dispatch.settings import Settings
 
 RECOVERED = "recovered"  # the label of a booking re-made from a job's cgroup
-EXPECTED_TABLES = ("bookings", "peak_runs", "peaks")
+EXPECTED_TABLES = ("bookings", "peak_runs", "peaks", "runs")
 
 
 class Lock:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dispatch.ledgerdb import Booking, PeakRecord
+from dispatch.ledgerdb import Booking, PeakRecord, RunRecord
 from dispatch.text import printable
 from dispatch.units import format_duration, format_size
 
@@ -71,6 +71,27 @@ def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
     console.print(table if table.row_count else "peak table: empty")
     for line in marks:
         console.print(line)
+
+
+def history(runs: Sequence[RunRecord]) -> None:
+    """``hostrun history``: one row per finished run, oldest first. The end is the start plus the
+    duration (``--json`` has both), which keeps the table within a terminal's width."""
+    if not runs:
+        console.print("history: no runs")
+        return
+    table = Table(title="run history (oldest first)")
+    for col in ("started", "duration", "host", "label", "session", "exit", "peak", "cap", "booked"):
+        table.add_column(col, no_wrap=col in ("started", "duration"))
+    table.add_column("command", overflow="fold")
+    for r in runs:
+        code = str(r.exit_code) if r.outcome in ("exit", "signal") \
+            else f"{r.exit_code} {_t(r.outcome)}"
+        peak = format_size(r.peak) + (" [red]ceiling[/red]" if r.hit_ceiling else "")
+        booked = f"{format_size(r.booked)} {_t(r.kind)}" if r.kind else "-"
+        table.add_row(time.strftime("%m-%d %H:%M:%S", time.localtime(r.started)),
+                      format_duration(r.duration), _t(r.host), _t(r.label), _t(r.session or ""),
+                      code, peak, format_size(r.cap), booked, _t(r.command))
+    console.print(table)
 
 
 def readings(items: Sequence[Any]) -> None:

@@ -32,7 +32,7 @@ from dispatch.guardian import Guardian
 from dispatch.hostfacts import read_meminfo
 from dispatch.ledger import Admission, Ledger
 from dispatch.ledgerdb import Booking
-from dispatch.outcome import Outcome
+from dispatch.outcome import Outcome, history_row
 from dispatch.procinfo import start_time
 from dispatch.request import JOB_ENV, RunRequest
 from dispatch.settings import LOCAL, HostSettings, Settings
@@ -299,14 +299,7 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
                 raise BackendError(f"booked on GPU {index}, which nvidia-smi no longer lists")
         outcome = _run(settings, host, backend, job, child, request, label, plan, say, gpu)
         outcome.waited_s = round(waited, 3)
-        if outcome.peak_bytes is not None:
-            event = mark_event(outcome.exit_code, plan.kind, outcome.counters.get("oom_kill", 0) > 0)
-            try:  # the job has run: a ledger failure now must not change its exit status
-                ledger.record_peak(label, host.name, outcome.peak_bytes, outcome.hit_ceiling,
-                                   outcome.duration_s, cap=cap, event=event,
-                                   clear_after=settings.clear_mark_after)
-            except LedgerError as exc:
-                say(f"warning: the peak of this run was not recorded: {exc}")
+        _record(settings, ledger, outcome, request, cap, plan.kind, say)
         return outcome
     finally:
         if child is not None:
@@ -327,6 +320,25 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             say(f"warning: could not remove {job.path}: {exc.strerror}")
         if guardian is not None:
             guardian.dismiss()
+
+
+def _record(settings: Settings, ledger: Ledger, outcome: Outcome, request: RunRequest,
+            cap: int | None, kind: str, say: Callable[[str], None]) -> None:
+    """The run's peak (when one was measured), its mark event and its history row, in one
+    transaction. The job has run: a ledger failure now must not change its exit status, so it is
+    one warning."""
+    run = history_row(outcome, request.session, request.argv)
+    try:
+        if outcome.peak_bytes is None:  # the command could not be started: nothing measured
+            ledger.record_run(run, settings.history_keep)
+        else:
+            event = mark_event(outcome.exit_code, kind, outcome.counters.get("oom_kill", 0) > 0)
+            ledger.record_peak(outcome.label, outcome.host, outcome.peak_bytes, outcome.hit_ceiling,
+                               outcome.duration_s, cap=cap, event=event,
+                               clear_after=settings.clear_mark_after, run=run,
+                               keep=settings.history_keep)
+    except LedgerError as exc:
+        say(f"warning: the peak and history row of this run were not recorded: {exc}")
 
 
 def _live_jobs(backend: CapBackend, host: str, limit: int) -> list[Booking]:

@@ -97,6 +97,8 @@ class Settings(NamedTuple):
     sync_excludes: tuple[str, ...] = ()
     groups: Mapping[str, int] = {}
     clear_mark_after: int = 3  # clean runs at its cap that clear a label's slice-full mark
+    history_days: float = 90.0  # the run history keeps rows this many days ...
+    history_rows: int = 100_000  # ... and at most this many
     source: str = "<built-in default>"
 
     @classmethod
@@ -114,6 +116,11 @@ class Settings(NamedTuple):
     @property
     def alerts_path(self) -> str:
         return self.alert_file or os.path.join(self.state_dir, "alerts.jsonl")
+
+    @property
+    def history_keep(self) -> tuple[float, int]:
+        """(days, rows) the run history keeps."""
+        return (self.history_days, self.history_rows)
 
     def gamble_size_for(self, host: HostSettings) -> int:
         return host.gamble_size if host.gamble_size is not None else self.gamble_size

@@ -47,6 +47,15 @@ def _positive_duration(value: Any) -> float:
 
 Duration = Annotated[float, BeforeValidator(_duration)]
 PositiveDuration = Annotated[float, BeforeValidator(_positive_duration)]
+def _number(value: Any) -> Any:
+    """A plain TOML number: ``true`` or ``"90"`` is a mistake, not 1 or 90."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"not a number: {value!r}")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_number)]
+Count = Annotated[int, BeforeValidator(_number)]
 BACKENDS = ("systemd", "cgroup2", "cgroup1", "none")
 
 
@@ -115,6 +124,8 @@ class ConfigModel(_Strict):
     sync_excludes: list[str] = Field(default_factory=list)
     groups: dict[str, GroupModel] = Field(default_factory=dict)
     clear_mark_after: int = Field(default=3, ge=1, le=1000)
+    history_days: Number = Field(default=90.0, gt=0)
+    history_rows: Count = Field(default=100_000, ge=1)
     hosts: dict[str, HostModel] = Field(default_factory=dict)
 
 

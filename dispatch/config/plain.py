@@ -71,6 +71,10 @@ def settings_from_dict(raw: Mapping[str, Any], source: str) -> Settings:
             values[key] = tuple(str(item) for item in raw[key])
     if raw.get("clear_mark_after") is not None:
         values["clear_mark_after"] = max(1, int(raw["clear_mark_after"]))
+    if raw.get("history_days") is not None:
+        values["history_days"] = float(raw["history_days"])
+    if raw.get("history_rows") is not None:
+        values["history_rows"] = int(raw["history_rows"])
     if raw.get("enable_across_machines") is not None:
         values["enable_across_machines"] = bool(raw["enable_across_machines"])
     hosts = {name: host_from_dict(name, table or {}, source)
