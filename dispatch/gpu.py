@@ -1,7 +1,8 @@
 """GPUs: the ``nvidia-smi`` fact (a command plus a pure parser) and GPU out-of-memory detection.
 
-Standard library only, and imported only when a job asks for ``--gpu-memory`` (or a report reads the
-GPUs): a plain ``hostrun -- CMD`` never loads this module.
+Standard library only, and imported only when a job asks for ``--gpu-memory``, when a job runs on a
+host that has NVIDIA GPUs (its kernel log is watched: :class:`KernelWatch`), or when a report reads the
+GPUs: a plain ``hostrun -- CMD`` on a host without GPUs never loads this module.
 
 Devices. ``nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,memory.free
 --format=csv,noheader,nounits`` prints one line per GPU, fields separated by ``", "``, memory in MiB.
@@ -510,7 +511,8 @@ class KernelLog:
     returns one record; EAGAIN at the end; EPIPE when records were overwritten before being read), and
     read at every sampling tick and once at the end. With ``HOSTRUN_KERNEL_LOG=PATH`` (a test hook) the
     plain file PATH is read instead, and only what is appended after the job started counts. Where the
-    log cannot be opened (no CAP_SYSLOG, a container), ``error`` says why and only the output counts.
+    log cannot be opened (no CAP_SYSLOG, a container), ``error`` says why and only a ``--gpu-memory``
+    job's output counts.
     The kernel log is host-wide: a driver failure of another process during the run is seen too, which
     is why it decides 245 only for a job that failed.
     """
@@ -586,14 +588,45 @@ class KernelLog:
             self.fd = -1
 
 
-class GpuRun:
+class KernelWatch:
+    """What every job on a host with NVIDIA GPUs carries: the kernel log from its start to its end.
+
+    A job need not declare ``--gpu-memory`` to run out of VRAM, so each one is watched for
+    ``NV_ERR_NO_MEMORY``; its output is left alone (only a ``--gpu-memory`` job is teed: :class:`GpuRun`).
+    Where the log cannot be read, ``finish`` finds nothing and says nothing (``hostrun doctor`` does).
+    """
+
+    def __init__(self) -> None:
+        self.tee: OutputTee | None = None
+        self.kernel_log: KernelLog | None = None
+
+    def job_starts(self) -> None:
+        """Just before the job execs: only what the kernel logs from here counts."""
+        self.kernel_log = KernelLog()
+
+    def tick(self) -> None:
+        if self.kernel_log is not None:
+            self.kernel_log.scan()
+
+    def finish(self) -> str | None:
+        """After the job: the rest of the log, and what shows a GPU OOM, if anything."""
+        if self.kernel_log is None:
+            return None
+        self.kernel_log.scan()
+        return self.kernel_log.evidence
+
+    def close(self) -> None:
+        if self.kernel_log is not None:
+            self.kernel_log.close()
+
+
+class GpuRun(KernelWatch):
     """Everything a ``--gpu-memory`` run carries: the request, candidates, the tee and the kernel log."""
 
     def __init__(self, need: int, candidates: Sequence[Gpu]) -> None:
+        super().__init__()
         self.need = need
         self.snapshot = GpuSnapshot(need, candidates)
-        self.tee: OutputTee | None = None
-        self.kernel_log: KernelLog | None = None
         self.device: Gpu | None = None
 
     def start_output(self) -> tuple[int, int]:
@@ -602,26 +635,16 @@ class GpuRun:
         assert self.tee.child_fds is not None
         return self.tee.child_fds
 
-    def job_starts(self) -> None:
-        self.kernel_log = KernelLog()
-
-    def tick(self) -> None:
-        if self.kernel_log is not None:
-            self.kernel_log.scan()
-
     def finish(self) -> str | None:
-        """After the job: forward the rest of its output and say what shows a GPU OOM, if anything."""
+        """After the job: forward the rest of its output and say what shows a GPU OOM, if anything;
+        the output first."""
         if self.tee is not None:
             self.tee.drain()
-        if self.kernel_log is not None:
-            self.kernel_log.scan()
+        in_log = super().finish()
         found = self.tee.evidence if self.tee is not None else None
-        if found is None and self.kernel_log is not None:
-            found = self.kernel_log.evidence
-        return found
+        return found if found is not None else in_log
 
     def close(self) -> None:
         if self.tee is not None:
             self.tee.close()
-        if self.kernel_log is not None:
-            self.kernel_log.close()
+        super().close()
