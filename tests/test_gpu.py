@@ -833,3 +833,23 @@ def test_without_gpus_the_kernel_log_is_never_opened(hostrun: Hostrun, fake: Fak
     assert "GPU" not in proc.stderr
     opened = fds.read_text().split()
     assert opened and str(fake.kernel_log) not in opened  # it did list hostrun's descriptors
+
+
+def test_doctor_tells_once_that_the_kernel_log_cannot_be_watched(hostrun: Hostrun, fake: FakeGpus,
+                                                                tmp_path: Path) -> None:
+    """Where the log cannot be read a job says nothing (every job would); ``hostrun doctor`` says it."""
+    missing = tmp_path / "unreadable-kmsg"
+    unreadable = fake.env(**{KERNEL_LOG_ENV: str(missing)})
+    data = json.loads(hostrun.run("doctor", "--json", env=unreadable).stdout)
+    why = f"cannot read the kernel log {missing}: No such file or directory"
+    assert data["gpu_kernel_log"] == {"ok": False, "detail": why}
+    assert (f"this host has NVIDIA GPUs, but {why}: jobs are not watched for NV_ERR_NO_MEMORY (245 then "
+            "comes only from a --gpu-memory job's output)") in data["problems"]
+    proc = hostrun.run("-m", "64M", "--", "sh", "-c", "exit 1", env=unreadable)
+    assert (proc.returncode, proc.stderr) == (1, "")  # nothing said per job
+    data = json.loads(hostrun.run("doctor", "--json", env=fake.env()).stdout)
+    assert data["gpu_kernel_log"] == {"ok": True, "detail": str(fake.kernel_log)}
+    assert not [p for p in data["problems"] if "NVIDIA" in p]
+    no_gpus = fake.env(**{NVIDIA_PROC_ENV: str(fake.no_gpus)})
+    data = json.loads(hostrun.run("doctor", "--json", env=no_gpus).stdout)
+    assert data["gpu_kernel_log"] is None
