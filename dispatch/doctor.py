@@ -65,7 +65,7 @@ def _kernel_log_check() -> dict[str, Any] | None:
 
     if not has_nvidia_gpus():
         return None
-    from dispatch.gpu import KernelLog
+    from dispatch.kernlog import KernelLog
 
     log = KernelLog()
     log.close()

@@ -11,8 +11,9 @@ exits, whatever it left in the cgroup is killed too. A forked guardian does the 
 With ``--gpu-memory`` the job is booked on a GPU as well, gets that device in ``CUDA_VISIBLE_DEVICES``,
 has its stdout/stderr teed through pipes and scanned, and the kernel log is watched during the run: a
 GPU out-of-memory in either makes a failed run exit 245. On a host with NVIDIA GPUs (one directory
-read per job: ``has_nvidia_gpus``) every other job has the kernel log watched too, its output left
-alone. ``dispatch.gpu`` is imported on these paths alone: a host without GPUs pays one failed stat.
+read per job: ``has_nvidia_gpus``) every other job has the kernel log watched too (the small
+``dispatch.kernlog``), its output left alone. ``dispatch.gpu`` is imported for ``--gpu-memory`` alone;
+a host without GPUs pays one failed directory read.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from dispatch.units import format_size
 MYPY = False
 if MYPY:
 
-    from dispatch.gpu import GpuRun, KernelWatch
+    from dispatch.gpu import GpuRun
+    from dispatch.kernlog import KernelWatch
 
 SAMPLE_INTERVAL = 0.05
 FAST_SAMPLE_INTERVAL = 0.01  # short jobs are over before a 50 ms sample would see them
@@ -259,7 +261,7 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
         # Refuse at once what has no GPU or could never fit: before anything is created or booked.
         gpu = watch = GpuRun(request.gpu_memory, preflight(request.gpu_memory, base_env))
     elif has_nvidia_gpus():
-        from dispatch.gpu import KernelWatch
+        from dispatch.kernlog import KernelWatch
 
         watch = KernelWatch()
     backend.ensure_slice(limit)
