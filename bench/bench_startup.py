@@ -13,9 +13,17 @@ The two are interleaved (A B, B A, A B, ...), so both see the same machine noise
 hostrun comes first and is not counted: it validates the config with pydantic and writes the cached,
 normalized form that every later run reads.
 
+* the same ``hostrun -- true`` with the opposite answer to "does this host have NVIDIA GPUs?": on a
+  host without GPUs, a fake ``/proc/driver/nvidia/gpus`` with one entry (``HOSTRUN_NVIDIA_PROC``, the
+  test hook), so every job imports ``dispatch.kernlog`` and watches the real ``/dev/kmsg``; on a host
+  with GPUs, an empty one. It runs with dispatch's bytecode cached, as the ``[*]`` series, and its
+  difference to that series is what the kernel-log watch costs per job on a GPU host
+  (``--no-gpu-series`` skips it).
+
 Reported: median, p10 and p90 wall time of each, the ratio of the medians and the target
 (``hostrun -- true`` <= 3x bare ``python -c pass``; about 70 ms on the reference machines), then the
-top entries of ``python -X importtime -m dispatch -- true`` by cumulative import time.
+top entries of ``python -X importtime -m dispatch -- true`` by cumulative import time, and whether
+``dispatch.kernlog`` and ``dispatch.gpu`` were imported (neither without GPUs).
 
 Isolation: a private temporary config (own ``state_dir``, own slice cgroup
 ``<this process's memory cgroup>/hostrun-bench-<pid>``, own ``XDG_CACHE_HOME`` for the config cache),
@@ -65,6 +73,13 @@ MEMORY_MOUNT = "/sys/fs/cgroup/memory"
 
 
 
+
+
+def _lists_any(path: str) -> bool:
+    try:
+        return bool(os.listdir(path))
+    except OSError:
+        return False
 
 
 def pct(values: list[float], q: int) -> float:
@@ -123,6 +138,9 @@ def importtime_profile(python: str, config: str, env: dict[str, str], top: int,
     if not rows:
         print("  (no importtime output)")
         return
+    for module in ("dispatch.kernlog", "dispatch.gpu"):  # loaded on a GPU host / for --gpu-memory
+        found = [r for r in rows if r[2].strip() == module]
+        print(f"  {module} imported: " + (f"yes, {found[0][1] / 1000:.1f} ms cumulative" if found else "no"))
     total_self = sum(r[0] for r in rows)
     ours = sum(r[0] for r in rows if r[2].strip().split(".")[0] == "dispatch")
     print(f"  {len(rows)} modules imported, {total_self / 1000:.1f} ms in all "
@@ -149,6 +167,8 @@ def main() -> int:
     ap.add_argument("--slice", default="500M", help="slice size of the private config (default 500M)")
     ap.add_argument("--no-cached-series", action="store_true",
                     help="skip the extra series with a private bytecode cache (PYTHONPYCACHEPREFIX)")
+    ap.add_argument("--no-gpu-series", action="store_true",
+                    help="skip the extra series with the opposite GPU answer (HOSTRUN_NVIDIA_PROC)")
     args = ap.parse_args()
     if args.runs < 20:
         ap.error("--runs must be at least 20 (medians of >= 20 runs)")
@@ -164,6 +184,11 @@ def main() -> int:
         # hostrun costs where its .pyc files exist (a normal pip install, a normal shell).
         env_cached = dict(env, PYTHONPYCACHEPREFIX=os.path.join(tmp, "pycache"))
         env_cached.pop("PYTHONDONTWRITEBYTECODE", None)
+        # The other answer to "NVIDIA GPUs here?" (dispatch.hostfacts.has_nvidia_gpus, read per job).
+        has_gpus = _lists_any(env.get("HOSTRUN_NVIDIA_PROC") or "/proc/driver/nvidia/gpus")
+        fake_proc = os.path.join(tmp, "nvidia-gpus")
+        os.makedirs(os.path.join(fake_proc, "0000:00:00.0") if not has_gpus else fake_proc)
+        env_flip = dict(env if args.no_cached_series else env_cached, HOSTRUN_NVIDIA_PROC=fake_proc)
         version = subprocess.run([python, "-c", "import sys; print(sys.version.split()[0])"],
                                  capture_output=True, text=True).stdout.strip()
         print(f"hostrun:      {hostrun}")
@@ -171,6 +196,8 @@ def main() -> int:
         print(f"config:       {config} (state_dir {tmp}/state, slice {args.slice})")
         print(f"slice cgroup: {slice_dir or '(hostrun default)'}")
         print(f"machine:      {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+        print(f"NVIDIA GPUs:  {'yes' if has_gpus else 'no'} (/proc/driver/nvidia/gpus); kernel log: "
+              f"{env.get('HOSTRUN_KERNEL_LOG') or '/dev/kmsg'}")
         print(f"environment:  PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}; "
               f"dispatch bytecode: {bytecode_state(python, env)}")
 
@@ -188,6 +215,13 @@ def main() -> int:
             for argv in (cmd_hostrun, cmd_hostrun, cmd_python):  # fill the private bytecode cache
                 timed(argv, env_cached)
             series.insert(1, ("cached", "hostrun -- true, .pyc cached [*]", cmd_hostrun, env_cached))
+        flip_label = ("hostrun -- true, no GPU [fake, empty]" if has_gpus
+                      else "hostrun -- true, GPU host [fake]")
+        flip_label += "" if args.no_cached_series else " [*]"
+        same = "hostrun" if args.no_cached_series else "cached"  # the same bytecode state
+        if not args.no_gpu_series:
+            timed(cmd_hostrun, env_flip)  # not counted, as the warm-up
+            series.insert(1, ("flip", flip_label, cmd_hostrun, env_flip))
 
         times: dict[str, list[float]] = {key: [] for key, _, _, _ in series}
         failures: list[str] = []
@@ -217,6 +251,11 @@ def main() -> int:
                   f"PYTHONDONTWRITEBYTECODE unset): {med['cached'] / med['python']:.2f}x "
                   f"({(med['cached'] - med['python']) * 1000:.1f} ms over python) -> "
                   f"{'within' if med['cached'] / med['python'] <= TARGET_RATIO else 'over'} target")
+        if "flip" in med:
+            gpu_med, plain_med = (med[same], med["flip"]) if has_gpus else (med["flip"], med[same])
+            print(f"  {flip_label}: {med['flip'] / med['python']:.2f}x python -c pass; the kernel-log "
+                  f"watch of a host with GPUs costs {(gpu_med - plain_med) * 1000:+.1f} ms per job "
+                  f"({gpu_med / plain_med:.2f}x the same job without GPUs)")
         if failures:
             print(f"  {len(failures)} run(s) exited non-zero:")
             for line in failures[:10]:
@@ -226,6 +265,8 @@ def main() -> int:
         importtime_profile(python, config, env, args.top, "environment as is")
         if not args.no_cached_series:
             importtime_profile(python, config, env_cached, args.top, "bytecode cached [*]")
+        if not args.no_gpu_series:
+            importtime_profile(python, config, env_flip, 0, flip_label)
 
         left = leftovers(os.path.join(tmp, "state"), slice_dir)
         print("\nleftovers after all runs: " + ("none" if not left else ""))

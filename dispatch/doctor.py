@@ -35,6 +35,10 @@ def diagnose(settings: Settings) -> dict[str, Any]:
     ledger_ok, ledger_check = inspect(settings.state_dir)
     if not ledger_ok:
         problems.append(ledger_check)
+    kernel_log = _kernel_log_check()
+    if kernel_log is not None and not kernel_log["ok"]:
+        problems.append(f"this host has NVIDIA GPUs, but {kernel_log['detail']}: jobs are not watched "
+                        "for NV_ERR_NO_MEMORY (245 then comes only from a --gpu-memory job's output)")
     return {
         "version": __version__,
         "python": sys.version.split()[0],
@@ -49,8 +53,23 @@ def diagnose(settings: Settings) -> dict[str, Any]:
         "memory_total": mem.total,
         "heavy_threads": host.threads(),
         "probes": [{"backend": name, "ok": p.ok, "detail": p.detail} for name, p in probe_all(host)],
+        "gpu_kernel_log": kernel_log,
         "problems": problems,
     }
+
+
+def _kernel_log_check() -> dict[str, Any] | None:
+    """On a host with NVIDIA GPUs, whether the kernel log can be watched; jobs do not say so each time
+    (every job would repeat it), so this is where an unreadable one is told. None without GPUs."""
+    from dispatch.hostfacts import has_nvidia_gpus
+
+    if not has_nvidia_gpus():
+        return None
+    from dispatch.kernlog import KernelLog
+
+    log = KernelLog()
+    log.close()
+    return {"ok": log.error is None, "detail": log.error or log.path}
 
 
 SLOW_ROUND_TRIP = 0.08  # a no-op through a warm ControlMaster costs ~16 ms on these machines

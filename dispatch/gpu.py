@@ -14,19 +14,26 @@ one that fails or does not answer within ``SMI_TIMEOUT`` raises :class:`GpuError
 Out of memory. cgroups do not cap VRAM, so a shortage shows only as a message: in the job's own output
 (``OUTPUT_PATTERNS``, found by :class:`OutputTee`, which forwards the job's stdout and stderr live and
 keeps just a short tail for matching), and, for allocations made by the driver, as ``NV_ERR_NO_MEMORY``
-in the kernel log (:class:`KernelLog`: ``/dev/kmsg`` from the job's start, or the plain file named by
-``HOSTRUN_KERNEL_LOG``, a hook for tests).
+in the kernel log (``dispatch.kernlog``, which a job without ``--gpu-memory`` loads alone).
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import select
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.errors import NeverFitsError, NotRunError
+from dispatch.kernlog import (  # noqa: F401  (KernelLog & co are dispatch.gpu's API too)
+    CHUNK,
+    KERNEL_LOG_ENV,
+    KERNEL_PATTERNS,
+    KMSG,
+    KernelLog,
+    KernelWatch,
+    PatternScanner,
+)
 from dispatch.records import NamedTuple
 from dispatch.units import format_size
 
@@ -43,10 +50,6 @@ QUERY_APPS = ("--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noh
 # CuPy's pool says only "OutOfMemoryError: Out of memory allocating N bytes").
 OUTPUT_PATTERNS = (b"CUDA out of memory", b"CUDA_ERROR_OUT_OF_MEMORY", b"RESOURCE_EXHAUSTED",
                    b"cudaErrorMemoryAllocation", b"OutOfMemoryError: Out of memory allocating")
-KERNEL_PATTERNS = (b"NV_ERR_NO_MEMORY",)
-KERNEL_LOG_ENV = "HOSTRUN_KERNEL_LOG"  # test hook: a plain file read instead of /dev/kmsg
-KMSG = "/dev/kmsg"
-CHUNK = 1 << 16
 PIPE_BUF = 4096  # a write this small to a pipe that polls writable never blocks
 
 
@@ -308,30 +311,6 @@ class GpuSnapshot:
 
 
 # --------------------------------------------------------------------------- out-of-memory detection
-class PatternScanner:
-    """Finds the first of ``patterns`` in a byte stream fed in chunks, even across chunk boundaries.
-
-    Only the last ``len(longest pattern) - 1`` bytes are kept between chunks.
-    """
-
-    def __init__(self, patterns: Sequence[bytes]) -> None:
-        self.patterns = tuple(patterns)
-        self.keep = max(len(p) for p in self.patterns) - 1
-        self.tail = b""
-        self.found: bytes | None = None
-
-    def feed(self, data: bytes) -> bytes | None:
-        if self.found is None and data:
-            window = self.tail + data
-            for pattern in self.patterns:
-                if pattern in window:
-                    self.found, self.tail = pattern, b""
-                    break
-            else:
-                self.tail = window[-self.keep:] if self.keep else b""
-        return self.found
-
-
 class _Stream:
     def __init__(self, name: str, read_fd: int, target: int) -> None:
         self.name = name
@@ -503,125 +482,32 @@ def _unregister(poller: select.poll, fd: int) -> None:
         pass
 
 
-class KernelLog:
-    """Kernel messages logged while the job runs, scanned for ``NV_ERR_NO_MEMORY``.
-
-    ``/dev/kmsg`` is opened non-blocking and positioned at its end when the job starts (each read
-    returns one record; EAGAIN at the end; EPIPE when records were overwritten before being read), and
-    read at every sampling tick and once at the end. With ``HOSTRUN_KERNEL_LOG=PATH`` (a test hook) the
-    plain file PATH is read instead, and only what is appended after the job started counts. Where the
-    log cannot be opened (no CAP_SYSLOG, a container), ``error`` says why and only the output counts.
-    The kernel log is host-wide: a driver failure of another process during the run is seen too, which
-    is why it decides 245 only for a job that failed.
-    """
-
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
-        env = os.environ if environ is None else environ
-        self.path = env.get(KERNEL_LOG_ENV) or KMSG
-        self.is_kmsg = self.path == KMSG
-        self.scanner = PatternScanner(KERNEL_PATTERNS)
-        self.error: str | None = None
-        self.fd = -1
-        self.offset = 0
-        try:
-            if self.is_kmsg:
-                self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-                os.lseek(self.fd, 0, os.SEEK_END)
-            else:
-                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-                self.offset = os.lseek(self.fd, 0, os.SEEK_END)
-        except OSError as exc:
-            self.error = f"cannot read the kernel log {self.path}: {exc.strerror}"
-            self.close()
-
-    def scan(self) -> None:
-        if self.fd < 0 or self.scanner.found is not None:
-            return
-        if self.is_kmsg:
-            self._scan_kmsg()
-        else:
-            self._scan_file()
-
-    def _scan_kmsg(self) -> None:
-        for _ in range(10000):  # one record per read; bounded per tick
-            try:
-                record = os.read(self.fd, 8192)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:
-                    continue  # older records were overwritten; go on with the next one
-                self.error = f"reading {self.path}: {exc.strerror}"
-                self.close()
-                return
-            if not record:
-                return
-            if self.scanner.feed(record + b"\n"):
-                return
-
-    def _scan_file(self) -> None:
-        try:
-            if os.fstat(self.fd).st_size < self.offset:
-                self.offset = 0  # truncated or replaced: start again from its beginning
-            while True:
-                data = os.pread(self.fd, CHUNK, self.offset)
-                if not data:
-                    return
-                self.offset += len(data)
-                if self.scanner.feed(data):
-                    return
-        except OSError as exc:
-            self.error = f"reading {self.path}: {exc.strerror}"
-            self.close()
-
-    @property
-    def evidence(self) -> str | None:
-        if self.scanner.found is None:
-            return None
-        return f"the kernel log ({self.path}) shows {self.scanner.found.decode()!r} during the run"
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-class GpuRun:
+class GpuRun(KernelWatch):
     """Everything a ``--gpu-memory`` run carries: the request, candidates, the tee and the kernel log."""
 
     def __init__(self, need: int, candidates: Sequence[Gpu]) -> None:
+        super().__init__()
         self.need = need
         self.snapshot = GpuSnapshot(need, candidates)
-        self.tee: OutputTee | None = None
-        self.kernel_log: KernelLog | None = None
         self.device: Gpu | None = None
 
     def start_output(self) -> tuple[int, int]:
         """Create the job's stdout/stderr pipes (before the fork); returns the child's ends."""
-        self.tee = OutputTee()
-        assert self.tee.child_fds is not None
-        return self.tee.child_fds
-
-    def job_starts(self) -> None:
-        self.kernel_log = KernelLog()
-
-    def tick(self) -> None:
-        if self.kernel_log is not None:
-            self.kernel_log.scan()
+        tee = OutputTee()
+        self.tee = tee
+        assert tee.child_fds is not None
+        return tee.child_fds
 
     def finish(self) -> str | None:
-        """After the job: forward the rest of its output and say what shows a GPU OOM, if anything."""
+        """After the job: forward the rest of its output and say what shows a GPU OOM, if anything;
+        the output first."""
         if self.tee is not None:
             self.tee.drain()
-        if self.kernel_log is not None:
-            self.kernel_log.scan()
+        in_log = super().finish()
         found = self.tee.evidence if self.tee is not None else None
-        if found is None and self.kernel_log is not None:
-            found = self.kernel_log.evidence
-        return found
+        return found if found is not None else in_log
 
     def close(self) -> None:
         if self.tee is not None:
             self.tee.close()
-        if self.kernel_log is not None:
-            self.kernel_log.close()
+        super().close()

@@ -42,3 +42,20 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # one directory per GPU (its PCI address) the driver has
+NVIDIA_PROC_ENV = "HOSTRUN_NVIDIA_PROC"  # test hook: a directory read instead of NVIDIA_GPUS
+
+
+def has_nvidia_gpus() -> bool:
+    """Whether the NVIDIA driver has a GPU here: one directory read, asked for every job, so never
+    nvidia-smi (tens of ms or worse). The driver makes an entry per GPU under /proc/driver/nvidia/gpus,
+    also inside containers given GPUs; device nodes such as /dev/nvidia0 are created lazily and can be
+    numbered otherwise. ``HOSTRUN_NVIDIA_PROC`` names another directory instead (a test hook)."""
+    path = os.environ.get(NVIDIA_PROC_ENV) or NVIDIA_GPUS
+    try:
+        with os.scandir(path) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False

@@ -8,10 +8,12 @@ The job runs in its own process group. hostrun forwards SIGINT/SIGTERM/SIGHUP/SI
 then kills the whole cgroup after ``kill_grace``; a second signal kills at once. When the main process
 exits, whatever it left in the cgroup is killed too. A forked guardian does the same if hostrun dies.
 
-With ``--gpu-memory`` (only then: ``dispatch.gpu`` is imported on that path alone) the job is booked on
-a GPU as well, gets that device in ``CUDA_VISIBLE_DEVICES``, has its stdout/stderr teed through pipes
-and scanned, and the kernel log is watched during the run: a GPU out-of-memory in either makes a
-failed run exit 245. Jobs without ``--gpu-memory`` are neither teed nor checked for 245.
+With ``--gpu-memory`` the job is booked on a GPU as well, gets that device in ``CUDA_VISIBLE_DEVICES``,
+has its stdout/stderr teed through pipes and scanned, and the kernel log is watched during the run: a
+GPU out-of-memory in either makes a failed run exit 245. On a host with NVIDIA GPUs (one directory
+read per job: ``has_nvidia_gpus``) every other job has the kernel log watched too (the small
+``dispatch.kernlog``), its output left alone. ``dispatch.gpu`` is imported for ``--gpu-memory`` alone;
+a host without GPUs pays one failed directory read.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dispatch.capping.base import CapBackend, JobCgroup
 from dispatch.errors import BackendError, LedgerError, NeverFitsError, NoCapBackendError, UsageError
 from dispatch.exitcodes import SIGNAL_BASE, ExitCode, exec_failure
 from dispatch.guardian import Guardian
-from dispatch.hostfacts import read_meminfo
+from dispatch.hostfacts import has_nvidia_gpus, read_meminfo
 from dispatch.ledger import Admission, Ledger
 from dispatch.ledgerdb import Booking
 from dispatch.outcome import Outcome, history_row
@@ -44,6 +46,7 @@ MYPY = False
 if MYPY:
 
     from dispatch.gpu import GpuRun
+    from dispatch.kernlog import KernelWatch
 
 SAMPLE_INTERVAL = 0.05
 FAST_SAMPLE_INTERVAL = 0.01  # short jobs are over before a 50 ms sample would see them
@@ -251,11 +254,16 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
         )
     base_env = dict(os.environ if request.env is None else request.env)
     gpu: GpuRun | None = None
+    watch: KernelWatch | None = None  # the kernel log, on a host with GPUs; gpu when there is one
     if request.gpu_memory is not None:
         from dispatch.gpu import GpuRun, preflight
 
         # Refuse at once what has no GPU or could never fit: before anything is created or booked.
-        gpu = GpuRun(request.gpu_memory, preflight(request.gpu_memory, base_env))
+        gpu = watch = GpuRun(request.gpu_memory, preflight(request.gpu_memory, base_env))
+    elif has_nvidia_gpus():
+        from dispatch.kernlog import KernelWatch
+
+        watch = KernelWatch()
     backend.ensure_slice(limit)
     env = job_environment(base_env, request.threads or host.threads(), request.threads is not None)
     me = os.getpid()
@@ -297,7 +305,7 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             gpu.device = gpu.snapshot.device(index) if index is not None else None
             if gpu.device is None:
                 raise BackendError(f"booked on GPU {index}, which nvidia-smi no longer lists")
-        outcome = _run(settings, host, backend, job, child, request, label, plan, say, gpu)
+        outcome = _run(settings, host, backend, job, child, request, label, plan, say, gpu, watch)
         outcome.waited_s = round(waited, 3)
         _record(settings, ledger, outcome, request, cap, plan.kind, say)
         return outcome
@@ -305,8 +313,8 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
         if child is not None:
             child.cancel()
         job.kill_all()
-        if gpu is not None:
-            gpu.close()
+        if watch is not None:
+            watch.close()
         if ledger is not None:
             if booking_id is not None:
                 try:
@@ -371,6 +379,7 @@ def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSet
 def _run(
     settings: Settings, host: HostSettings, backend: CapBackend, job: JobCgroup, child: PreparedChild,
     request: RunRequest, label: str, plan: Plan, say: Callable[[str], None], gpu: GpuRun | None = None,
+    watch: KernelWatch | None = None,
 ) -> Outcome:
     result = Outcome(
         exit_code=0, outcome="exit", host=host.name, label=label, argv=list(request.argv),
@@ -383,7 +392,8 @@ def _run(
 
         extra_env = device_environment(gpu.device)
         result.gpu_index, result.gpu_bytes = gpu.device.index, gpu.need
-        gpu.job_starts()  # the kernel log counts from here
+    if watch is not None:
+        watch.job_starts()  # the kernel log counts from here
     started = time.monotonic()
     with _Signals() as signals, _Foreground(child.pid) as foreground:
         failed = child.go(plan.oom_score_adj, extra_env)
@@ -396,10 +406,10 @@ def _run(
             return result
         max_runtime = request.max_runtime if request.max_runtime is not None else host.max_runtime
         status, peak, timed_out = _watch(settings, job, child.pid, max_runtime, signals, say,
-                                         foreground, gpu)
+                                         foreground, watch)
     result.duration_s = round(time.monotonic() - started, 3)
     job.kill_all()
-    vram = gpu.finish() if gpu is not None else None  # the rest of its output, then the verdict
+    vram = watch.finish() if watch is not None else None  # the rest of its output, then the verdict
     verdict = job.verdict()
     result.counters = verdict.counters
     # Sampling can miss a short spike; the kernel's high-water mark less the page cache still
@@ -434,17 +444,18 @@ def _run(
 
 def _watch(
     settings: Settings, job: JobCgroup, pid: int, max_runtime: float | None, signals: _Signals,
-    say: Callable[[str], None], foreground: _Foreground | None = None, gpu: GpuRun | None = None,
+    say: Callable[[str], None], foreground: _Foreground | None = None, watch: KernelWatch | None = None,
 ) -> tuple[int, int, bool]:
     """Wait for the main process, sampling memory; enforce max runtime and forwarded signals.
 
-    With ``gpu``, also forward the job's teed output as it comes and scan the kernel log each sample.
+    With ``watch``, also scan the kernel log each sample, and forward a ``--gpu-memory`` job's teed
+    output as it comes.
     Returns (raw wait status, peak bytes sampled, whether max runtime stopped it).
     """
     pidfd = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
-    tee = gpu.tee if gpu is not None else None
+    tee = watch.tee if watch is not None else None
     if tee is not None:
         tee.register(poller)
     begun = last = time.monotonic()
@@ -471,8 +482,8 @@ def _watch(
                 if status is not None:
                     break  # reaped while checking for a stop: it has exited
             peak = max(peak, job.sample())
-            if gpu is not None:
-                gpu.tick()
+            if watch is not None:
+                watch.tick()
             now = time.monotonic()
             if signals.pending:
                 sig = signals.pending.pop(0)

@@ -51,6 +51,7 @@ from dispatch.gpu import (
     read_gpus,
     visible,
 )
+from dispatch.hostfacts import NVIDIA_PROC_ENV, has_nvidia_gpus
 from dispatch.ledger import Admission, Ledger, choose_gpu
 from dispatch.ledgerdb import SCHEMA_VERSION, Booking
 from dispatch.procinfo import start_time
@@ -224,7 +225,8 @@ esac
 
 
 class FakeGpus:
-    """A fake ``nvidia-smi`` first on PATH, and a fake kernel log file (HOSTRUN_KERNEL_LOG)."""
+    """A fake ``nvidia-smi`` first on PATH, a fake kernel log file (HOSTRUN_KERNEL_LOG) and a fake
+    /proc/driver/nvidia/gpus with one GPU's entry in it (HOSTRUN_NVIDIA_PROC): a host with a GPU."""
 
     def __init__(self, tmp: Path) -> None:
         self.bin = tmp / "fakebin"
@@ -236,6 +238,11 @@ class FakeGpus:
         self.apps_file = self.bin / "apps.csv"
         self.kernel_log = tmp / "kern.log"
         self.kernel_log.write_text("[  1.0] an old boot line\n")
+        self.nvidia_proc = tmp / "nvidia-gpus"
+        (self.nvidia_proc / "0000:01:00.0").mkdir(parents=True)  # as the driver names it: PCI address
+        (self.nvidia_proc / "0000:01:00.0" / "information").write_text("Model: NVIDIA Fake GPU\n")
+        self.no_gpus = tmp / "no-nvidia-gpus"  # a driver with no GPU: the directory is empty
+        self.no_gpus.mkdir()
 
     def set(self, *devices: tuple[int, int, int]) -> None:
         """Devices as (total MiB, used MiB, free MiB); index i gets UUID GPU-0000000i-…"""
@@ -251,6 +258,7 @@ class FakeGpus:
         env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
         env["PATH"] = f"{self.bin}:{env.get('PATH', '/usr/bin:/bin')}"
         env[KERNEL_LOG_ENV] = str(self.kernel_log)
+        env[NVIDIA_PROC_ENV] = str(self.nvidia_proc)
         env.update(extra)
         return env
 
@@ -750,3 +758,98 @@ def test_status_line_and_reason_say_what_is_missing() -> None:
         "held by train (pid 4121, 64 MiB, 8.0 GiB VRAM on GPU 0, 0.5 s), "
         "eval (pid 4121, 64 MiB, 2.0 GiB VRAM on GPU 1, 0.5 s)")
     assert wait_reason(unreadable, error) == f"vram: need 8.0 GiB, {error}"
+
+
+# ------------------------------------------------------------- every job on a host with NVIDIA GPUs
+def test_has_nvidia_gpus_reads_one_directory(fake: FakeGpus, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(NVIDIA_PROC_ENV, str(fake.nvidia_proc))
+    assert has_nvidia_gpus()
+    monkeypatch.setenv(NVIDIA_PROC_ENV, str(fake.no_gpus))
+    assert not has_nvidia_gpus()
+    monkeypatch.setenv(NVIDIA_PROC_ENV, str(tmp_path / "no-driver"))
+    assert not has_nvidia_gpus()
+
+
+def opened_by_hostrun(listing: Path) -> str:
+    """A shell step for the job: list what its parent (the hostrun process that forked it) holds open."""
+    return f"for f in /proc/$PPID/fd/*; do readlink $f; done > {listing}"
+
+
+def test_plain_job_on_a_gpu_host_failing_with_nv_err_no_memory_is_245(
+        hostrun: Hostrun, fake: FakeGpus, tmp_path: Path) -> None:
+    """No --gpu-memory: the kernel log is watched all the same, and its output is not teed."""
+    out, fds, stdout = tmp_path / "r.json", tmp_path / "fds", tmp_path / "stdout.txt"
+    with stdout.open("w") as fh:
+        proc = hostrun.run("-m", "64M", "--result-file", str(out), "--", "sh", "-c",
+                           f"readlink /proc/self/fd/1; {opened_by_hostrun(fds)}; "
+                           f"echo '[ 99.1] NVRM: rmapiAllocWithSecInfo: NV_ERR_NO_MEMORY' "
+                           f">> {fake.kernel_log}; exit 1",
+                           env=fake.env(), stdout=fh, capture_output=False, stderr=subprocess.PIPE)
+    evidence = f"the kernel log ({fake.kernel_log}) shows 'NV_ERR_NO_MEMORY' during the run"
+    assert proc.returncode == 245, proc.stderr
+    assert f"hostrun: GPU out of memory: {evidence}" in proc.stderr
+    assert "exit 245 (vram): GPU memory shortage during the run" in proc.stderr
+    assert stdout.read_text().strip() == str(stdout)  # not teed: the job wrote straight to our file
+    assert str(fake.kernel_log) in fds.read_text().split()
+    r = result(out)
+    assert r["outcome"] == "vram" and r["exit_code"] == 245 and r["vram_evidence"] == evidence
+    assert r["gpu_index"] is None and r["gpu_bytes"] is None
+    assert not (fake.bin / "calls").exists()  # nvidia-smi is never run for a plain job
+
+
+def test_plain_job_on_a_gpu_host_line_from_before_the_run_does_not_count(
+        hostrun: Hostrun, fake: FakeGpus) -> None:
+    with fake.kernel_log.open("a") as fh:
+        fh.write("[ 50.0] NVRM: an earlier job's NV_ERR_NO_MEMORY\n")
+    proc = hostrun.run("-m", "64M", "--", "sh", "-c", "exit 3", env=fake.env())
+    assert proc.returncode == 3, proc.stderr
+    assert "GPU" not in proc.stderr
+
+
+def test_plain_job_on_a_gpu_host_exiting_0_passes_0_with_a_warning(
+        hostrun: Hostrun, fake: FakeGpus, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = hostrun.run("-m", "64M", "--result-file", str(out), "--", "sh", "-c",
+                       f"echo 'NVRM: NV_ERR_NO_MEMORY' >> {fake.kernel_log}; exit 0", env=fake.env())
+    assert proc.returncode == 0, proc.stderr
+    assert (f"hostrun: warning: the kernel log ({fake.kernel_log}) shows 'NV_ERR_NO_MEMORY' during the "
+            "run (a GPU out-of-memory), but the job exited 0; passing 0 through") in proc.stderr
+    r = result(out)
+    assert r["outcome"] == "exit" and r["exit_code"] == 0 and r["vram_evidence"]
+
+
+@pytest.mark.parametrize("driver", ["no GPU listed", "no driver"])
+def test_without_gpus_the_kernel_log_is_never_opened(hostrun: Hostrun, fake: FakeGpus, tmp_path: Path,
+                                                     driver: str) -> None:
+    """The same failing job on a host without GPUs: its status passes through, and the hostrun process
+    does not hold the kernel log open while the job runs (the job looks, as the 245 test's does)."""
+    fds = tmp_path / "fds"
+    no_gpus = str(fake.no_gpus) if driver == "no GPU listed" else str(tmp_path / "missing")
+    proc = hostrun.run("-m", "64M", "--", "sh", "-c",
+                       f"{opened_by_hostrun(fds)}; echo 'NVRM: NV_ERR_NO_MEMORY' >> {fake.kernel_log}; "
+                       "exit 1", env=fake.env(**{NVIDIA_PROC_ENV: no_gpus}))
+    assert proc.returncode == 1, proc.stderr
+    assert "GPU" not in proc.stderr
+    opened = fds.read_text().split()
+    assert opened and str(fake.kernel_log) not in opened  # it did list hostrun's descriptors
+
+
+def test_doctor_tells_once_that_the_kernel_log_cannot_be_watched(hostrun: Hostrun, fake: FakeGpus,
+                                                                tmp_path: Path) -> None:
+    """Where the log cannot be read a job says nothing (every job would); ``hostrun doctor`` says it."""
+    missing = tmp_path / "unreadable-kmsg"
+    unreadable = fake.env(**{KERNEL_LOG_ENV: str(missing)})
+    data = json.loads(hostrun.run("doctor", "--json", env=unreadable).stdout)
+    why = f"cannot read the kernel log {missing}: No such file or directory"
+    assert data["gpu_kernel_log"] == {"ok": False, "detail": why}
+    assert (f"this host has NVIDIA GPUs, but {why}: jobs are not watched for NV_ERR_NO_MEMORY (245 then "
+            "comes only from a --gpu-memory job's output)") in data["problems"]
+    proc = hostrun.run("-m", "64M", "--", "sh", "-c", "exit 1", env=unreadable)
+    assert (proc.returncode, proc.stderr) == (1, "")  # nothing said per job
+    data = json.loads(hostrun.run("doctor", "--json", env=fake.env()).stdout)
+    assert data["gpu_kernel_log"] == {"ok": True, "detail": str(fake.kernel_log)}
+    assert not [p for p in data["problems"] if "NVIDIA" in p]
+    no_gpus = fake.env(**{NVIDIA_PROC_ENV: str(fake.no_gpus)})
+    data = json.loads(hostrun.run("doctor", "--json", env=no_gpus).stdout)
+    assert data["gpu_kernel_log"] is None
