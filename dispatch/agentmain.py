@@ -114,12 +114,13 @@ def main(argv: list[str]) -> int:
 
 
 def probe(spec: dict[str, Any]) -> dict[str, Any]:
-    """Toolchain probe outputs, and the job's work directory made ready (and claimed)."""
-    from dispatch.toolchain import probe_here
+    """The job's work directory made ready (and claimed), then the toolchain probe outputs, taken in
+    the job's directory there with the tree's toolchain files seeded first (the sync comes later)."""
+    from dispatch.toolchain import probe_here, seed
 
     workdir = spec.get("workdir")
-    data = {"probes": probe_here(spec.get("probes", []), _cache_dir()),
-            "agent_version": __version__}
+    data: dict[str, Any] = {"agent_version": __version__}
+    where = None
     if workdir:
         path = os.path.abspath(os.path.expanduser(workdir))
         try:
@@ -135,7 +136,32 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
 
             data["workdir_owner"] = claim_if_unclaimed(path, str(owner.get("purpose") or ""),
                                                        str(owner.get("session") or ""))
+        if "workdir" in data:
+            seed(path, spec.get("toolchain_files") or {})
+            where = _job_dir(path, str(spec.get("job_dir") or ""))
+    data["probes"] = probe_here(spec.get("probes", []), _cache_dir(), where)
     return data
+
+
+def _job_dir(workdir: str, rel: str) -> str:
+    """The job's directory in the peer's copy, created if the tree has not been synced there yet (but
+    never through a symbolic link in the copy); the work directory itself when it cannot be had."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if rel.startswith("/") or ".." in parts:
+        return workdir
+    path = workdir
+    for part in parts:
+        path = os.path.join(path, part)
+        if os.path.islink(path):
+            break
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            pass
+        except OSError:
+            return workdir
+    path = os.path.join(workdir, *parts)
+    return path if os.path.isdir(path) else workdir
 
 
 def _cache_dir() -> str:
