@@ -3,8 +3,9 @@
 Commands:
 - ``report [--fallback JSON] [--label LABEL] [--peaks]``: the peer's resources, from its own ledger
   and slice (one JSON document on stdout); ``--peaks`` adds its peak table and peak history;
-- ``probe --spec JSON``: toolchain probe outputs, and the job's work directory made ready (and,
-  with ``owner`` in the spec, claimed for the controller's session unless already claimed);
+- ``probe --spec JSON``: the job's work directory made ready (and, with ``owner`` in the spec,
+  claimed for the controller's session unless already claimed), the tree's toolchain files seeded
+  into it, and the toolchain probe outputs taken in the job's directory there;
 - ``run``: run one job here, framed; its spec is the first frame on stdin (see ``dispatch.agentrun``).
 
 The peer's own configuration (``$HOSTRUN_CONFIG``, ``./hosts.toml`` or
