@@ -24,6 +24,7 @@ from dispatch.atomicfile import write_atomic
 from dispatch.errors import HostrunError
 from dispatch.exitcodes import ExitCode
 from dispatch.fingerprint import short_hash
+from dispatch.trust import own_file_ok, private_dir_ok
 
 MYPY = False
 if MYPY:
@@ -43,8 +44,15 @@ class ToolchainMismatchError(HostrunError):
 
 
 def _digest(path: str) -> str:
+    """A short hash of a regular file's content (a FIFO in a tree is not waited on)."""
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"<{exc.errno}>"
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return "<not a file>"
             return short_hash(fh.read(), 16)
     except OSError as exc:
         return f"<{exc.errno}>"
@@ -96,13 +104,7 @@ def probe_here(probes: list[str], cache_dir: str, cwd: str | None = None,
     cwd = os.path.realpath(cwd or os.getcwd())
     env = os.environ if env is None else env
     cache_path = os.path.join(cache_dir, "toolchain-probes.json")
-    try:
-        with open(cache_path, encoding="utf-8") as fh:
-            cache: dict[str, Any] = json.load(fh)
-        if not isinstance(cache, dict):
-            cache = {}
-    except (OSError, ValueError):
-        cache = {}
+    cache = _read_cache(cache_dir, cache_path)
     results: dict[str, dict[str, Any]] = {}
     changed = False
     for probe in probes:
@@ -112,9 +114,12 @@ def probe_here(probes: list[str], cache_dir: str, cwd: str | None = None,
             results[probe] = {"found": False, "output": None}
             continue
         slot = short_hash(f"{probe}\0{cwd}".encode(), 16)
-        key = _key(binary, cwd, env)
+        try:
+            key = _key(binary, cwd, env)
+        except OSError:  # the program vanished meanwhile: run it (and say so), cache nothing
+            key = ""
         cached = cache.get(slot)
-        if isinstance(cached, dict) and cached.get("key") == key:
+        if key and isinstance(cached, dict) and cached.get("key") == key:
             results[probe] = {"found": True, "output": cached.get("output")}
             continue
         try:
@@ -126,17 +131,38 @@ def probe_here(probes: list[str], cache_dir: str, cwd: str | None = None,
             output = f"<probe failed: {exc}>"
         results[probe] = {"found": True, "output": output}
         cache.pop(slot, None)
-        cache[slot] = {"key": key, "output": output}
-        changed = True
+        if key:
+            cache[slot] = {"key": key, "output": output}
+            changed = True
     if changed:
         for old in list(cache)[:-CACHE_ENTRIES]:
             del cache[old]
         try:
             os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-            write_atomic(cache_path, json.dumps(cache).encode())
+            if private_dir_ok(cache_dir):
+                write_atomic(cache_path, json.dumps(cache).encode())
         except OSError:
             pass
     return results
+
+
+def _read_cache(cache_dir: str, cache_path: str) -> dict[str, Any]:
+    """The cached outputs, only from a private directory and file of ours: an output planted by
+    someone else would make a different toolchain pass the check. Anything else reads as empty."""
+    if not private_dir_ok(cache_dir):
+        return {}
+    try:
+        fd = os.open(cache_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not own_file_ok(os.fstat(fh.fileno())):
+                return {}
+            cache = json.loads(fh.read())
+    except (OSError, ValueError):
+        return {}
+    return cache if isinstance(cache, dict) else {}
 
 
 def selector_files(tree: str, rel_cwd: str) -> dict[str, str]:

@@ -5,11 +5,14 @@ tests/fakerustup.py: a proxy file that never changes while the toolchain behind 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
-from dispatch.toolchain import probe_here, seed, selector_files
+from dispatch.fingerprint import short_hash
+from dispatch.toolchain import _key, probe_here, seed, selector_files
 from tests.fakerustup import FakeRustup
 
 STABLE, BETA, NIGHTLY = "rustc 1.80.0 (fake)", "rustc 1.81.0-beta (fake)", "rustc 1.83.0-nightly (fake)"
@@ -69,3 +72,28 @@ def test_toolchain_files_found_in_the_tree_and_seeded_only_inside_the_copy(tmp_p
     assert (copy / "rust-toolchain.toml").is_symlink()  # a link in the copy is left alone
     assert list(outside.iterdir()) == [] and not (tmp_path / "rust-toolchain").exists()
     assert not (copy / "crates" / "other-file").exists()
+
+
+def test_probe_cache_planted_by_another_user_is_not_believed(tmp_path: Path, other_user: Any) -> None:
+    """Another user's cache directory (or a cache file of theirs in ours) holding a forged output for
+    the exact key: the probe runs anyway, and nothing is written into their directory."""
+    rustup = FakeRustup(tmp_path, "stable", {"stable": STABLE})
+    env = {**rustup.env(os.environ["PATH"]), "HOME": str(tmp_path)}
+    job = tmp_path / "job"
+    job.mkdir()
+    binary = str(rustup.bin / "rustc")
+    forged = {short_hash(f"rustc -Vv\0{job}".encode(), 16): {"key": _key(binary, str(job), env),
+                                                           "output": "rustc 9.9.9 (forged)"}}
+    theirs = other_user.home / "cache"
+    theirs.mkdir()
+    (theirs / "toolchain-probes.json").write_text(json.dumps(forged))
+    other_user.chown(theirs)
+    ours = tmp_path / "cache"
+    ours.mkdir(mode=0o700)
+    (ours / "toolchain-probes.json").write_text(json.dumps(forged))
+    other_user.chown(ours / "toolchain-probes.json")
+    for cache in (theirs, ours):
+        result = probe_here(["rustc -Vv"], str(cache), str(job), env)["rustc -Vv"]
+        assert str(result["output"]).splitlines()[0] == STABLE, cache
+    assert json.loads((theirs / "toolchain-probes.json").read_text()) == forged
+    assert (theirs / "toolchain-probes.json").stat().st_uid == other_user.uid
