@@ -3,8 +3,9 @@
 Commands:
 - ``report [--fallback JSON] [--label LABEL] [--peaks]``: the peer's resources, from its own ledger
   and slice (one JSON document on stdout); ``--peaks`` adds its peak table and peak history;
-- ``probe --spec JSON``: toolchain probe outputs, and the job's work directory made ready (and,
-  with ``owner`` in the spec, claimed for the controller's session unless already claimed);
+- ``probe --spec JSON``: the job's work directory made ready (and, with ``owner`` in the spec,
+  claimed for the controller's session unless already claimed), the tree's toolchain files seeded
+  into it, and the toolchain probe outputs taken in the job's directory there;
 - ``run``: run one job here, framed; its spec is the first frame on stdin (see ``dispatch.agentrun``).
 
 The peer's own configuration (``$HOSTRUN_CONFIG``, ``./hosts.toml`` or
@@ -114,12 +115,13 @@ def main(argv: list[str]) -> int:
 
 
 def probe(spec: dict[str, Any]) -> dict[str, Any]:
-    """Toolchain probe outputs, and the job's work directory made ready (and claimed)."""
-    from dispatch.toolchain import probe_here
+    """The job's work directory made ready (and claimed), then the toolchain probe outputs, taken in
+    the job's directory there with the tree's toolchain files seeded first (the sync comes later)."""
+    from dispatch.toolchain import probe_here, seed
 
     workdir = spec.get("workdir")
-    data = {"probes": probe_here(spec.get("probes", []), _cache_dir()),
-            "agent_version": __version__}
+    data: dict[str, Any] = {"agent_version": __version__}
+    where = None
     if workdir:
         path = os.path.abspath(os.path.expanduser(workdir))
         try:
@@ -135,7 +137,32 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
 
             data["workdir_owner"] = claim_if_unclaimed(path, str(owner.get("purpose") or ""),
                                                        str(owner.get("session") or ""))
+        if "workdir" in data:
+            seed(path, spec.get("toolchain_files") or {})
+            where = _job_dir(path, str(spec.get("job_dir") or ""))
+    data["probes"] = probe_here(spec.get("probes", []), _cache_dir(), where)
     return data
+
+
+def _job_dir(workdir: str, rel: str) -> str:
+    """The job's directory in the peer's copy, created if the tree has not been synced there yet (but
+    never through a symbolic link in the copy); the work directory itself when it cannot be had."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if rel.startswith("/") or ".." in parts:
+        return workdir
+    path = workdir
+    for part in parts:
+        path = os.path.join(path, part)
+        if os.path.islink(path):
+            break
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            pass
+        except OSError:
+            return workdir
+    path = os.path.join(workdir, *parts)
+    return path if os.path.isdir(path) else workdir
 
 
 def _cache_dir() -> str:

@@ -128,12 +128,16 @@ class PeerRun:
 
         owner = {"session": self.request.session or fallback_session(),
                  "purpose": f"hostrun --peer sync target of {socket.gethostname()}:{self.tree}"}
+        from dispatch.toolchain import selector_files
+
         return {"probes": list(self.settings.toolchain_probes), "workdir": self.remote_tree_spec,
-                "owner": owner}
+                "owner": owner, "job_dir": self.rel_cwd,
+                "toolchain_files": selector_files(self.tree, self.rel_cwd)}
 
     def check_prepared(self, remote: dict[str, Any]) -> None:
         """Step 3 (toolchain, 247) and the start of step 4 (work directory, 252)."""
-        here = probe_here(list(self.settings.toolchain_probes), self.settings.state_dir)
+        here = probe_here(list(self.settings.toolchain_probes), self.settings.state_dir,
+                          os.path.join(self.tree, self.rel_cwd))
         differences = compare(here, remote["probes"], self.host.name)
         if differences:
             for line in differences:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -20,6 +21,7 @@ from typing import Any
 
 from dispatch.exitcodes import ExitCode
 from tests.conftest import Hostrun, pid_alive, wait_for
+from tests.fakerustup import FakeRustup
 
 PY = sys.executable
 MiB = 1 << 20
@@ -271,3 +273,60 @@ def test_cut_link_is_251_and_nothing_is_left_on_the_peer(hostrun: Hostrun, peers
         wait_for(lambda: peer_bookings(peer) == [], timeout=15)
     finally:
         ns.delete()
+
+
+RUSTC = 'enable_across_machines = true\ntoolchain_probes = ["rustc -Vv"]'
+
+
+def rustup_pair(hostrun: Hostrun, peers: Any, tmp_path: Path, here: dict[str, str],
+                there: dict[str, str]) -> tuple[Any, Path, FakeRustup, dict[str, str]]:
+    """A FAKE rustup (tests/fakerustup.py) on each host, default toolchain "stable": the peer's on its
+    login PATH, ours in the environment hostrun is run with (returned)."""
+    ours = FakeRustup(tmp_path / "here", "stable", here)
+    theirs = FakeRustup(tmp_path / "there", "stable", there)
+    peer, tree = setup(hostrun, peers, tmp_path, extra_env=theirs.env("/usr/local/bin:/usr/bin:/bin"))
+    hostrun.configure(top=RUSTC, peers=peer.host_table())
+    env = {k: v for k, v in os.environ.items() if k != "RUSTUP_TOOLCHAIN"}
+    return peer, tree, theirs, {**env, **ours.env(os.environ["PATH"])}
+
+
+def test_switched_or_broken_rustup_toolchain_on_the_peer_is_247(hostrun: Hostrun, peers: Any,
+                                                                 tmp_path: Path) -> None:
+    """The peer's rustc proxy never changes; what it selects does (`rustup default`, a toolchain
+    removed): each change is seen on the next run, not hidden by the cached probe output."""
+    stable, beta = "rustc 1.80.0 (fake)", "rustc 1.81.0-beta (fake)"
+    peer, tree, theirs, env = rustup_pair(hostrun, peers, tmp_path, {"stable": stable},
+                                          {"stable": stable, "beta": beta})
+    assert hostrun.run("--peer", "-m", "64M", "--", "true", cwd=tree, env=env).returncode == 0
+    theirs.set_default("beta")
+    proc = hostrun.run("--peer", "-m", "64M", "--", "touch", "switched", cwd=tree, env=env)
+    assert proc.returncode == ExitCode.TOOLCHAIN_MISMATCH, proc.stderr
+    assert f"toolchain: rustc -Vv: here {stable!r} / peer1 {beta!r}" in proc.stderr
+    assert not (remote_tree(peer) / "switched").exists()
+    theirs.set_default("stable")
+    assert hostrun.run("--peer", "-m", "64M", "--", "true", cwd=tree, env=env).returncode == 0
+    shutil.rmtree(theirs.home / "toolchains" / "stable")
+    proc = hostrun.run("--peer", "-m", "64M", "--", "touch", "broken", cwd=tree, env=env)
+    assert proc.returncode == ExitCode.TOOLCHAIN_MISMATCH, proc.stderr
+    assert "peer1 \"error: toolchain 'stable' is not installed\"" in proc.stderr
+    assert not (remote_tree(peer) / "broken").exists()
+
+
+def test_rust_toolchain_file_in_the_tree_applies_on_the_peer_before_the_first_sync(
+        hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
+    """The tree pins 1.82.0; the peer's default ("stable") prints the same version, but the peer
+    lacks the pinned toolchain: the peer's probe must run in the job's directory of its copy, with the
+    tree's rust-toolchain.toml there, although that copy has never been synced."""
+    version = "rustc 1.82.0 (fake)"
+    peer, tree, theirs, env = rustup_pair(hostrun, peers, tmp_path,
+                                          {"stable": version, "1.82.0": version}, {"stable": version})
+    (tree / "rust-toolchain.toml").write_text('[toolchain]\nchannel = "1.82.0"\n')
+    proc = hostrun.run("--peer", "-m", "64M", "--", "touch", "pinned", cwd=tree / "src", env=env)
+    assert proc.returncode == ExitCode.TOOLCHAIN_MISMATCH, proc.stderr
+    assert f"toolchain: rustc -Vv: here {version!r} / peer1 \"error: toolchain '1.82.0' is not " \
+           "installed\"" in proc.stderr
+    assert not (remote_tree(peer) / "src" / "pinned").exists()
+    theirs.install("1.82.0", version)
+    proc = hostrun.run("--peer", "-m", "64M", "--", "rustc", "-V", cwd=tree / "src", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == version  # the job ran on the pinned toolchain there too

@@ -1,0 +1,99 @@
+"""The toolchain probe's cache and the toolchain files seeded on the peer, on this machine only (the
+end-to-end checks with real sshd peers are in test_peer_run.py). Uses the FAKE rustup of
+tests/fakerustup.py: a proxy file that never changes while the toolchain behind it does."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from dispatch.fingerprint import short_hash
+from dispatch.toolchain import _key, probe_here, seed, selector_files
+from tests.fakerustup import FakeRustup
+
+STABLE, BETA, NIGHTLY = "rustc 1.80.0 (fake)", "rustc 1.81.0-beta (fake)", "rustc 1.83.0-nightly (fake)"
+
+
+def test_cached_probe_follows_what_selects_the_rustup_toolchain(tmp_path: Path) -> None:
+    rustup = FakeRustup(tmp_path, "stable", {"stable": STABLE, "beta": BETA, "nightly": NIGHTLY})
+    log = tmp_path / "proxy.log"
+    env = {**rustup.env(os.environ["PATH"]), "HOME": str(tmp_path), "FAKE_RUSTUP_LOG": str(log)}
+    tree = tmp_path / "tree"
+    job = tree / "src"
+    job.mkdir(parents=True)
+    cache = tmp_path / "cache"
+
+    def version(**extra: str) -> str:
+        result = probe_here(["rustc -Vv"], str(cache), str(job), {**env, **extra})["rustc -Vv"]
+        return str(result["output"]).splitlines()[0]
+
+    assert version() == STABLE
+    assert version() == STABLE
+    assert log.read_text().split() == ["stable"]  # the second answer came from the cache
+    rustup.set_default("beta")  # `rustup default beta`: the proxy file is unchanged
+    assert version() == BETA
+    assert version(RUSTUP_TOOLCHAIN="nightly") == NIGHTLY
+    (tree / "rust-toolchain").write_text("nightly\n")  # a directory override above the job's dir
+    assert version() == NIGHTLY
+    (job / "rust-toolchain.toml").write_text('[toolchain]\nchannel = "stable"\n')  # nearer: wins
+    assert version() == STABLE
+    shutil.rmtree(rustup.home / "toolchains" / "stable")  # the selected toolchain broken
+    assert version() == "error: toolchain 'stable' is not installed"
+    assert log.read_text().split() == ["stable", "beta", "nightly", "nightly", "stable"]
+    assert oct((cache / "toolchain-probes.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_toolchain_files_found_in_the_tree_and_seeded_only_inside_the_copy(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "crates" / "a").mkdir(parents=True)
+    (tree / "rust-toolchain.toml").write_text('[toolchain]\nchannel = "1.82.0"\n')
+    (tree / "crates" / "rust-toolchain").write_text("nightly\n")
+    (tree / "crates" / "a" / "rust-toolchain.toml").symlink_to(tmp_path / "elsewhere")  # not sent
+    (tmp_path / "elsewhere").write_text("secret\n")
+    os.mkfifo(tree / "crates" / "a" / "rust-toolchain")  # not a file: not read (nor waited on)
+    found = selector_files(str(tree), "crates/a")
+    assert {k: base64.b64decode(v) for k, v in found.items()} == {
+        "rust-toolchain.toml": b'[toolchain]\nchannel = "1.82.0"\n', "crates/rust-toolchain": b"nightly\n"}
+
+    copy = tmp_path / "copy"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    copy.mkdir()
+    (copy / "linked").symlink_to(outside)
+    (copy / "rust-toolchain.toml").symlink_to(outside / "target.toml")
+    data = base64.b64encode(b"pinned\n").decode()
+    seed(str(copy), {**found, "linked/rust-toolchain": data, "../rust-toolchain": data,
+                     "/tmp/rust-toolchain": data, "crates/other-file": data})
+    assert (copy / "crates" / "rust-toolchain").read_text() == "nightly\n"
+    assert (copy / "rust-toolchain.toml").is_symlink()  # a link in the copy is left alone
+    assert list(outside.iterdir()) == [] and not (tmp_path / "rust-toolchain").exists()
+    assert not (copy / "crates" / "other-file").exists()
+
+
+def test_probe_cache_planted_by_another_user_is_not_believed(tmp_path: Path, other_user: Any) -> None:
+    """Another user's cache directory (or a cache file of theirs in ours) holding a forged output for
+    the exact key: the probe runs anyway, and nothing is written into their directory."""
+    rustup = FakeRustup(tmp_path, "stable", {"stable": STABLE})
+    env = {**rustup.env(os.environ["PATH"]), "HOME": str(tmp_path)}
+    job = tmp_path / "job"
+    job.mkdir()
+    binary = str(rustup.bin / "rustc")
+    forged = {short_hash(f"rustc -Vv\0{job}".encode(), 16): {"key": _key(binary, str(job), env),
+                                                           "output": "rustc 9.9.9 (forged)"}}
+    theirs = other_user.home / "cache"
+    theirs.mkdir()
+    (theirs / "toolchain-probes.json").write_text(json.dumps(forged))
+    other_user.chown(theirs)
+    ours = tmp_path / "cache"
+    ours.mkdir(mode=0o700)
+    (ours / "toolchain-probes.json").write_text(json.dumps(forged))
+    other_user.chown(ours / "toolchain-probes.json")
+    for cache in (theirs, ours):
+        result = probe_here(["rustc -Vv"], str(cache), str(job), env)["rustc -Vv"]
+        assert str(result["output"]).splitlines()[0] == STABLE, cache
+    assert json.loads((theirs / "toolchain-probes.json").read_text()) == forged
+    assert (theirs / "toolchain-probes.json").stat().st_uid == other_user.uid
