@@ -1,4 +1,5 @@
-"""Admission: wait in FIFO order until the slice has room for a booking (DESIGN.md, "Admission").
+"""Admission: wait in FIFO order until the slice has room for a booking (docs/design.md, "A local
+run"; docs/admission.md).
 
 Room = slice limit - bookings of running jobs - cache-free usage above those bookings. Waiters watch
 the ledger's tick file (a stat every 20 ms) and retry as soon as anything is released, plus once a

@@ -1,4 +1,4 @@
-"""Where a job fits (DESIGN.md, "The dispatcher"): a pure decision over the hosts' reports.
+"""Where a job fits (docs/design.md, "Placement: the dispatcher"): a pure decision over the hosts' reports.
 
 Rules, in order:
 0. a job recorded or declared longer than ``long_job_threshold`` that would use one host → refuse

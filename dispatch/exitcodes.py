@@ -1,4 +1,4 @@
-"""The one table of hostrun's own exit codes (DESIGN.md, "Exit codes").
+"""The one table of hostrun's own exit codes (docs/design.md, "Exit codes"; docs/exit-codes.md).
 
 A job's own exit status passes through unchanged; a job killed by signal N gives 128+N. Every other
 outcome hostrun can report has a distinct code here, so a caller never has to guess from a number.

@@ -3,10 +3,14 @@
 Each frame is one type byte, a 4-byte big-endian length and the payload. The controller starts with
 the run's spec, one ``J`` frame (JSON, the job's argv inside it), which the agent reads before anything
 else: no argument rides on ssh's command line (one word of it is limited to 128 KiB), so the only
-limit on the job's arguments is the peer's own ``ARG_MAX``. Agent → controller: ``O`` job stdout,
-``E`` job stderr, ``M`` a hostrun message line (admission status and the like), ``R`` the result
-(JSON), last. Controller → agent: ``H`` heartbeat (every ``HEARTBEAT`` s), ``S``
-forward a signal (payload: its number), ``D`` stdin data, ``Z`` stdin closed.
+limit on the job's arguments is the peer's own ``ARG_MAX``.
+
+Agent → controller: ``P`` the probe results (JSON: work directory, toolchain outputs; only when the
+spec asks to prepare), ``O`` job stdout, ``E`` job stderr, ``M`` a hostrun message line (admission
+status and the like), ``R`` the result (JSON), last. Controller → agent: ``G`` go (the sync is done),
+``X`` abort before the job started (nothing runs), ``S`` forward a signal (payload: its number),
+``D`` stdin data, ``Z`` stdin closed. Both ways: ``H`` heartbeat (every ``HEARTBEAT`` s). The table
+and the session's sequence: docs/design.md, "The wire protocol" and "A peer run".
 
 Framing the job's output (rather than passing ssh's stdout/stderr through) keeps stdout and stderr
 separate and binary-safe, and lets the result travel last on the same stream, unforgeable by the job.

@@ -1,4 +1,4 @@
-"""``hostrun --peer -- CMD``: the peer driver's seven steps (DESIGN.md, "The peer driver").
+"""``hostrun --peer -- CMD``: the peer driver's seven steps (docs/design.md, "A peer run").
 
 1. ``enable_across_machines`` must be on (248), 2. the cap within the peer's ``peer_memory_cap``
 (249) — both in ``dispatch.peers``; 3. the toolchain probes agree on both hosts (247); 4. the tree is

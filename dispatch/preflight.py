@@ -1,5 +1,5 @@
-"""Preflight: whether a script should run at all, from what it declares about itself (DESIGN.md,
-"Agent guards"; docs/preflight.md).
+"""Preflight: whether a script should run at all, from what it declares about itself (docs/design.md,
+"Guards"; docs/preflight.md).
 
 A script declares, in its leading comment block (``dispatch.headers``)::
 

@@ -1,4 +1,4 @@
-"""This host's resources at a moment, as a plain dict ready for JSON (DESIGN.md, "report").
+"""This host's resources at a moment, as a plain dict ready for JSON (docs/design.md, "Concepts").
 
 Standard library only: the same code produces a peer's report when shipped there.
 """

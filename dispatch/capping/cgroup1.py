@@ -1,11 +1,11 @@
 """cgroup v1 memory controller, driven directly through cgroupfs (what these machines have).
 
-OOM attribution (DESIGN.md, measured here): v1 has no ``oom`` counter, and ``failcnt`` stays 0 once a
-memsw limit is set, so before the job starts we register an OOM eventfd on the job and one on the slice
-(``cgroup.event_control``). The kernel notifies the cgroup that ran out *and every cgroup below it*, so
-a slice-wide OOM also wakes the job's eventfd. ``memory.oom_control``'s ``oom_kill`` counts only the
-victim's own cgroup. Hence: killed and (job events - slice events) > 0 → own cap; killed and slice
-events > 0 → slice full.
+OOM attribution (docs/design.md, "Cap backends and OOM attribution"; measured here): v1 has no ``oom``
+counter, and ``failcnt`` stays 0 once a memsw limit is set, so before the job starts we register an OOM
+eventfd on the job and one on the slice (``cgroup.event_control``). The kernel notifies the cgroup that
+ran out *and every cgroup below it*, so a slice-wide OOM also wakes the job's eventfd.
+``memory.oom_control``'s ``oom_kill`` counts only the victim's own cgroup. Hence: killed and (job events -
+slice events) > 0 → own cap; killed and slice events > 0 → slice full.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """cgroup v2 (unified) memory controller, driven directly through cgroupfs.
 
-OOM attribution (kernel docs, DESIGN.md): ``oom`` counts on the cgroup whose limit was hit,
-``oom_kill`` on the victim's cgroup. Job killed and its own ``oom`` rose → own cap; killed, own ``oom``
-0 and the slice's ``memory.events.local`` ``oom`` rose → slice full. ``memory.oom.group`` is never set
-on the slice (it would kill every job when one overflows it).
+OOM attribution (kernel docs; docs/design.md, "Cap backends and OOM attribution"): ``oom`` counts on the
+cgroup whose limit was hit, ``oom_kill`` on the victim's cgroup. Job killed and its own ``oom`` rose → own
+cap; killed, own ``oom`` 0 and the slice's ``memory.events.local`` ``oom`` rose → slice full.
+``memory.oom.group`` is never set on the slice (it would kill every job when one overflows it).
 
 Not exercised against a real v2 memory controller on these machines (it is bound to v1 here); the tests
 run it against a faithful fake cgroupfs.
