@@ -62,6 +62,18 @@ def require_real_cgroups() -> tuple[str, str]:
     return found
 
 
+# Fixtures that need root, real cgroups, sshd or a second local user: a test using any of them (directly
+# or through another fixture) is a "system" test, so `pytest -m "not system"` runs the pure ones alone.
+SYSTEM_FIXTURES = frozenset({"hostrun", "peers", "other_user", "other_user_account"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses a system fixture ``system`` (the fixture closure is transitive)."""
+    for item in items:
+        if SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.system)
+
+
 def _kill_tree(directory: Path) -> None:
     for procs in directory.rglob("cgroup.procs"):
         for pid in procs.read_text().split():

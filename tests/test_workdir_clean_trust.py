@@ -177,6 +177,7 @@ def test_removal_stays_inside_through_links_and_stops_at_mount_points(tmp_path: 
     assert _snapshot(outside) == {"a": "1", "d/": "", "d/b": "2"}
 
 
+@pytest.mark.system  # mounts a tmpfs: root, though it uses no system fixture
 def test_a_mount_point_inside_keeps_the_directory(tmp_path: Path) -> None:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         problem = "mounting a tmpfs needs root and mount(8)"
