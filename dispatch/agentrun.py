@@ -206,14 +206,10 @@ def run_job(spec: dict[str, Any]) -> int:
         del result["argv"]  # the controller has it; it may be megabytes, over a frame's limit
     except Exception as exc:
         from dispatch.errors import HostrunError
-        from dispatch.exitcodes import ExitCode
+        from dispatch.exitcodes import outcome_name
 
         code = int(exc.exit_code) if isinstance(exc, HostrunError) else 1
-        try:
-            name = ExitCode(code).outcome
-        except ValueError:
-            name = "error"
-        result = {"exit_code": code, "outcome": name, "message": str(exc),
+        result = {"exit_code": code, "outcome": outcome_name(code), "message": str(exc),
                   "error_type": type(exc).__name__}
     finally:
         done.set()
