@@ -160,11 +160,11 @@ def run_job(spec: dict[str, Any]) -> int:
     if prepare is not None:
         # Steps 3-4 in this same session: report probes and the work directory, then wait while the
         # controller compares and syncs (it keeps beating), for go or abort.
-        from dispatch.agentmain import probe
+        from dispatch.agentprep import probe
 
         writer.send(b"P", json.dumps(probe(prepare)).encode())
         # While the controller compares and syncs: load what the run needs (off the critical path).
-        from dispatch.agentmain import peer_settings
+        from dispatch.agentprep import peer_settings
         from dispatch.request import RunRequest
         from dispatch.runner import run_local
 
@@ -177,7 +177,7 @@ def run_job(spec: dict[str, Any]) -> int:
             _stop_sync(str(prepare.get("sync_mark") or ""))
             return 0  # aborted (toolchain, sync, Ctrl-C) or the controller went away: nothing ran
 
-    from dispatch.agentmain import peer_settings
+    from dispatch.agentprep import peer_settings
     from dispatch.request import RunRequest
     from dispatch.runner import run_local
 
@@ -206,14 +206,10 @@ def run_job(spec: dict[str, Any]) -> int:
         del result["argv"]  # the controller has it; it may be megabytes, over a frame's limit
     except Exception as exc:
         from dispatch.errors import HostrunError
-        from dispatch.exitcodes import ExitCode
+        from dispatch.exitcodes import outcome_name
 
         code = int(exc.exit_code) if isinstance(exc, HostrunError) else 1
-        try:
-            name = ExitCode(code).outcome
-        except ValueError:
-            name = "error"
-        result = {"exit_code": code, "outcome": name, "message": str(exc),
+        result = {"exit_code": code, "outcome": outcome_name(code), "message": str(exc),
                   "error_type": type(exc).__name__}
     finally:
         done.set()

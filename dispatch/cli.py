@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from dispatch import __version__
 from dispatch.errors import HostrunError, UsageError
-from dispatch.exitcodes import ExitCode
+from dispatch.exitcodes import ExitCode, outcome_name
 
 MYPY = False
 if MYPY:
@@ -541,12 +541,8 @@ def _write_failure(path: str, request: RunRequest, exc: HostrunError) -> None:
 
     argv = list(request.argv)
     try:
-        name = ExitCode(exc.exit_code).outcome
-    except ValueError:
-        name = "error"
-    try:
         write_result(path, Outcome(
-            exit_code=int(exc.exit_code), outcome=name, host=getattr(exc, "host", "local"),
+            exit_code=int(exc.exit_code), outcome=outcome_name(exc.exit_code), host=exc.host or "local",
             label=request.label or default_label(argv), argv=argv, message=str(exc),
         ))
     except OSError as error:

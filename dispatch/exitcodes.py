@@ -57,6 +57,15 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.SLICE_FULL: "the job was OOM-killed because the slice was full, though under its own cap",
 }
 
+def outcome_name(code: int) -> str:
+    """The outcome name a result records for a hostrun error's code; "error" for a code that is not
+    one of hostrun's own (a plain HostrunError given some other number)."""
+    try:
+        return ExitCode(code).outcome
+    except ValueError:
+        return "error"
+
+
 SIGNAL_BASE = 128
 NOT_FOUND = 127  # as shells do: the command was not found
 CANNOT_EXECUTE = 126  # found, but could not be executed

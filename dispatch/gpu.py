@@ -24,7 +24,7 @@ import select
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from dispatch.errors import NeverFitsError, NotRunError
+from dispatch.errors import GpuError, NeverFitsError, NotRunError
 from dispatch.kernlog import (  # noqa: F401  (KernelLog & co are dispatch.gpu's API too)
     CHUNK,
     KERNEL_LOG_ENV,
@@ -51,10 +51,6 @@ QUERY_APPS = ("--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noh
 OUTPUT_PATTERNS = (b"CUDA out of memory", b"CUDA_ERROR_OUT_OF_MEMORY", b"RESOURCE_EXHAUSTED",
                    b"cudaErrorMemoryAllocation", b"OutOfMemoryError: Out of memory allocating")
 PIPE_BUF = 4096  # a write this small to a pipe that polls writable never blocks
-
-
-class GpuError(NotRunError):
-    """nvidia-smi exists but failed or did not answer in time."""
 
 
 class Gpu(NamedTuple):

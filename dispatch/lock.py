@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.atomicfile import write_atomic
-from dispatch.errors import HostrunError, UsageError
-from dispatch.exitcodes import SIGNAL_BASE, ExitCode
+from dispatch.errors import LockTimeoutError, UsageError
+from dispatch.exitcodes import SIGNAL_BASE
 from dispatch.procinfo import cmdline, is_alive, start_time
 from dispatch.records import NamedTuple
 
@@ -51,13 +51,6 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across exec, so restore them.
 _CHILD_DEFAULTS = (*FORWARDED, signal.SIGQUIT,
                    *(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, n)))
-
-
-class LockTimeoutError(HostrunError):
-    """``--wait`` ran out while another holder kept DIR: the command did not run, so 78 ("nothing
-    ran"), not 253 (which says a job ran past its max runtime)."""
-
-    exit_code = ExitCode.NOT_RUN
 
 
 class LockPaths(NamedTuple):

@@ -6,6 +6,7 @@ import json
 
 from dispatch import agent
 from dispatch.errors import PeerUnreachableError
+from dispatch.exitcodes import NOT_FOUND
 from dispatch.settings import HostSettings, Settings
 from dispatch.ssh import SshPeer
 
@@ -94,7 +95,7 @@ class PeerClient:
         if result.returncode == AGENT_MISSING:
             self.send_agent(timeout)
             result = self.ssh.run(command, timeout=timeout)
-        if result.returncode == 127:
+        if result.returncode == NOT_FOUND:  # the remote shell did not find the interpreter
             raise PeerUnreachableError(f"peer {self.host.name}: {self.python!r} not found there "
                                        f"(set hosts.{self.host.name}.python)")
         if result.returncode != 0:

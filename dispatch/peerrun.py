@@ -27,7 +27,14 @@ import time
 from collections.abc import Callable, Sequence
 
 from dispatch import agent
-from dispatch.errors import HostrunError, PeerUnreachableError, UsageError
+from dispatch.errors import (
+    ConnectionLostError,
+    HostrunError,
+    PeerUnreachableError,
+    SyncFailedError,
+    ToolchainMismatchError,
+    UsageError,
+)
 from dispatch.exitcodes import SIGNAL_BASE, ExitCode
 from dispatch.fingerprint import short_hash
 from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, SPEC, SYNC_MARK, FrameReader, encode
@@ -36,7 +43,7 @@ from dispatch.peer import _RUN, AGENT_MISSING, PeerClient
 from dispatch.rsync import PROTECT_ARGS, die_with_parent, protects_args, shell_unsafe
 from dispatch.settings import HostSettings, Settings
 from dispatch.ssh import RETRIES, backoff, classify, is_transient
-from dispatch.toolchain import ToolchainMismatchError, compare, probe_here
+from dispatch.toolchain import compare, probe_here
 
 MYPY = False
 if MYPY:
@@ -53,14 +60,6 @@ _NOT_RUN_OUTCOMES = ("never-fits", "not-run", "usage", "error")
 
 class _AgentMissing(Exception):
     """The peer lacks this version of the agent (the session exited 97 before saying anything)."""
-
-
-class SyncFailedError(HostrunError):
-    exit_code = ExitCode.SYNC_FAILED
-
-
-class ConnectionLostError(HostrunError):
-    exit_code = ExitCode.CONNECTION_LOST
 
 
 def source_tree(explicit: str | None) -> str:
@@ -239,7 +238,7 @@ class PeerRun:
                 self._bring_back_and_say()  # best effort: the peer may still be reachable
                 raise
         except HostrunError as exc:
-            exc.host = self.host.name  # type: ignore[attr-defined]  # for the result file
+            exc.host = self.host.name  # for the result file
             raise
         ran = outcome.outcome not in _NOT_RUN_OUTCOMES and outcome.booking_kind is not None
         failures = self._bring_back_and_say() if ran else []  # even after a failed job

@@ -310,7 +310,8 @@ def on_path(tool: str, environ: Mapping[str, str]) -> bool:
 
 
 def _gpu(condition: Condition, environ: Mapping[str, str]) -> Check:
-    from dispatch.gpu import GpuError, read_gpus, visible
+    from dispatch.errors import GpuError
+    from dispatch.gpu import read_gpus, visible
 
     try:
         gpus = read_gpus()

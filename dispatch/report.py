@@ -115,7 +115,8 @@ def _live_jobs(backend: Any, host: str, limit: int) -> list[Any]:
 def _gpus() -> tuple[list[dict[str, Any]], str | None]:
     """Per device: index, uuid, name, total/used/free bytes; no nvidia-smi means no GPUs, not an
     error. A failing nvidia-smi is reported, and the rest of the report still stands."""
-    from dispatch.gpu import GpuError, read_gpus
+    from dispatch.errors import GpuError
+    from dispatch.gpu import read_gpus
 
     try:
         return [g._asdict() for g in read_gpus()], None

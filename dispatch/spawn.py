@@ -18,7 +18,7 @@ import signal
 from collections.abc import Sequence
 
 from dispatch.capping.base import JobCgroup
-from dispatch.exitcodes import exec_failure
+from dispatch.exitcodes import NOT_FOUND, exec_failure
 
 # Python ignores SIGPIPE (and SIGXFSZ); an ignored signal stays ignored across exec, so restore them.
 _RESTORE = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(signal, name))
@@ -40,7 +40,7 @@ class PreparedChild:
         err_r, err_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child; exercised by every end-to-end test
-            code = 127
+            code = NOT_FOUND
             try:
                 os.close(go_w)
                 os.close(err_r)

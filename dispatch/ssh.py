@@ -52,7 +52,7 @@ class RemoteResult(NamedTuple):
     elapsed: float
 
 
-def classify(host: str, stderr: str) -> Exception:
+def classify(host: str, stderr: str) -> PeerUnreachableError:
     """Turn ssh's own failure (exit 255) into one of our errors, naming the host."""
     text = stderr.strip()
     last = text.splitlines()[-1] if text else "ssh failed without a message"
@@ -62,15 +62,14 @@ def classify(host: str, stderr: str) -> Exception:
                             "check it and add it to known_hosts yourself: hostrun never skips the check")
     if any(sign.lower() in lowered for sign in _AUTH_SIGNS):
         return PeerAuthError(f"peer {host}: authentication failed ({last})")
-    error = PeerUnreachableError(f"peer {host}: {last}")
-    error.transient = any(sign.lower() in lowered for sign in _TRANSIENT_SIGNS)  # type: ignore[attr-defined]
-    return error
+    return PeerUnreachableError(f"peer {host}: {last}",
+                                transient=any(sign.lower() in lowered for sign in _TRANSIENT_SIGNS))
 
 
 def is_transient(error: Exception) -> bool:
     """Worth another try: a refused, reset or timed-out connection. Not a host-key or authentication
     failure, nor an unknown host name (configuration, not weather)."""
-    return bool(getattr(error, "transient", False))
+    return isinstance(error, PeerUnreachableError) and error.transient
 
 
 def backoff(attempt: int, deadline: float | None = None) -> float:

@@ -21,8 +21,6 @@ import stat
 import subprocess
 
 from dispatch.atomicfile import write_atomic
-from dispatch.errors import HostrunError
-from dispatch.exitcodes import ExitCode
 from dispatch.fingerprint import short_hash
 from dispatch.trust import own_file_ok, private_dir_ok
 
@@ -37,10 +35,6 @@ SELECTOR_ENV = ("RUSTUP_TOOLCHAIN", "RUSTUP_HOME", "CARGO_HOME")
 SELECTOR_FILES = ("rust-toolchain", "rust-toolchain.toml")
 SEED_LIMIT = 64 << 10  # a toolchain file is a few lines: larger ones are not seeded
 CACHE_ENTRIES = 64  # (probe, directory) pairs kept; the oldest written is dropped first
-
-
-class ToolchainMismatchError(HostrunError):
-    exit_code = ExitCode.TOOLCHAIN_MISMATCH
 
 
 def _digest(path: str) -> str:

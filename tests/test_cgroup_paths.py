@@ -160,12 +160,12 @@ def test_configured_cgroup_with_dot_components_exits_2_and_creates_nothing(hostr
 def test_peer_agent_refuses_a_configured_cgroup_with_dotdot(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The peer agent builds its settings without pydantic: the same rule applies there."""
-    from dispatch import agentmain
+    from dispatch import agentprep
 
     cfg = tmp_path / "hosts.toml"
     cfg.write_text("[hosts.local]\ncgroup = '/a/../../escape'\n")
     monkeypatch.setenv("HOSTRUN_CONFIG", str(cfg))
-    settings, notes = agentmain.peer_settings({})
+    settings, notes = agentprep.peer_settings({})
     assert "hosts.local.cgroup" in (notes["config_error"] or "")
     assert settings.local.cgroup is None
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from dispatch.admission import status_line, wait_reason
+from dispatch.errors import GpuError
 from dispatch.gpu import (
     KERNEL_LOG_ENV,
     KERNEL_PATTERNS,
@@ -40,7 +41,6 @@ from dispatch.gpu import (
     QUERY_GPUS,
     Gpu,
     GpuApp,
-    GpuError,
     GpuSnapshot,
     KernelLog,
     PatternScanner,
