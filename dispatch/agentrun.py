@@ -178,6 +178,7 @@ def run_job(spec: dict[str, Any]) -> int:
             return 0  # aborted (toolchain, sync, Ctrl-C) or the controller went away: nothing ran
 
     from dispatch.agentprep import peer_settings
+    from dispatch.booking import peer_cap
     from dispatch.request import RunRequest
     from dispatch.runner import run_local
 
@@ -186,13 +187,9 @@ def run_job(spec: dict[str, Any]) -> int:
     result: dict[str, Any]
     try:
         os.chdir(os.path.expanduser(spec["cwd"]))
-        cap = spec.get("cap")
-        bound = spec.get("cap_if_none")  # the controller's peer_memory_cap
-        if cap is None and bound is not None:
-            # An uncapped job from that controller runs under the peer's default_cap, but never
-            # above the peer_memory_cap the controller set for this peer.
-            own = settings.local.default_cap
-            cap = bound if own is None else min(own, bound)
+        # The peer's default_cap (its own, else the controller's), bounded by the peer_memory_cap
+        # the controller set for this peer ("cap_if_none"): the rule the controller checked.
+        cap = peer_cap(spec.get("cap"), settings.local.default_cap, spec.get("cap_if_none"))
         request = RunRequest(
             argv=[os.fsdecode(base64.b64decode(arg)) for arg in spec["argv_b64"]],
             label=spec.get("label"), cap=cap,

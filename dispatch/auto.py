@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from dispatch import alerts
-from dispatch.booking import default_label
+from dispatch.booking import default_label, peer_cap
 from dispatch.dispatcher import Decision, Job, Judgement, decide, judge
 from dispatch.headers import read_headers
 from dispatch.longjob import KEYS, from_headers, parse_spec
@@ -86,13 +86,10 @@ def forget_sent(settings: Settings, note: int | None) -> None:
 
 
 def peer_estimate(settings: Settings, host: HostSettings, cap: int | None) -> int:
-    """What a ``--peer`` run will book there, without reading that host's peak table: its cap (a
-    peak booking is never larger), else the peer's default cap, else its ``peer_memory_cap``, else
-    its gamble size."""
-    for size in (cap, host.default_cap, host.peer_memory_cap):
-        if size is not None:
-            return size
-    return settings.gamble_size_for(host)
+    """What a ``--peer`` run will book there, without reading that host's peak table: the cap it
+    will run under (``booking.peer_cap``; a peak booking is never larger), else its gamble size."""
+    size = peer_cap(cap, host.default_cap, host.peer_memory_cap)
+    return size if size is not None else settings.gamble_size_for(host)
 
 
 def peer_command(options: Sequence[str], host: str, command: Sequence[str]) -> str:

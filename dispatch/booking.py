@@ -36,6 +36,18 @@ class Plan(NamedTuple):
     oom_score_adj: int
 
 
+def peer_cap(cap: int | None, default_cap: int | None, peer_memory_cap: int | None) -> int | None:
+    """The cap a job sent to a peer runs under, the one rule the controller's check (249), the
+    dispatcher and the peer's agent share: ``-m`` as given (the callers refuse it above
+    ``peer_memory_cap``); else ``default_cap``, but never above ``peer_memory_cap`` (a default
+    gives way to the peer's bound); else ``peer_memory_cap`` (an uncapped job runs under it)."""
+    if cap is not None:
+        return cap
+    if peer_memory_cap is None:
+        return default_cap
+    return peer_memory_cap if default_cap is None else min(default_cap, peer_memory_cap)
+
+
 def default_label(argv: Sequence[str]) -> str:
     """A stable fingerprint of the command: readable program name plus a hash of the whole argv
     (bytes that are not UTF-8 in the name are written ``\\xNN``: the label is stored as text)."""

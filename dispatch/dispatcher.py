@@ -15,7 +15,7 @@ Rules, in order:
 
 from __future__ import annotations
 
-from dispatch.booking import plan_booking
+from dispatch.booking import peer_cap, plan_booking
 from dispatch.errors import NeverFitsError
 from dispatch.exitcodes import ExitCode
 from dispatch.ledgerdb import PeakRecord
@@ -84,9 +84,11 @@ def judge(settings: Settings, job: Job, reading: HostReading, waiting: HostPendi
     host = settings.hosts[reading.host]
     s = report["slice"]
     limit = int(s["limit"])
-    cap = job.cap if job.cap is not None else report["settings"].get("default_cap")
-    if cap is None and not host.is_local:
-        cap = host.peer_memory_cap  # sent uncapped, a job runs there under the peer's cap
+    default_cap = report["settings"].get("default_cap")
+    if host.is_local:
+        cap = job.cap if job.cap is not None else default_cap
+    else:  # what its agent will run it under
+        cap = peer_cap(job.cap, default_cap, host.peer_memory_cap)
     try:
         plan = plan_booking(cap=cap, peak=_peak(report), slice_limit=limit,
                             gamble_size=int(report["settings"]["gamble_size"]))

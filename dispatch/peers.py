@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dispatch.booking import peer_cap
 from dispatch.errors import OverPeerCapError, UsageError
 from dispatch.settings import HostSettings, Settings
 from dispatch.units import format_size
@@ -28,8 +29,6 @@ def choose_peer(settings: Settings, wanted: str | bool, cap: int | None) -> Host
 
 
 def effective_cap(host: HostSettings, cap: int | None) -> int | None:
-    """The cap a job runs under on ``host``: ``-m``, else the controller's ``default_cap`` for it,
-    else its ``peer_memory_cap`` (an uncapped job sent to a peer may use at most that)."""
-    if cap is not None:
-        return cap
-    return host.default_cap if host.default_cap is not None else host.peer_memory_cap
+    """The cap a job runs under on ``host`` as far as the controller knows before contacting it
+    (``booking.peer_cap`` with this controller's ``default_cap`` for it)."""
+    return peer_cap(cap, host.default_cap, host.peer_memory_cap)

@@ -330,3 +330,16 @@ def test_rust_toolchain_file_in_the_tree_applies_on_the_peer_before_the_first_sy
     proc = hostrun.run("--peer", "-m", "64M", "--", "rustc", "-V", cwd=tree / "src", env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == version  # the job ran on the pinned toolchain there too
+
+
+def test_a_default_cap_above_peer_memory_cap_gives_way_to_it(hostrun: Hostrun, peers: Any,
+                                                             tmp_path: Path) -> None:
+    """Without ``-m``, our ``default_cap`` for the peer above its ``peer_memory_cap``: the job runs
+    there under ``peer_memory_cap`` (the one peer-cap rule), where ``--peer`` used to exit 249."""
+    _peer, tree = setup(hostrun, peers, tmp_path,
+                        host_extra='default_cap = "200M"\npeer_memory_cap = "100M"')
+    out = tmp_path / "r.json"
+    proc = hostrun.run("--peer", "--result-file", str(out), "--", "true", cwd=tree)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert (r["host"], r["booking_kind"], r["cap_bytes"]) == ("peer1", "cap", 100 * MiB)

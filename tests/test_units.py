@@ -461,3 +461,19 @@ def test_check_name_messages() -> None:
 def test_storable_escapes_only_undecodable_bytes() -> None:
     assert storable("naïve\nline") == "naïve\nline"
     assert storable(b"ok\xff\xfe".decode("utf-8", "surrogateescape")) == "ok\\xff\\xfe"
+
+
+# ------------------------------------------------------------------------- the one peer-cap rule
+def test_a_default_cap_above_peer_memory_cap_is_bounded_not_refused() -> None:
+    """Without ``-m``, a ``default_cap`` above the peer's ``peer_memory_cap`` gives way to it, the
+    same in the dispatcher, in ``--peer``'s check and on the agent (which always did so); only an
+    explicit ``-m`` above it is refused (249, or never fits)."""
+    s = settings(peer_memory_cap=2 * GiB)
+    s.hosts[PEER] = s.hosts[PEER]._replace(default_cap=4 * GiB)
+    judged = judge(s, Job("job"), reading(PEER, 8 * GiB, default_cap=4 * GiB))
+    assert (judged.fits, judged.need) == (True, 2 * GiB)
+    assert choose_peer(s, PEER, None).name == PEER
+    assert effective_cap(s.hosts[PEER], None) == 2 * GiB
+    assert auto.peer_estimate(s, s.hosts[PEER], None) == 2 * GiB
+    with pytest.raises(OverPeerCapError):
+        choose_peer(s, PEER, 3 * GiB)
