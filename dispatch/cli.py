@@ -566,8 +566,8 @@ def cmd_codes(argv: list[str]) -> int:
 def cmd_ledger(argv: list[str]) -> int:
     args = _sub_parser("ledger", "Show running jobs, the queue and the peak table.").parse_args(argv)
     from dispatch.booking import mark_reasons
+    from dispatch.hostslice import live_jobs_of
     from dispatch.ledger import Ledger
-    from dispatch.recovery import live_jobs_of
 
     settings = _settings(args.config)
     ledger = Ledger(settings.state_dir, _say, live_jobs_of(settings))
@@ -627,8 +627,8 @@ def cmd_history(argv: list[str]) -> int:
             since = since_time(args.since)
         except ValueError as exc:
             raise UsageError(f"argument --since: {exc}") from None
+    from dispatch.hostslice import live_jobs_of
     from dispatch.ledger import Ledger
-    from dispatch.recovery import live_jobs_of
 
     settings = _settings(args.config)
     ledger = Ledger(settings.state_dir, _say, live_jobs_of(settings))

@@ -58,9 +58,9 @@ def record_peer_run(settings: Settings, outcome: Outcome, request: RunRequest,
     """The controller's row for a run on a peer (``outcome.host`` is the peer's name). The job has
     run: a failure here must not change its exit status, so it is one warning."""
     from dispatch.errors import HostrunError
+    from dispatch.hostslice import live_jobs_of
     from dispatch.ledger import Ledger
     from dispatch.outcome import history_row
-    from dispatch.recovery import live_jobs_of
 
     try:
         ledger = Ledger(settings.state_dir, say, live_jobs_of(settings))

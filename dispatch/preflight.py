@@ -332,21 +332,17 @@ def slice_room(settings: Settings) -> int:
     """This host's slice room now, as admission computes it: limit - running bookings - usage above
     them (``dispatch.admission.room_function``)."""
     from dispatch.admission import room_function
-    from dispatch.capping import select_backend
-    from dispatch.hostfacts import read_meminfo
+    from dispatch.hostslice import LocalSlice
     from dispatch.ledger import Ledger
-    from dispatch.recovery import live_jobs
 
-    host = settings.local
-    mem = read_meminfo()
-    backend = select_backend(host, mem.total)
-    limit = host.slice_limit(mem.total)
-    ledger = Ledger(settings.state_dir, live_jobs=lambda: live_jobs(backend, host.name, limit))
+    here = LocalSlice(settings)
+    limit = here.limit
+    ledger = Ledger(settings.state_dir, live_jobs=here.live_jobs)
     try:
-        booked = sum(b.size for b in ledger.bookings(host.name) if b.state == "running")
+        booked = sum(b.size for b in ledger.bookings(here.host.name) if b.state == "running")
     finally:
         ledger.close()
-    return room_function(backend, limit)(booked)
+    return room_function(here.backend, limit)(booked)
 
 
 def _min_free(condition: Condition, settings: Settings) -> Check:

@@ -29,10 +29,8 @@ from dispatch.procinfo import cmdline, is_alive
 
 MYPY = False
 if MYPY:
-    from collections.abc import Callable
 
     from dispatch.capping.base import CapBackend
-    from dispatch.settings import Settings
 
 RECOVERED = "recovered"  # the label of a booking re-made from a job's cgroup
 EXPECTED_TABLES = ("bookings", "peak_runs", "peaks", "runs")
@@ -224,20 +222,6 @@ def live_jobs(backend: CapBackend, host: str, slice_limit: int) -> list[Booking]
                              directory, command, None, now, now,
                              "re-booked from its cgroup after a ledger recovery"))
     return found
-
-
-def live_jobs_of(settings: Settings) -> Callable[[], list[Booking]]:
-    """``live_jobs`` for a Ledger opened outside a run (``hostrun ledger``, reports): the backend is
-    looked up only if a recovery needs it."""
-    def find() -> list[Booking]:
-        from dispatch.capping import select_backend
-        from dispatch.hostfacts import read_meminfo
-
-        host = settings.local
-        total = read_meminfo().total
-        return live_jobs(select_backend(host, total), host.name, host.slice_limit(total))
-
-    return find
 
 
 def inspect(state_dir: str) -> tuple[bool, str]:

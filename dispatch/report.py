@@ -11,8 +11,8 @@ from typing import Any
 
 from dispatch import __version__
 from dispatch.admission import slice_room
-from dispatch.capping import select_backend
-from dispatch.hostfacts import cores, read_loadavg, read_meminfo
+from dispatch.hostfacts import cores, read_loadavg
+from dispatch.hostslice import LocalSlice
 from dispatch.ledger import Ledger
 from dispatch.settings import Settings
 
@@ -20,12 +20,10 @@ from dispatch.settings import Settings
 def local_report(settings: Settings, label: str | None = None, peaks: bool = False) -> dict[str, Any]:
     """This host's report; with ``label``, also that label's record in this host's peak table; with
     ``peaks``, this host's whole peak table and peak history (``peak_table``, for capacity planning)."""
-    host = settings.local
-    mem = read_meminfo()
-    backend = select_backend(host, mem.total)
-    limit = host.slice_limit(mem.total)
+    here = LocalSlice(settings)
+    host, mem, backend, limit = here.host, here.mem, here.backend, here.limit
     usage = backend.slice_usage()
-    ledger = Ledger(settings.state_dir, live_jobs=lambda: _live_jobs(backend, host.name, limit))
+    ledger = Ledger(settings.state_dir, live_jobs=here.live_jobs)
     try:
         bookings = ledger.bookings(host.name)
         peak = ledger.peak(label, host.name) if label else None
@@ -103,13 +101,6 @@ def threads_free(heavy_threads: int, load1: float) -> int:
     The load counts every runnable thread on the host, hostrun's jobs or not, so it says what a new
     job would really compete with."""
     return max(0, heavy_threads - int(load1 + 0.5))
-
-
-def _live_jobs(backend: Any, host: str, limit: int) -> list[Any]:
-    """Running jobs to re-book, should this read find the ledger damaged (imported only then)."""
-    from dispatch.recovery import live_jobs
-
-    return live_jobs(backend, host, limit)
 
 
 def _gpus() -> tuple[list[dict[str, Any]], str | None]:

@@ -26,14 +26,13 @@ from collections.abc import Callable
 
 from dispatch.admission import wait_for_room
 from dispatch.booking import Plan, default_label, mark_event, plan_booking
-from dispatch.capping import select_backend
 from dispatch.capping.base import CapBackend, JobCgroup
 from dispatch.errors import BackendError, LedgerError, NeverFitsError, NoCapBackendError, UsageError
 from dispatch.exitcodes import SIGNAL_BASE, ExitCode, exec_failure
 from dispatch.guardian import Guardian
-from dispatch.hostfacts import has_nvidia_gpus, read_meminfo
+from dispatch.hostfacts import has_nvidia_gpus
+from dispatch.hostslice import LocalSlice
 from dispatch.ledger import Admission, Ledger
-from dispatch.ledgerdb import Booking
 from dispatch.outcome import Outcome, history_row
 from dispatch.procinfo import start_time
 from dispatch.request import JOB_ENV, RunRequest
@@ -237,15 +236,14 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
                on_wait: Callable[[Admission], None] | None = None) -> Outcome:
     if not request.argv:
         raise UsageError("no command given (usage: hostrun [OPTIONS] -- CMD [ARGS...])")
-    host = settings.local
-    mem = read_meminfo()
-    backend = select_backend(host, mem.total)
+    here = LocalSlice(settings)
+    host, backend = here.host, here.backend
     if not backend.caps_memory and not request.no_cap:
         raise NoCapBackendError(
             "no memory-cap backend works on this host (run 'hostrun doctor' to see why); "
             "pass --no-cap to run uncapped anyway"
         )
-    limit = host.slice_limit(mem.total)
+    limit = here.limit
     cap = request.cap if request.cap is not None else host.default_cap
     if cap is not None and cap > limit:
         raise NeverFitsError(
@@ -281,7 +279,7 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
         if gpu is not None and gpu.tee is not None:
             gpu.tee.parent_side()
         guardian.job_started(child.pid)
-        ledger = Ledger(settings.state_dir, say, lambda: _live_jobs(backend, host.name, limit))
+        ledger = Ledger(settings.state_dir, say, here.live_jobs)
         label = storable(request.label or default_label(request.argv))  # a text key in the ledger
         plan = plan_booking(cap=cap, peak=ledger.peak(label, host.name), slice_limit=limit,
                             gamble_size=settings.gamble_size_for(host))
@@ -347,13 +345,6 @@ def _record(settings: Settings, ledger: Ledger, outcome: Outcome, request: RunRe
                                keep=settings.history_keep)
     except LedgerError as exc:
         say(f"warning: the peak and history row of this run were not recorded: {exc}")
-
-
-def _live_jobs(backend: CapBackend, host: str, limit: int) -> list[Booking]:
-    """The running jobs to re-book if the ledger has to be recovered (imported only then)."""
-    from dispatch.recovery import live_jobs
-
-    return live_jobs(backend, host, limit)
 
 
 def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSettings,
