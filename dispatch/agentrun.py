@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, SYNC_MARK, FrameReader, FrameWriter
+from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, SYNC_MARK, Frame, FrameReader, FrameWriter
 
 MYPY = False
 if MYPY:
@@ -48,19 +48,19 @@ class _Link:
                 return
             self.last_seen = time.monotonic()
             for kind, payload in reader.feed(data):
-                if kind == b"G":
+                if kind == Frame.GO:
                     self.go = True
                     self.decided.set()
-                elif kind == b"X":
+                elif kind == Frame.ABORT:
                     self.decided.set()
-                elif kind == b"S":
+                elif kind == Frame.SIGNAL:
                     os.kill(os.getpid(), int(payload))
-                elif kind == b"D" and self.stdin_fd is not None:
+                elif kind == Frame.DATA and self.stdin_fd is not None:
                     try:
                         os.write(self.stdin_fd, payload)
                     except OSError:
                         pass
-                elif kind == b"Z" and self.stdin_fd is not None:
+                elif kind == Frame.EOF and self.stdin_fd is not None:
                     os.close(self.stdin_fd)
                     self.stdin_fd = None
 
@@ -129,7 +129,7 @@ def run_job(spec: dict[str, Any]) -> int:
         os.dup2(devnull, 0)
         os.close(devnull)
     pumps = []
-    for target, kind in ((1, b"O"), (2, b"E")):
+    for target, kind in ((1, Frame.OUT), (2, Frame.ERR)):
         read_end, write_end = os.pipe()
         os.dup2(write_end, target)
         os.close(write_end)
@@ -144,7 +144,7 @@ def run_job(spec: dict[str, Any]) -> int:
     def beat() -> None:
         while not done.wait(HEARTBEAT):
             try:
-                writer.send(b"H")
+                writer.send(Frame.BEAT)
             except OSError:
                 return
 
@@ -152,7 +152,7 @@ def run_job(spec: dict[str, Any]) -> int:
 
     def say(line: str) -> None:
         try:
-            writer.send(b"M", line.encode())
+            writer.send(Frame.MSG, line.encode())
         except OSError:
             pass
 
@@ -162,7 +162,7 @@ def run_job(spec: dict[str, Any]) -> int:
         # controller compares and syncs (it keeps beating), for go or abort.
         from dispatch.agentprep import probe
 
-        writer.send(b"P", json.dumps(probe(prepare)).encode())
+        writer.send(Frame.PROBE, json.dumps(probe(prepare)).encode())
         # While the controller compares and syncs: load what the run needs (off the critical path).
         from dispatch.agentprep import peer_settings
         from dispatch.request import RunRequest
@@ -220,7 +220,7 @@ def run_job(spec: dict[str, Any]) -> int:
     for thread in pumps:
         thread.join(timeout=10)
     try:
-        writer.send(b"R", json.dumps(result).encode())
+        writer.send(Frame.RESULT, json.dumps(result).encode())
     except OSError:
         return 1
     sys.stdout.flush()

@@ -37,7 +37,7 @@ from dispatch.errors import (
 )
 from dispatch.exitcodes import SIGNAL_BASE, ExitCode
 from dispatch.fingerprint import short_hash
-from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, SPEC, SYNC_MARK, FrameReader, encode
+from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, SYNC_MARK, Frame, FrameReader, encode
 from dispatch.outcome import Outcome
 from dispatch.peer import _RUN, AGENT_MISSING, PeerClient
 from dispatch.rsync import PROTECT_ARGS, die_with_parent, protects_args, shell_unsafe
@@ -299,7 +299,7 @@ class PeerRun:
 
         # The spec first: it may be megabytes, so a thread writes it and the loop below never waits on
         # a stalled peer. Until it is written, nothing else is sent (the agent reads nothing else yet).
-        spec = encode(SPEC, self.spec())
+        spec = encode(Frame.SPEC, self.spec())
         spec_sent = threading.Event()
 
         def send_spec() -> None:
@@ -359,19 +359,19 @@ class PeerRun:
                         proc.kill()
                         break
                     for kind, payload in frames:
-                        if kind == b"O":
+                        if kind == Frame.OUT:
                             _write_all(1, payload)
-                        elif kind == b"E":
+                        elif kind == Frame.ERR:
                             _write_all(2, payload)
-                        elif kind == b"M":
+                        elif kind == Frame.MSG:
                             self.say(f"{self.host.name}: {payload.decode(errors='replace')}")
-                        elif kind == b"R":
+                        elif kind == Frame.RESULT:
                             result = json.loads(payload)
-                        elif kind == b"P" and phase == "prepare":
+                        elif kind == Frame.PROBE and phase == "prepare":
                             try:
                                 self.check_prepared(json.loads(payload))
                             except HostrunError:
-                                send(b"X")
+                                send(Frame.ABORT)
                                 raise
                             phase = "sync"
                             syncing = threading.Thread(target=_capture, args=(self.sync, sync_error),
@@ -385,24 +385,24 @@ class PeerRun:
                 last_loop = now
                 if phase == "sync" and syncing is not None and not syncing.is_alive():
                     if sync_error:
-                        send(b"X")
+                        send(Frame.ABORT)
                         raise sync_error[0]
-                    send(b"G")
+                    send(Frame.GO)
                     phase = "run"
                     if self.forward_stdin:
                         threading.Thread(target=_forward_stdin, args=(send,), daemon=True).start()
                 while pending:
                     sig = pending.pop(0)
                     if phase != "run":  # before the job started: nothing ran, stop here
-                        send(b"X")
+                        send(Frame.ABORT)
                         return Outcome(exit_code=SIGNAL_BASE + sig, outcome="signal",
                                        host=self.host.name, label=self.request.label or "",
                                        argv=list(self.request.argv),
                                        message="interrupted before the job started on the peer; "
                                                "nothing ran")
-                    send(b"S", str(sig).encode())
+                    send(Frame.SIGNAL, str(sig).encode())
                 if now - last_beat >= HEARTBEAT:
-                    send(b"H")
+                    send(Frame.BEAT)
                     last_beat = now
                 if phase == "prepare" and now - started > self.settings.report_timeout * 2:
                     proc.kill()
@@ -469,9 +469,9 @@ def _forward_stdin(send: Callable[[bytes, bytes], None]) -> None:
         except OSError:
             data = b""
         if not data:
-            send(b"Z", b"")
+            send(Frame.EOF, b"")
             return
-        send(b"D", data)
+        send(Frame.DATA, data)
 
 
 def _outcome(result: dict[str, Any], host: str, request: RunRequest) -> Outcome:
