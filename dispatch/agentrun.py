@@ -9,7 +9,6 @@ agent stops the job itself: nothing is left running or booked on the peer when a
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -18,6 +17,7 @@ import threading
 import time
 
 from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, SYNC_MARK, Frame, FrameReader, FrameWriter
+from dispatch.wire import RunSpec, error_result, result_of
 
 MYPY = False
 if MYPY:
@@ -116,11 +116,11 @@ def _stop_sync(mark: str) -> None:
             continue
 
 
-def run_job(spec: dict[str, Any]) -> int:
+def run_job(spec: RunSpec) -> int:
     writer = FrameWriter(os.dup(1))
     control_fd = os.dup(0)
     stdin_w = None
-    if spec.get("stdin"):
+    if spec.stdin:
         stdin_r, stdin_w = os.pipe()
         os.dup2(stdin_r, 0)
         os.close(stdin_r)
@@ -156,7 +156,7 @@ def run_job(spec: dict[str, Any]) -> int:
         except OSError:
             pass
 
-    prepare = spec.get("prepare")
+    prepare = spec.prepare
     if prepare is not None:
         # Steps 3-4 in this same session: report probes and the work directory, then wait while the
         # controller compares and syncs (it keeps beating), for go or abort.
@@ -165,10 +165,9 @@ def run_job(spec: dict[str, Any]) -> int:
         writer.send(Frame.PROBE, json.dumps(probe(prepare)).encode())
         # While the controller compares and syncs: load what the run needs (off the critical path).
         from dispatch.agentprep import peer_settings
-        from dispatch.request import RunRequest
         from dispatch.runner import run_local
 
-        settings, _notes = peer_settings(spec.get("fallback") or {})
+        settings, _notes = peer_settings(spec.fallback or {})
         while not link.decided.wait(0.5):
             if time.monotonic() - link.last_seen > SILENCE_LIMIT:
                 break
@@ -178,39 +177,23 @@ def run_job(spec: dict[str, Any]) -> int:
             return 0  # aborted (toolchain, sync, Ctrl-C) or the controller went away: nothing ran
 
     from dispatch.agentprep import peer_settings
-    from dispatch.request import RunRequest
     from dispatch.runner import run_local
 
     if prepare is None:
-        settings, _notes = peer_settings(spec.get("fallback") or {})
+        settings, _notes = peer_settings(spec.fallback or {})
     result: dict[str, Any]
     try:
-        os.chdir(os.path.expanduser(spec["cwd"]))
-        cap = spec.get("cap")
-        bound = spec.get("cap_if_none")  # the controller's peer_memory_cap
-        if cap is None and bound is not None:
+        os.chdir(os.path.expanduser(spec.cwd))
+        request = spec.request
+        if request.cap is None and spec.cap_if_none is not None:
             # An uncapped job from that controller runs under the peer's default_cap, but never
             # above the peer_memory_cap the controller set for this peer.
             own = settings.local.default_cap
-            cap = bound if own is None else min(own, bound)
-        request = RunRequest(
-            argv=[os.fsdecode(base64.b64decode(arg)) for arg in spec["argv_b64"]],
-            label=spec.get("label"), cap=cap,
-            max_runtime=spec.get("max_runtime"), threads=spec.get("threads"),
-            no_cap=bool(spec.get("no_cap")), session=spec.get("session"),
-            gpu_memory=spec.get("gpu_memory"), force=bool(spec.get("force")),
-            group=spec.get("group"), when_idle=bool(spec.get("when_idle")),
-        )
-        outcome = run_local(settings, request, say)
-        result = outcome.to_dict()
-        del result["argv"]  # the controller has it; it may be megabytes, over a frame's limit
+            bound = spec.cap_if_none
+            request = request._replace(cap=bound if own is None else min(own, bound))
+        result = result_of(run_local(settings, request, say))
     except Exception as exc:
-        from dispatch.errors import HostrunError
-        from dispatch.exitcodes import outcome_name
-
-        code = int(exc.exit_code) if isinstance(exc, HostrunError) else 1
-        result = {"exit_code": code, "outcome": outcome_name(code), "message": str(exc),
-                  "error_type": type(exc).__name__}
+        result = error_result(exc)
     finally:
         done.set()
         devnull = os.open(os.devnull, os.O_WRONLY)

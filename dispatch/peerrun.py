@@ -15,7 +15,6 @@ a transient failure; 251 is only for a link lost once the agent was told to go.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import selectors
@@ -44,6 +43,7 @@ from dispatch.rsync import PROTECT_ARGS, die_with_parent, protects_args, shell_u
 from dispatch.settings import HostSettings, Settings
 from dispatch.ssh import RETRIES, backoff, classify, is_transient
 from dispatch.toolchain import compare, probe_here
+from dispatch.wire import RunSpec, outcome_of
 
 MYPY = False
 if MYPY:
@@ -215,20 +215,13 @@ class PeerRun:
 
     # -- steps 5-7: the run --
     def spec(self) -> bytes:
-        """The agent's spec, sent as the session's first frame. The arguments travel as their bytes
-        (base64 of ``os.fsencode``): exact whatever they are, and whatever the peer's encoding."""
-        r = self.request
-        data = {
-            "argv_b64": [base64.b64encode(os.fsencode(arg)).decode() for arg in r.argv],
-            "cwd": os.path.join(self.remote_tree_spec, self.rel_cwd), "label": r.label,
-            "cap": r.cap, "cap_if_none": self.host.peer_memory_cap,
-            "max_runtime": r.max_runtime, "threads": r.threads, "no_cap": r.no_cap,
-            "session": r.session, "gpu_memory": r.gpu_memory, "stdin": self.forward_stdin,
-            "force": r.force, "group": r.group, "when_idle": r.when_idle,
-            "fallback": json.loads(self.client.fallback()), "prepare": self.prepare_spec(),
-        }
-        data["prepare"]["sync_mark"] = self.sync_mark
-        return json.dumps(data).encode()
+        """The agent's spec (``RunSpec``), sent as the session's first frame."""
+        prepare = self.prepare_spec()
+        prepare["sync_mark"] = self.sync_mark
+        spec = RunSpec(request=self.request, cwd=os.path.join(self.remote_tree_spec, self.rel_cwd),
+                       cap_if_none=self.host.peer_memory_cap, stdin=self.forward_stdin,
+                       fallback=json.loads(self.client.fallback()), prepare=prepare)
+        return json.dumps(spec.to_dict()).encode()
 
     def run(self) -> Outcome:
         try:
@@ -443,7 +436,7 @@ class PeerRun:
                     "there stops the job and releases its booking on its own")
             raise PeerUnreachableError(f"peer {self.host.name}: the agent ended without a result "
                                        f"(exit {proc.returncode}): {why[0]}")
-        return _outcome(result, self.host.name, self.request)
+        return outcome_of(result, self.host.name, self.request)
 
 
 def _capture(work: Callable[[], None], errors: list[BaseException]) -> None:
@@ -472,15 +465,4 @@ def _forward_stdin(send: Callable[[bytes, bytes], None]) -> None:
             send(Frame.EOF, b"")
             return
         send(Frame.DATA, data)
-
-
-def _outcome(result: dict[str, Any], host: str, request: RunRequest) -> Outcome:
-    from dispatch.outcome import FIELDS
-
-    fixed = ("exit_code", "outcome", "host", "label", "argv")
-    known = {k: result[k] for k in FIELDS if k in result and k not in fixed}
-    outcome = Outcome(exit_code=int(result["exit_code"]), outcome=str(result.get("outcome", "exit")),
-                      host=host, label=str(result.get("label") or request.label or ""),
-                      argv=list(request.argv), **known)
-    return outcome
 
