@@ -45,10 +45,11 @@ def main(argv: list[str]) -> int:
     if command == "run":
         from dispatch.agentrun import run_job
         from dispatch.frames import read_spec
+        from dispatch.wire import RunSpec
 
         try:
-            spec = json.loads(read_spec(0))
-        except (OSError, EOFError, ValueError) as exc:  # the controller went away, or is not one
+            spec = RunSpec.from_dict(json.loads(read_spec(0)))
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:  # not a controller's
             print(f"agent: no run spec: {exc}", file=sys.stderr)
             return 2
         return run_job(spec)

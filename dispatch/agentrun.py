@@ -9,7 +9,6 @@ agent stops the job itself: nothing is left running or booked on the peer when a
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -17,7 +16,8 @@ import sys
 import threading
 import time
 
-from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, SYNC_MARK, FrameReader, FrameWriter
+from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, SYNC_MARK, Frame, FrameReader, FrameWriter
+from dispatch.wire import RunSpec, error_result, result_of
 
 MYPY = False
 if MYPY:
@@ -48,19 +48,19 @@ class _Link:
                 return
             self.last_seen = time.monotonic()
             for kind, payload in reader.feed(data):
-                if kind == b"G":
+                if kind == Frame.GO:
                     self.go = True
                     self.decided.set()
-                elif kind == b"X":
+                elif kind == Frame.ABORT:
                     self.decided.set()
-                elif kind == b"S":
+                elif kind == Frame.SIGNAL:
                     os.kill(os.getpid(), int(payload))
-                elif kind == b"D" and self.stdin_fd is not None:
+                elif kind == Frame.DATA and self.stdin_fd is not None:
                     try:
                         os.write(self.stdin_fd, payload)
                     except OSError:
                         pass
-                elif kind == b"Z" and self.stdin_fd is not None:
+                elif kind == Frame.EOF and self.stdin_fd is not None:
                     os.close(self.stdin_fd)
                     self.stdin_fd = None
 
@@ -116,11 +116,11 @@ def _stop_sync(mark: str) -> None:
             continue
 
 
-def run_job(spec: dict[str, Any]) -> int:
+def run_job(spec: RunSpec) -> int:
     writer = FrameWriter(os.dup(1))
     control_fd = os.dup(0)
     stdin_w = None
-    if spec.get("stdin"):
+    if spec.stdin:
         stdin_r, stdin_w = os.pipe()
         os.dup2(stdin_r, 0)
         os.close(stdin_r)
@@ -129,7 +129,7 @@ def run_job(spec: dict[str, Any]) -> int:
         os.dup2(devnull, 0)
         os.close(devnull)
     pumps = []
-    for target, kind in ((1, b"O"), (2, b"E")):
+    for target, kind in ((1, Frame.OUT), (2, Frame.ERR)):
         read_end, write_end = os.pipe()
         os.dup2(write_end, target)
         os.close(write_end)
@@ -144,7 +144,7 @@ def run_job(spec: dict[str, Any]) -> int:
     def beat() -> None:
         while not done.wait(HEARTBEAT):
             try:
-                writer.send(b"H")
+                writer.send(Frame.BEAT)
             except OSError:
                 return
 
@@ -152,23 +152,22 @@ def run_job(spec: dict[str, Any]) -> int:
 
     def say(line: str) -> None:
         try:
-            writer.send(b"M", line.encode())
+            writer.send(Frame.MSG, line.encode())
         except OSError:
             pass
 
-    prepare = spec.get("prepare")
+    prepare = spec.prepare
     if prepare is not None:
         # Steps 3-4 in this same session: report probes and the work directory, then wait while the
         # controller compares and syncs (it keeps beating), for go or abort.
         from dispatch.agentprep import probe
 
-        writer.send(b"P", json.dumps(probe(prepare)).encode())
+        writer.send(Frame.PROBE, json.dumps(probe(prepare)).encode())
         # While the controller compares and syncs: load what the run needs (off the critical path).
         from dispatch.agentprep import peer_settings
-        from dispatch.request import RunRequest
         from dispatch.runner import run_local
 
-        settings, _notes = peer_settings(spec.get("fallback") or {})
+        settings, _notes = peer_settings(spec.fallback or {})
         while not link.decided.wait(0.5):
             if time.monotonic() - link.last_seen > SILENCE_LIMIT:
                 break
@@ -179,35 +178,20 @@ def run_job(spec: dict[str, Any]) -> int:
 
     from dispatch.agentprep import peer_settings
     from dispatch.booking import peer_cap
-    from dispatch.request import RunRequest
     from dispatch.runner import run_local
 
     if prepare is None:
-        settings, _notes = peer_settings(spec.get("fallback") or {})
+        settings, _notes = peer_settings(spec.fallback or {})
     result: dict[str, Any]
     try:
-        os.chdir(os.path.expanduser(spec["cwd"]))
+        os.chdir(os.path.expanduser(spec.cwd))
         # The peer's default_cap (its own, else the controller's), bounded by the peer_memory_cap
         # the controller set for this peer ("cap_if_none"): the rule the controller checked.
-        cap = peer_cap(spec.get("cap"), settings.local.default_cap, spec.get("cap_if_none"))
-        request = RunRequest(
-            argv=[os.fsdecode(base64.b64decode(arg)) for arg in spec["argv_b64"]],
-            label=spec.get("label"), cap=cap,
-            max_runtime=spec.get("max_runtime"), threads=spec.get("threads"),
-            no_cap=bool(spec.get("no_cap")), session=spec.get("session"),
-            gpu_memory=spec.get("gpu_memory"), force=bool(spec.get("force")),
-            group=spec.get("group"), when_idle=bool(spec.get("when_idle")),
-        )
-        outcome = run_local(settings, request, say)
-        result = outcome.to_dict()
-        del result["argv"]  # the controller has it; it may be megabytes, over a frame's limit
+        request = spec.request._replace(
+            cap=peer_cap(spec.request.cap, settings.local.default_cap, spec.cap_if_none))
+        result = result_of(run_local(settings, request, say))
     except Exception as exc:
-        from dispatch.errors import HostrunError
-        from dispatch.exitcodes import outcome_name
-
-        code = int(exc.exit_code) if isinstance(exc, HostrunError) else 1
-        result = {"exit_code": code, "outcome": outcome_name(code), "message": str(exc),
-                  "error_type": type(exc).__name__}
+        result = error_result(exc)
     finally:
         done.set()
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -217,7 +201,7 @@ def run_job(spec: dict[str, Any]) -> int:
     for thread in pumps:
         thread.join(timeout=10)
     try:
-        writer.send(b"R", json.dumps(result).encode())
+        writer.send(Frame.RESULT, json.dumps(result).encode())
     except OSError:
         return 1
     sys.stdout.flush()

@@ -5,12 +5,8 @@ the run's spec, one ``J`` frame (JSON, the job's argv inside it), which the agen
 else: no argument rides on ssh's command line (one word of it is limited to 128 KiB), so the only
 limit on the job's arguments is the peer's own ``ARG_MAX``.
 
-Agent → controller: ``P`` the probe results (JSON: work directory, toolchain outputs; only when the
-spec asks to prepare), ``O`` job stdout, ``E`` job stderr, ``M`` a hostrun message line (admission
-status and the like), ``R`` the result (JSON), last. Controller → agent: ``G`` go (the sync is done),
-``X`` abort before the job started (nothing runs), ``S`` forward a signal (payload: its number),
-``D`` stdin data, ``Z`` stdin closed. Both ways: ``H`` heartbeat (every ``HEARTBEAT`` s). The table
-and the session's sequence: docs/design.md, "The wire protocol" and "A peer run".
+The kinds, which side sends each and what its payload is: ``Frame`` below, the one table both
+sides use. The sequence of a session: docs/design.md, "The wire protocol" and "A peer run".
 
 Framing the job's output (rather than passing ssh's stdout/stderr through) keeps stdout and stderr
 separate and binary-safe, and lets the result travel last on the same stream, unforgeable by the job.
@@ -26,9 +22,26 @@ HEADER = struct.Struct(">cI")
 HEARTBEAT = 2.0
 SILENCE_LIMIT = 15.0  # no frame for this long: the connection is gone
 MAX_PAYLOAD = 1 << 20
-SPEC = b"J"
 MAX_SPEC = 256 << 20  # far above any ARG_MAX (6 MiB at most on Linux): only a guard against garbage
 SYNC_MARK = "HOSTRUN_SYNC"  # NAME=token in the environment of the peer's rsync of one run's sync
+
+
+class Frame:
+    """The frame kinds, one byte each: the one table both sides use (a plain class, not an
+    ``enum``: the members are the bytes that go on the wire, compared with ``==``)."""
+
+    SPEC = b"J"  # controller -> agent, first: the run's spec (``dispatch.wire.RunSpec``, JSON)
+    PROBE = b"P"  # agent: probe results and work directory (JSON), when the spec asks to prepare
+    OUT = b"O"  # agent: job stdout
+    ERR = b"E"  # agent: job stderr
+    MSG = b"M"  # agent: a hostrun message line
+    RESULT = b"R"  # agent, last: the result (JSON)
+    GO = b"G"  # controller: the sync is done, start the job
+    ABORT = b"X"  # controller: abort before the job started (nothing runs)
+    SIGNAL = b"S"  # controller: forward a signal (payload: its number)
+    DATA = b"D"  # controller: stdin data
+    EOF = b"Z"  # controller: stdin closed
+    BEAT = b"H"  # both ways: heartbeat, every ``HEARTBEAT`` s
 
 
 def encode(kind: bytes, payload: bytes = b"") -> bytes:
@@ -64,7 +77,7 @@ def read_spec(fd: int) -> bytes:
         return data
 
     kind, length = HEADER.unpack(exactly(HEADER.size))
-    if kind != SPEC or length > MAX_SPEC:
+    if kind != Frame.SPEC or length > MAX_SPEC:
         raise ValueError(f"expected the spec frame, got {kind!r} of {length} bytes")
     return exactly(length)
 

@@ -15,7 +15,6 @@ a transient failure; 251 is only for a link lost once the agent was told to go.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import selectors
@@ -37,13 +36,14 @@ from dispatch.errors import (
 )
 from dispatch.exitcodes import SIGNAL_BASE, ExitCode
 from dispatch.fingerprint import short_hash
-from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, SPEC, SYNC_MARK, FrameReader, encode
+from dispatch.frames import HEARTBEAT, SILENCE_LIMIT, SYNC_MARK, Frame, FrameReader, encode
 from dispatch.outcome import Outcome
 from dispatch.peer import _RUN, AGENT_MISSING, PeerClient
 from dispatch.rsync import PROTECT_ARGS, die_with_parent, protects_args, shell_unsafe
 from dispatch.settings import HostSettings, Settings
 from dispatch.ssh import RETRIES, backoff, classify, is_transient
 from dispatch.toolchain import compare, probe_here
+from dispatch.wire import RunSpec, outcome_of
 
 MYPY = False
 if MYPY:
@@ -215,20 +215,13 @@ class PeerRun:
 
     # -- steps 5-7: the run --
     def spec(self) -> bytes:
-        """The agent's spec, sent as the session's first frame. The arguments travel as their bytes
-        (base64 of ``os.fsencode``): exact whatever they are, and whatever the peer's encoding."""
-        r = self.request
-        data = {
-            "argv_b64": [base64.b64encode(os.fsencode(arg)).decode() for arg in r.argv],
-            "cwd": os.path.join(self.remote_tree_spec, self.rel_cwd), "label": r.label,
-            "cap": r.cap, "cap_if_none": self.host.peer_memory_cap,
-            "max_runtime": r.max_runtime, "threads": r.threads, "no_cap": r.no_cap,
-            "session": r.session, "gpu_memory": r.gpu_memory, "stdin": self.forward_stdin,
-            "force": r.force, "group": r.group, "when_idle": r.when_idle,
-            "fallback": json.loads(self.client.fallback()), "prepare": self.prepare_spec(),
-        }
-        data["prepare"]["sync_mark"] = self.sync_mark
-        return json.dumps(data).encode()
+        """The agent's spec (``RunSpec``), sent as the session's first frame."""
+        prepare = self.prepare_spec()
+        prepare["sync_mark"] = self.sync_mark
+        spec = RunSpec(request=self.request, cwd=os.path.join(self.remote_tree_spec, self.rel_cwd),
+                       cap_if_none=self.host.peer_memory_cap, stdin=self.forward_stdin,
+                       fallback=json.loads(self.client.fallback()), prepare=prepare)
+        return json.dumps(spec.to_dict()).encode()
 
     def run(self) -> Outcome:
         try:
@@ -299,7 +292,7 @@ class PeerRun:
 
         # The spec first: it may be megabytes, so a thread writes it and the loop below never waits on
         # a stalled peer. Until it is written, nothing else is sent (the agent reads nothing else yet).
-        spec = encode(SPEC, self.spec())
+        spec = encode(Frame.SPEC, self.spec())
         spec_sent = threading.Event()
 
         def send_spec() -> None:
@@ -359,19 +352,19 @@ class PeerRun:
                         proc.kill()
                         break
                     for kind, payload in frames:
-                        if kind == b"O":
+                        if kind == Frame.OUT:
                             _write_all(1, payload)
-                        elif kind == b"E":
+                        elif kind == Frame.ERR:
                             _write_all(2, payload)
-                        elif kind == b"M":
+                        elif kind == Frame.MSG:
                             self.say(f"{self.host.name}: {payload.decode(errors='replace')}")
-                        elif kind == b"R":
+                        elif kind == Frame.RESULT:
                             result = json.loads(payload)
-                        elif kind == b"P" and phase == "prepare":
+                        elif kind == Frame.PROBE and phase == "prepare":
                             try:
                                 self.check_prepared(json.loads(payload))
                             except HostrunError:
-                                send(b"X")
+                                send(Frame.ABORT)
                                 raise
                             phase = "sync"
                             syncing = threading.Thread(target=_capture, args=(self.sync, sync_error),
@@ -385,24 +378,24 @@ class PeerRun:
                 last_loop = now
                 if phase == "sync" and syncing is not None and not syncing.is_alive():
                     if sync_error:
-                        send(b"X")
+                        send(Frame.ABORT)
                         raise sync_error[0]
-                    send(b"G")
+                    send(Frame.GO)
                     phase = "run"
                     if self.forward_stdin:
                         threading.Thread(target=_forward_stdin, args=(send,), daemon=True).start()
                 while pending:
                     sig = pending.pop(0)
                     if phase != "run":  # before the job started: nothing ran, stop here
-                        send(b"X")
+                        send(Frame.ABORT)
                         return Outcome(exit_code=SIGNAL_BASE + sig, outcome="signal",
                                        host=self.host.name, label=self.request.label or "",
                                        argv=list(self.request.argv),
                                        message="interrupted before the job started on the peer; "
                                                "nothing ran")
-                    send(b"S", str(sig).encode())
+                    send(Frame.SIGNAL, str(sig).encode())
                 if now - last_beat >= HEARTBEAT:
-                    send(b"H")
+                    send(Frame.BEAT)
                     last_beat = now
                 if phase == "prepare" and now - started > self.settings.report_timeout * 2:
                     proc.kill()
@@ -443,7 +436,7 @@ class PeerRun:
                     "there stops the job and releases its booking on its own")
             raise PeerUnreachableError(f"peer {self.host.name}: the agent ended without a result "
                                        f"(exit {proc.returncode}): {why[0]}")
-        return _outcome(result, self.host.name, self.request)
+        return outcome_of(result, self.host.name, self.request)
 
 
 def _capture(work: Callable[[], None], errors: list[BaseException]) -> None:
@@ -469,18 +462,7 @@ def _forward_stdin(send: Callable[[bytes, bytes], None]) -> None:
         except OSError:
             data = b""
         if not data:
-            send(b"Z", b"")
+            send(Frame.EOF, b"")
             return
-        send(b"D", data)
-
-
-def _outcome(result: dict[str, Any], host: str, request: RunRequest) -> Outcome:
-    from dispatch.outcome import FIELDS
-
-    fixed = ("exit_code", "outcome", "host", "label", "argv")
-    known = {k: result[k] for k in FIELDS if k in result and k not in fixed}
-    outcome = Outcome(exit_code=int(result["exit_code"]), outcome=str(result.get("outcome", "exit")),
-                      host=host, label=str(result.get("label") or request.label or ""),
-                      argv=list(request.argv), **known)
-    return outcome
+        send(Frame.DATA, data)
 

@@ -378,7 +378,7 @@ def test_writer_and_read_spec_round_trip_over_a_pipe() -> None:
     read_fd, write_fd = os.pipe()
     try:
         writer = frames.FrameWriter(write_fd)
-        writer.send(frames.SPEC, b'{"argv": ["make"]}')
+        writer.send(frames.Frame.SPEC, b'{"argv": ["make"]}')
         writer.send(b"H")
         writer.send(b"S", b"15")
         assert frames.read_spec(read_fd) == b'{"argv": ["make"]}'
