@@ -170,47 +170,32 @@ def _job(command: list[str], opts: RunOptions) -> Job:
 
 def _run_elsewhere(options: list[str], command: list[str], opts: RunOptions,
                    request: RunRequest) -> int:
-    """``--auto`` (run where the dispatcher decides) and ``--peer``."""
-    from dispatch.errors import AcrossDisabledError
+    """``--auto`` (run where the dispatcher decides) and ``--peer``: the library places, we run."""
+    from dispatch.auto import forget_sent, place, place_on_peer
 
     settings = _settings(opts.config)
     if opts.peer:
-        from dispatch.peers import choose_peer
-
-        if not settings.enable_across_machines:
-            raise AcrossDisabledError("--peer: enable_across_machines is off (set it in the config "
-                                      "or ENABLE_ACROSS_MACHINES=1); not running locally instead")
-        from dispatch.auto import forget_sent, note_sent, peer_estimate
         from dispatch.booking import default_label
 
-        host = choose_peer(settings, opts.peer, opts.memory_cap)
-        sent = note_sent(settings, host.name, request.label or default_label(command),
-                         peer_estimate(settings, host, opts.memory_cap), opts.gpu_memory)
-        try:
-            return _finish(_on_peer(settings, host, request, opts), opts)
-        finally:
-            forget_sent(settings, sent)
-    from dispatch.auto import consider, forget_sent, note_decision
-
-    job = _job(command, opts)
-    decision = consider(settings, job)
-    for reason in decision.reasons:
-        _say(f"dispatch: {reason}")
-    if decision.action == "refuse":
-        code = ExitCode(decision.exit_code)
-        _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
-        return code.value
-    note = note_decision(settings, decision, job)  # until its booking shows, or the run ends
+        placed = place_on_peer(settings, opts.peer, request.label or default_label(command),
+                               opts.memory_cap, opts.gpu_memory)
+    else:
+        placed = place(settings, _job(command, opts))
+        for reason in placed.reasons:
+            _say(f"dispatch: {reason}")
+        if placed.refused is not None:
+            code = ExitCode(placed.refused)
+            _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
+            return code.value
     try:
-        if decision.action == "peer":
-            assert decision.host is not None
-            return _finish(_on_peer(settings, settings.hosts[decision.host], request, opts), opts)
+        if placed.peer is not None:
+            return _finish(_on_peer(settings, placed.peer, request, opts), opts)
         from dispatch.runner import run_local
 
         return _finish(run_local(settings, request, _say,
                                  _peer_watch(settings, options, command, opts)), opts)
     finally:
-        forget_sent(settings, note)
+        forget_sent(settings, placed.note)
 
 
 def _on_peer(settings: Any, host: Any, request: RunRequest, opts: RunOptions) -> Outcome:
