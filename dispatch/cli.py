@@ -1,5 +1,8 @@
 """The ``hostrun`` command: parse, call the library, render, exit. Nothing else lives here.
 
+The run options (``hostrun [OPTIONS] -- CMD``) are parsed by ``dispatch.options`` into a
+``RunOptions`` record; where an ``--auto``/``--peer`` run goes is ``dispatch.auto.place``'s call.
+
 Errors raised by the library are translated to one ``hostrun: error: …`` line and their exit code
 here, once. Heavy imports (pydantic via config validation, rich via ``dispatch.render``) happen only
 on the paths that need them.
