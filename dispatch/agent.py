@@ -19,7 +19,7 @@ from dispatch.fingerprint import sha256
 CONTROLLER_ONLY = frozenset({
     "cli.py", "render.py", "doctor.py", "__main__.py", "config/model.py", "agent.py", "peer.py",
     "reports.py", "dispatcher.py", "peerrun.py", "rsync.py", "auto.py", "pending.py", "alerts.py",
-    "peers.py", "longjob.py",
+    "peers.py", "longjob.py", "options.py",
 })
 REMOTE_DIR = ".cache/hostrun"
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)

@@ -14,9 +14,12 @@ from collections.abc import Callable, Sequence
 from dispatch import alerts
 from dispatch.booking import default_label, peer_cap
 from dispatch.dispatcher import Decision, Job, Judgement, decide, judge
+from dispatch.errors import AcrossDisabledError
 from dispatch.headers import read_headers
 from dispatch.longjob import KEYS, from_headers, parse_spec
+from dispatch.peers import choose_peer
 from dispatch.pending import HostPending, Pending
+from dispatch.records import NamedTuple
 from dispatch.reports import HostReading, read_reports
 from dispatch.settings import LOCAL, HostSettings, Settings
 from dispatch.units import format_size
@@ -42,6 +45,46 @@ def consider(settings: Settings, job: Job) -> Decision:
     names = [LOCAL] + ([n for n in settings.hosts if n != LOCAL] if settings.enable_across_machines else [])
     readings = read_reports(settings, names, job.label)
     return decide(settings, job, readings, pending_after(settings, readings))
+
+
+class Placement(NamedTuple):
+    """Where a ``--auto``/``--peer`` run goes, already noted as pending (``forget_sent(note)`` after).
+
+    ``peer`` None runs the job here; ``refused`` is the exit code when it runs nowhere; ``reasons``
+    are the dispatcher's, for the caller to show.
+    """
+
+    peer: HostSettings | None = None
+    refused: int | None = None
+    note: int | None = None
+    reasons: tuple[str, ...] = ()
+
+
+def place_on_peer(settings: Settings, wanted: str | bool, label: str, cap: int | None,
+                  gpu_memory: int | None) -> Placement:
+    """``--peer[=NAME]``: never a silent local run when peers are off (248); the cap is checked
+    against the peer's ``peer_memory_cap`` (249); the room it will take is noted as pending."""
+    if not settings.enable_across_machines:
+        raise AcrossDisabledError("--peer: enable_across_machines is off (set it in the config "
+                                  "or ENABLE_ACROSS_MACHINES=1); not running locally instead")
+    host = choose_peer(settings, wanted, cap)
+    note = note_sent(settings, host.name, label, peer_estimate(settings, host, cap), gpu_memory)
+    return Placement(peer=host, note=note)
+
+
+def place(settings: Settings, job: Job) -> Placement:
+    """``--auto``: the dispatcher's decision (``consider``) as a place to run, noted as pending until
+    its booking shows or the run ends."""
+    decision = consider(settings, job)
+    reasons = tuple(decision.reasons)
+    if decision.action == "refuse":
+        return Placement(refused=decision.exit_code, reasons=reasons)
+    note = note_decision(settings, decision, job)
+    peer = None
+    if decision.action == "peer":
+        assert decision.host is not None
+        peer = settings.hosts[decision.host]
+    return Placement(peer=peer, note=note, reasons=reasons)
 
 
 def pending_after(settings: Settings, readings: Sequence[HostReading]) -> dict[str, HostPending]:

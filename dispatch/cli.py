@@ -1,5 +1,8 @@
 """The ``hostrun`` command: parse, call the library, render, exit. Nothing else lives here.
 
+The run options (``hostrun [OPTIONS] -- CMD``) are parsed by ``dispatch.options`` into a
+``RunOptions`` record; where an ``--auto``/``--peer`` run goes is ``dispatch.auto.place``'s call.
+
 Errors raised by the library are translated to one ``hostrun: error: …`` line and their exit code
 here, once. Heavy imports (pydantic via config validation, rich via ``dispatch.render``) happen only
 on the paths that need them.
@@ -14,130 +17,30 @@ from collections.abc import Callable, Sequence
 from dispatch import __version__
 from dispatch.errors import HostrunError, UsageError
 from dispatch.exitcodes import ExitCode, outcome_name
+from dispatch.options import (
+    PROG,
+    RUN_OPTIONS,
+    RunOptions,
+    cap_size,
+    checked_name,
+    duration,
+    parse_run_options,
+    resolve_session,
+    split_command,
+)
 
 MYPY = False
 if MYPY:
     import argparse
     from typing import Any, NoReturn
 
+    from dispatch.dispatcher import Job
     from dispatch.outcome import Outcome
     from dispatch.request import RunRequest
 
 SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts", "capacity",
                "lock", "workdir", "preflight", "history")
-PROG = "hostrun"
 USAGE = (f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{{','.join(SUBCOMMANDS[1:])}}} ...")
-
-
-def _size(text: str) -> int:
-    from dispatch.units import parse_size
-
-    size = parse_size(text)
-    if size < 1 << 20:
-        raise ValueError(f"too small: {text!r} (a cap below 1M cannot run anything)")
-    return size
-
-
-def _duration(text: str) -> float:
-    from dispatch.units import parse_duration
-
-    return parse_duration(text)
-
-
-def _positive_duration(text: str) -> float:
-    value = _duration(text)
-    if value <= 0:
-        raise ValueError(f"must be longer than 0: {text!r}")
-    return value
-
-
-MAX_THREADS = 4096  # far above any machine hostrun shares; a larger count is a typo, not a plan
-
-
-def _thread_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= MAX_THREADS:
-        raise ValueError(f"must be from 1 to {MAX_THREADS}: {value}")
-    return value
-
-
-def _name(what: str) -> Callable[[str], str]:
-    """A label or group name: no control characters (they are printed in other sessions' output)."""
-    def convert(text: str) -> str:
-        from dispatch.text import check_name
-
-        return check_name(text, what) or text
-
-    return convert
-
-
-def _session(explicit: str | None) -> str | None:
-    """``--session``, else ``$HOSTRUN_SESSION``, checked like a label; None when neither is set."""
-    if explicit:
-        return explicit  # already checked by its option's converter
-    named = os.environ.get("HOSTRUN_SESSION")
-    if not named:
-        return None
-    from dispatch.text import check_name
-
-    return check_name(named, "HOSTRUN_SESSION")
-
-
-class Option:
-    """One run option: the single table behind both the fast parser and ``--help``."""
-
-    def __init__(self, flags: tuple[str, ...], dest: str, help: str, metavar: str | None = None,
-                 convert: Callable[[str], Any] = str, optional_value: bool = False,
-                 repeat: bool = False) -> None:
-        self.flags, self.dest, self.help, self.metavar, self.convert = flags, dest, help, metavar, convert
-        self.optional_value = optional_value  # a flag that may carry a value, only as --flag=VALUE
-        self.repeat = repeat  # may be given several times; the values form a list
-
-    @property
-    def takes_value(self) -> bool:
-        return self.metavar is not None
-
-
-RUN_OPTIONS = (
-    Option(("--config",), "config", "configuration file (see docs/configuration.md)", "PATH"),
-    Option(("-m", "--memory-cap"), "memory_cap", "the job's memory cap, e.g. 4G "
-           "(default: the host's default_cap)", "SIZE", _size),
-    Option(("-l", "--label"), "label", "name for the peak table (default: a fingerprint of CMD)",
-           "LABEL", _name("--label")),
-    Option(("--max-runtime",), "max_runtime", "stop the job after DUR (e.g. 30m) and exit 253", "DUR",
-           _positive_duration),
-    Option(("--threads",), "threads", "heavy-thread count handed to the job (overrides variables "
-           "already set)", "N", _thread_count),
-    Option(("--result-file",), "result_file", "write the outcome as JSON to PATH", "PATH"),
-    Option(("--no-cap",), "no_cap", "run even when no memory-cap backend works here (uncapped!)"),
-    Option(("--session",), "session", "who is running this (default: $HOSTRUN_SESSION)", "NAME",
-           _name("--session")),
-    Option(("--gpu-memory",), "gpu_memory", "book SIZE of VRAM on one GPU (e.g. 8G); the job gets it "
-           "in CUDA_VISIBLE_DEVICES, and a GPU out-of-memory exits 245", "SIZE", _size),
-    Option(("--auto",), "auto", "run where the dispatcher decides (see 'hostrun dispatch')"),
-    Option(("--peer",), "peer", "run on a peer: --peer takes the first configured, --peer=NAME that one",
-           optional_value=True),
-    Option(("--expect-duration",), "expect_duration", "how long the job is expected to run, for the "
-           "long-job rule (default: its recorded durations)", "DUR", _duration),
-    Option(("--long-job",), "long_job", "declare the job long, exempt from the long-job rule: "
-           "--long-job='sharded=HOW;resumable=HOW;multi-host=HOW' or --long-job=@FILE (all three; "
-           "'# long-job: KEY: HOW' header lines in the script say the same)", optional_value=True),
-    Option(("--tree",), "tree", "with --peer: the tree to sync (default: the git top level, else the "
-           "current directory)", "DIR"),
-    Option(("--return",), "returns", "with --peer: bring PATH (relative to the job's directory) back "
-           "after the run, even after a failure (repeatable)", "PATH", repeat=True),
-    Option(("--stdin",), "stdin", "with --peer: forward this terminal's/pipe's stdin to the job"),
-    Option(("--force",), "force", "run a script whose '# admission:' says nothing changed since its "
-           "last success (never overrides a '# run-condition:'; see 'hostrun preflight')"),
-    Option(("--group",), "group", "count the job in group NAME: at most groups.NAME.max_running of "
-           "them run at once on a host", "NAME", _name("--group")),
-    Option(("--when-idle",), "when_idle", "start only while no other hostrun job runs on the host "
-           "(low-priority background work; may wait long on a busy machine)"),
-)
-_BY_FLAG = {flag: opt for opt in RUN_OPTIONS for flag in opt.flags}
 
 
 def _argparser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -168,47 +71,6 @@ def _print_run_help() -> None:
     p.print_help()
 
 
-def parse_run_options(options: Sequence[str]) -> dict[str, Any]:
-    """The run options, parsed without argparse (whose import and set-up cost ~8 ms per call).
-
-    Accepts ``--flag VALUE``, ``--flag=VALUE`` and ``-mVALUE``; errors read like argparse's.
-    """
-    values: dict[str, Any] = {
-        opt.dest: [] if opt.repeat else (False if not opt.takes_value else None) for opt in RUN_OPTIONS
-    }
-    i = 0
-    while i < len(options):
-        arg = options[i]
-        i += 1
-        name, inline = arg, None
-        if arg.startswith("--") and "=" in arg:
-            name, inline = arg.split("=", 1)
-        elif arg[:2] in _BY_FLAG and len(arg) > 2 and not arg.startswith("--"):
-            name, inline = arg[:2], arg[3:] if arg[2] == "=" else arg[2:]
-        opt = _BY_FLAG.get(name)
-        if opt is None:
-            raise UsageError(f"unrecognized arguments: {arg} (see '{PROG} --help')")
-        shown = "/".join(opt.flags)
-        if not opt.takes_value:
-            if inline is not None and not opt.optional_value:
-                raise UsageError(f"argument {shown}: ignored explicit argument {inline!r}")
-            values[opt.dest] = inline if inline is not None else True
-            continue
-        if inline is None:
-            if i >= len(options):
-                raise UsageError(f"argument {shown}: expected one argument")
-            inline = options[i]
-            i += 1
-        try:
-            if opt.repeat:
-                values[opt.dest].append(opt.convert(inline))
-            else:
-                values[opt.dest] = opt.convert(inline)
-        except ValueError as exc:
-            raise UsageError(f"argument {shown}: {exc}") from None
-    return values
-
-
 def _sub_parser(name: str, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
     p = _argparser(f"{PROG} {name}", help_text)
     p.add_argument("--config", metavar="PATH", help="configuration file")
@@ -237,50 +99,35 @@ def _settings(config: str | None):  # type: ignore[no-untyped-def]
     return load_settings(config)
 
 
-def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Options before ``--``, command after. Without ``--``, the first non-option starts CMD."""
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1 :]
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("-") or arg == "-":
-            return argv[:i], argv[i:]
-        opt = _BY_FLAG.get(arg)
-        i += 2 if opt is not None and opt.takes_value else 1
-    return argv, []
-
-
 def cmd_run(argv: list[str]) -> int:
     from dispatch.request import RunRequest, enclosing_job
 
-    options, command = _split_command(argv)
+    options, command = split_command(argv)
     if "-h" in options or "--help" in options:
         _print_run_help()
         return 0
     if "--version" in options:
         print(f"{PROG} {__version__}")
         return 0
-    args = parse_run_options(options)
+    opts = parse_run_options(options)
     if not command:
         raise UsageError(f"no command given (usage: {PROG} [OPTIONS] -- CMD [ARGS...])")
-    if (args["tree"] or args["returns"] or args["stdin"]) and not (args["peer"] or args["auto"]):
+    if (opts.tree or opts.returns or opts.stdin) and not (opts.peer or opts.auto):
         raise UsageError("--tree, --return and --stdin go with --peer or --auto")
     request = RunRequest(
-        argv=command, label=args["label"], cap=args["memory_cap"], max_runtime=args["max_runtime"],
-        threads=args["threads"], no_cap=args["no_cap"],
-        session=_session(args["session"]), gpu_memory=args["gpu_memory"],
-        force=args["force"], group=args["group"], when_idle=args["when_idle"],
+        argv=command, label=opts.label, cap=opts.memory_cap, max_runtime=opts.max_runtime,
+        threads=opts.threads, no_cap=opts.no_cap,
+        session=resolve_session(opts.session), gpu_memory=opts.gpu_memory,
+        force=opts.force, group=opts.group, when_idle=opts.when_idle,
     )
-    if args["result_file"]:
+    if opts.result_file:
         from dispatch.outcome import check_result_path
 
-        problem = check_result_path(args["result_file"])
+        problem = check_result_path(opts.result_file)
         if problem is not None:  # before anything runs: the caller would lose the outcome
-            raise UsageError(f"--result-file {args['result_file']}: cannot write there: {problem}")
+            raise UsageError(f"--result-file {opts.result_file}: cannot write there: {problem}")
     enclosing = enclosing_job(os.environ)
-    if enclosing is not None and not args["result_file"] and not _declares_preflight(command):
+    if enclosing is not None and not opts.result_file and not _declares_preflight(command):
         try:  # already booked and capped by the enclosing job: become the command
             os.execvp(command[0], command)
         except (OSError, ValueError) as exc:  # ValueError: an empty command name
@@ -291,92 +138,77 @@ def cmd_run(argv: list[str]) -> int:
             return code
     try:
         if enclosing is not None:
-            outcome = _nested(request, enclosing, args)
-        elif args["peer"] or args["auto"]:
-            return _run_elsewhere(options, command, args, request)
+            outcome = _nested(request, enclosing, opts)
+        elif opts.peer or opts.auto:
+            return _run_elsewhere(options, command, opts, request)
         else:
             from dispatch.runner import run_local
 
-            settings = _settings(args["config"])
-            outcome = run_local(settings, request, _say, _peer_watch(settings, options, command, args))
+            settings = _settings(opts.config)
+            outcome = run_local(settings, request, _say, _peer_watch(settings, options, command, opts))
     except HostrunError as exc:
-        if args["result_file"]:
-            _write_failure(args["result_file"], request, exc)
+        if opts.result_file:
+            _write_failure(opts.result_file, request, exc)
         raise
-    return _finish(outcome, args)
+    return _finish(outcome, opts)
 
 
-def _peer_watch(settings: Any, options: list[str], command: list[str], args: dict[str, Any]
+def _peer_watch(settings: Any, options: list[str], command: list[str], opts: RunOptions
                 ) -> Callable[[Any], None] | None:
     """While a local job waits, alert once if a peer could take it (only with peers enabled)."""
     if not settings.enable_across_machines or len(settings.hosts) < 2:
         return None  # the common case: no import of the dispatcher on the hot path
     from dispatch.auto import PeerWatch
 
-    return PeerWatch(settings, _job(command, args), options, command, _say)
+    return PeerWatch(settings, _job(command, opts), options, command, _say)
 
 
-def _job(command: list[str], args: dict[str, Any]):  # type: ignore[no-untyped-def]
+def _job(command: list[str], opts: RunOptions) -> Job:
     from dispatch.auto import make_job
 
-    return make_job(command, label=args["label"], cap=args["memory_cap"],
-                    gpu_memory=args.get("gpu_memory"), expect_duration=args["expect_duration"],
-                    long_job=args["long_job"])
+    return make_job(command, label=opts.label, cap=opts.memory_cap,
+                    gpu_memory=opts.gpu_memory, expect_duration=opts.expect_duration,
+                    long_job=opts.long_job)
 
 
-def _run_elsewhere(options: list[str], command: list[str], args: dict[str, Any],
+def _run_elsewhere(options: list[str], command: list[str], opts: RunOptions,
                    request: RunRequest) -> int:
-    """``--auto`` (run where the dispatcher decides) and ``--peer``."""
-    from dispatch.errors import AcrossDisabledError
+    """``--auto`` (run where the dispatcher decides) and ``--peer``: the library places, we run."""
+    from dispatch.auto import forget_sent, place, place_on_peer
 
-    settings = _settings(args["config"])
-    if args["peer"]:
-        from dispatch.peers import choose_peer
-
-        if not settings.enable_across_machines:
-            raise AcrossDisabledError("--peer: enable_across_machines is off (set it in the config "
-                                      "or ENABLE_ACROSS_MACHINES=1); not running locally instead")
-        from dispatch.auto import forget_sent, note_sent, peer_estimate
+    settings = _settings(opts.config)
+    if opts.peer:
         from dispatch.booking import default_label
 
-        host = choose_peer(settings, args["peer"], args["memory_cap"])
-        sent = note_sent(settings, host.name, request.label or default_label(command),
-                         peer_estimate(settings, host, args["memory_cap"]), args["gpu_memory"])
-        try:
-            return _finish(_on_peer(settings, host, request, args), args)
-        finally:
-            forget_sent(settings, sent)
-    from dispatch.auto import consider, forget_sent, note_decision
-
-    job = _job(command, args)
-    decision = consider(settings, job)
-    for reason in decision.reasons:
-        _say(f"dispatch: {reason}")
-    if decision.action == "refuse":
-        code = ExitCode(decision.exit_code)
-        _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
-        return code.value
-    note = note_decision(settings, decision, job)  # until its booking shows, or the run ends
+        placed = place_on_peer(settings, opts.peer, request.label or default_label(command),
+                               opts.memory_cap, opts.gpu_memory)
+    else:
+        placed = place(settings, _job(command, opts))
+        for reason in placed.reasons:
+            _say(f"dispatch: {reason}")
+        if placed.refused is not None:
+            code = ExitCode(placed.refused)
+            _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
+            return code.value
     try:
-        if decision.action == "peer":
-            assert decision.host is not None
-            return _finish(_on_peer(settings, settings.hosts[decision.host], request, args), args)
+        if placed.peer is not None:
+            return _finish(_on_peer(settings, placed.peer, request, opts), opts)
         from dispatch.runner import run_local
 
         return _finish(run_local(settings, request, _say,
-                                 _peer_watch(settings, options, command, args)), args)
+                                 _peer_watch(settings, options, command, opts)), opts)
     finally:
-        forget_sent(settings, note)
+        forget_sent(settings, placed.note)
 
 
-def _on_peer(settings: Any, host: Any, request: RunRequest, args: dict[str, Any]) -> Outcome:
+def _on_peer(settings: Any, host: Any, request: RunRequest, opts: RunOptions) -> Outcome:
     from dispatch.peerrun import PeerRun
 
-    return PeerRun(settings, host, request, _say, tree=args["tree"], returns=args["returns"],
-                   forward_stdin=args["stdin"]).run()
+    return PeerRun(settings, host, request, _say, tree=opts.tree, returns=opts.returns,
+                   forward_stdin=opts.stdin).run()
 
 
-def _finish(outcome: Outcome, args: dict[str, Any]) -> int:
+def _finish(outcome: Outcome, opts: RunOptions) -> int:
     """Say what happened, write the result file, and return the exit code."""
     if outcome.message:
         _say(outcome.message)
@@ -386,31 +218,31 @@ def _finish(outcome: Outcome, args: dict[str, Any]) -> int:
             _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
         except ValueError:
             pass
-    if args["result_file"]:
+    if opts.result_file:
         from dispatch.outcome import write_result
 
         try:
-            write_result(args["result_file"], outcome)
+            write_result(opts.result_file, outcome)
         except OSError as exc:  # the job's own exit status still stands
-            _say(f"warning: could not write the result file {args['result_file']}: {exc.strerror}")
+            _say(f"warning: could not write the result file {opts.result_file}: {exc.strerror}")
     return outcome.exit_code
 
 
 def cmd_dispatch(argv: list[str]) -> int:
     """Print where a job would run, and why, without running it."""
-    options, command = _split_command(argv)
+    options, command = split_command(argv)
     json_out = "--json" in options
     options = [o for o in options if o != "--json"]
     if "-h" in options or "--help" in options:
         print(f"usage: {PROG} dispatch [--json] [RUN OPTIONS] -- CMD [ARGS...]\n\n"
               "Print where CMD would run and why (the dispatcher's rules), without running it.")
         return 0
-    args = parse_run_options(options)
+    opts = parse_run_options(options)
     if not command:
         raise UsageError(f"no command given (usage: {PROG} dispatch [--json] [OPTIONS] -- CMD)")
     from dispatch.auto import consider
 
-    decision = consider(_settings(args["config"]), _job(command, args))
+    decision = consider(_settings(opts.config), _job(command, opts))
     if json_out:
         import json
 
@@ -434,13 +266,13 @@ def _declares_preflight(command: list[str]) -> bool:
     return declared(command) is not None
 
 
-def _nested(request: RunRequest, enclosing: str, args: dict[str, Any]) -> Outcome:
+def _nested(request: RunRequest, enclosing: str, opts: RunOptions) -> Outcome:
     """Inside a hostrun job: run within it (booked there); a script's preflight is still checked."""
     from dispatch.runner import run_nested, with_preflight
 
     if not _declares_preflight(list(request.argv)):
         return run_nested(request, enclosing)
-    return with_preflight(_settings(args["config"]), request, _say,
+    return with_preflight(_settings(opts.config), request, _say,
                           lambda: run_nested(request, enclosing))
 
 
@@ -714,7 +546,7 @@ def cmd_capacity(argv: list[str]) -> int:
     what_if = None
     if args.slice is not None:
         try:
-            what_if = _size(args.slice)
+            what_if = cap_size(args.slice)
         except ValueError as exc:
             raise UsageError(f"argument --slice: {exc}") from None
     from dispatch.capacity import host_capacity, rules
@@ -793,12 +625,12 @@ def cmd_lock(argv: list[str]) -> int:
     wait = None
     if args.wait is not None:
         try:
-            wait = _duration(args.wait)
+            wait = duration(args.wait)
         except ValueError as exc:
             raise UsageError(f"argument --wait: {exc}") from None
     settings = _settings(args.config)
     return lock.run_locked(args.dir, command, _say, settings.status_interval, wait,
-                           session=_session(None))
+                           session=resolve_session(None))
 
 
 def cmd_workdir(argv: list[str]) -> int:
@@ -832,7 +664,7 @@ def cmd_workdir(argv: list[str]) -> int:
         p.add_argument("--depth", type=int, default=workdirs.DEFAULT_DEPTH, metavar="N",
                        help="levels below ROOT to search (default: %(default)s)")
     if action != "list":
-        p.add_argument("--session", metavar="NAME", type=_name("--session"),
+        p.add_argument("--session", metavar="NAME", type=checked_name("--session"),
                        help="who is asking (default: $HOSTRUN_SESSION)")
     if action == "clean":
         p.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
@@ -840,7 +672,7 @@ def cmd_workdir(argv: list[str]) -> int:
     import json
 
     if action == "claim":
-        explicit = args.session or _session(None)
+        explicit = args.session or resolve_session(None)
         session = explicit or workdirs.fallback_session()
         path, owner, new = workdirs.claim(args.dir, args.purpose, session)
         if args.json:
@@ -861,7 +693,7 @@ def cmd_workdir(argv: list[str]) -> int:
 
             render.workdirs(data)
         return 0
-    asking = args.session or _session(None)
+    asking = args.session or resolve_session(None)
     if asking is None:
         raise UsageError("workdir clean needs to know which session is asking: set HOSTRUN_SESSION or "
                          "pass --session NAME ('workdir list' shows each directory's owner)")

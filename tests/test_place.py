@@ -1,0 +1,64 @@
+"""``auto.place_on_peer`` (``--peer``): where the job goes and what is noted, without ssh or root.
+
+``auto.place`` (``--auto``) reads this host's real report, so it is covered by tests/test_two_hosts.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dispatch.auto import Placement, forget_sent, place_on_peer
+from dispatch.errors import AcrossDisabledError, OverPeerCapError
+from dispatch.exitcodes import ExitCode
+from dispatch.pending import Pending
+from dispatch.settings import HostSettings, Settings
+
+GiB = 1 << 30
+
+
+def settings(state: Path, across: bool = True) -> Settings:
+    hosts = {"local": HostSettings("local"),
+             "p1": HostSettings("p1", ssh="p1.example", peer_memory_cap=4 * GiB),
+             "p2": HostSettings("p2", ssh="p2.example", default_cap=2 * GiB)}
+    return Settings(state_dir=str(state), hosts=hosts, enable_across_machines=across)
+
+
+def noted(state: Path) -> dict[str, int]:
+    pending = Pending(str(state))
+    try:
+        return {host: p.memory for host, p in pending.active(3600).items()}
+    finally:
+        pending.close()
+
+
+def test_a_named_peer_is_chosen_and_its_room_noted_until_forgotten(tmp_path: Path) -> None:
+    conf = settings(tmp_path / "state")
+    placed = place_on_peer(conf, "p2", "build", None, None)
+    assert isinstance(placed, Placement)
+    assert placed.peer is not None and placed.peer.name == "p2"
+    assert (placed.refused, placed.reasons) == (None, ())
+    assert noted(tmp_path / "state") == {"p2": 2 * GiB}  # no cap given: the peer's default cap
+    forget_sent(conf, placed.note)
+    assert noted(tmp_path / "state") == {}
+
+
+def test_a_bare_peer_takes_the_first_configured_and_books_the_cap(tmp_path: Path) -> None:
+    placed = place_on_peer(settings(tmp_path / "state"), True, "build", 3 * GiB, None)
+    assert placed.peer is not None and placed.peer.name == "p1"
+    assert noted(tmp_path / "state") == {"p1": 3 * GiB}
+
+
+def test_peers_off_refuses_and_notes_nothing(tmp_path: Path) -> None:
+    with pytest.raises(AcrossDisabledError) as caught:
+        place_on_peer(settings(tmp_path / "state", across=False), "p1", "build", None, None)
+    assert caught.value.exit_code == ExitCode.ACROSS_DISABLED
+    assert not (tmp_path / "state").exists()
+
+
+def test_over_the_peer_cap_refuses_and_notes_nothing(tmp_path: Path) -> None:
+    with pytest.raises(OverPeerCapError) as caught:
+        place_on_peer(settings(tmp_path / "state"), "p1", "build", 8 * GiB, None)
+    assert caught.value.exit_code == ExitCode.OVER_PEER_CAP
+    assert not (tmp_path / "state").exists()
