@@ -234,8 +234,12 @@ class Ledger:
         """Create the tables, or bring an older ledger up to date; safe to race with another process.
 
         One transaction, the version written last: a crash leaves the old version and the next open
-        migrates again. A new ledger gets its journal in the same transaction, so an empty ledger
-        (version 0) next to a journal is one that lost its contents.
+        migrates again. A new ledger gets its journal only once its tables are committed, so an
+        empty ledger (version 0) next to a journal is one that lost its contents, never one that
+        another process is still creating (a journal written inside the transaction made a second
+        process take a ledger being created for a damaged one, and move it aside: lost bookings).
+        The journal is seeded by ``_connect`` right after, as for a ledger from before the journal
+        (also what a crash between the commit and the journal leaves).
         """
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("BEGIN IMMEDIATE")
@@ -254,7 +258,6 @@ class Ledger:
                     if name not in have:
                         self.db.execute(f"ALTER TABLE peaks ADD COLUMN {name} {declaration}")
                 self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-                self._snapshot_if_missing()
             self.db.execute("COMMIT")
         except BaseException:
             _rollback(self.db)

@@ -381,3 +381,36 @@ def test_result_file_that_cannot_replace_leaves_no_tmp(hostrun: Hostrun, tmp_pat
     assert len(lines) == 1 and lines[0].startswith(f"hostrun: warning: could not write the result "
                                                    f"file {out}: "), proc.stderr
     assert sorted(p.name for p in where.iterdir()) == ["r.json"]  # no stray .tmp
+
+
+def test_a_ledger_being_created_is_never_taken_for_a_damaged_one(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """Thirty concurrent runs on a fresh state dir once overbooked (CI: 6 jobs at once on a slice
+    for 3): the first process wrote the peak journal inside its schema transaction, a second one
+    saw "version 0 and a journal" before the commit, took it for a ledger that lost its contents,
+    moved it aside and started fresh, and the bookings in it were gone. Here the second process
+    opens at exactly that moment (when the first writes its journal)."""
+    from dispatch import peakjournal
+    from dispatch.ledger import Ledger
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    seen: list[Any] = []
+    real = peakjournal.write_snapshot
+
+    def and_another_process_opens(path: str, *args: Any) -> None:
+        real(path, *args)
+        if not seen:
+            other = Ledger(str(state), seen.append, lambda: [])
+            seen.append(other.bookings())
+            other.close()
+
+    monkeypatch.setattr(peakjournal, "write_snapshot", and_another_process_opens)
+    first = Ledger(str(state), seen.append, lambda: [])
+    try:
+        assert first.bookings() == []
+    finally:
+        first.close()
+    assert seen == [[]], seen  # the other opened a sound, empty ledger, and said nothing
+    assert not list(state.glob("ledger.sqlite3.corrupt-*"))
