@@ -86,3 +86,42 @@ def test_the_graph_sees_lazy_imports() -> None:
 
 def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
+
+
+def _rel(module: str) -> str:
+    """``dispatch.config.model`` -> ``config/model.py`` (how ``agent.CONTROLLER_ONLY`` names files)."""
+    path = next(p for p in PACKAGE.rglob("*.py") if _module(p) == module)
+    return path.relative_to(PACKAGE).as_posix()
+
+
+def _external(module: str) -> set[str]:
+    """Top-level names of what ``module`` imports from outside dispatch, lazy imports included."""
+    path = next(p for p in PACKAGE.rglob("*.py") if _module(p) == module)
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {"dispatch"}
+
+
+# The one documented exception (docs/design.md, "Parts and imports"): a config file is validated with
+# pydantic only on the controller; the agent builds its settings from dispatch.config.plain.
+ALLOWED = {("dispatch.config", "dispatch.config.model")}
+
+
+def test_the_shipped_agent_imports_nothing_controller_only_pydantic_or_rich() -> None:
+    """What is shipped to a bare peer (every module but ``agent.CONTROLLER_ONLY``) must run with the
+    standard library alone and never reach a controller-only module, even lazily."""
+    from dispatch.agent import CONTROLLER_ONLY
+
+    edges = _graph()
+    shipped = {m for m in edges if _rel(m) not in CONTROLLER_ONLY}
+    assert "dispatch.agentmain" in shipped and "dispatch.cli" not in shipped
+    reaching = sorted((m, t) for m in shipped for t in edges[m]
+                      if t not in shipped and (m, t) not in ALLOWED)
+    assert reaching == [], f"shipped modules importing controller-only ones: {reaching}"
+    # (tomli is allowed: agentprep tries it, guarded, only on a peer's Python < 3.11 without tomllib.)
+    heavy = sorted((m, x) for m in shipped for x in _external(m) & {"pydantic", "rich"})
+    assert heavy == [], f"shipped modules importing third-party packages: {heavy}"
