@@ -27,6 +27,26 @@ def keygen(path: Path) -> str:
     return Path(f"{path}.pub").read_text().strip()
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, theirs, ...), from one read of /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return found
+
+
 class SshdPeer:
     def __init__(self, root: Path, name: str, address: str, peer_cgroup: str,
                  slice: str = "300M", extra_env: dict[str, str] | None = None,
@@ -99,22 +119,7 @@ class SshdPeer:
         """The listener and every process below it (per-connection sshd, sessions, agents)."""
         if self.process is None:
             return []
-        children: dict[int, list[int]] = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-        found, todo = [], [self.process.pid]
-        while todo:
-            pid = todo.pop()
-            found.append(pid)
-            todo.extend(children.get(pid, []))
-        return found
+        return [self.process.pid, *descendants(self.process.pid)]
 
     def _signal_all(self, sig: int) -> None:
         for pid in self.pids():

@@ -20,7 +20,7 @@ from typing import Any
 
 from dispatch.exitcodes import ExitCode
 from tests.conftest import Hostrun, pid_alive, wait_for
-from tests.sshd import free_port, keygen
+from tests.sshd import descendants, free_port, keygen
 from tests.test_peer_run import PY, peer_bookings, remote_tree, setup
 
 REAL_SSH = shutil.which("ssh") or "/usr/bin/ssh"
@@ -150,28 +150,6 @@ def test_return_path_refused_when_rsync_cannot_protect_it(hostrun: Hostrun, peer
 
 # -- item 10: SIGKILL of hostrun during the sync leaves no rsync behind, here or on the peer --
 
-def _children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    return children
-
-
-def _tree_of(pid: int) -> list[int]:
-    children, found, todo = _children(), [], list(_children().get(pid, []))
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo.extend(children.get(p, []))
-    return found
-
-
 def _argv(pid: int) -> list[bytes]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -193,8 +171,8 @@ def test_sigkill_during_sync_leaves_no_rsync_here_or_on_the_peer(hostrun: Hostru
     remote: list[int] = []
 
     def both_sides_syncing() -> bool:
-        local[:] = [p for p in _tree_of(proc.pid) if _argv(p)[:1] in ([b"rsync"], [REAL_RSYNC.encode()])]
-        local[:] = [*local, *(q for p in local for q in _tree_of(p))]
+        local[:] = [p for p in descendants(proc.pid) if _argv(p)[:1] in ([b"rsync"], [REAL_RSYNC.encode()])]
+        local[:] = [*local, *(q for p in local for q in descendants(p))]
         remote[:] = [p for p in peer.pids() if b"--server" in _argv(p)[:3] and b"rsync" in _argv(p)[0]]
         return bool(local) and bool(remote)
 
