@@ -134,9 +134,9 @@ SYNC_FLAGS = ["-a", "--delete", "--modify-window=-1", "--filter=:- .gitignore", 
 INTROSPECT = r"""
 import json, sys
 import dispatch
-from dispatch import agent
+from dispatch.hosts import bundle as agent
 from dispatch.config import load_settings
-from dispatch.peer import _RUN, PeerClient
+from dispatch.hosts.peer import _RUN, PeerClient
 settings = load_settings(sys.argv[1])
 host = settings.hosts[sys.argv[2]]
 client = PeerClient(settings, host)
@@ -151,8 +151,8 @@ print(json.dumps({"rsh": client.ssh.rsync_rsh(), "base": client.ssh.base_argv(),
 SPEC_OF = r"""
 import base64, os, sys
 from dispatch.config import load_settings
-from dispatch.peerrun import PeerRun
-from dispatch.request import RunRequest
+from dispatch.hosts.peerrun import PeerRun
+from dispatch.core.request import RunRequest
 settings = load_settings(sys.argv[1])
 os.chdir(sys.argv[3])
 run = PeerRun(settings, settings.hosts[sys.argv[2]], RunRequest(argv=["true"]), print)
@@ -182,8 +182,8 @@ while stack:
 print(n, h.hexdigest(), f"{(time.perf_counter() - t0) * 1000:.1f}")
 """
 
-RUN_PATH_MODULES = ("import dispatch.agentmain, dispatch.agentrun, dispatch.runner, dispatch.ledger, "
-                    "dispatch.toolchain")
+RUN_PATH_MODULES = ("import dispatch.agent.main, dispatch.agent.run, dispatch.local.runner, "
+                    "dispatch.local.ledger, dispatch.guards.toolchain")
 
 # Run with hostrun's interpreter: the local steps of `hostrun --peer`, timed in-process.
 INPROC = r"""
@@ -197,19 +197,19 @@ def step(label, fn):
         out.append([f"{label} (failed: {type(exc).__name__})", None])
         return
     out.append([label, (time.perf_counter() - t) * 1000])
-step("import dispatch.cli", lambda: __import__("dispatch.cli"))
-step("then import dispatch.peerrun (what --peer adds)", lambda: __import__("dispatch.peerrun"))
+step("import dispatch.cli.main", lambda: __import__("dispatch.cli.main"))
+step("then import dispatch.hosts.peerrun (what --peer adds)", lambda: __import__("dispatch.hosts.peerrun"))
 loaded = []
 def settings():
     from dispatch.config import load_settings
     loaded.append(load_settings(sys.argv[1]))
 step("load_settings(config) (from its marshal cache)", settings)
 def name():
-    from dispatch import agent
+    from dispatch.hosts import bundle as agent
     agent.remote_path()
 step("agent.remote_path(): reads + hashes the core sources (every run)", name)
 def probe():
-    from dispatch.toolchain import probe_here
+    from dispatch.guards.toolchain import probe_here
     probe_here(list(loaded[0].toolchain_probes), loaded[0].state_dir)
 step("toolchain probe_here(probes) here (its cached output)", probe)
 print(json.dumps(out))
@@ -414,7 +414,7 @@ class Series:
 
 
 # ---------------------------------------------------------------- driving an agent session's frames
-FRAME = struct.Struct(">cI")  # dispatch.frames: one type byte, a 4-byte big-endian length, the payload
+FRAME = struct.Struct(">cI")  # dispatch.agent.frames: one type byte, a 4-byte big-endian length, the payload
 TO_P, AFTER_G = "to the P frame", "from G to the end"
 
 
@@ -1173,8 +1173,9 @@ def main() -> int:
 
         h0, b0 = med["h0"] * 1000, med["b0"] * 1000
         # the local Python before the session: interpreter, imports, config, the agent's name
-        local_est = m("py") + sum(step_ms(p) for p in ("import dispatch.cli", "then import dispatch.peerrun",
-                                                         "load_settings", "agent.remote_path"))
+        local_est = m("py") + sum(step_ms(p) for p in (
+            "import dispatch.cli.main", "then import dispatch.hosts.peerrun", "load_settings",
+            "agent.remote_path"))
         to_p, after_g = m(f"session:{TO_P}"), m(f"session:{AFTER_G}")
         print("\nWHERE THE TIME GOES (medians, ms; no-change case)")
         print(f"  hostrun {h0:.1f} vs by hand {b0:.1f} ({h0 - b0:+.1f}); by hand = rsync {m('rsync'):.1f} "
@@ -1200,9 +1201,9 @@ def main() -> int:
         print(f"  after G: the agent's run path alone (spec without prepare, its own process) "
               f"{m('agent_run'):.1f} here; a local `hostrun -- true` (same run_local) "
               f"{m('local_true'):.1f}; the by-hand ssh 'cd DIR && true' {m('ssh_cd'):.1f}")
-        print(f"  local start-up: python -c pass {m('py'):.1f}; import dispatch.cli "
-              f"{step_ms('import dispatch.cli'):.1f} then dispatch.peerrun "
-              f"{step_ms('then import dispatch.peerrun'):.1f}, config {step_ms('load_settings'):.1f}, "
+        print(f"  local start-up: python -c pass {m('py'):.1f}; import dispatch.cli.main "
+              f"{step_ms('import dispatch.cli.main'):.1f} then dispatch.hosts.peerrun "
+              f"{step_ms('then import dispatch.hosts.peerrun'):.1f}, config {step_ms('load_settings'):.1f}, "
               f"agent name {step_ms('agent.remote_path'):.1f}, probe here "
               f"{step_ms('toolchain probe_here'):.1f} (in-process); with hostrun's bytecode cached [*] "
               f"a whole run took {m('h_cached'):.1f} vs {h0:.1f} as is")

@@ -15,7 +15,7 @@ normalized form that every later run reads.
 
 * the same ``hostrun -- true`` with the opposite answer to "does this host have NVIDIA GPUs?": on a
   host without GPUs, a fake ``/proc/driver/nvidia/gpus`` with one entry (``HOSTRUN_NVIDIA_PROC``, the
-  test hook), so every job imports ``dispatch.kernlog`` and watches the real ``/dev/kmsg``; on a host
+  test hook), so every job imports ``dispatch.local.kernlog`` and watches the real ``/dev/kmsg``; on a host
   with GPUs, an empty one. It runs with dispatch's bytecode cached, as the ``[*]`` series, and its
   difference to that series is what the kernel-log watch costs per job on a GPU host
   (``--no-gpu-series`` skips it).
@@ -23,7 +23,7 @@ normalized form that every later run reads.
 Reported: median, p10 and p90 wall time of each, the ratio of the medians and the target
 (``hostrun -- true`` <= 3x bare ``python -c pass``; about 70 ms on the reference machines), then the
 top entries of ``python -X importtime -m dispatch -- true`` by cumulative import time, and whether
-``dispatch.kernlog`` and ``dispatch.gpu`` were imported (neither without GPUs).
+``dispatch.local.kernlog`` and ``dispatch.local.gpu`` were imported (neither without GPUs).
 
 Isolation: a private temporary config (own ``state_dir``, own slice cgroup
 ``<this process's memory cgroup>/hostrun-bench-<pid>``, own ``XDG_CACHE_HOME`` for the config cache),
@@ -97,7 +97,7 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, int, str]:
 
 def bytecode_state(python: str, env: dict[str, str]) -> str:
     """Whether dispatch's modules load from cached bytecode in ``env``, in words."""
-    probe = ("import importlib.util, os, sys, dispatch.cli as m; "
+    probe = ("import importlib.util, os, sys, dispatch.cli.main as m; "
              "c = importlib.util.cache_from_source(m.__file__); "
              "print(os.path.exists(c), sys.dont_write_bytecode, sys.pycache_prefix or '-', c)")
     out = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True).stdout.split()
@@ -138,7 +138,7 @@ def importtime_profile(python: str, config: str, env: dict[str, str], top: int,
     if not rows:
         print("  (no importtime output)")
         return
-    for module in ("dispatch.kernlog", "dispatch.gpu"):  # loaded on a GPU host / for --gpu-memory
+    for module in ("dispatch.local.kernlog", "dispatch.local.gpu"):  # loaded on a GPU host / for --gpu-memory
         found = [r for r in rows if r[2].strip() == module]
         print(f"  {module} imported: " + (f"yes, {found[0][1] / 1000:.1f} ms cumulative" if found else "no"))
     total_self = sum(r[0] for r in rows)
@@ -184,7 +184,7 @@ def main() -> int:
         # hostrun costs where its .pyc files exist (a normal pip install, a normal shell).
         env_cached = dict(env, PYTHONPYCACHEPREFIX=os.path.join(tmp, "pycache"))
         env_cached.pop("PYTHONDONTWRITEBYTECODE", None)
-        # The other answer to "NVIDIA GPUs here?" (dispatch.hostfacts.has_nvidia_gpus, read per job).
+        # The other answer to "NVIDIA GPUs here?" (dispatch.core.hostfacts.has_nvidia_gpus, read per job).
         has_gpus = _lists_any(env.get("HOSTRUN_NVIDIA_PROC") or "/proc/driver/nvidia/gpus")
         fake_proc = os.path.join(tmp, "nvidia-gpus")
         os.makedirs(os.path.join(fake_proc, "0000:00:00.0") if not has_gpus else fake_proc)

@@ -1,5 +1,5 @@
 """``python -m dispatch`` is the same as the ``hostrun`` console script."""
 
-from dispatch.cli import entry
+from dispatch.cli.main import entry
 
 entry()

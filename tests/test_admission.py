@@ -7,8 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from dispatch.ledger import Ledger
-from dispatch.procinfo import start_time
+from dispatch.core.procinfo import start_time
+from dispatch.local.ledger import Ledger
 from tests.conftest import Hostrun, pid_alive, wait_for
 
 MiB = 1 << 20

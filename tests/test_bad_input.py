@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dispatch.exitcodes import ExitCode
-from dispatch.ledger import Ledger
-from dispatch.procinfo import start_time
-from dispatch.text import check_name, printable
+from dispatch.core.exitcodes import ExitCode
+from dispatch.core.procinfo import start_time
+from dispatch.core.text import check_name, printable
+from dispatch.local.ledger import Ledger
 from tests.conftest import Hostrun, wait_for
 
 MiB = 1 << 20
@@ -161,8 +161,8 @@ def test_a_binary_config_file_is_a_usage_error(tmp_path: Path, garbage: bytes) -
 def test_a_reserve_larger_than_this_machines_ram_is_refused_at_run_time_too() -> None:
     """A config validated on a bigger machine (a cached one, or a peer's view) still cannot make a
     zero slice here: the slice computation itself refuses it."""
-    from dispatch.errors import ConfigError
-    from dispatch.settings import HostSettings
+    from dispatch.core.errors import ConfigError
+    from dispatch.core.settings import HostSettings
 
     with pytest.raises(ConfigError, match=r"reserve .* leaves no slice"):
         HostSettings("local", reserve_bytes=64 << 30).slice_limit(32 << 30)

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from dispatch.capacity import (
+from dispatch.core.exitcodes import ExitCode
+from dispatch.local.capacity import (
     CAP_BELOW,
     HIT_CEILING,
     NEVER_FITS,
@@ -32,9 +33,8 @@ from dispatch.capacity import (
     peak_table,
     variation,
 )
-from dispatch.exitcodes import ExitCode
-from dispatch.ledger import Ledger
-from dispatch.ledgerdb import PEAK_HISTORY, SCHEMA_VERSION
+from dispatch.local.ledger import Ledger
+from dispatch.local.ledgerdb import PEAK_HISTORY, SCHEMA_VERSION
 from tests.conftest import Hostrun
 
 PY = sys.executable

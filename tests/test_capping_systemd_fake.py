@@ -29,8 +29,8 @@ import pytest
 
 from dispatch.capping.cgroup2 import Cgroup2Job
 from dispatch.capping.systemd import SystemdBackend, slice_cgroup_path
-from dispatch.errors import BackendError
-from dispatch.exitcodes import ExitCode
+from dispatch.core.errors import BackendError
+from dispatch.core.exitcodes import ExitCode
 
 GiB = 1 << 30
 MiB = 1 << 20

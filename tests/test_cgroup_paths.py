@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from dispatch.errors import ConfigError
-from dispatch.exitcodes import ExitCode
-from dispatch.ledger import Ledger
+from dispatch.core.errors import ConfigError
+from dispatch.core.exitcodes import ExitCode
+from dispatch.local.ledger import Ledger
 from tests.conftest import Hostrun, pid_alive
 
 MiB = 1 << 20
@@ -160,7 +160,7 @@ def test_configured_cgroup_with_dot_components_exits_2_and_creates_nothing(hostr
 def test_peer_agent_refuses_a_configured_cgroup_with_dotdot(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The peer agent builds its settings without pydantic: the same rule applies there."""
-    from dispatch import agentprep
+    from dispatch.agent import prepare as agentprep
 
     cfg = tmp_path / "hosts.toml"
     cfg.write_text("[hosts.local]\ncgroup = '/a/../../escape'\n")
@@ -174,14 +174,14 @@ def test_a_bad_cgroup_that_skipped_the_config_check_is_no_slice(tmp_path: Path) 
     """A value that reached the settings some other way (the controller's fallback on a peer) never
     makes a slice: every backend's probe refuses it, naming the key."""
     from dispatch.capping import probe_all
-    from dispatch.settings import HostSettings
+    from dispatch.core.settings import HostSettings
 
     probes = probe_all(HostSettings("local", cgroup="/x/../../escape"))
     assert probes and all(not p.ok and "hosts.local.cgroup" in p.detail for _, p in probes)
 
 
 def test_a_plain_cgroup_is_accepted_and_one_trailing_slash_dropped() -> None:
-    from dispatch.config.plain import settings_from_dict
+    from dispatch.core.configfile import settings_from_dict
 
     settings = settings_from_dict({"hosts": {"local": {"cgroup": "/ci/hostrun-jobs/"}}}, "hosts.toml")
     assert settings.local.cgroup == "/ci/hostrun-jobs"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from dispatch.config import load_settings
-from dispatch.errors import ConfigError
-from dispatch.exitcodes import ExitCode
+from dispatch.core.errors import ConfigError
+from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun
 
 GiB = 1 << 30

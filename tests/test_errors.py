@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from dispatch.errors import (
+from dispatch.core.errors import (
     ConnectionLostError,
     GpuError,
     HostKeyError,
@@ -20,14 +20,14 @@ from dispatch.errors import (
     SyncFailedError,
     ToolchainMismatchError,
 )
-from dispatch.exitcodes import ExitCode, outcome_name
-from dispatch.ssh import classify, is_transient
+from dispatch.core.exitcodes import ExitCode, outcome_name
+from dispatch.hosts.transport import classify, is_transient
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dispatch"
 
 
 def _error_names() -> set[str]:
-    tree = ast.parse((PACKAGE / "errors.py").read_text())
+    tree = ast.parse((PACKAGE / "core" / "errors.py").read_text())
     return {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
 
 
@@ -36,7 +36,7 @@ def test_every_hostrun_error_class_is_defined_in_errors_py() -> None:
     names = _error_names()
     strays = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name == "errors.py" and path.parent == PACKAGE:
+        if path.name == "errors.py" and path.parent == PACKAGE / "core":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
@@ -47,7 +47,7 @@ def test_every_hostrun_error_class_is_defined_in_errors_py() -> None:
 
 
 def test_the_errors_docstring_draws_every_class() -> None:
-    import dispatch.errors as errors
+    import dispatch.core.errors as errors
 
     assert errors.__doc__ is not None
     missing = [name for name in _error_names() if name not in errors.__doc__]

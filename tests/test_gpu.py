@@ -31,9 +31,11 @@ from pathlib import Path
 
 import pytest
 
-from dispatch.admission import status_line, wait_reason
-from dispatch.errors import GpuError
-from dispatch.gpu import (
+from dispatch.core.errors import GpuError
+from dispatch.core.hostfacts import NVIDIA_PROC_ENV, has_nvidia_gpus
+from dispatch.core.procinfo import start_time
+from dispatch.local.admission import status_line, wait_reason
+from dispatch.local.gpu import (
     KERNEL_LOG_ENV,
     KERNEL_PATTERNS,
     OUTPUT_PATTERNS,
@@ -51,10 +53,8 @@ from dispatch.gpu import (
     read_gpus,
     visible,
 )
-from dispatch.hostfacts import NVIDIA_PROC_ENV, has_nvidia_gpus
-from dispatch.ledger import Admission, Ledger, choose_gpu
-from dispatch.ledgerdb import SCHEMA_VERSION, Booking
-from dispatch.procinfo import start_time
+from dispatch.local.ledger import Admission, Ledger, choose_gpu
+from dispatch.local.ledgerdb import SCHEMA_VERSION, Booking
 from tests.conftest import Hostrun, wait_for
 
 PY = sys.executable

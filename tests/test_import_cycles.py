@@ -81,17 +81,11 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_lazy_imports() -> None:
     """The check is only worth something if it sees imports inside functions."""
-    assert "dispatch.agentrun" in _graph()["dispatch.agentmain"]
+    assert "dispatch.agent.run" in _graph()["dispatch.agent.main"]
 
 
 def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
-
-
-def _rel(module: str) -> str:
-    """``dispatch.config.model`` -> ``config/model.py`` (how ``agent.CONTROLLER_ONLY`` names files)."""
-    path = next(p for p in PACKAGE.rglob("*.py") if _module(p) == module)
-    return path.relative_to(PACKAGE).as_posix()
 
 
 def _external(module: str) -> set[str]:
@@ -106,22 +100,42 @@ def _external(module: str) -> set[str]:
     return found - {"dispatch"}
 
 
-# The one documented exception (docs/design.md, "Parts and imports"): a config file is validated with
-# pydantic only on the controller; the agent builds its settings from dispatch.config.plain.
-ALLOWED = {("dispatch.config", "dispatch.config.model")}
+def _shipped_modules(edges: dict[str, set[str]]) -> set[str]:
+    from dispatch.hosts.bundle import SHIPPED
+
+    return {m for m in edges if m == "dispatch" or m.split(".")[1] in SHIPPED}
 
 
-def test_the_shipped_agent_imports_nothing_controller_only_pydantic_or_rich() -> None:
-    """What is shipped to a bare peer (every module but ``agent.CONTROLLER_ONLY``) must run with the
-    standard library alone and never reach a controller-only module, even lazily."""
-    from dispatch.agent import CONTROLLER_ONLY
-
+def test_the_shipped_packages_import_nothing_controller_only_pydantic_or_rich() -> None:
+    """What is shipped to a bare peer (``dispatch/__init__`` and the packages in ``bundle.SHIPPED``)
+    must run with the standard library alone and never reach a controller-only module, even lazily."""
     edges = _graph()
-    shipped = {m for m in edges if _rel(m) not in CONTROLLER_ONLY}
-    assert "dispatch.agentmain" in shipped and "dispatch.cli" not in shipped
-    reaching = sorted((m, t) for m in shipped for t in edges[m]
-                      if t not in shipped and (m, t) not in ALLOWED)
+    shipped = _shipped_modules(edges)
+    assert "dispatch.agent.main" in shipped and "dispatch.cli.main" not in shipped
+    reaching = sorted((m, t) for m in shipped for t in edges[m] if t not in shipped)
     assert reaching == [], f"shipped modules importing controller-only ones: {reaching}"
-    # (tomli is allowed: agentprep tries it, guarded, only on a peer's Python < 3.11 without tomllib.)
+    # (tomli is allowed: agent.prepare tries it, guarded, only on a peer's Python < 3.11 without tomllib.)
     heavy = sorted((m, x) for m in shipped for x in _external(m) & {"pydantic", "rich"})
     assert heavy == [], f"shipped modules importing third-party packages: {heavy}"
+
+
+def test_the_bundle_holds_exactly_the_shipped_packages() -> None:
+    """The zip a peer gets is built from the folders, so what the test above checks is what ships."""
+    from dispatch.hosts.bundle import _files
+
+    edges = _graph()
+    in_zip = {path for path, _ in _files()}
+    expected = {f"dispatch/{_path(m)}" for m in _shipped_modules(edges)} | {"__main__.py"}
+    assert in_zip == expected
+
+
+def _path(module: str) -> str:
+    return next(p for p in PACKAGE.rglob("*.py") if _module(p) == module).relative_to(PACKAGE).as_posix()
+
+
+def test_the_core_imports_only_itself() -> None:
+    """``dispatch.core`` is the vocabulary: it may not lean on any other part."""
+    edges = _graph()
+    leaning = sorted((m, t) for m in edges if m.startswith("dispatch.core.")
+                     for t in edges[m] if not t.startswith("dispatch.core") and t != "dispatch")
+    assert leaning == []

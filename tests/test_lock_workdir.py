@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from dispatch import lock, workdirs
-from dispatch.procinfo import start_time
+from dispatch.core.procinfo import start_time
+from dispatch.guards import lock, workdirs
 from tests.conftest import wait_for
 
 
@@ -449,7 +449,7 @@ def test_clean_removes_only_own_idle_directories(cli: Cli, tmp_path: Path, backg
 
 def test_agent_probe_claims_the_peer_work_dir_for_the_controller(tmp_path: Path, monkeypatch: Any,
                                                                  capsys: Any) -> None:
-    from dispatch import agentmain
+    from dispatch.agent import main as agentmain
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     target = tmp_path / "hostrun-work" / "tree-123"

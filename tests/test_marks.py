@@ -107,9 +107,9 @@ def test_own_cap_shows_its_reason_in_the_ledger(hostrun: Hostrun) -> None:
 
 # -- the ledger function (a peer's agent records its runs through the same code) -------------------
 def test_mark_rules_in_the_ledger_and_after_a_journal_replay(tmp_path: Path) -> None:
-    from dispatch.booking import plan_booking
-    from dispatch.ledger import Ledger
-    from dispatch.ledgerdb import CLEAN, NO_EVENT, OOM_KILLED, SLICE_FULL
+    from dispatch.local.booking import plan_booking
+    from dispatch.local.ledger import Ledger
+    from dispatch.local.ledgerdb import CLEAN, NO_EVENT, OOM_KILLED, SLICE_FULL
 
     state = tmp_path / "state"
     said: list[str] = []
@@ -151,7 +151,7 @@ def test_a_version_4_ledger_gains_the_mark_columns(tmp_path: Path) -> None:
     """An older ledger (peaks without the marks) is migrated in place, its rows unmarked."""
     import sqlite3
 
-    from dispatch.ledger import Ledger
+    from dispatch.local.ledger import Ledger
 
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
@@ -172,7 +172,7 @@ def test_a_version_4_ledger_gains_the_mark_columns(tmp_path: Path) -> None:
 
 def test_capacity_books_a_marked_label_at_its_cap() -> None:
     """``hostrun capacity`` predicts the booking the ledger will make: a 254 mark means the cap."""
-    from dispatch.capacity import LabelPeaks, assess
+    from dispatch.local.capacity import LabelPeaks, assess
 
     p = LabelPeaks(label="victim", host="local", max_peak=100 * MiB, runs=1, last_peak=100 * MiB,
                    hit_ceiling=False, slice_full_marked=True)

@@ -22,9 +22,9 @@ import pytest
 
 from dispatch.capping.base import parse_flat_keyed
 from dispatch.capping.cgroupfs import default_slice_path, parse_mountinfo, parse_proc_cgroup
-from dispatch.hostfacts import MemInfo, parse_loadavg, parse_meminfo
-from dispatch.procinfo import cmdline, is_alive, start_time
-from dispatch.units import format_size, parse_duration, parse_size
+from dispatch.core.hostfacts import MemInfo, parse_loadavg, parse_meminfo
+from dispatch.core.procinfo import cmdline, is_alive, start_time
+from dispatch.core.units import format_size, parse_duration, parse_size
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from dispatch.exitcodes import ExitCode
+from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun, pid_alive, wait_for
 from tests.sshd import descendants, free_port, keygen
 from tests.test_peer_run import PY, peer_bookings, remote_tree, setup
@@ -182,8 +182,9 @@ def test_sigkill_during_sync_leaves_no_rsync_here_or_on_the_peer(hostrun: Hostru
         proc.wait()
         wait_for(lambda: not any(pid_alive(p) for p in local + remote), timeout=20)
         assert not (remote_tree(peer) / "ran").exists()
-        wait_for(lambda: not [p for p in peer.pids() if b"agentmain" in b" ".join(_argv(p))
-                              or b"hostrun-agent" in b" ".join(_argv(p))], timeout=20)
+        # the agent runs as `python3 -I .cache/hostrun/agent-<name> run ...` (hosts.peer._RUN)
+        wait_for(lambda: not [p for p in peer.pids() if b"hostrun/agent-" in b" ".join(_argv(p))],
+                 timeout=20)
         assert peer_bookings(peer) == []
     finally:
         for pid in local + remote:  # only when the test failed: what this test started

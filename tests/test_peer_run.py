@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dispatch.exitcodes import ExitCode
+from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun, pid_alive, wait_for
 from tests.fakerustup import FakeRustup
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from dispatch.auto import Placement, forget_sent, place_on_peer
-from dispatch.errors import AcrossDisabledError, OverPeerCapError
-from dispatch.exitcodes import ExitCode
-from dispatch.pending import Pending
-from dispatch.settings import HostSettings, Settings
+from dispatch.core.errors import AcrossDisabledError, OverPeerCapError
+from dispatch.core.exitcodes import ExitCode
+from dispatch.core.settings import HostSettings, Settings
+from dispatch.placement.auto import Placement, forget_sent, place_on_peer
+from dispatch.placement.pending import Pending
 
 GiB = 1 << 30
 

@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dispatch.fingerprint import short_hash
-from dispatch.toolchain import _key, probe_here, seed, selector_files
+from dispatch.core.fingerprint import short_hash
+from dispatch.guards.toolchain import _key, probe_here, seed, selector_files
 from tests.fakerustup import FakeRustup
 
 STABLE, BETA, NIGHTLY = "rustc 1.80.0 (fake)", "rustc 1.81.0-beta (fake)", "rustc 1.83.0-nightly (fake)"

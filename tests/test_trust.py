@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 
 from dispatch.config import _cache_key, load_settings
-from dispatch.errors import ConfigError
-from dispatch.exitcodes import ExitCode
-from dispatch.fingerprint import short_hash
-from dispatch.settings import Settings
-from dispatch.ssh import control_dir
+from dispatch.core.errors import ConfigError
+from dispatch.core.exitcodes import ExitCode
+from dispatch.core.fingerprint import short_hash
+from dispatch.core.settings import Settings
+from dispatch.hosts.transport import control_dir
 from tests.conftest import Hostrun, OtherUser
 
 GiB = 1 << 30

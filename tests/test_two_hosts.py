@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dispatch.exitcodes import ExitCode
+from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun
 
 MiB = 1 << 20

@@ -1,6 +1,6 @@
 """Unit tests of the pure parts: no root, cgroup, sshd or second user (``pytest -m "not system"``).
 
-The dispatcher judges hand-built reports (the dicts ``dispatch.report`` produces); ``ssh.classify``
+The dispatcher judges hand-built reports (the dicts ``dispatch.local.report`` produces); ``ssh.classify``
 reads ssh's own stderr as OpenSSH 9.2 prints it; the wire format is fed through ``FrameReader`` at
 every byte boundary. What these cover end to end (real hosts, real ssh) stays in the system tests.
 """
@@ -13,23 +13,25 @@ from typing import Any
 
 import pytest
 
-from dispatch import auto, frames, ssh
-from dispatch.dispatcher import Decision, Job, decide, judge
-from dispatch.errors import (
+from dispatch.agent import frames
+from dispatch.core.errors import (
     HostKeyError,
     OverPeerCapError,
     PeerAuthError,
     PeerUnreachableError,
     UsageError,
 )
-from dispatch.exitcodes import ExitCode
-from dispatch.longjob import KEYS, from_headers, missing, parse_spec
-from dispatch.peers import choose_peer, effective_cap
-from dispatch.pending import HostPending
-from dispatch.reports import HostReading
-from dispatch.settings import HostSettings, Settings
-from dispatch.text import check_name, storable
-from dispatch.units import format_duration
+from dispatch.core.exitcodes import ExitCode
+from dispatch.core.settings import HostSettings, Settings
+from dispatch.core.text import check_name, storable
+from dispatch.core.units import format_duration
+from dispatch.guards.longjob import KEYS, from_headers, missing, parse_spec
+from dispatch.hosts import transport as ssh
+from dispatch.hosts.peers import choose_peer, effective_cap
+from dispatch.placement import auto
+from dispatch.placement.dispatcher import Decision, Job, decide, judge
+from dispatch.placement.pending import HostPending
+from dispatch.placement.reports import HostReading
 from tests.conftest import wait_for
 
 MiB = 1 << 20
@@ -48,7 +50,7 @@ def settings(across: bool = True, peer_memory_cap: int | None = None, threshold:
 
 def reading(host: str, free: int, limit: int = 8 * GiB, queued: int = 0, default_cap: int | None = None,
             gpus: list[dict[str, Any]] | None = None, peak: dict[str, Any] | None = None) -> HostReading:
-    """A host's report as ``dispatch.report`` builds it, reduced to what the dispatcher reads."""
+    """A host's report as ``dispatch.local.report`` builds it, reduced to what the dispatcher reads."""
     report = {"slice": {"limit": limit, "free": free, "queued": queued},
               "settings": {"default_cap": default_cap, "gamble_size": 512 * MiB},
               "label_peak": peak, "gpus": gpus or []}
@@ -247,7 +249,7 @@ def test_queue_then_alert_when_a_peer_could_take_it(tmp_path: Path, monkeypatch:
     move = "hostrun -m 1G --peer=peer1 -- make -j8"
     assert said == [f"alert: job build waits on local; peer1 could take it now "
                     f"(free 4.0 GiB, need 1.0 GiB): {move}"]
-    from dispatch.alerts import read_all
+    from dispatch.placement.alerts import read_all
 
     (alert,) = read_all(s.alerts_path)
     assert (alert["kind"], alert["host"], alert["need"], alert["command"]) == (

@@ -1,4 +1,4 @@
-"""The wire records of ``hostrun --peer`` (``dispatch.wire``), without a peer: what the controller
+"""The wire records of ``hostrun --peer`` (``dispatch.agent.wire``), without a peer: what the controller
 encodes, the agent decodes to the same request, through JSON as on the wire."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dispatch.errors import OverPeerCapError
-from dispatch.exitcodes import ExitCode
-from dispatch.frames import Frame, encode
-from dispatch.outcome import Outcome
-from dispatch.request import RunRequest
-from dispatch.wire import CARRIED, RunSpec, error_result, outcome_of, result_of
+from dispatch.agent.frames import Frame, encode
+from dispatch.agent.wire import CARRIED, RunSpec, error_result, outcome_of, result_of
+from dispatch.core.errors import OverPeerCapError
+from dispatch.core.exitcodes import ExitCode
+from dispatch.core.outcome import Outcome
+from dispatch.core.request import RunRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 # Not UTF-8, a NUL-free control byte, a lone surrogate-escaped byte, a shell metacharacter, and 2 MiB.
@@ -87,7 +87,7 @@ def test_agent_refuses_a_spec_no_controller_sends() -> None:
     """One line and exit 2, no traceback: a spec without its arguments."""
     spec = _full_spec().to_dict()
     del spec["argv_b64"]
-    proc = subprocess.run([sys.executable, "-c", "import sys; from dispatch.agentmain import main; "
+    proc = subprocess.run([sys.executable, "-c", "import sys; from dispatch.agent.main import main; "
                            "sys.exit(main(['run']))"],
                           input=encode(Frame.SPEC, json.dumps(spec).encode()), capture_output=True,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60, check=False)

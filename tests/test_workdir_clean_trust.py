@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import workdirs
+from dispatch.guards import workdirs
 from tests.conftest import ON_CI, OtherUser
 from tests.test_lock_workdir import Cli
 
@@ -201,7 +201,7 @@ def test_a_mount_point_inside_keeps_the_directory(tmp_path: Path) -> None:
 def test_a_subdirectory_swapped_for_a_link_during_removal_is_not_followed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: Any) -> None:
     """The swap comes while the tree is being removed: the link is refused, not descended into."""
-    from dispatch import fdtree
+    from dispatch.guards import fdtree
 
     before = victim(tmp_path / "victim")
     mine = tmp_path / "root" / "mine"

@@ -7,15 +7,15 @@ doctor``, which shows why each backend is or is not usable.
 from __future__ import annotations
 
 from dispatch.capping.base import CapBackend, Probe
-from dispatch.errors import BackendError
-from dispatch.settings import HostSettings
+from dispatch.core.errors import BackendError
+from dispatch.core.settings import HostSettings
 
 ORDER = ("systemd", "cgroup2", "cgroup1")
 
 
 def _probe(name: str, host: HostSettings) -> tuple[Probe, CapBackend | None]:
     if host.cgroup is not None:  # checked at load too; this catches values that skipped the load
-        from dispatch.capping.cgroupfs import cgroup_path_problem  # (a controller's fallback on a peer)
+        from dispatch.core.settings import cgroup_path_problem  # (a controller's fallback on a peer)
 
         problem = cgroup_path_problem(host.cgroup)
         if problem is not None:

@@ -15,7 +15,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
-from dispatch.records import NamedTuple
+from dispatch.core.records import NamedTuple
 
 
 class Probe(NamedTuple):
@@ -136,7 +136,7 @@ def make_job_dir(slice_dir: str, job_id: str, cap: int,
     An existing directory is another job's: it is never removed. A directory we made and could not
     limit is removed again (nothing may run uncapped).
     """
-    from dispatch.errors import BackendError
+    from dispatch.core.errors import BackendError
 
     directory = os.path.join(slice_dir, f"{JOB_PREFIX}{job_id}")
     try:

@@ -35,7 +35,7 @@ from dispatch.capping.cgroupfs import (
     parse_proc_cgroup,
     read_self_files,
 )
-from dispatch.errors import BackendError
+from dispatch.core.errors import BackendError
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

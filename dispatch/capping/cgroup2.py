@@ -36,7 +36,7 @@ from dispatch.capping.cgroupfs import (
     parse_proc_cgroup,
     read_self_files,
 )
-from dispatch.errors import BackendError
+from dispatch.core.errors import BackendError
 
 
 def held(stat: dict[str, int]) -> int:

@@ -67,25 +67,3 @@ def read_self_files() -> tuple[str, str]:
     with open("/proc/self/mountinfo", encoding="utf-8") as fh:
         mountinfo = fh.read()
     return cgroup, mountinfo
-
-
-def cgroup_path_problem(value: object) -> str | None:
-    """Why a configured ``cgroup`` (the slice's path in the hierarchy) is refused, or None.
-
-    Only plain names: ``..`` would place the slice anywhere (``<own>/x/../../../escape`` is the
-    hierarchy's root), and ``.`` or empty components make one slice look like several.
-    """
-    if not isinstance(value, str):
-        return "must be a string"
-    if not value.startswith("/"):
-        return "must be an absolute path inside the hierarchy, e.g. /hostrun"
-    parts = value[1:].split("/")
-    if parts[-1] == "" and len(parts) > 1:
-        parts.pop()  # one trailing slash is harmless
-    if parts == [""]:
-        return "must name a cgroup below the root of the hierarchy, e.g. /hostrun"
-    bad = next((p for p in parts if p in ("", ".", "..") or "\0" in p), None)
-    if bad is not None:
-        what = "an empty component (//)" if bad == "" else f"a {bad!r} component"
-        return f"must be a plain path without {what}: {value}"
-    return None

@@ -13,7 +13,7 @@ import os
 from dispatch.capping.base import Probe, read_int, read_text
 from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job, page_rounded
 from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
-from dispatch.errors import BackendError
+from dispatch.core.errors import BackendError
 
 SLICE_UNIT = "hostrun.slice"
 

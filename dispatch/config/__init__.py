@@ -12,7 +12,7 @@ and its directory are (a foreign or others-writable cache is ignored and never o
 config edit, a burst of concurrent runs validates once: the first takes an flock on the cache
 directory's ``lock`` file, the others wait there and then read its entry.
 
-Trust (``dispatch.trust``, docs/trust.md): the config file, the ``ssh_config``/``identity_file`` it
+Trust (``dispatch.guards.trust``, docs/trust.md): the config file, the ``ssh_config``/``identity_file`` it
 names and the state directory must be the invoking user's or root's and writable by nobody else.
 """
 
@@ -23,31 +23,14 @@ import os
 import sys
 from collections.abc import Mapping
 
-from dispatch import __version__, trust
-from dispatch.errors import ConfigError
-from dispatch.fingerprint import short_hash
-from dispatch.settings import Settings
+from dispatch import __version__
+from dispatch.core.configfile import find_config
+from dispatch.core.errors import ConfigError
+from dispatch.core.fingerprint import short_hash
+from dispatch.core.settings import Settings
+from dispatch.guards import trust
 
 CACHE_FORMAT = 2
-
-
-def find_config(explicit: str | None, environ: Mapping[str, str]) -> str | None:
-    """The config file to use, or None for the embedded default. An explicit path must exist."""
-    if explicit:
-        if not os.path.isfile(explicit):
-            raise ConfigError(f"config file not found: {explicit}")
-        return explicit
-    env_path = environ.get("HOSTRUN_CONFIG")
-    if env_path:
-        if not os.path.isfile(env_path):
-            raise ConfigError(f"HOSTRUN_CONFIG names a missing file: {env_path}")
-        return env_path
-    home = environ.get("HOME") or os.path.expanduser("~")
-    config_home = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
-    for candidate in ("hosts.toml", os.path.join(config_home, "hostrun", "hosts.toml")):
-        if os.path.isfile(candidate):
-            return candidate
-    return None
 
 
 def _cache_dir(environ: Mapping[str, str]) -> str:
@@ -64,7 +47,7 @@ def _cache_key(path: str, st: os.stat_result | None = None) -> list[object]:
 
 def load_settings(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     """The settings in force, with environment overrides applied. Every file they come from or name
-    must be trusted (``dispatch.trust``): another user's config could run commands as us."""
+    must be trusted (``dispatch.guards.trust``): another user's config could run commands as us."""
     env: Mapping[str, str] = os.environ if environ is None else environ
     path = find_config(explicit, env)
     if path is None:
@@ -164,7 +147,7 @@ def _validate_once(path: str, environ: Mapping[str, str], directory: str, cache_
 def _write_cache(cache_file: str, payload: dict[str, object]) -> None:
     """Best effort, into the private directory checked by the caller: a cache that cannot be written
     only costs the next run a validation."""
-    from dispatch.atomicfile import write_atomic
+    from dispatch.core.atomicfile import write_atomic
 
     try:
         write_atomic(cache_file, marshal.dumps(payload))

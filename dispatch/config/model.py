@@ -10,10 +10,10 @@ from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from dispatch.config.plain import settings_from_dict
-from dispatch.errors import ConfigError
-from dispatch.settings import LOCAL, Settings
-from dispatch.units import format_size, parse_duration, parse_size
+from dispatch.core.configfile import settings_from_dict
+from dispatch.core.errors import ConfigError
+from dispatch.core.settings import LOCAL, Settings
+from dispatch.core.units import format_size, parse_duration, parse_size
 
 
 def _size(value: Any) -> int:
@@ -84,7 +84,7 @@ class HostModel(_Strict):
         if self.slice is not None and self.reserve is not None:
             raise ValueError("set either slice or reserve, not both")
         if name == LOCAL and self.reserve is not None:
-            from dispatch.hostfacts import read_meminfo
+            from dispatch.core.hostfacts import read_meminfo
 
             total = read_meminfo().total
             if total - self.reserve < MIN_SIZE:

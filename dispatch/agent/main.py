@@ -1,0 +1,60 @@
+"""What the agent does on the peer (``python3 agent.pyz COMMAND ...``): standard library only.
+
+Commands:
+- ``report [--fallback JSON] [--label LABEL] [--peaks]``: the peer's resources, from its own ledger
+  and slice (one JSON document on stdout); ``--peaks`` adds its peak table and peak history;
+- ``probe --spec JSON``: the job's work directory made ready (and, with ``owner`` in the spec,
+  claimed for the controller's session unless already claimed), the tree's toolchain files seeded
+  into it, and the toolchain probe outputs taken in the job's directory there;
+- ``run``: run one job here, framed; its spec is the first frame on stdin (see ``dispatch.agent.run``).
+
+The peer's own configuration (``$HOSTRUN_CONFIG``, ``./hosts.toml`` or
+``~/.config/hostrun/hosts.toml``) decides its slice; the controller's ``[hosts.NAME]`` values, passed
+as ``--fallback``, fill only what the peer's file leaves unset.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from dispatch import __version__
+from dispatch.agent.prepare import peer_settings, probe
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) else None
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: agent.pyz report [--fallback JSON] [--label LABEL]", file=sys.stderr)
+        return 2
+    command = argv[0]
+    fallback = json.loads(_option(argv, "--fallback") or "{}")
+    if command == "report":
+        from dispatch.local.report import local_report
+
+        settings, notes = peer_settings(fallback)
+        data = local_report(settings, label=_option(argv, "--label"), peaks="--peaks" in argv)
+        data.update(notes)
+        data["agent_version"] = __version__
+        data["python"] = sys.version.split()[0]
+        json.dump(data, sys.stdout)
+        return 0
+    if command == "run":
+        from dispatch.agent.frames import read_spec
+        from dispatch.agent.run import run_job
+        from dispatch.agent.wire import RunSpec
+
+        try:
+            spec = RunSpec.from_dict(json.loads(read_spec(0)))
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:  # not a controller's
+            print(f"agent: no run spec: {exc}", file=sys.stderr)
+            return 2
+        return run_job(spec)
+    if command == "probe":
+        json.dump(probe(json.loads(_option(argv, "--spec") or "{}")), sys.stdout)
+        return 0
+    print(f"agent: unknown command {command!r}", file=sys.stderr)
+    return 2

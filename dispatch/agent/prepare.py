@@ -1,0 +1,121 @@
+"""The peer side's set-up, shared by the agent's commands (``dispatch.agent.main``) and its framed run
+(``dispatch.agent.run``): the peer's settings, and the probe step that readies the job's work
+directory. Standard library only; it sits below both so that neither imports the other.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from dispatch import __version__
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+    from dispatch.core.settings import Settings
+
+# Host keys the controller may supply: where the peer has its own value, the peer's wins.
+FALLBACK_KEYS = ("slice_bytes", "reserve_bytes", "heavy_threads", "default_cap", "gamble_size",
+                 "cgroup", "backend")
+
+
+def _load_toml(path: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - old peers
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise RuntimeError(f"{path}: Python {sys.version.split()[0]} cannot read TOML "
+                               "(needs 3.11+, or tomli)") from None
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def peer_settings(fallback: dict[str, Any]) -> tuple[Settings, dict[str, Any]]:
+    """The peer's settings, and notes for the controller (config source, disagreements)."""
+    from dispatch.core.configfile import find_config, settings_from_dict
+    from dispatch.core.settings import LOCAL, Settings
+
+    notes: dict[str, Any] = {"config": None, "config_error": None, "disagreements": []}
+    settings = Settings.default()
+    try:
+        path = find_config(None, os.environ)
+        if path is not None:
+            from dispatch.guards.trust import check_file
+
+            check_file(path, "config file", os.environ)  # as on the controller (docs/trust.md)
+            settings = settings_from_dict(_load_toml(path), path)
+            notes["config"] = os.path.abspath(path)
+    except Exception as exc:
+        notes["config_error"] = str(exc)
+    settings = settings.with_env_overrides(os.environ)
+    own = settings.local
+    merged = {}
+    for key in FALLBACK_KEYS:
+        mine, theirs = getattr(own, key), fallback.get(key)
+        if mine is None and theirs is not None:
+            merged[key] = theirs
+        elif mine is not None and theirs is not None and mine != theirs:
+            notes["disagreements"].append({"key": key, "peer": mine, "controller": theirs})
+    if merged:
+        settings = settings._replace(hosts={**settings.hosts, LOCAL: own._replace(**merged)})
+    return settings, notes
+
+
+def probe(spec: dict[str, Any]) -> dict[str, Any]:
+    """The job's work directory made ready (and claimed), then the toolchain probe outputs, taken in
+    the job's directory there with the tree's toolchain files seeded first (the sync comes later)."""
+    from dispatch.guards.toolchain import probe_here, seed
+
+    workdir = spec.get("workdir")
+    data: dict[str, Any] = {"agent_version": __version__}
+    where = None
+    if workdir:
+        path = os.path.abspath(os.path.expanduser(workdir))
+        try:
+            os.makedirs(path, exist_ok=True)
+            if not os.access(path, os.W_OK):
+                raise PermissionError(13, "not writable")
+            data["workdir"] = path
+        except OSError as exc:
+            data["workdir_error"] = f"{path}: {exc.strerror}"
+        owner = spec.get("owner")
+        if owner and "workdir" in data:  # claim the sync target for the controller's session
+            from dispatch.guards.workdirs import claim_if_unclaimed
+
+            data["workdir_owner"] = claim_if_unclaimed(path, str(owner.get("purpose") or ""),
+                                                       str(owner.get("session") or ""))
+        if "workdir" in data:
+            seed(path, spec.get("toolchain_files") or {})
+            where = _job_dir(path, str(spec.get("job_dir") or ""))
+    data["probes"] = probe_here(spec.get("probes", []), _cache_dir(), where)
+    return data
+
+
+def _job_dir(workdir: str, rel: str) -> str:
+    """The job's directory in the peer's copy, created if the tree has not been synced there yet (but
+    never through a symbolic link in the copy); the work directory itself when it cannot be had."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if rel.startswith("/") or ".." in parts:
+        return workdir
+    path = workdir
+    for part in parts:
+        path = os.path.join(path, part)
+        if os.path.islink(path):
+            break
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            pass
+        except OSError:
+            return workdir
+    path = os.path.join(workdir, *parts)
+    return path if os.path.isdir(path) else workdir
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "hostrun")

@@ -1,0 +1,208 @@
+"""The agent's side of ``hostrun --peer``: run one job on this (the peer) machine, framed.
+
+Runs under the peer's own ledger, slice and peak table, through the same ``run_local`` as a local
+job. The job's stdout and stderr go through pipes that are pumped into frames on the agent's stdout;
+control frames (heartbeats, signals, stdin) come on its stdin. If they stop — the controller was
+killed, the link was cut, the machine froze — for ``SILENCE_LIMIT`` seconds, or stdin closes, the
+agent stops the job itself: nothing is left running or booked on the peer when anything breaks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from dispatch.agent.frames import HEARTBEAT, SILENCE_LIMIT, SYNC_MARK, Frame, FrameReader, FrameWriter
+from dispatch.agent.wire import RunSpec, error_result, result_of
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+
+class _Link:
+    """Reads control frames; notices when the controller is gone."""
+
+    def __init__(self, fd: int, stdin_fd: int | None) -> None:
+        self.fd = fd
+        self.stdin_fd = stdin_fd
+        self.last_seen = time.monotonic()
+        self.lost = threading.Event()
+        self.decided = threading.Event()  # the controller said go (G) or abort (X), or went away
+        self.go = False
+
+    def read_loop(self) -> None:
+        reader = FrameReader()
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                self.lost.set()
+                self.decided.set()
+                return
+            self.last_seen = time.monotonic()
+            for kind, payload in reader.feed(data):
+                if kind == Frame.GO:
+                    self.go = True
+                    self.decided.set()
+                elif kind == Frame.ABORT:
+                    self.decided.set()
+                elif kind == Frame.SIGNAL:
+                    os.kill(os.getpid(), int(payload))
+                elif kind == Frame.DATA and self.stdin_fd is not None:
+                    try:
+                        os.write(self.stdin_fd, payload)
+                    except OSError:
+                        pass
+                elif kind == Frame.EOF and self.stdin_fd is not None:
+                    os.close(self.stdin_fd)
+                    self.stdin_fd = None
+
+    def watchdog(self, done: threading.Event) -> None:
+        """Stop the job when the controller is gone: SIGTERM (forwarded to the job), then a second
+        signal a moment later, which makes the runner kill the job's whole cgroup at once."""
+        while not done.wait(0.5):
+            if self.lost.is_set() or time.monotonic() - self.last_seen > SILENCE_LIMIT:
+                os.kill(os.getpid(), signal.SIGTERM)
+                if done.wait(2.0):
+                    return
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+
+def _pump(fd: int, kind: bytes, writer: FrameWriter) -> None:
+    broken = False
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            os.close(fd)
+            return
+        if not broken:  # once the controller is gone, keep draining so the job never blocks
+            try:
+                writer.send(kind, data)
+            except OSError:
+                broken = True
+
+
+def _stop_sync(mark: str) -> None:
+    """Kill the rsync server of this run's sync, if it still runs: the session dropped (or the
+    controller aborted) mid-sync. It runs under the controller's master connection, not under this
+    session, so its end is not ours; the controller marked it with ``SYNC_MARK=<mark>`` in its
+    environment (its forks inherit it). Only this user's processes are looked at."""
+    if not mark:
+        return
+    needle = f"{SYNC_MARK}={mark}".encode()
+    uid = os.getuid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if needle not in fh.read().split(b"\0"):
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+        except OSError:  # gone meanwhile, or not readable
+            continue
+
+
+def run_job(spec: RunSpec) -> int:
+    writer = FrameWriter(os.dup(1))
+    control_fd = os.dup(0)
+    stdin_w = None
+    if spec.stdin:
+        stdin_r, stdin_w = os.pipe()
+        os.dup2(stdin_r, 0)
+        os.close(stdin_r)
+    else:
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+    pumps = []
+    for target, kind in ((1, Frame.OUT), (2, Frame.ERR)):
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, target)
+        os.close(write_end)
+        thread = threading.Thread(target=_pump, args=(read_end, kind, writer), daemon=True)
+        thread.start()
+        pumps.append(thread)
+    link = _Link(control_fd, stdin_w)
+    done = threading.Event()
+    threading.Thread(target=link.read_loop, daemon=True).start()
+    threading.Thread(target=link.watchdog, args=(done,), daemon=True).start()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT):
+            try:
+                writer.send(Frame.BEAT)
+            except OSError:
+                return
+
+    threading.Thread(target=beat, daemon=True).start()
+
+    def say(line: str) -> None:
+        try:
+            writer.send(Frame.MSG, line.encode())
+        except OSError:
+            pass
+
+    prepare = spec.prepare
+    if prepare is not None:
+        # Steps 3-4 in this same session: report probes and the work directory, then wait while the
+        # controller compares and syncs (it keeps beating), for go or abort.
+        from dispatch.agent.prepare import probe
+
+        writer.send(Frame.PROBE, json.dumps(probe(prepare)).encode())
+        # While the controller compares and syncs: load what the run needs (off the critical path).
+        from dispatch.agent.prepare import peer_settings
+        from dispatch.local.runner import run_local
+
+        settings, _notes = peer_settings(spec.fallback or {})
+        while not link.decided.wait(0.5):
+            if time.monotonic() - link.last_seen > SILENCE_LIMIT:
+                break
+        if not link.go:
+            done.set()
+            _stop_sync(str(prepare.get("sync_mark") or ""))
+            return 0  # aborted (toolchain, sync, Ctrl-C) or the controller went away: nothing ran
+
+    from dispatch.agent.prepare import peer_settings
+    from dispatch.local.booking import peer_cap
+    from dispatch.local.runner import run_local
+
+    if prepare is None:
+        settings, _notes = peer_settings(spec.fallback or {})
+    result: dict[str, Any]
+    try:
+        os.chdir(os.path.expanduser(spec.cwd))
+        # The peer's default_cap (its own, else the controller's), bounded by the peer_memory_cap
+        # the controller set for this peer ("cap_if_none"): the rule the controller checked.
+        request = spec.request._replace(
+            cap=peer_cap(spec.request.cap, settings.local.default_cap, spec.cap_if_none))
+        result = result_of(run_local(settings, request, say))
+    except Exception as exc:
+        result = error_result(exc)
+    finally:
+        done.set()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # our copies of the pipes' write ends: the pumps see EOF once the
+        os.dup2(devnull, 2)  # job's are gone too (its cgroup was emptied by run_local)
+        os.close(devnull)
+    for thread in pumps:
+        thread.join(timeout=10)
+    try:
+        writer.send(Frame.RESULT, json.dumps(result).encode())
+    except OSError:
+        return 1
+    sys.stdout.flush()
+    return 0

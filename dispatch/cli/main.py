@@ -1,0 +1,759 @@
+"""The ``hostrun`` command: parse, call the library, render, exit. Nothing else lives here.
+
+The run options (``hostrun [OPTIONS] -- CMD``) are parsed by ``dispatch.cli.options`` into a
+``RunOptions`` record; where an ``--auto``/``--peer`` run goes is ``dispatch.placement.auto.place``'s call.
+
+Errors raised by the library are translated to one ``hostrun: error: …`` line and their exit code
+here, once. Heavy imports (pydantic via config validation, rich via ``dispatch.cli.render``) happen only
+on the paths that need them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from dispatch import __version__
+from dispatch.cli.options import (
+    PROG,
+    RUN_OPTIONS,
+    RunOptions,
+    cap_size,
+    checked_name,
+    duration,
+    parse_run_options,
+    resolve_session,
+    split_command,
+)
+from dispatch.core.errors import HostrunError, UsageError
+from dispatch.core.exitcodes import ExitCode, outcome_name
+
+MYPY = False
+if MYPY:
+    import argparse
+    from typing import Any, NoReturn
+
+    from dispatch.core.outcome import Outcome
+    from dispatch.core.request import RunRequest
+    from dispatch.placement.dispatcher import Job
+
+SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts", "capacity",
+               "lock", "workdir", "preflight", "history")
+USAGE = (f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{{','.join(SUBCOMMANDS[1:])}}} ...")
+
+
+def _argparser(prog: str, description: str) -> argparse.ArgumentParser:
+    """argparse (imported only off the hot path), but a usage error is one line and exit 2."""
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise UsageError(f"{message} (see '{self.prog} --help')")
+
+    return Parser(prog=prog, description=description)
+
+
+def _print_run_help() -> None:
+    p = _argparser(PROG, "Run CMD under a memory cap, booked in this host's shared ledger. "
+                         f"Subcommands: {', '.join(SUBCOMMANDS[1:])} (each has --help).")
+    p.usage = USAGE
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    for opt in RUN_OPTIONS:
+        if opt.takes_value:
+            p.add_argument(*opt.flags, dest=opt.dest, metavar=opt.metavar, help=opt.help,
+                           action="append" if opt.repeat else "store")
+        elif opt.optional_value:
+            p.add_argument(*opt.flags, dest=opt.dest, nargs="?", help=opt.help,
+                           metavar="SPEC" if opt.dest == "long_job" else "NAME")
+        else:
+            p.add_argument(*opt.flags, dest=opt.dest, action="store_true", help=opt.help)
+    p.print_help()
+
+
+def _sub_parser(name: str, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
+    p = _argparser(f"{PROG} {name}", help_text)
+    p.add_argument("--config", metavar="PATH", help="configuration file")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def _say(line: str) -> None:
+    from dispatch.core.text import printable  # a message may quote a label, a path or a peer's words
+
+    print(f"{PROG}: {printable(line)}", file=sys.stderr, flush=True)
+
+
+def _print_lines(lines: Sequence[str]) -> None:
+    """Lines that quote other sessions' words (lock holders, owners, alerts): escaped first."""
+    from dispatch.core.text import printable
+
+    if lines:
+        print("\n".join(printable(line) for line in lines), flush=True)
+
+
+def _settings(config: str | None):  # type: ignore[no-untyped-def]
+    from dispatch.config import load_settings
+
+    return load_settings(config)
+
+
+def cmd_run(argv: list[str]) -> int:
+    from dispatch.core.request import RunRequest, enclosing_job
+
+    options, command = split_command(argv)
+    if "-h" in options or "--help" in options:
+        _print_run_help()
+        return 0
+    if "--version" in options:
+        print(f"{PROG} {__version__}")
+        return 0
+    opts = parse_run_options(options)
+    if not command:
+        raise UsageError(f"no command given (usage: {PROG} [OPTIONS] -- CMD [ARGS...])")
+    if (opts.tree or opts.returns or opts.stdin) and not (opts.peer or opts.auto):
+        raise UsageError("--tree, --return and --stdin go with --peer or --auto")
+    request = RunRequest(
+        argv=command, label=opts.label, cap=opts.memory_cap, max_runtime=opts.max_runtime,
+        threads=opts.threads, no_cap=opts.no_cap,
+        session=resolve_session(opts.session), gpu_memory=opts.gpu_memory,
+        force=opts.force, group=opts.group, when_idle=opts.when_idle,
+    )
+    if opts.result_file:
+        from dispatch.core.outcome import check_result_path
+
+        problem = check_result_path(opts.result_file)
+        if problem is not None:  # before anything runs: the caller would lose the outcome
+            raise UsageError(f"--result-file {opts.result_file}: cannot write there: {problem}")
+    enclosing = enclosing_job(os.environ)
+    if enclosing is not None and not opts.result_file and not _declares_preflight(command):
+        try:  # already booked and capped by the enclosing job: become the command
+            os.execvp(command[0], command)
+        except (OSError, ValueError) as exc:  # ValueError: an empty command name
+            from dispatch.core.exitcodes import exec_failure
+
+            code, reason = exec_failure(exc)
+            _say(f"cannot run {command[0]!r}: {reason}")
+            return code
+    try:
+        if enclosing is not None:
+            outcome = _nested(request, enclosing, opts)
+        elif opts.peer or opts.auto:
+            return _run_elsewhere(options, command, opts, request)
+        else:
+            from dispatch.local.runner import run_local
+
+            settings = _settings(opts.config)
+            outcome = run_local(settings, request, _say, _peer_watch(settings, options, command, opts))
+    except HostrunError as exc:
+        if opts.result_file:
+            _write_failure(opts.result_file, request, exc)
+        raise
+    return _finish(outcome, opts)
+
+
+def _peer_watch(settings: Any, options: list[str], command: list[str], opts: RunOptions
+                ) -> Callable[[Any], None] | None:
+    """While a local job waits, alert once if a peer could take it (only with peers enabled)."""
+    if not settings.enable_across_machines or len(settings.hosts) < 2:
+        return None  # the common case: no import of the dispatcher on the hot path
+    from dispatch.placement.auto import PeerWatch
+
+    return PeerWatch(settings, _job(command, opts), options, command, _say)
+
+
+def _job(command: list[str], opts: RunOptions) -> Job:
+    from dispatch.placement.auto import make_job
+
+    return make_job(command, label=opts.label, cap=opts.memory_cap,
+                    gpu_memory=opts.gpu_memory, expect_duration=opts.expect_duration,
+                    long_job=opts.long_job)
+
+
+def _run_elsewhere(options: list[str], command: list[str], opts: RunOptions,
+                   request: RunRequest) -> int:
+    """``--auto`` (run where the dispatcher decides) and ``--peer``: the library places, we run."""
+    from dispatch.placement.auto import forget_sent, place, place_on_peer
+
+    settings = _settings(opts.config)
+    if opts.peer:
+        from dispatch.local.booking import default_label
+
+        placed = place_on_peer(settings, opts.peer, request.label or default_label(command),
+                               opts.memory_cap, opts.gpu_memory)
+    else:
+        placed = place(settings, _job(command, opts))
+        for reason in placed.reasons:
+            _say(f"dispatch: {reason}")
+        if placed.refused is not None:
+            code = ExitCode(placed.refused)
+            _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
+            return code.value
+    try:
+        if placed.peer is not None:
+            return _finish(_on_peer(settings, placed.peer, request, opts), opts)
+        from dispatch.local.runner import run_local
+
+        return _finish(run_local(settings, request, _say,
+                                 _peer_watch(settings, options, command, opts)), opts)
+    finally:
+        forget_sent(settings, placed.note)
+
+
+def _on_peer(settings: Any, host: Any, request: RunRequest, opts: RunOptions) -> Outcome:
+    from dispatch.hosts.peerrun import PeerRun
+
+    return PeerRun(settings, host, request, _say, tree=opts.tree, returns=opts.returns,
+                   forward_stdin=opts.stdin).run()
+
+
+def _finish(outcome: Outcome, opts: RunOptions) -> int:
+    """Say what happened, write the result file, and return the exit code."""
+    if outcome.message:
+        _say(outcome.message)
+    if outcome.outcome not in ("exit", "signal"):  # hostrun's own verdict, not the job's status
+        try:
+            code = ExitCode(outcome.exit_code)
+            _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
+        except ValueError:
+            pass
+    if opts.result_file:
+        from dispatch.core.outcome import write_result
+
+        try:
+            write_result(opts.result_file, outcome)
+        except OSError as exc:  # the job's own exit status still stands
+            _say(f"warning: could not write the result file {opts.result_file}: {exc.strerror}")
+    return outcome.exit_code
+
+
+def cmd_dispatch(argv: list[str]) -> int:
+    """Print where a job would run, and why, without running it."""
+    options, command = split_command(argv)
+    json_out = "--json" in options
+    options = [o for o in options if o != "--json"]
+    if "-h" in options or "--help" in options:
+        print(f"usage: {PROG} dispatch [--json] [RUN OPTIONS] -- CMD [ARGS...]\n\n"
+              "Print where CMD would run and why (the dispatcher's rules), without running it.")
+        return 0
+    opts = parse_run_options(options)
+    if not command:
+        raise UsageError(f"no command given (usage: {PROG} dispatch [--json] [OPTIONS] -- CMD)")
+    from dispatch.placement.auto import consider
+
+    decision = consider(_settings(opts.config), _job(command, opts))
+    if json_out:
+        import json
+
+        print(json.dumps(decision.as_dict(), indent=2))
+    else:
+        from dispatch.cli import render
+
+        render.decision(decision)
+    return 0 if decision.action != "refuse" else int(decision.exit_code)
+
+
+def _declares_preflight(command: list[str]) -> bool:
+    """Whether the script CMD runs declares preflight conditions (reads its first bytes only); a
+    malformed declaration raises UsageError (2) here, before anything runs."""
+    from dispatch.guards.headers import declares_preflight
+
+    if not declares_preflight(command):
+        return False
+    from dispatch.guards.preflight import declared
+
+    return declared(command) is not None
+
+
+def _nested(request: RunRequest, enclosing: str, opts: RunOptions) -> Outcome:
+    """Inside a hostrun job: run within it (booked there); a script's preflight is still checked."""
+    from dispatch.local.runner import run_nested, with_preflight
+
+    if not _declares_preflight(list(request.argv)):
+        return run_nested(request, enclosing)
+    return with_preflight(_settings(opts.config), request, _say,
+                          lambda: run_nested(request, enclosing))
+
+
+PREFLIGHT_USAGE = f"{PROG} preflight [--json] [--force] [--config PATH] SCRIPT [ARGS...]"
+
+
+def cmd_preflight(argv: list[str]) -> int:
+    """Whether SCRIPT would run, and why, from its '# admission:'/'# run-condition:' headers."""
+    json_out = force = False
+    config: str | None = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            break
+        if arg in ("-h", "--help"):
+            print(f"usage: {PREFLIGHT_USAGE}\n\nSay whether SCRIPT would run, and why, from the "
+                  "conditions it declares ('# admission:', '# run-condition:'), without running it.\n"
+                  "Exit 0: it would run; 78: it would not (an unmet condition, or nothing to do);\n"
+                  "2: a malformed header. See docs/preflight.md.")
+            return 0
+        if arg == "--json":
+            json_out = True
+        elif arg == "--force":
+            force = True
+        elif arg == "--config" and i + 1 < len(argv):
+            config = argv[i + 1]
+            i += 1
+        elif arg.startswith("--config="):
+            config = arg.split("=", 1)[1]
+        else:
+            raise UsageError(f"unrecognized arguments: {arg} (see '{PROG} preflight --help')")
+        i += 1
+    command = argv[i:]
+    if not command:
+        raise UsageError(f"no script given (usage: {PREFLIGHT_USAGE})")
+    from dispatch.guards.headers import script_path
+    from dispatch.guards.preflight import Script, Verdict, check, declared, report_lines
+
+    script = declared(command)  # a malformed header: UsageError (2) naming SCRIPT:LINE
+    if script is None:
+        path = script_path(command)
+        if path is None:
+            raise UsageError(f"preflight: {command[0]!r} is not a script file (nor is its first argument)")
+        first = 0 if command[0] == path else 1
+        verdict = Verdict(Script(path, tuple(command[first + 1 :]), ()), ())
+    else:
+        verdict, _ = check(_settings(config), script, os.environ, force=force)
+    if json_out:
+        import json
+
+        print(json.dumps(verdict.as_dict(), indent=2))
+    else:
+        _print_lines(report_lines(verdict))
+    return 0 if verdict.runs else int(ExitCode.NOT_RUN)
+
+
+def cmd_alerts(argv: list[str]) -> int:
+    p = _sub_parser("alerts", "List alerts (a waiting job that a peer could take now, ...).")
+    p.add_argument("--follow", action="store_true", help="wait for new alerts and print each")
+    args = p.parse_args(argv)
+    from dispatch.placement import alerts
+
+    path = _settings(args.config).alerts_path
+    if args.follow:
+        import json
+
+        for record in alerts.follow(path):
+            if args.json:
+                print(json.dumps(record), flush=True)
+            else:
+                _print_lines([_alert_line(record)])
+        return 0
+    records = alerts.read_all(path)
+    if args.json:
+        import json
+
+        print(json.dumps(records, indent=2))
+    else:
+        _print_lines([_alert_line(record) for record in records])
+    return 0
+
+
+def _alert_line(record: dict[str, Any]) -> str:
+    import time as _time
+
+    when = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(record.get("time", 0)))
+    return f"{when} {record.get('kind', '?')}: {record.get('message', '')}"
+
+
+def _write_failure(path: str, request: RunRequest, exc: HostrunError) -> None:
+    """A caller never has to guess from a number: hostrun's own refusals get a result file too."""
+    from dispatch.core.outcome import Outcome, write_result
+    from dispatch.local.booking import default_label
+
+    argv = list(request.argv)
+    try:
+        write_result(path, Outcome(
+            exit_code=int(exc.exit_code), outcome=outcome_name(exc.exit_code), host=exc.host or "local",
+            label=request.label or default_label(argv), argv=argv, message=str(exc),
+        ))
+    except OSError as error:
+        _say(f"warning: could not write the result file {path}: {error.strerror}")
+
+
+def cmd_codes(argv: list[str]) -> int:
+    args = _sub_parser("codes", "Print hostrun's exit-code table.").parse_args(argv)
+    rows = [(c.value, c.outcome, c.meaning) for c in ExitCode]
+    if args.json:
+        import json
+
+        print(json.dumps([{"code": c, "name": n, "meaning": m} for c, n, m in rows], indent=2))
+        return 0
+    from dispatch.cli import render
+
+    render.codes(rows)
+    return 0
+
+
+def cmd_ledger(argv: list[str]) -> int:
+    args = _sub_parser("ledger", "Show running jobs, the queue and the peak table.").parse_args(argv)
+    from dispatch.local.booking import mark_reasons
+    from dispatch.local.hostslice import live_jobs_of
+    from dispatch.local.ledger import Ledger
+
+    settings = _settings(args.config)
+    ledger = Ledger(settings.state_dir, _say, live_jobs_of(settings))
+    try:
+        bookings, peaks = ledger.bookings(), ledger.peaks()
+    finally:
+        ledger.close()
+    from dispatch.core.procinfo import is_alive
+
+    # Read only: a booking whose holder is gone is shown as stale; the next admission reclaims it.
+    stale = {b.id for b in bookings if not is_alive(b.pid, b.pid_start)}
+    invalid = _invalid_cgroups(settings, bookings)
+    if args.json:
+        import json
+
+        def row(b: Any) -> dict[str, Any]:
+            return {**b._asdict(), "stale": b.id in stale,
+                    "invalid": INVALID_CGROUP if b.id in invalid else None}
+
+        print(json.dumps({
+            "running": [row(b) for b in bookings if b.state == "running"],
+            "queue": [row(b) for b in bookings if b.state == "waiting"],
+            "peaks": [{**p._asdict(), "clear_mark_after": settings.clear_mark_after,
+                       "marked_because": mark_reasons(p, settings.clear_mark_after)} for p in peaks],
+        }, indent=2))
+        return 0
+    from dispatch.cli import render
+
+    render.ledger(bookings, peaks, stale, invalid, settings.clear_mark_after)
+    return 0
+
+
+def _limit(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be 0 (all) or more: {value}")
+    return value
+
+
+def cmd_history(argv: list[str]) -> int:
+    p = _sub_parser("history", "Finished runs from this host's ledger, oldest first: start, end, "
+                               "duration, host, label, session, command, cap, booking, peak, exit "
+                               "code and outcome, hit-ceiling. See docs/cli.md.")
+    p.add_argument("--label", metavar="LABEL", help="only runs with this label")
+    p.add_argument("--host", metavar="NAME", help="only runs on this host (local, or a peer's name)")
+    p.add_argument("--session", metavar="NAME", help="only runs of this session")
+    p.add_argument("--since", metavar="T", help="only runs that ended since T: a duration ago (2h, "
+                                                "7d) or an ISO date/time (2024-05-01T14:30)")
+    p.add_argument("--limit", metavar="N", type=_limit, default=50,
+                   help="only the latest N runs (default: %(default)s; 0: all)")
+    args = p.parse_args(argv)
+    since = None
+    if args.since is not None:
+        from dispatch.local.history import since_time
+
+        try:
+            since = since_time(args.since)
+        except ValueError as exc:
+            raise UsageError(f"argument --since: {exc}") from None
+    from dispatch.local.hostslice import live_jobs_of
+    from dispatch.local.ledger import Ledger
+
+    settings = _settings(args.config)
+    ledger = Ledger(settings.state_dir, _say, live_jobs_of(settings))
+    try:
+        runs = ledger.runs(label=args.label, host=args.host, session=args.session, since=since,
+                           limit=args.limit)
+    finally:
+        ledger.close()
+    if args.json:
+        import json
+
+        from dispatch.local.history import as_dict
+
+        print(json.dumps([as_dict(r) for r in runs], indent=2))
+        return 0
+    from dispatch.cli import render
+
+    render.history(runs)
+    return 0
+
+
+INVALID_CGROUP = "cgroup outside the slice"
+
+
+def _invalid_cgroups(settings: Any, bookings: list[Any]) -> set[int]:
+    """This host's rows whose cgroup is not one of its slice's job cgroups: nothing acts on them (a
+    reclaim releases the row and leaves the cgroup alone), and the view says so."""
+    mine = [b for b in bookings if b.cgroup and b.host == settings.local.name]
+    if not mine:
+        return set()
+    from dispatch.capping import select_backend
+    from dispatch.core.errors import BackendError
+    from dispatch.core.hostfacts import read_meminfo
+
+    try:
+        backend = select_backend(settings.local, read_meminfo().total)
+    except BackendError:  # a forced backend that does not work here: nothing to judge against
+        return set()
+    if not backend.caps_memory:  # no slice here (nothing acts on any row's cgroup either)
+        return set()
+    return {b.id for b in mine if not backend.job_path_ok(b.cgroup)}
+
+
+def _check_hosts(settings: Any, names: list[str] | None) -> None:
+    for name in names or []:
+        if name not in settings.hosts:
+            raise UsageError(f"--host {name}: no such host (configured: {', '.join(settings.hosts)})")
+
+
+def cmd_report(argv: list[str]) -> int:
+    p = _sub_parser("report", "Every configured host's memory, slice, bookings, load, GPUs and queue, "
+                              "read in parallel within the configured deadlines.")
+    p.add_argument("--host", action="append", metavar="NAME", help="only this host (repeatable)")
+    args = p.parse_args(argv)
+    from dispatch.placement.reports import read_reports
+
+    settings = _settings(args.config)
+    _check_hosts(settings, args.host)
+    readings = read_reports(settings, args.host)
+    if args.json:
+        import json
+
+        print(json.dumps({"hosts": [
+            {"host": r.host, "ok": r.ok, "error": r.error, "elapsed_s": round(r.elapsed, 3),
+             "report": r.report} for r in readings]}, indent=2))
+    else:
+        from dispatch.cli import render
+
+        render.readings(readings)
+    if any(not r.ok and r.host == "local" for r in readings):
+        return int(ExitCode.NOT_RUN)  # this host's own report failed (e.g. a forced backend)
+    return 0 if all(r.ok for r in readings) else int(ExitCode.PEER_UNREACHABLE)
+
+
+def cmd_capacity(argv: list[str]) -> int:
+    p = _sub_parser("capacity", "For each label in each host's own peak table: how many fit on that "
+                                "host at once, the cap it should have by the half rule (worst peak <= "
+                                "half the cap, rounded up to 512 MiB), and flags. See docs/capacity.md.")
+    p.add_argument("--host", action="append", metavar="NAME", help="only this host (repeatable)")
+    p.add_argument("--slice", metavar="SIZE", help="also show how many would fit if each host's slice "
+                                                   "were SIZE (e.g. 40G)")
+    args = p.parse_args(argv)
+    what_if = None
+    if args.slice is not None:
+        try:
+            what_if = cap_size(args.slice)
+        except ValueError as exc:
+            raise UsageError(f"argument --slice: {exc}") from None
+    from dispatch.local.capacity import host_capacity, rules
+    from dispatch.placement.reports import read_reports
+
+    settings = _settings(args.config)
+    _check_hosts(settings, args.host)
+    readings = read_reports(settings, args.host, peaks=True)
+    hosts = [host_capacity(r.host, r.report, r.error, what_if) for r in readings]
+    if args.json:
+        import json
+
+        print(json.dumps({"what_if_slice": what_if, "rules": rules(),
+                          "hosts": [h.as_dict() for h in hosts]}, indent=2))
+    else:
+        from dispatch.cli import render
+
+        render.capacity(hosts)
+    if any(not r.ok and r.host == "local" for r in readings):
+        return int(ExitCode.NOT_RUN)  # as 'hostrun report': this host's own report failed
+    return 0 if all(r.ok for r in readings) else int(ExitCode.PEER_UNREACHABLE)
+
+
+def cmd_doctor(argv: list[str]) -> int:
+    args = _sub_parser("doctor", "Which memory-cap backend is active, and why the others are not.",
+                       ).parse_args(argv)
+    from dispatch.cli.doctor import diagnose, diagnose_peers
+
+    settings = _settings(args.config)
+    data = diagnose(settings)
+    data["peers"] = diagnose_peers(settings)
+    if args.json:
+        import json
+
+        print(json.dumps(data, indent=2))
+        return 0
+    from dispatch.cli import render
+
+    render.doctor(data)
+    return 0
+
+
+def cmd_lock(argv: list[str]) -> int:
+    """``hostrun lock [--wait DUR] DIR -- CMD`` and ``hostrun lock --status DIR [--json]``."""
+    explicit = "--" in argv
+    options, command = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if explicit else (argv, [])
+    p = _sub_parser("lock", "Run CMD while holding DIR's workspace lock: one holder at a time; others "
+                            "wait, saying who holds it. Not the memory cap: for both, "
+                            "'hostrun lock DIR -- hostrun -m 4G -- CMD'. See docs/guards.md.")
+    p.add_argument("--wait", metavar="DUR", help="give up after waiting DUR (e.g. 10m): exit 78, "
+                                                 "the command not run (default: wait as long as it takes)")
+    p.add_argument("--status", action="store_true", help="show who holds DIR's lock, run nothing")
+    p.add_argument("dir", metavar="DIR", help="the directory to lock")
+    if not explicit:
+        p.add_argument("command", nargs="...", metavar="CMD", help="the command (after --)")
+    args = p.parse_args(options)
+    if not explicit:
+        command = args.command
+    from dispatch.guards import lock
+
+    if args.status:
+        if command or args.wait is not None:
+            raise UsageError("--status takes no command and no --wait")
+        data = lock.status(args.dir)
+        if args.json:
+            import json
+
+            print(json.dumps(data, indent=2))
+        else:
+            _print_lines(lock.status_lines(data))
+        return 0
+    if args.json:
+        raise UsageError("--json goes with --status")
+    if not command:
+        raise UsageError(f"no command given (usage: {PROG} lock [--wait DUR] DIR -- CMD [ARGS...])")
+    wait = None
+    if args.wait is not None:
+        try:
+            wait = duration(args.wait)
+        except ValueError as exc:
+            raise UsageError(f"argument --wait: {exc}") from None
+    settings = _settings(args.config)
+    return lock.run_locked(args.dir, command, _say, settings.status_interval, wait,
+                           session=resolve_session(None))
+
+
+def cmd_workdir(argv: list[str]) -> int:
+    """``hostrun workdir claim|list|clean``: who owns which work directory."""
+    actions = ("claim", "list", "clean")
+    if not argv or argv[0] not in actions:
+        if argv and argv[0] in ("-h", "--help"):
+            print(f"usage: {PROG} workdir {{claim,list,clean}} ...\n\n"
+                  "Work-directory ownership (docs/guards.md):\n"
+                  "  claim DIR --purpose TEXT    write DIR/.hostrun-owner for this session\n"
+                  "  list [ROOT] [--json]        claimed directories: owner, age, size, open by\n"
+                  "  clean [ROOT] [--dry-run]    remove this session's claimed directories that no "
+                  "process has open")
+            return 0
+        raise UsageError(f"workdir: choose one of {', '.join(actions)} (see '{PROG} workdir --help')")
+    action, rest = argv[0], argv[1:]
+    from dispatch.guards import workdirs
+
+    p = _sub_parser(f"workdir {action}", {
+        "claim": "Claim DIR (created if missing) for this session: writes DIR/.hostrun-owner.",
+        "list": "Every claimed directory under ROOT: owner, purpose, age, size, open by.",
+        "clean": "Remove this session's claimed directories under ROOT that no process has open; "
+                 "keep every other one and say why.",
+    }[action])
+    if action == "claim":
+        p.add_argument("dir", metavar="DIR")
+        p.add_argument("--purpose", required=True, metavar="TEXT", help="what the directory is for")
+    else:
+        p.add_argument("root", metavar="ROOT", nargs="?", default=".",
+                       help="where to look (default: the current directory)")
+        p.add_argument("--depth", type=int, default=workdirs.DEFAULT_DEPTH, metavar="N",
+                       help="levels below ROOT to search (default: %(default)s)")
+    if action != "list":
+        p.add_argument("--session", metavar="NAME", type=checked_name("--session"),
+                       help="who is asking (default: $HOSTRUN_SESSION)")
+    if action == "clean":
+        p.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    args = p.parse_args(rest)
+    import json
+
+    if action == "claim":
+        explicit = args.session or resolve_session(None)
+        session = explicit or workdirs.fallback_session()
+        path, owner, new = workdirs.claim(args.dir, args.purpose, session)
+        if args.json:
+            print(json.dumps({"path": path, "new": new, **owner.as_dict()}, indent=2))
+        else:
+            _print_lines([f"{'claimed' if new else 'updated the claim on'} {path} for session "
+                          f"{session}: {args.purpose}"])
+        if explicit is None:
+            _say(f"no HOSTRUN_SESSION: claimed for this terminal session, {session!r}; 'workdir clean' "
+                 f"removes it only with HOSTRUN_SESSION={session} (or --session)")
+        return 0
+    if action == "list":
+        data = workdirs.list_claimed(args.root, args.depth, session=workdirs.explicit_session())
+        if args.json:
+            print(json.dumps(data, indent=2))
+        else:
+            from dispatch.cli import render
+
+            render.workdirs(data)
+        return 0
+    asking = args.session or resolve_session(None)
+    if asking is None:
+        raise UsageError("workdir clean needs to know which session is asking: set HOSTRUN_SESSION or "
+                         "pass --session NAME ('workdir list' shows each directory's owner)")
+    data = workdirs.clean(args.root, asking, args.depth, args.dry_run)
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        _print_lines(workdirs.clean_lines(data))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args and args[0] in ("-h", "--help"):
+            _print_run_help()
+            return 0
+        leading: list[str] = []  # "hostrun --config X ledger" as well as "hostrun ledger --config X"
+        while args and (args[0] == "--config" or args[0].startswith("--config=")):
+            take = 2 if args[0] == "--config" else 1
+            leading, args = leading + args[:take], args[take:]
+        if args and args[0] in SUBCOMMANDS:
+            name = args[0]
+            # Run-style commands end in "-- CMD": their options must come before it.
+            rest = leading + args[1:] if name in ("run", "dispatch", "lock", "preflight") \
+                else args[1:] + leading
+            if name == "run":
+                return cmd_run(rest)
+            handler = {"doctor": cmd_doctor, "codes": cmd_codes, "ledger": cmd_ledger,
+                       "lock": cmd_lock, "workdir": cmd_workdir,
+                       "report": cmd_report, "dispatch": cmd_dispatch, "alerts": cmd_alerts,
+                       "capacity": cmd_capacity, "preflight": cmd_preflight,
+                       "history": cmd_history}[name]
+            return handler(rest)
+        return cmd_run(leading + args)
+    except HostrunError as exc:
+        from dispatch.core.text import printable
+
+        print(f"{PROG}: error: {printable(str(exc))}", file=sys.stderr)
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 141
+
+
+def entry() -> NoReturn:
+    """The console script: like ``sys.exit(main())``, minus the interpreter's teardown.
+
+    Everything hostrun owns is closed and released before ``main`` returns; skipping the module
+    teardown only saves the few milliseconds every short ``hostrun`` call would otherwise spend.
+    """
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    entry()

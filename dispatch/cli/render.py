@@ -1,0 +1,251 @@
+"""Human output: the only module that imports rich. Programs use ``--json`` instead."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from dispatch.core.text import printable
+from dispatch.core.units import format_duration, format_size
+from dispatch.local.ledgerdb import Booking, PeakRecord, RunRecord
+
+console = Console()
+
+
+def _t(value: object) -> str:
+    """Text that came from elsewhere (a label, a session, a peer's report, a path): control
+    characters escaped, and no rich markup (``[red]`` in a label stays literal)."""
+    return escape(printable(str(value)))
+
+
+def codes(rows: Sequence[tuple[int, str, str]]) -> None:
+    table = Table(title="hostrun exit codes (a job's own status passes through; signal N → 128+N)")
+    table.add_column("code", justify="right")
+    table.add_column("name")
+    table.add_column("meaning")
+    for code, name, meaning in rows:
+        table.add_row(str(code), name, meaning)
+    console.print(table)
+
+
+def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
+           stale: frozenset[int] | set[int] = frozenset(),
+           invalid: frozenset[int] | set[int] = frozenset(), clear_after: int = 3) -> None:
+    from dispatch.local.booking import mark_reasons
+
+    now = time.time()
+    running = Table(title="running")
+    for col in ("id", "host", "label", "pid", "kind", "booked", "cap", "age", "session"):
+        running.add_column(col)
+    queue = Table(title="queue (FIFO)")
+    for col in ("id", "host", "label", "pid", "need", "waited", "reason"):
+        queue.add_column(col)
+    for b in bookings:
+        label = f"{_t(b.label)} [red](stale: holder gone)[/red]" if b.id in stale else _t(b.label)
+        if b.id in invalid:  # nothing acts on its cgroup; see dispatch.capping.base.checked_job_path
+            label += " [red](invalid: cgroup outside the slice)[/red]"
+        if b.state == "running":
+            running.add_row(str(b.id), _t(b.host), label, str(b.pid), _t(b.kind), format_size(b.size),
+                            format_size(b.cap), format_duration(now - (b.since or now)),
+                            _t(b.session or ""))
+        else:
+            queue.add_row(str(b.id), _t(b.host), label, str(b.pid), format_size(b.size),
+                          format_duration(now - b.queued), _t(b.reason or ""))
+    table = Table(title="peak table")
+    for col in ("label", "host", "max peak", "last peak", "runs", "hit ceiling", "last duration"):
+        table.add_column(col)
+    marks = []
+    for p in peaks:
+        table.add_row(_t(p.label), _t(p.host), format_size(p.max_peak), format_size(p.last_peak),
+                      str(p.runs), "yes" if p.hit_ceiling else "no", format_duration(p.last_duration))
+        reasons = mark_reasons(p, clear_after)
+        if reasons:
+            marks.append(f"{_t(p.label)} on {_t(p.host)}: booked at its cap: {'; '.join(reasons)}")
+    console.print(running if running.row_count else "running: none")
+    console.print(queue if queue.row_count else "queue: empty")
+    console.print(table if table.row_count else "peak table: empty")
+    for line in marks:
+        console.print(line)
+
+
+def history(runs: Sequence[RunRecord]) -> None:
+    """``hostrun history``: one row per finished run, oldest first. The end is the start plus the
+    duration (``--json`` has both), which keeps the table within a terminal's width."""
+    if not runs:
+        console.print("history: no runs")
+        return
+    table = Table(title="run history (oldest first)")
+    for col in ("started", "duration", "host", "label", "session", "exit", "peak", "cap", "booked"):
+        table.add_column(col, no_wrap=col in ("started", "duration"))
+    table.add_column("command", overflow="fold")
+    for r in runs:
+        code = str(r.exit_code) if r.outcome in ("exit", "signal") \
+            else f"{r.exit_code} {_t(r.outcome)}"
+        peak = format_size(r.peak) + (" [red]ceiling[/red]" if r.hit_ceiling else "")
+        booked = f"{format_size(r.booked)} {_t(r.kind)}" if r.kind else "-"
+        table.add_row(time.strftime("%m-%d %H:%M:%S", time.localtime(r.started)),
+                      format_duration(r.duration), _t(r.host), _t(r.label), _t(r.session or ""),
+                      code, peak, format_size(r.cap), booked, _t(r.command))
+    console.print(table)
+
+
+def readings(items: Sequence[Any]) -> None:
+    """Every host's report, or why it could not be read."""
+    for reading in items:
+        if reading.report is None:
+            console.print(f"[bold]{_t(reading.host)}[/bold]: [red]could not read:[/red] "
+                          f"{_t(reading.error)}")
+        else:
+            report(reading.report)
+
+
+def decision(d: Any) -> None:
+    verdict = {"local": "run here (local)", "peer": f"run on {_t(d.host)}",
+               "queue": f"wait in the queue on {_t(d.host)}", "refuse": f"refuse (exit {d.exit_code})"}
+    console.print(f"[bold]decision:[/bold] {verdict[d.action]}")
+    for reason in d.reasons:
+        console.print(f"  - {_t(reason)}")
+    if d.judgements:
+        table = Table(title="hosts")
+        for col in ("host", "fits", "need", "free", "why"):
+            table.add_column(col)
+        for j in d.judgements:
+            table.add_row(_t(j.host), "yes" if j.fits else "no", format_size(j.need),
+                          format_size(j.free), _t(j.reason))
+        console.print(table)
+
+
+def report(data: dict[str, Any]) -> None:
+    s = data["slice"]
+    table = Table(title=f"host {_t(data['host'])} ({_t(data['hostname'])}), backend "
+                        f"{_t(data['backend'])}, hostrun {_t(data.get('agent_version') or data['version'])}",
+                  show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    mem = data["memory"]
+    table.add_row("memory", f"{format_size(mem['available'])} available of {format_size(mem['total'])}")
+    if "available_for_jobs" in mem:  # an older peer's agent does not report it
+        table.add_row("available", f"{format_size(mem['available_for_jobs'])} (available less booked "
+                                   "not yet at peak)")
+    table.add_row("slice", f"{format_size(s['limit'])} limit, {format_size(s['used'])} used "
+                           f"(page cache excluded; {format_size(s['reclaimable'])} reclaimable)")
+    table.add_row("booked", f"{format_size(s['booked'])} ({format_size(s['booked_not_at_peak'])} "
+                            f"not yet at peak); {format_size(s['free'])} free to book")
+    table.add_row("load", " ".join(f"{x:.2f}" for x in data["load"]) + f" on {data['cores']} cores")
+    free = f" ({data['threads_free']} free)" if "threads_free" in data else ""
+    table.add_row("heavy threads", f"{data['heavy_threads']}{free}")
+    for gpu in data.get("gpus") or []:
+        table.add_row(f"GPU {_t(gpu.get('index', '?'))}", f"{_t(gpu.get('name', ''))}: "
+                      f"{format_size(gpu.get('free'))} free of {format_size(gpu.get('total'))}")
+    table.add_row("running", str(len(data["running"])))
+    table.add_row("queue", str(data["queue_length"]))
+    console.print(table)
+    if data["running"]:
+        jobs = Table(title="running jobs")
+        for col in ("label", "pid", "kind", "booked", "in use", "age"):
+            jobs.add_column(col)
+        for j in data["running"]:
+            jobs.add_row(_t(j["label"]), str(j["pid"]), _t(j["kind"]), format_size(j["booked"]),
+                         format_size(j["in_use"]), format_duration(j["age_s"]))
+        console.print(jobs)
+
+
+def doctor(data: dict[str, Any]) -> None:
+    console.print(f"hostrun {data['version']} (python {data['python']})")
+    console.print(f"config:   {_t(data['config'])}")
+    console.print(f"ledger:   {_t(data['ledger'])}")
+    console.print(f"backend:  [bold]{data['backend']}[/bold]"
+                  + (f" (forced by config: {data['forced_backend']})" if data["forced_backend"] else ""))
+    console.print(f"slice:    {data['slice'] or '-'}, limit {format_size(data['slice_limit'])} "
+                  f"of {format_size(data['memory_total'])} RAM")
+    console.print(f"threads:  {data['heavy_threads']}")
+    table = Table(title="memory-cap backends, in order of preference")
+    table.add_column("backend")
+    table.add_column("usable")
+    table.add_column("detail")
+    for p in data["probes"]:
+        table.add_row(p["backend"], "yes" if p["ok"] else "no", _t(p["detail"]))
+    table.add_row("none", "yes", "always; only with --no-cap")
+    console.print(table)
+    for problem in data["problems"]:
+        console.print(f"[red]problem:[/red] {_t(problem)}")
+    for peer in data.get("peers", []):
+        state = "[green]ok[/green]" if peer["ok"] and not peer["problems"] else (
+            "[yellow]warnings[/yellow]" if peer["ok"] else "[red]unreachable[/red]")
+        rt = f", {peer['round_trip_ms']} ms per command" if "round_trip_ms" in peer else ""
+        details = (f", agent {_t(peer['agent_version'])} on python {_t(peer['python'])}, backend "
+                   f"{_t(peer['backend'])}") if peer["ok"] else ""
+        console.print(f"peer {_t(peer['host'])} ({_t(peer['ssh'])}): {state}{details}{rt}")
+        for problem in peer["problems"]:
+            console.print(f"  [red]problem:[/red] {_t(problem)}")
+
+
+def capacity(hosts: Sequence[Any]) -> None:
+    """``hostrun capacity``: per host, its own labels (figures of different hosts are never mixed)."""
+    short = {"cap-below-half-rule": "low-cap", "half-rule-over-slice": "over-slice",
+             "peaks-vary": "varies"}
+    for h in hosts:
+        if not h.ok:
+            console.print(f"[bold]{_t(h.host)}[/bold]: [red]could not read:[/red] {_t(h.error)}")
+            continue
+        where = f"{_t(h.host)} ({_t(h.hostname)})" if h.hostname else _t(h.host)
+        if not h.labels:
+            console.print(f"[bold]{where}[/bold]: peak table empty (slice {format_size(h.slice_limit)})")
+            continue
+        then = f" → {format_size(h.what_if)}" if h.what_if is not None else ""
+        table = Table(title=f"{where}, its own peak table; slice {format_size(h.slice_limit)}{then}")
+        for col in ("label", "runs", "worst / last peak", "booked as", f"fits{then and ' now→what-if'}",
+                    "cap", "half-rule cap", "fits at it", "flags"):
+            table.add_column(col)
+        for a in h.labels:
+            fits, at_half = str(a.now.fits), str(a.now.fits_at_half_rule_cap)
+            booked = f"{a.now.kind} {format_size(a.now.booked)}"
+            if a.what_if is not None:
+                fits += f" → {a.what_if.fits}"
+                at_half += f" → {a.what_if.fits_at_half_rule_cap}"
+                if (a.what_if.kind, a.what_if.booked) != (a.now.kind, a.now.booked):
+                    booked += f" → {a.what_if.kind} {format_size(a.what_if.booked)}"
+            if a.cap_source == "unknown":
+                cap = "not recorded"
+            else:
+                cap = format_size(a.cap) if a.cap is not None else "none"
+                cap += " (default)" if a.cap_source == "default-cap" else ""
+            table.add_row(_t(a.label), str(a.runs), f"{format_size(a.max_peak)} / {format_size(a.last_peak)}",
+                          booked, fits, cap, format_size(a.half_rule_cap), at_half,
+                          " ".join(short.get(f, f) for f in a.flags) or "-")
+        console.print(table)
+        for a in h.labels:
+            for note in a.notes:
+                console.print(f"  [yellow]{_t(a.label)}[/yellow] on {_t(h.host)}: {_t(note)}")
+
+
+def workdirs(data: dict[str, Any]) -> None:
+    """``hostrun workdir list``: claimed directories under a root, with owner, age, size, open by."""
+    import os
+
+    root = data["root"]
+    shown_root = _t(root)
+    if not data["directories"]:
+        console.print(f"no claimed directories under {shown_root}")
+    else:
+        table = Table(title=f"claimed directories under {shown_root}")
+        for col in ("directory", "session", "purpose", "age", "size", "open by"):
+            table.add_column(col)
+        for d in data["directories"]:
+            size = format_size(d["size_bytes"])
+            if not d["size_complete"]:
+                size = f">= {size}"
+            opened = ", ".join(f"pid {o['pid']} ({o['comm']}) {o['how']}" for o in d["open_by"]) or "-"
+            session = _t(d["session"]) if d["session"] else "(unknown)"
+            table.add_row(_t(os.path.relpath(d["path"], root)),
+                          f"{session} (you)" if d["mine"] else session,
+                          _t(d["purpose"]), format_duration(d["age_s"]), size, _t(opened))
+        console.print(table)
+    if data["hidden_processes"]:
+        console.print(f"note: {data['hidden_processes']} processes could not be inspected for open files "
+                      "(permission denied; as root, other users' processes can be)")

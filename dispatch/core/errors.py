@@ -1,0 +1,133 @@
+"""Exceptions hostrun raises, each carrying the exit code the CLI will use.
+
+Errors are translated once, at the edge (``dispatch.cli.main``): library code raises one of these and never
+calls ``sys.exit``. Every hostrun error class lives here, so the whole tree is in one place::
+
+    HostrunError                    (exit_code from dispatch.core.exitcodes; host: where it happened)
+    ├── UsageError                  2    bad arguments, bad or unreadable configuration
+    │   └── ConfigError             2    a configuration key or value is wrong (names the key)
+    │       └── UntrustedPathError  2    a file or directory someone else owns or can write (trust.py)
+    ├── NotRunError                 78   a preflight condition was not met
+    │   └── GpuError                78   nvidia-smi exists but failed or did not answer in time
+    ├── LockTimeoutError            78   ``lock --wait`` ran out while another holder kept DIR
+    ├── NeverFitsError              243  cap larger than the host's whole slice
+    ├── NoCapBackendError           78   no memory-cap backend works here and --no-cap was not given
+    ├── BackendError                78   a backend failed while preparing the slice or the job
+    ├── LedgerError                 78   the ledger (state dir) cannot be read or written
+    ├── PeerUnreachableError        246  the peer could not be reached or read in time (transient:
+    │   │                                retried when ssh's reason looks like weather)
+    │   ├── HostKeyError            246  its host key is unknown or changed (never retried)
+    │   └── PeerAuthError           246  authentication failed (never retried)
+    ├── ToolchainMismatchError      247  the peer's toolchain differs from this host's
+    ├── AcrossDisabledError         248  a peer was asked for while enable_across_machines is off
+    ├── OverPeerCapError            249  the cap exceeds the peer's peer_memory_cap
+    ├── ConnectionLostError         251  the link to the peer broke once the job was started
+    └── SyncFailedError             252  the tree (or a --return path) could not be synced
+"""
+
+from __future__ import annotations
+
+from dispatch.core.exitcodes import ExitCode
+
+
+class HostrunError(Exception):
+    """Base class: a one-line message plus the exit code that says what happened, and the host it
+    happened on (None: this one) so that a result file can name it."""
+
+    exit_code: int = ExitCode.USAGE
+    host: str | None = None
+
+    def __init__(self, message: str, exit_code: int | None = None, host: str | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+        if host is not None:
+            self.host = host
+
+
+class UsageError(HostrunError):
+    exit_code = ExitCode.USAGE
+
+
+class ConfigError(UsageError):
+    """A configuration problem; the message names the file and the key."""
+
+
+class UntrustedPathError(ConfigError):
+    """Another user could steer hostrun through this file or directory; the message says the fix."""
+
+
+class NotRunError(HostrunError):
+    exit_code = ExitCode.NOT_RUN
+
+
+class GpuError(NotRunError):
+    """nvidia-smi exists but failed or did not answer in time."""
+
+
+class LockTimeoutError(HostrunError):
+    """``--wait`` ran out while another holder kept DIR: the command did not run, so 78 ("nothing
+    ran"), not 253 (which says a job ran past its max runtime)."""
+
+    exit_code = ExitCode.NOT_RUN
+
+
+class NeverFitsError(HostrunError):
+    exit_code = ExitCode.NEVER_FITS
+
+
+class NoCapBackendError(HostrunError):
+    exit_code = ExitCode.NOT_RUN
+
+
+class BackendError(HostrunError):
+    exit_code = ExitCode.NOT_RUN
+
+
+class LedgerError(HostrunError):
+    """The state dir's ledger cannot be used (read-only, disk full, damaged and not recoverable)."""
+
+    exit_code = ExitCode.NOT_RUN
+
+
+class PeerUnreachableError(HostrunError):
+    """The peer could not be reached; ``transient`` when ssh's reason (refused, reset, timed out)
+    says another try may work."""
+
+    exit_code = ExitCode.PEER_UNREACHABLE
+    transient: bool = False
+
+    def __init__(self, message: str, exit_code: int | None = None, host: str | None = None,
+                 transient: bool = False) -> None:
+        super().__init__(message, exit_code, host)
+        self.transient = transient
+
+
+class HostKeyError(PeerUnreachableError):
+    """Unknown or changed host key: a security decision for the user, so never retried."""
+
+
+class PeerAuthError(PeerUnreachableError):
+    """Authentication failed: retrying cannot help."""
+
+
+class ToolchainMismatchError(HostrunError):
+    exit_code = ExitCode.TOOLCHAIN_MISMATCH
+
+
+class AcrossDisabledError(HostrunError):
+    exit_code = ExitCode.ACROSS_DISABLED
+
+
+class OverPeerCapError(HostrunError):
+    exit_code = ExitCode.OVER_PEER_CAP
+
+
+class ConnectionLostError(HostrunError):
+    """The link to the peer broke after the agent was told to go; the remote job was stopped."""
+
+    exit_code = ExitCode.CONNECTION_LOST
+
+
+class SyncFailedError(HostrunError):
+    exit_code = ExitCode.SYNC_FAILED

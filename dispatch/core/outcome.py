@@ -1,0 +1,84 @@
+"""The outcome of one run, as the exit code says it and as ``--result-file`` writes it (JSON)."""
+
+from __future__ import annotations
+
+import os
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+
+FIELDS = (
+    "exit_code", "outcome", "host", "label", "argv", "cap_bytes", "booking_kind", "booked_bytes",
+    "peak_bytes", "hit_ceiling", "duration_s", "waited_s", "backend", "cgroup", "counters", "message",
+    "gpu_index", "gpu_bytes", "vram_evidence",
+)
+
+
+class Outcome:
+    """Filled in as the run goes; ``outcome`` is "exit", "signal", or a name from exitcodes."""
+
+    __slots__ = FIELDS
+
+    def __init__(
+        self, *, exit_code: int, outcome: str, host: str, label: str, argv: list[str],
+        cap_bytes: int | None = None, booking_kind: str | None = None,
+        booked_bytes: int | None = None, peak_bytes: int | None = None, hit_ceiling: bool = False,
+        duration_s: float = 0.0,
+        waited_s: float = 0.0, backend: str | None = None, cgroup: str | None = None,
+        counters: dict[str, int] | None = None, message: str | None = None,
+        gpu_index: int | None = None, gpu_bytes: int | None = None, vram_evidence: str | None = None,
+    ) -> None:
+        self.exit_code = exit_code
+        self.outcome = outcome
+        self.host = host
+        self.label = label
+        self.argv = argv
+        self.cap_bytes = cap_bytes
+        self.booking_kind = booking_kind
+        self.booked_bytes = booked_bytes
+        self.peak_bytes = peak_bytes
+        self.hit_ceiling = hit_ceiling
+        self.duration_s = duration_s
+        self.waited_s = waited_s
+        self.backend = backend
+        self.cgroup = cgroup
+        self.counters = counters or {}
+        self.message = message
+        self.gpu_index = gpu_index  # --gpu-memory: the GPU the job was booked on
+        self.gpu_bytes = gpu_bytes  # --gpu-memory: the VRAM booked
+        self.vram_evidence = vram_evidence  # what showed a GPU out-of-memory, if anything
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in FIELDS}
+
+    def __repr__(self) -> str:
+        return f"Outcome({self.to_dict()!r})"
+
+
+def write_result(path: str, outcome: Outcome) -> None:
+    """Write atomically, so a reader polling for the file never sees half of it; on failure the
+    temporary file is removed and the OSError raised."""
+    import json
+
+    from dispatch.core.atomicfile import write_atomic
+
+    text = json.dumps(outcome.to_dict(), indent=2, sort_keys=True) + "\n"
+    write_atomic(path, text.encode(), 0o666)  # the caller's file: modes as its umask says
+
+
+def check_result_path(path: str) -> str | None:
+    """Why a result file could not be written at ``path`` (checked before the job runs), or None.
+
+    Creates and removes the same temporary name ``write_result`` uses, in the same directory.
+    """
+    if os.path.isdir(path):
+        return "it is a directory"
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.unlink(tmp)
+    return None

@@ -1,0 +1,55 @@
+"""What a run asks for, and whether this process already runs inside a hostrun job.
+
+Kept apart from ``dispatch.local.runner`` so that the paths that do not run a job here (``--peer``,
+``--auto``'s decision, a nested call) do not import the runner's machinery (ledger, cgroups, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from dispatch.core.records import NamedTuple
+
+MYPY = False
+if MYPY:
+    from typing import Optional
+
+JOB_ENV = "HOSTRUN_JOB"  # set in every job: the job's cgroup, so a nested hostrun can tell
+
+
+class RunRequest(NamedTuple):
+    argv: Sequence[str]
+    label: Optional[str] = None
+    cap: Optional[int] = None
+    max_runtime: Optional[float] = None
+    threads: Optional[int] = None
+    no_cap: bool = False
+    session: Optional[str] = None
+    env: Optional[dict[str, str]] = None  # the job's environment (default: hostrun's own)
+    gpu_memory: Optional[int] = None  # VRAM to book on one GPU (--gpu-memory), bytes
+    force: bool = False  # --force: run although the script's '# admission:' says nothing changed
+    group: Optional[str] = None  # --group: the group's max_running caps it
+    when_idle: bool = False  # --when-idle: only while no other hostrun job runs here
+
+
+
+def enclosing_job(environ: Mapping[str, str]) -> str | None:
+    """The hostrun job this process runs inside, if any (its cgroup path), else None.
+
+    ``HOSTRUN_JOB`` alone could have leaked into an unrelated process's environment, so it counts
+    only while this process really is in that job's cgroup.
+    """
+    path = environ.get(JOB_ENV)
+    if not path:
+        return None
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    job = path.rstrip("/")
+    for line in lines:
+        own = line.split(":", 2)[-1].rstrip("/")
+        if own and (job == own or job.endswith("/" + own.lstrip("/"))):
+            return path
+    return None

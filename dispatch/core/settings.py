@@ -1,0 +1,185 @@
+"""The normalized, validated configuration as plain records (standard library only).
+
+``dispatch.config`` builds these from TOML (validated by pydantic, cached with ``marshal``) or from the
+embedded default; everything else reads only these. Sizes are bytes, durations seconds. NamedTuples
+rather than dataclasses: dataclasses compile their methods with ``exec`` at import time, which costs
+``hostrun -- CMD`` milliseconds on every call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from dispatch.core.records import NamedTuple
+
+MYPY = False
+if MYPY:
+    from typing import Any, Optional
+
+LOCAL = "local"
+GIB = 1 << 30
+
+
+def default_state_dir(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    home = env.get("HOME") or os.path.expanduser("~")
+    return os.path.join(env.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state"), "hostrun")
+
+
+class HostSettings(NamedTuple):
+    """One ``[hosts.NAME]`` table. ``None`` means "derive from the machine" (see the docs)."""
+
+    name: str
+    slice_bytes: Optional[int] = None
+    reserve_bytes: Optional[int] = None
+    heavy_threads: Optional[int] = None
+    default_cap: Optional[int] = None
+    gamble_size: Optional[int] = None
+    cgroup: Optional[str] = None
+    backend: Optional[str] = None
+    ssh: Optional[str] = None
+    port: Optional[int] = None
+    ssh_config: Optional[str] = None
+    identity_file: Optional[str] = None
+    work_root: Optional[str] = None  # on the peer; default ~/hostrun-work
+    python: Optional[str] = None  # on the peer; default python3
+    peer_memory_cap: Optional[int] = None
+    max_runtime: Optional[float] = None  # seconds; runs here without --max-runtime stop after it
+
+    @property
+    def is_local(self) -> bool:
+        return self.name == LOCAL
+
+    def slice_limit(self, mem_total: int) -> int:
+        """Slice size: ``slice`` if set, else RAM minus ``reserve`` (default 20% of RAM, >= 2 GiB).
+
+        A ``reserve`` that leaves less than 1 MiB is a configuration error (exit 2): the config was
+        checked against the RAM of the machine that validated it, which may not be this one.
+        """
+        if self.slice_bytes is not None:
+            return self.slice_bytes
+        reserve = self.reserve_bytes
+        if reserve is None:
+            reserve = max(2 * GIB, mem_total // 5)
+        if self.reserve_bytes is not None and mem_total - reserve < 1 << 20:
+            from dispatch.core.errors import ConfigError
+            from dispatch.core.units import format_size
+
+            raise ConfigError(f"hosts.{self.name}.reserve {format_size(reserve)} leaves no slice: "
+                              f"this machine has {format_size(mem_total)} of RAM")
+        return max(0, mem_total - reserve)
+
+    def threads(self) -> int:
+        """``heavy_threads``, else the cores this process may run on (its CPU affinity)."""
+        if self.heavy_threads:
+            return self.heavy_threads
+        try:
+            return len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return os.cpu_count() or 1
+
+
+class Settings(NamedTuple):
+    state_dir: str
+    hosts: Mapping[str, HostSettings]
+    alert_file: Optional[str] = None
+    long_job_threshold: float = 2 * 3600.0
+    pending_window: float = 30.0
+    report_timeout: float = 12.0
+    report_deadline: float = 25.0
+    enable_across_machines: bool = False
+    gamble_size: int = 512 << 20
+    status_interval: float = 60.0
+    kill_grace: float = 10.0
+    control_persist: float = 600.0
+    toolchain_probes: tuple[str, ...] = ("rustc -Vv", "cargo -V")
+    sync_excludes: tuple[str, ...] = ()
+    groups: Mapping[str, int] = {}
+    clear_mark_after: int = 3  # clean runs at its cap that clear a label's slice-full mark
+    history_days: float = 90.0  # the run history keeps rows this many days ...
+    history_rows: int = 100_000  # ... and at most this many
+    source: str = "<built-in default>"
+
+    @classmethod
+    def default(cls, **changes: Any) -> Settings:
+        """The embedded default: this host only, state in ``$XDG_STATE_HOME/hostrun``."""
+        values: dict[str, Any] = {"state_dir": default_state_dir(),
+                                  "hosts": {LOCAL: HostSettings(LOCAL)}}
+        values.update(changes)
+        return cls(**values)
+
+    @property
+    def local(self) -> HostSettings:
+        return self.hosts[LOCAL]
+
+    @property
+    def alerts_path(self) -> str:
+        return self.alert_file or os.path.join(self.state_dir, "alerts.jsonl")
+
+    @property
+    def history_keep(self) -> tuple[float, int]:
+        """(days, rows) the run history keeps."""
+        return (self.history_days, self.history_rows)
+
+    def gamble_size_for(self, host: HostSettings) -> int:
+        return host.gamble_size if host.gamble_size is not None else self.gamble_size
+
+    def to_normalized(self) -> dict[str, Any]:
+        data = self._asdict()
+        data["hosts"] = {name: h._asdict() for name, h in self.hosts.items()}
+        return data
+
+    @classmethod
+    def from_normalized(cls, data: Mapping[str, Any]) -> Settings:
+        hosts = {name: HostSettings(**h) for name, h in data["hosts"].items()}
+        return cls(**{**data, "hosts": hosts})
+
+    def with_env_overrides(self, environ: Mapping[str, str]) -> Settings:
+        """Apply ``ENABLE_ACROSS_MACHINES`` and ``PEER_MEMORY_CAP`` (they beat the file), and resolve
+        a ``state_dir`` the file left unset from ``$XDG_STATE_HOME``/``$HOME``."""
+        from dispatch.core.errors import ConfigError
+        from dispatch.core.units import parse_size
+
+        changes: dict[str, Any] = {}
+        if not self.state_dir:
+            changes["state_dir"] = default_state_dir(environ)
+        flag = environ.get("ENABLE_ACROSS_MACHINES")
+        if flag:
+            lowered = flag.strip().lower()
+            if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ConfigError(f"ENABLE_ACROSS_MACHINES={flag!r}: use 1 or 0")
+            changes["enable_across_machines"] = lowered in ("1", "true", "yes", "on")
+        cap = environ.get("PEER_MEMORY_CAP")
+        if cap:
+            try:
+                cap_bytes = parse_size(cap)
+            except ValueError as exc:
+                raise ConfigError(f"PEER_MEMORY_CAP: {exc}") from None
+            changes["hosts"] = {
+                name: h if h.is_local else h._replace(peer_memory_cap=cap_bytes)
+                for name, h in self.hosts.items()
+            }
+        return self._replace(**changes) if changes else self
+
+
+def cgroup_path_problem(value: object) -> str | None:
+    """Why a configured ``cgroup`` (the slice's path in the hierarchy) is refused, or None.
+
+    Only plain names: ``..`` would place the slice anywhere (``<own>/x/../../../escape`` is the
+    hierarchy's root), and ``.`` or empty components make one slice look like several.
+    """
+    if not isinstance(value, str):
+        return "must be a string"
+    if not value.startswith("/"):
+        return "must be an absolute path inside the hierarchy, e.g. /hostrun"
+    parts = value[1:].split("/")
+    if parts[-1] == "" and len(parts) > 1:
+        parts.pop()  # one trailing slash is harmless
+    if parts == [""]:
+        return "must name a cgroup below the root of the hierarchy, e.g. /hostrun"
+    bad = next((p for p in parts if p in ("", ".", "..") or "\0" in p), None)
+    if bad is not None:
+        what = "an empty component (//)" if bad == "" else f"a {bad!r} component"
+        return f"must be a plain path without {what}: {value}"
+    return None

@@ -1,0 +1,238 @@
+"""Toolchain probes: run the same commands (``rustc -Vv``, ``cargo -V``, ...) on both hosts and compare.
+
+A build synced to the peer must be built by the same toolchain, or its results mean nothing. A probe
+whose program is missing on both sides is fine; missing on one side is a mismatch. Probes run in the
+job's directory (rustup's directory overrides and ``rust-toolchain`` files apply there), so the peer
+seeds the tree's toolchain files into its copy before it probes (``seed``): the sync comes after.
+
+Outputs are cached, so an unchanged toolchain costs a few ``stat`` calls, not a run. A wrapper such as
+rustup's ``rustc``/``cargo`` proxy stays the same file while the toolchain behind it changes, so the
+key is not only the program file: it holds everything that selects the toolchain (see ``_key``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shlex
+import shutil
+import stat
+import subprocess
+
+from dispatch.core.atomicfile import write_atomic
+from dispatch.core.fingerprint import short_hash
+from dispatch.guards.trust import own_file_ok, private_dir_ok
+
+MYPY = False
+if MYPY:
+    from collections.abc import Mapping
+    from typing import Any
+
+PROBE_TIMEOUT = 30.0
+# What selects rustup's toolchain besides its settings: the environment and a file in the tree.
+SELECTOR_ENV = ("RUSTUP_TOOLCHAIN", "RUSTUP_HOME", "CARGO_HOME")
+SELECTOR_FILES = ("rust-toolchain", "rust-toolchain.toml")
+SEED_LIMIT = 64 << 10  # a toolchain file is a few lines: larger ones are not seeded
+CACHE_ENTRIES = 64  # (probe, directory) pairs kept; the oldest written is dropped first
+
+
+def _digest(path: str) -> str:
+    """A short hash of a regular file's content (a FIFO in a tree is not waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"<{exc.errno}>"
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return "<not a file>"
+            return short_hash(fh.read(), 16)
+    except OSError as exc:
+        return f"<{exc.errno}>"
+
+
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1
+
+
+def _key(binary: str, cwd: str, env: Mapping[str, str]) -> str:
+    """Everything that decides what the probe prints, short of running it: the program file (real
+    path, size, mtime), the directory, rustup's environment variables, the nearest
+    ``rust-toolchain``/``rust-toolchain.toml`` walking up from the directory (content), rustup's
+    ``settings.toml`` (content: default toolchain and directory overrides) and its installed
+    toolchains (names and the mtimes of each one's directory and ``bin/``)."""
+    st = os.stat(binary)
+    parts = [f"{os.path.realpath(binary)}:{st.st_size}:{st.st_mtime_ns}", f"cwd={cwd}"]
+    parts += [f"{name}={env.get(name)!r}" for name in SELECTOR_ENV]
+    directory = cwd
+    while True:
+        found = [name for name in SELECTOR_FILES if os.path.exists(os.path.join(directory, name))]
+        if found:
+            parts += [f"{directory}/{name}:{_digest(os.path.join(directory, name))}" for name in found]
+            break
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    home = env.get("RUSTUP_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".rustup")
+    parts.append(f"settings={_digest(os.path.join(home, 'settings.toml'))}")
+    toolchains = os.path.join(home, "toolchains")
+    try:
+        names = sorted(os.listdir(toolchains))
+    except OSError:
+        names = []
+    for name in names:
+        path = os.path.join(toolchains, name)
+        parts.append(f"{name}:{_mtime(path)}:{_mtime(os.path.join(path, 'bin'))}")
+    return "\n".join(parts)
+
+
+def probe_here(probes: list[str], cache_dir: str, cwd: str | None = None,
+               env: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Run each probe on this machine in ``cwd`` (default: the current directory), or take its
+    cached output when nothing that selects the toolchain changed."""
+    cwd = os.path.realpath(cwd or os.getcwd())
+    env = os.environ if env is None else env
+    cache_path = os.path.join(cache_dir, "toolchain-probes.json")
+    cache = _read_cache(cache_dir, cache_path)
+    results: dict[str, dict[str, Any]] = {}
+    changed = False
+    for probe in probes:
+        argv = shlex.split(probe)
+        binary = shutil.which(argv[0], path=env.get("PATH")) if argv else None
+        if binary is None:
+            results[probe] = {"found": False, "output": None}
+            continue
+        slot = short_hash(f"{probe}\0{cwd}".encode(), 16)
+        try:
+            key = _key(binary, cwd, env)
+        except OSError:  # the program vanished meanwhile: run it (and say so), cache nothing
+            key = ""
+        cached = cache.get(slot)
+        if key and isinstance(cached, dict) and cached.get("key") == key:
+            results[probe] = {"found": True, "output": cached.get("output")}
+            continue
+        try:
+            proc = subprocess.run([binary, *argv[1:]], capture_output=True, text=True, cwd=cwd,
+                                  env=None if env is os.environ else dict(env),
+                                  timeout=PROBE_TIMEOUT, check=False)
+            output = (proc.stdout + proc.stderr).strip()
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            output = f"<probe failed: {exc}>"
+        results[probe] = {"found": True, "output": output}
+        cache.pop(slot, None)
+        if key:
+            cache[slot] = {"key": key, "output": output}
+            changed = True
+    if changed:
+        for old in list(cache)[:-CACHE_ENTRIES]:
+            del cache[old]
+        try:
+            os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+            if private_dir_ok(cache_dir):
+                write_atomic(cache_path, json.dumps(cache).encode())
+        except OSError:
+            pass
+    return results
+
+
+def _read_cache(cache_dir: str, cache_path: str) -> dict[str, Any]:
+    """The cached outputs, only from a private directory and file of ours: an output planted by
+    someone else would make a different toolchain pass the check. Anything else reads as empty."""
+    if not private_dir_ok(cache_dir):
+        return {}
+    try:
+        fd = os.open(cache_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not own_file_ok(os.fstat(fh.fileno())):
+                return {}
+            cache = json.loads(fh.read())
+    except (OSError, ValueError):
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def selector_files(tree: str, rel_cwd: str) -> dict[str, str]:
+    """The tree's toolchain files that apply to the job's directory: every regular
+    ``rust-toolchain``/``rust-toolchain.toml`` from that directory up to the tree's top, as
+    ``{path relative to the tree: base64 of its content}``, for the peer to seed before it probes."""
+    found: dict[str, str] = {}
+    rel = rel_cwd.strip("/")
+    while True:
+        for name in SELECTOR_FILES:
+            path = os.path.join(tree, rel, name)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and st.st_size <= SEED_LIMIT:
+                    found[os.path.join(rel, name)] = base64.b64encode(os.read(fd, SEED_LIMIT)).decode()
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        if not rel:
+            return found
+        rel = os.path.dirname(rel)
+
+
+def seed(workdir: str, files: Mapping[str, str]) -> None:
+    """Put the controller's toolchain files into the peer's copy of the tree before probing (the sync
+    comes after the check; it then writes the same content). Nothing outside ``workdir`` is touched:
+    a path that climbs out, or that meets a symbolic link or a non-directory, is skipped."""
+    for rel, content in files.items():
+        parts = rel.split("/")
+        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts) \
+                or parts[-1] not in SELECTOR_FILES:
+            continue
+        try:
+            data = base64.b64decode(content)
+            directory = workdir
+            for part in parts[:-1]:
+                directory = os.path.join(directory, part)
+                try:
+                    os.mkdir(directory)
+                except FileExistsError:
+                    pass
+                if not os.path.isdir(directory) or os.path.islink(directory):
+                    raise NotADirectoryError(directory)
+            path = os.path.join(directory, parts[-1])
+            if os.path.lexists(path):
+                if os.path.islink(path) or not os.path.isfile(path):
+                    continue
+                with open(path, "rb") as fh:
+                    if fh.read() == data:
+                        continue
+            write_atomic(path, data, 0o644)
+        except (OSError, ValueError):
+            continue
+
+
+def compare(local: dict[str, dict[str, Any]], remote: dict[str, dict[str, Any]], peer: str) -> list[str]:
+    """The differences, one line each ("" when the toolchains agree)."""
+    lines: list[str] = []
+    for probe in local:
+        mine, theirs = local[probe], remote.get(probe, {"found": False, "output": None})
+        if not mine["found"] and not theirs["found"]:
+            continue
+        if mine["found"] != theirs["found"]:
+            where = "here" if mine["found"] else peer
+            lines.append(f"{probe}: found only {where}")
+            continue
+        ours = (mine["output"] or "").splitlines()
+        others = (theirs["output"] or "").splitlines()
+        for i in range(max(len(ours), len(others))):
+            a = ours[i] if i < len(ours) else "<nothing>"
+            b = others[i] if i < len(others) else "<nothing>"
+            if a != b:
+                lines.append(f"{probe}: here {a!r} / {peer} {b!r}")
+    return lines

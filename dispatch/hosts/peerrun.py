@@ -1,0 +1,468 @@
+"""``hostrun --peer -- CMD``: the peer driver's seven steps (docs/design.md, "A peer run").
+
+1. ``enable_across_machines`` must be on (248), 2. the cap within the peer's ``peer_memory_cap``
+(249) — both in ``dispatch.hosts.peers``; 3. the toolchain probes agree on both hosts (247); 4. the tree is
+rsynced to a stable per-tree directory under the peer's work root, over the same ControlMaster (252);
+5-7. the agent books the job on the peer's own ledger, runs it under the peer's cap and reports the
+outcome; output is streamed live (stdout and stderr kept apart), signals are forwarded in-band (sshd
+refuses signal requests for root logins), heartbeats both ways detect a dead link (251), and
+``--return`` paths are copied back afterwards, even after a failed job.
+
+A session that fails before the job was started (ssh cannot connect, authenticate or verify the host
+key; the link drops during the sync) is 246 with ssh's own reason, after the transport's retries for
+a transient failure; 251 is only for a link lost once the agent was told to go.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from dispatch.agent.frames import HEARTBEAT, SILENCE_LIMIT, SYNC_MARK, Frame, FrameReader, encode
+from dispatch.agent.wire import RunSpec, outcome_of
+from dispatch.core.errors import (
+    ConnectionLostError,
+    HostrunError,
+    PeerUnreachableError,
+    SyncFailedError,
+    ToolchainMismatchError,
+    UsageError,
+)
+from dispatch.core.exitcodes import SIGNAL_BASE, ExitCode
+from dispatch.core.fingerprint import short_hash
+from dispatch.core.outcome import Outcome
+from dispatch.core.settings import HostSettings, Settings
+from dispatch.guards.toolchain import compare, probe_here
+from dispatch.hosts import bundle as agent
+from dispatch.hosts.peer import _RUN, AGENT_MISSING, PeerClient
+from dispatch.hosts.sync import PROTECT_ARGS, die_with_parent, protects_args, shell_unsafe
+from dispatch.hosts.transport import RETRIES, backoff, classify, is_transient
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+    from dispatch.core.request import RunRequest
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+DEFAULT_WORK_ROOT = "~/hostrun-work"
+RETURN_TIMEOUT = 300.0
+# The peer refused or never started the job: nothing of this run to bring back.
+_NOT_RUN_OUTCOMES = ("never-fits", "not-run", "usage", "error")
+
+
+class _AgentMissing(Exception):
+    """The peer lacks this version of the agent (the session exited 97 before saying anything)."""
+
+
+def source_tree(explicit: str | None) -> str:
+    """The tree to sync: ``--tree``, else the git top level around the current directory, else it."""
+    if explicit:
+        path = os.path.abspath(explicit)
+        if not os.path.isdir(path):
+            raise HostrunError(f"--tree {explicit}: not a directory")
+        return path
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                             timeout=10, check=False)
+        if top.returncode == 0 and top.stdout.strip():
+            return top.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return os.getcwd()
+
+
+def tree_id(tree: str) -> str:
+    """Stable per source tree (and per controller host), so the peer's copy stays incremental."""
+    base = os.path.basename(tree.rstrip("/")) or "root"
+    return f"{base}-{short_hash(f'{socket.gethostname()}:{tree}'.encode(), 12)}"
+
+
+class PeerRun:
+    def __init__(self, settings: Settings, host: HostSettings, request: RunRequest,
+                 say: Callable[[str], None], *, tree: str | None = None,
+                 returns: Sequence[str] = (), forward_stdin: bool = False) -> None:
+        self.settings = settings
+        self.host = host
+        self.request = request
+        self.say = say
+        self.client = PeerClient(settings, host)
+        self.tree = source_tree(tree)
+        cwd = os.getcwd()
+        rel = os.path.relpath(cwd, self.tree)
+        if rel.startswith(".."):
+            raise HostrunError(f"the current directory {cwd} is outside the tree {self.tree} (use --tree)")
+        self.rel_cwd = "" if rel == "." else rel
+        self.returns = list(returns)
+        self.forward_stdin = forward_stdin
+        work_root = (host.work_root or DEFAULT_WORK_ROOT).rstrip("/")
+        self.remote_tree_spec = f"{work_root}/{tree_id(self.tree)}"
+        self.remote_tree = ""
+        self._rsync_proc: subprocess.Popen[str] | None = None
+        self.sync_mark = os.urandom(8).hex()
+        # Without -s the peer's shell would read the remote paths: refuse what it would interpret.
+        self.protect_args = protects_args(settings.state_dir)
+        if not self.protect_args:
+            for path in self.returns:
+                self._check_unprotected(path, f"--return {path!r}")
+            self._check_unprotected(self.rel_cwd, f"the job's directory {self.rel_cwd!r} in the tree")
+
+    def _check_unprotected(self, path: str, what: str) -> None:
+        if shell_unsafe(path):
+            raise UsageError(f"{what}: the local rsync cannot protect it from the peer's shell (no -s, "
+                             "rsync older than 3.0): use a path of letters, digits and _-.,/:@+% only, "
+                             "or a newer rsync; nothing ran")
+
+    # -- step 3: toolchain, and the work directory made ready in the same round trip --
+    def prepare_spec(self) -> dict[str, Any]:
+        """What the agent checks first, in the run session itself: probes and the work directory."""
+        from dispatch.guards.workdirs import fallback_session
+
+        owner = {"session": self.request.session or fallback_session(),
+                 "purpose": f"hostrun --peer sync target of {socket.gethostname()}:{self.tree}"}
+        from dispatch.guards.toolchain import selector_files
+
+        return {"probes": list(self.settings.toolchain_probes), "workdir": self.remote_tree_spec,
+                "owner": owner, "job_dir": self.rel_cwd,
+                "toolchain_files": selector_files(self.tree, self.rel_cwd)}
+
+    def check_prepared(self, remote: dict[str, Any]) -> None:
+        """Step 3 (toolchain, 247) and the start of step 4 (work directory, 252)."""
+        here = probe_here(list(self.settings.toolchain_probes), self.settings.state_dir,
+                          os.path.join(self.tree, self.rel_cwd))
+        differences = compare(here, remote["probes"], self.host.name)
+        if differences:
+            for line in differences:
+                self.say(f"toolchain: {line}")
+            raise ToolchainMismatchError(
+                f"the toolchain on {self.host.name} differs from this host's ({len(differences)} "
+                "line(s) above); nothing was synced or run")
+        if "workdir" not in remote:
+            raise SyncFailedError(f"cannot prepare the work directory on {self.host.name}: "
+                                  f"{remote.get('workdir_error', 'no answer')}")
+        if not self.protect_args:
+            self._check_unprotected(remote["workdir"], f"the work directory {remote['workdir']!r} on "
+                                                       f"{self.host.name}")
+        self.remote_tree = remote["workdir"]
+
+    # -- step 4: sync --
+    def _rsync(self, args: list[str], what: str) -> None:
+        argv = ["rsync", "-a", *([PROTECT_ARGS] if self.protect_args else []),
+                "-e", self.client.ssh.rsync_rsh(), *args]
+        show_progress = os.isatty(2) and what == "sync"
+        if show_progress:
+            argv.insert(2, "--info=progress2")
+        try:
+            # Its own session (a Ctrl-C for hostrun must not cut it mid-file), but killed with us.
+            proc = subprocess.Popen(argv, stdout=None if show_progress else subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                    preexec_fn=die_with_parent())
+        except OSError as exc:
+            raise SyncFailedError(f"{what}: cannot run rsync: {exc.strerror}") from None
+        self._rsync_proc = proc
+        try:
+            _, stderr = proc.communicate(timeout=None if what == "sync" else RETURN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise SyncFailedError(f"{what} with {self.host.name}: no progress within "
+                                  f"{RETURN_TIMEOUT:g} s") from None
+        finally:
+            self._rsync_proc = None
+        if proc.returncode != 0:
+            lines = stderr.strip().splitlines() or [f"exit {proc.returncode}"]
+            # rsync's first complaint names the cause ("No such file ..."); its last is the aftermath.
+            cause = next((line for line in lines if line.startswith("rsync:")), lines[-1])
+            raise SyncFailedError(f"{what} with {self.host.name} failed (rsync exit "
+                                  f"{proc.returncode}): {cause}")
+
+    def _stop_rsync(self) -> None:
+        proc = self._rsync_proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
+    def sync(self) -> None:
+        excludes = [f"--exclude={pattern}" for pattern in self.settings.sync_excludes]
+        # --modify-window=-1: compare mtimes to the nanosecond. The default (whole seconds) misses an
+        # edit that keeps the size within the same second, which an agent's quick edits often do.
+        # The owner file and lock files at the top are the peer's own: never sent, never deleted.
+        # The mark in the remote rsync's environment lets the agent stop it if the session drops.
+        self._rsync([f"--rsync-path=env {SYNC_MARK}={self.sync_mark} rsync",
+                     "--delete", "--modify-window=-1", "--filter=:- .gitignore", "--exclude=/.git/",
+                     "--exclude=/.hostrun-owner*", "--exclude=/.hostrun-lock*",
+                     *excludes,
+                     f"{self.tree}/", f"{self.host.ssh}:{self.remote_tree}/"], "sync")
+
+    def bring_back(self) -> list[str]:
+        """Copy ``--return`` paths back (relative to the job's directory); returns the failures."""
+        failures = []
+        local_dir = os.path.join(self.tree, self.rel_cwd)
+        remote_dir = os.path.join(self.remote_tree, self.rel_cwd)
+        for path in self.returns:
+            try:
+                self._rsync(["--relative", f"{self.host.ssh}:{remote_dir}/./{path}", f"{local_dir}/"],
+                            f"--return {path}")
+            except SyncFailedError as exc:
+                failures.append(str(exc))
+        return failures
+
+    # -- steps 5-7: the run --
+    def spec(self) -> bytes:
+        """The agent's spec (``RunSpec``), sent as the session's first frame."""
+        prepare = self.prepare_spec()
+        prepare["sync_mark"] = self.sync_mark
+        spec = RunSpec(request=self.request, cwd=os.path.join(self.remote_tree_spec, self.rel_cwd),
+                       cap_if_none=self.host.peer_memory_cap, stdin=self.forward_stdin,
+                       fallback=json.loads(self.client.fallback()), prepare=prepare)
+        return json.dumps(spec.to_dict()).encode()
+
+    def run(self) -> Outcome:
+        try:
+            try:
+                outcome = self._session()
+            except ConnectionLostError:
+                self._bring_back_and_say()  # best effort: the peer may still be reachable
+                raise
+        except HostrunError as exc:
+            exc.host = self.host.name  # for the result file
+            raise
+        ran = outcome.outcome not in _NOT_RUN_OUTCOMES and outcome.booking_kind is not None
+        failures = self._bring_back_and_say() if ran else []  # even after a failed job
+        if failures and outcome.exit_code == 0:
+            outcome.exit_code, outcome.outcome = ExitCode.SYNC_FAILED, ExitCode.SYNC_FAILED.outcome
+            outcome.message = "the job succeeded but --return could not bring everything back"
+        if ran:  # the peer's agent wrote its own row in the peer's ledger; this is ours
+            from dispatch.local.history import record_peer_run
+
+            record_peer_run(self.settings, outcome, self.request, self.say)
+        return outcome
+
+    def _bring_back_and_say(self) -> list[str]:
+        failures = self.bring_back() if self.returns else []
+        for failure in failures:
+            self.say(f"error: {failure}")
+        return failures
+
+    def _open(self) -> subprocess.Popen[bytes]:
+        """The session: only the agent's fixed argv on ssh's command line; the spec goes on stdin."""
+        self.client.ssh.ensure_control_dir()
+        command = ["sh", "-c", _RUN, "hostrun-agent", agent.remote_path(), self.client.python, "run"]
+        return subprocess.Popen(self.client.ssh.argv(command), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+    def _session(self) -> Outcome:
+        """One SSH session for steps 3-7. The agent first probes and prepares the work directory
+        (frame ``P``); we compare, rsync while heartbeating, then say go (``G``) or abort (``X``).
+        Folding the probe into the run session saves an ssh round trip and an agent start.
+
+        A session that could not connect (nothing came from the agent) is tried again when the
+        failure is transient, as ``SshTransport.run`` does: at most ``RETRIES`` times, full jitter, within
+        twice ``report_timeout``."""
+        deadline = time.monotonic() + self.settings.report_timeout * 2
+        attempt = 0
+        sent = False
+        while True:
+            try:
+                return self._session_once()
+            except _AgentMissing:
+                if sent:
+                    raise PeerUnreachableError(f"peer {self.host.name}: the agent sent there does not "
+                                               "start (exit 97 after installing it)") from None
+                self.client.send_agent()
+                sent = True
+            except PeerUnreachableError as exc:
+                if not is_transient(exc) or attempt >= RETRIES or time.monotonic() >= deadline:
+                    raise
+                attempt += 1
+                time.sleep(backoff(attempt, deadline))
+
+    def _session_once(self) -> Outcome:
+        proc = self._open()
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        pending: list[int] = []
+        old = {sig: signal.signal(sig, lambda s, _f: pending.append(s)) for sig in FORWARDED}
+        lock = threading.Lock()
+
+        # The spec first: it may be megabytes, so a thread writes it and the loop below never waits on
+        # a stalled peer. Until it is written, nothing else is sent (the agent reads nothing else yet).
+        spec = encode(Frame.SPEC, self.spec())
+        spec_sent = threading.Event()
+
+        def send_spec() -> None:
+            with lock:
+                try:
+                    proc.stdin.write(spec)  # type: ignore[union-attr]
+                    proc.stdin.flush()  # type: ignore[union-attr]
+                except (BrokenPipeError, ValueError, OSError):
+                    pass  # the session ended: its exit status says why
+                finally:
+                    spec_sent.set()
+
+        writer = threading.Thread(target=send_spec, daemon=True)
+        writer.start()
+
+        def send(kind: bytes, payload: bytes = b"") -> None:
+            if not spec_sent.is_set():
+                return
+            with lock:
+                try:
+                    proc.stdin.write(encode(kind, payload))  # type: ignore[union-attr]
+                    proc.stdin.flush()  # type: ignore[union-attr]
+                except (BrokenPipeError, ValueError, OSError):
+                    pass
+
+        result: dict[str, Any] | None = None
+        ssh_errors = b""
+        reader = FrameReader()
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ, "out")
+        sel.register(proc.stderr, selectors.EVENT_READ, "err")
+        heard = False
+        garbled = ""
+        started = last_beat = last_heard = last_loop = time.monotonic()
+        lost = False
+        phase = "prepare"  # -> "sync" -> "run"
+        syncing: threading.Thread | None = None
+        sync_error: list[BaseException] = []
+        try:
+            while sel.get_map():
+                # While rsync runs, nothing comes from the agent for up to 2 s: poll often, so "go" is
+                # sent as soon as rsync ends, not at the next heartbeat.
+                for key, _ in sel.select(timeout=0.01 if phase == "sync" else 0.5):
+                    data = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        continue
+                    if key.data == "err":
+                        ssh_errors = (ssh_errors + data)[-4096:]
+                        continue
+                    last_heard = time.monotonic()
+                    heard = True
+                    try:
+                        frames = reader.feed(data)
+                    except ValueError as exc:  # not the agent talking: give up as on a dead link
+                        garbled, lost = str(exc), True
+                        proc.kill()
+                        break
+                    for kind, payload in frames:
+                        if kind == Frame.OUT:
+                            _write_all(1, payload)
+                        elif kind == Frame.ERR:
+                            _write_all(2, payload)
+                        elif kind == Frame.MSG:
+                            self.say(f"{self.host.name}: {payload.decode(errors='replace')}")
+                        elif kind == Frame.RESULT:
+                            result = json.loads(payload)
+                        elif kind == Frame.PROBE and phase == "prepare":
+                            try:
+                                self.check_prepared(json.loads(payload))
+                            except HostrunError:
+                                send(Frame.ABORT)
+                                raise
+                            phase = "sync"
+                            syncing = threading.Thread(target=_capture, args=(self.sync, sync_error),
+                                                       daemon=True)
+                            syncing.start()
+                if garbled:
+                    break
+                now = time.monotonic()
+                if now - last_loop > HEARTBEAT * 2:
+                    last_heard = now  # we were stopped (Ctrl-Z, a frozen host), not the link
+                last_loop = now
+                if phase == "sync" and syncing is not None and not syncing.is_alive():
+                    if sync_error:
+                        send(Frame.ABORT)
+                        raise sync_error[0]
+                    send(Frame.GO)
+                    phase = "run"
+                    if self.forward_stdin:
+                        threading.Thread(target=_forward_stdin, args=(send,), daemon=True).start()
+                while pending:
+                    sig = pending.pop(0)
+                    if phase != "run":  # before the job started: nothing ran, stop here
+                        send(Frame.ABORT)
+                        return Outcome(exit_code=SIGNAL_BASE + sig, outcome="signal",
+                                       host=self.host.name, label=self.request.label or "",
+                                       argv=list(self.request.argv),
+                                       message="interrupted before the job started on the peer; "
+                                               "nothing ran")
+                    send(Frame.SIGNAL, str(sig).encode())
+                if now - last_beat >= HEARTBEAT:
+                    send(Frame.BEAT)
+                    last_beat = now
+                if phase == "prepare" and now - started > self.settings.report_timeout * 2:
+                    proc.kill()
+                    raise PeerUnreachableError(f"peer {self.host.name}: the agent did not answer "
+                                               f"within {self.settings.report_timeout * 2:g} s")
+                if now - last_heard > SILENCE_LIMIT and result is None:
+                    lost = True  # the agent beats every 2 s: a silent link is a dead one
+                    proc.kill()
+                    break  # don't wait for EOF: a ControlMaster may hold ssh's pipes open
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+            sel.close()
+            if writer.is_alive():  # still stuck writing the spec: end the session, which frees it
+                proc.kill()
+                writer.join(10)
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+            if syncing is not None and syncing.is_alive():
+                self._stop_rsync()  # interrupted or failed during the sync: stop it too
+            proc.wait()
+        if result is None and phase == "prepare" and proc.returncode == AGENT_MISSING:
+            raise _AgentMissing
+        if result is None:
+            text = ssh_errors.decode(errors="replace")
+            why = [garbled] if garbled else text.strip().splitlines()[-1:] or ["no answer"]
+            if not heard and proc.returncode == 255:
+                raise classify(self.host.name, text)  # ssh could not connect: nothing started there
+            if (lost or proc.returncode == 255) and phase != "run":
+                raise PeerUnreachableError(f"peer {self.host.name}: the connection broke before the job "
+                                           f"started ({why[0]}); nothing ran")
+            if lost or proc.returncode == 255:
+                raise ConnectionLostError(
+                    f"the connection to {self.host.name} broke during the run ({why[0]}); the agent "
+                    "there stops the job and releases its booking on its own")
+            raise PeerUnreachableError(f"peer {self.host.name}: the agent ended without a result "
+                                       f"(exit {proc.returncode}): {why[0]}")
+        return outcome_of(result, self.host.name, self.request)
+
+
+def _capture(work: Callable[[], None], errors: list[BaseException]) -> None:
+    try:
+        work()
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BrokenPipeError:
+            return
+
+
+def _forward_stdin(send: Callable[[bytes, bytes], None]) -> None:
+    while True:
+        try:
+            data = os.read(0, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            send(Frame.EOF, b"")
+            return
+        send(Frame.DATA, data)
+

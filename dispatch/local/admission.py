@@ -1,0 +1,192 @@
+"""Admission: wait in FIFO order until the slice has room for a booking (docs/design.md, "A local
+run"; docs/admission.md).
+
+Room = slice limit - bookings of running jobs - cache-free usage above those bookings. Waiters watch
+the ledger's tick file (a stat every 20 ms) and retry as soon as anything is released, plus once a
+second regardless (usage can fall without a release). Only a waiter that could get in takes the write
+lock; the others just read. The periodic locked retry, which also reclaims stale bookings, comes every
+second for the head of the queue and less often further back, so a long queue does not keep the lock
+busy. Every ``status_interval`` a waiter prints one
+line naming who holds the room.
+
+A job with ``--gpu-memory`` also needs a GPU whose room (free VRAM now, less what running GPU
+bookings on it have yet to allocate) covers its request. nvidia-smi is read before each attempt,
+never inside the ledger's write lock, and at most once a second (``dispatch.local.gpu.GpuSnapshot``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from dispatch.capping.base import CapBackend
+from dispatch.core.units import format_duration, format_size
+from dispatch.local.ledger import Admission, Ledger
+from dispatch.local.ledgerdb import Booking
+
+MYPY = False
+if MYPY:
+    from dispatch.local.gpu import GpuSnapshot
+
+POLL = 0.02
+RECHECK = 1.0
+RECHECK_MAX = 10.0
+
+
+USAGE_SLACK = 32 << 20
+
+
+def room_function(backend: CapBackend, limit: int) -> Callable[[int], int]:
+    """Room = limit - booked - usage above the bookings, ignoring the first ``USAGE_SLACK`` of it.
+
+    The slack absorbs what is in the slice without being a running job's: each waiting job's forked,
+    not yet exec'd process sits in its own cgroup (a few KiB to a few MiB), and kernel memory is
+    charged in page-sized steps. Without it a booking as large as the slice could never start.
+    """
+    def room(booked: int) -> int:
+        return slice_room(limit, booked, backend.slice_usage().used)
+
+    return room
+
+
+def slice_room(limit: int, booked: int, used: int) -> int:
+    """The one definition of a slice's room, shared by admission, the report and so the dispatcher:
+    limit - running bookings - cache-free usage above them beyond ``USAGE_SLACK``."""
+    return limit - booked - max(0, used - booked - USAGE_SLACK)
+
+
+def stop_reclaimed(backend: CapBackend, reclaimed: list[Booking]) -> None:
+    """A dead holder's job may still run: stop its cgroup (nothing may run unbooked)."""
+    for booking in reclaimed:
+        if booking.cgroup:
+            job = backend.job_at(booking.cgroup)
+            if job is not None:
+                job.kill_all()
+                try:
+                    job.remove()
+                except OSError:
+                    pass
+
+
+def gpu_room_function(backend: CapBackend, snapshot: GpuSnapshot
+                      ) -> Callable[[list[Booking]], dict[int, int]]:
+    """Room per GPU for the ledger: the snapshot's figures less running GPU bookings' unallocated part.
+
+    A running job's processes (its cgroup's ``cgroup.procs``) are matched against nvidia-smi's
+    per-process usage; where they cannot be, the whole booking is taken off.
+    """
+    def gpu_room(running: list[Booking]) -> dict[int, int]:
+        held: list[tuple[int, int, Sequence[int]]] = []
+        for b in running:
+            if b.gpu_index is None or not b.gpu_bytes:
+                continue
+            job = backend.job_at(b.cgroup) if b.cgroup and snapshot.apps else None
+            held.append((b.gpu_index, b.gpu_bytes, job.pids() if job is not None else []))
+        return snapshot.rooms(held)
+
+    return gpu_room
+
+
+def _holder(b: Booking, now: float) -> str:
+    vram = f", {format_size(b.gpu_bytes)} VRAM on GPU {b.gpu_index}" if b.gpu_index is not None else ""
+    return f"{b.label} (pid {b.pid}, {format_size(b.size)}{vram}, {format_duration(now - (b.since or now))})"
+
+
+def status_line(adm: Admission, now: float | None = None, gpu_error: str | None = None) -> str:
+    """One line: what the job waits for (memory, VRAM, a queue policy) and who holds it."""
+    now = time.time() if now is None else now
+    holders = list(adm.holders)
+    if adm.policy is not None:  # --group / --when-idle: name the running jobs that hold it
+        if adm.policy.startswith("group-cap"):
+            group = adm.policy.split()[1]
+            holders = [b for b in holders if b.grp == group]
+        held = ", ".join(_holder(b, now) for b in holders)
+        return f"waiting: {adm.policy}; held by {held or 'nobody'}"
+    parts = []
+    if adm.memory_ok and not adm.gpu_ok:  # only VRAM blocks: name the holders of that GPU (of any)
+        holders = [b for b in holders if b.gpu_index is not None
+                   and (adm.gpu_device is None or b.gpu_index == adm.gpu_device)]
+    else:
+        ahead = f", {format_size(adm.ahead)} queued ahead" if adm.ahead else ""
+        parts.append(f"{format_size(adm.need)} needed, {format_size(max(0, adm.free))} free{ahead}")
+    if not adm.gpu_ok:
+        if gpu_error:
+            parts.append(f"{format_size(adm.gpu_need)} VRAM needed; cannot read the GPUs: {gpu_error}")
+        elif adm.gpu_device is None:
+            parts.append(f"{format_size(adm.gpu_need)} VRAM needed, no GPU reports free memory")
+        else:
+            ahead = f", {format_size(adm.gpu_ahead)} VRAM queued ahead" if adm.gpu_ahead else ""
+            parts.append(f"{format_size(adm.gpu_need)} VRAM needed, "
+                         f"{format_size(max(0, adm.gpu_free or 0))} free on GPU {adm.gpu_device}{ahead}")
+    key = (lambda b: -(b.gpu_bytes or 0)) if adm.memory_ok and not adm.gpu_ok else (lambda b: -b.size)
+    held = ", ".join(_holder(b, now) for b in sorted(holders, key=key))
+    return f"waiting: {'; '.join(parts)}; held by {held or 'nobody (usage outside bookings)'}"
+
+
+def wait_reason(adm: Admission, gpu_error: str | None = None) -> str:
+    """The short reason stored with the queue entry (``hostrun ledger`` shows it)."""
+    if adm.policy is not None:
+        return adm.policy
+    reasons = []
+    if not (adm.memory_ok and not adm.gpu_ok):  # memory is short (or all there is to wait for)
+        reasons.append(f"memory: need {format_size(adm.need)}, free {format_size(max(0, adm.free))}")
+    if not adm.gpu_ok:
+        if gpu_error or adm.gpu_device is None:
+            reasons.append(f"vram: need {format_size(adm.gpu_need)}, {gpu_error or 'no GPU room known'}")
+        else:
+            reasons.append(f"vram: need {format_size(adm.gpu_need)}, free "
+                           f"{format_size(max(0, adm.gpu_free or 0))} on GPU {adm.gpu_device}")
+    return "; ".join(reasons)
+
+
+def wait_for_room(
+    ledger: Ledger,
+    backend: CapBackend,
+    host: str,
+    booking_id: int,
+    limit: int,
+    status_interval: float,
+    say: Callable[[str], None],
+    gpu: GpuSnapshot | None = None,
+    on_wait: Callable[[Admission], None] | None = None,
+    groups: Mapping[str, int] | None = None,
+) -> float:
+    """Block until admitted; returns the seconds waited.
+
+    With ``gpu`` (a ``--gpu-memory`` booking) a GPU must have room too; the device chosen is in the
+    booking's ``gpu_index`` afterwards. ``on_wait`` gets each status line's figures (at once, then
+    every ``status_interval``): the peer alert watch hooks in there.
+    """
+    room = room_function(backend, limit)
+    gpu_room = gpu_room_function(backend, gpu) if gpu is not None else None
+    started = time.monotonic()
+    last_tick: tuple[int, int, int] | None = None
+    last_locked = last_status = 0.0
+    last_reason = ""
+    recheck = RECHECK
+    while True:
+        tick = ledger.tick()
+        now = time.monotonic()
+        due = now - last_locked >= recheck
+        if tick != last_tick or due:
+            last_tick = tick
+            if gpu is not None:  # outside the write lock; at most once a second
+                gpu.refresh(lambda: any(b.gpu_index is not None for b in ledger.bookings(host)))
+            adm = ledger.peek(booking_id, host, room, gpu_room, groups)
+            recheck = min(RECHECK_MAX, RECHECK * (1 + adm.position))
+            if adm.admitted or due:
+                last_locked = now
+                adm = ledger.try_admit(booking_id, host, room, gpu_room, groups)
+                stop_reclaimed(backend, adm.reclaimed)
+                if adm.admitted:
+                    return time.monotonic() - started
+                reason = wait_reason(adm, gpu.error if gpu is not None else None)
+                if reason != last_reason:  # a write: only on the once-a-second path
+                    ledger.set_reason(booking_id, reason)
+                    last_reason = reason
+            if last_status == 0.0 or now - last_status >= status_interval:
+                say(status_line(adm, gpu_error=gpu.error if gpu is not None else None))
+                last_status = now
+                if on_wait is not None:
+                    on_wait(adm)
+        time.sleep(POLL)

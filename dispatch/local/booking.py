@@ -1,0 +1,106 @@
+"""How a job is booked: kind, size and cgroup limit from its cap and its recorded peak.
+
+- ``peak``: the label has a recorded peak, is not marked, and the peak is below the cap →
+  booked at the peak; the cgroup limit stays the cap (or the slice). oom_score_adj 500.
+- ``cap``: a cap is known (``--memory-cap``, else the host's ``default_cap``) → booked at the cap.
+  oom_score_adj 0. A marked label is booked this way, at the whole slice when it has no cap.
+- ``gamble``: no history and no cap → booked at ``gamble_size``, limited only by the slice.
+  oom_score_adj 1000, so the kernel kills it first.
+
+A label is marked (in the peak table, per host) when it hit its own cap (250: for good, as its peak
+says nothing about what it needs), or when it was killed because the slice filled (254: a peak or
+gamble booking undercounted it; otherwise it would be booked the same way and killed again). The
+254 mark clears after ``clear_mark_after`` clean runs in a row at its cap.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from dispatch.core.errors import NeverFitsError
+from dispatch.core.exitcodes import ExitCode
+from dispatch.core.fingerprint import short_hash
+from dispatch.core.records import NamedTuple
+from dispatch.core.text import storable
+from dispatch.core.units import format_size
+from dispatch.local.ledgerdb import CLEAN, NO_EVENT, OOM_KILLED, SLICE_FULL, PeakRecord
+
+OOM_SCORE_ADJ = {"cap": 0, "peak": 500, "gamble": 1000}
+
+
+class Plan(NamedTuple):
+    kind: str
+    size: int  # what the ledger books
+    limit: int  # the job cgroup's memory limit
+    oom_score_adj: int
+
+
+def peer_cap(cap: int | None, default_cap: int | None, peer_memory_cap: int | None) -> int | None:
+    """The cap a job sent to a peer runs under, the one rule the controller's check (249), the
+    dispatcher and the peer's agent share: ``-m`` as given (the callers refuse it above
+    ``peer_memory_cap``); else ``default_cap``, but never above ``peer_memory_cap`` (a default
+    gives way to the peer's bound); else ``peer_memory_cap`` (an uncapped job runs under it)."""
+    if cap is not None:
+        return cap
+    if peer_memory_cap is None:
+        return default_cap
+    return peer_memory_cap if default_cap is None else min(default_cap, peer_memory_cap)
+
+
+def default_label(argv: Sequence[str]) -> str:
+    """A stable fingerprint of the command: readable program name plus a hash of the whole argv
+    (bytes that are not UTF-8 in the name are written ``\\xNN``: the label is stored as text)."""
+    digest = short_hash("\0".join(argv).encode("utf-8", "surrogateescape"))
+    return f"{storable(os.path.basename(argv[0])) or 'job'}-{digest}"
+
+
+def plan_booking(
+    *, cap: int | None, peak: PeakRecord | None, slice_limit: int, gamble_size: int
+) -> Plan:
+    if cap is not None and cap > slice_limit:
+        raise NeverFitsError(
+            f"cap {format_size(cap)} is larger than the whole slice ({format_size(slice_limit)}); "
+            "it could never be admitted"
+        )
+    limit = cap if cap is not None else slice_limit
+    marked = peak is not None and (peak.hit_ceiling or peak.slice_full_at is not None)
+    if peak is not None and not marked and peak.max_peak > 0 and peak.max_peak < limit:
+        kind, size = "peak", peak.max_peak
+    elif cap is not None:
+        kind, size = "cap", cap
+    elif marked:
+        kind, size = "cap", slice_limit
+    else:
+        kind, size = "gamble", min(gamble_size, slice_limit)
+    return Plan(kind=kind, size=size, limit=limit, oom_score_adj=OOM_SCORE_ADJ[kind])
+
+
+def mark_event(exit_code: int, kind: str | None, oom_killed: bool) -> str:
+    """What a finished run does to its label's mark (``ledgerdb.record_fold``): 254 marks it; any
+    other OOM kill sets its clean count back to 0; exit 0 booked at its cap (``kind`` "cap") with
+    nothing OOM-killed counts as clean. A run that failed otherwise says nothing either way."""
+    if exit_code == ExitCode.SLICE_FULL:
+        return SLICE_FULL
+    if oom_killed:
+        return OOM_KILLED
+    if exit_code == 0 and kind == "cap":
+        return CLEAN
+    return NO_EVENT
+
+
+def _at(when: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+
+
+def mark_reasons(peak: PeakRecord, clear_after: int) -> list[str]:
+    """Why the label is booked at its cap (``hostrun ledger``); empty when it is not marked."""
+    reasons = []
+    if peak.hit_ceiling:
+        reasons.append("hit its own cap" + (f" at {_at(peak.ceiling_at)}" if peak.ceiling_at else ""))
+    if peak.slice_full_at is not None:
+        reasons.append(f"killed when the slice filled at {_at(peak.slice_full_at)} "
+                       f"({peak.clean_runs}/{clear_after} clean runs at its cap to clear)")
+    return reasons

@@ -1,0 +1,53 @@
+"""This host's slice: RAM → cap backend → slice limit, and the ledger's recovery hook over them.
+
+Written once for every place that opens this host's slice or ledger (a run, a report, a
+preflight ``min_free`` check, ``hostrun ledger``/``history``). Standard library only: a peer's
+agent runs it there.
+"""
+
+from __future__ import annotations
+
+from dispatch.capping import select_backend
+from dispatch.core.hostfacts import read_meminfo
+
+MYPY = False
+if MYPY:
+    from collections.abc import Callable
+
+    from dispatch.capping.base import CapBackend
+    from dispatch.core.hostfacts import MemInfo
+    from dispatch.core.settings import HostSettings, Settings
+    from dispatch.local.ledgerdb import Booking
+
+
+class LocalSlice:
+    """``settings.local``, this machine's RAM and its cap backend (``select_backend`` may raise a
+    BackendError). The limit is computed when first asked for, so a caller can refuse a host
+    without a working backend before a bad ``reserve`` is reported."""
+
+    __slots__ = ("_limit", "backend", "host", "mem")
+
+    def __init__(self, settings: Settings) -> None:
+        self.host: HostSettings = settings.local
+        self.mem: MemInfo = read_meminfo()
+        self.backend: CapBackend = select_backend(self.host, self.mem.total)
+        self._limit: int | None = None
+
+    @property
+    def limit(self) -> int:
+        if self._limit is None:
+            self._limit = self.host.slice_limit(self.mem.total)
+        return self._limit
+
+    def live_jobs(self) -> list[Booking]:
+        """The running jobs to re-book, should a ledger read find its file damaged (the recovery
+        code is imported only then)."""
+        from dispatch.local.recovery import live_jobs
+
+        return live_jobs(self.backend, self.host.name, self.limit)
+
+
+def live_jobs_of(settings: Settings) -> Callable[[], list[Booking]]:
+    """``live_jobs`` for a Ledger opened outside a run (``hostrun ledger``, ``history``): the
+    backend is looked up only if a recovery needs it."""
+    return lambda: LocalSlice(settings).live_jobs()

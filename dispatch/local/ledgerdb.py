@@ -1,0 +1,260 @@
+"""The ledger's store: its SQLite schema and the records its rows become (standard library only).
+
+Apart from ``dispatch.local.ledger`` (the operations), because a recovery
+(``dispatch.local.recovery``) and the peak journal (``dispatch.local.peakjournal``) build and replay
+the same tables without needing the ledger.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from dispatch.core.records import NamedTuple
+
+MYPY = False
+if MYPY:
+    from typing import Any, Optional
+
+SCHEMA_VERSION = 6  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle;
+# 5: peaks.ceiling_at, slice_full_at, clean_runs (the marks that book a label at its cap); 6: runs
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS bookings (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    host TEXT NOT NULL,
+    label TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('waiting', 'running')),
+    pid INTEGER NOT NULL,
+    pid_start INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    cap INTEGER NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('cap', 'peak', 'gamble')),
+    cgroup TEXT,
+    command TEXT NOT NULL,
+    session TEXT,
+    queued REAL NOT NULL,
+    since REAL,
+    reason TEXT,
+    gpu_index INTEGER,
+    gpu_bytes INTEGER,
+    grp TEXT,
+    when_idle INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS bookings_host_state ON bookings (host, state, id);
+CREATE TABLE IF NOT EXISTS peaks (
+    label TEXT NOT NULL,
+    host TEXT NOT NULL,
+    max_peak INTEGER NOT NULL,
+    runs INTEGER NOT NULL,
+    last_peak INTEGER NOT NULL,
+    hit_ceiling INTEGER NOT NULL,
+    last_duration REAL,
+    max_duration REAL,
+    updated REAL NOT NULL,
+    ceiling_at REAL,
+    slice_full_at REAL,
+    clean_runs INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (label, host)
+);
+CREATE TABLE IF NOT EXISTS peak_runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    label TEXT NOT NULL,
+    host TEXT NOT NULL,
+    peak INTEGER NOT NULL,
+    cap INTEGER,
+    hit_ceiling INTEGER NOT NULL,
+    duration REAL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS peak_runs_label_host ON peak_runs (label, host, id);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    started REAL NOT NULL,
+    ended REAL NOT NULL,
+    duration REAL,
+    waited REAL,
+    host TEXT NOT NULL,
+    label TEXT NOT NULL,
+    session TEXT,
+    command TEXT NOT NULL,
+    cap INTEGER,
+    kind TEXT,
+    booked INTEGER,
+    peak INTEGER,
+    exit_code INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    hit_ceiling INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_ended ON runs (ended);
+"""
+# The last PEAK_HISTORY runs of each (label, host) are kept in peak_runs, one row per run; ``cap`` is
+# the job's own cap, NULL when it had none (limited by the slice only). The peaks table keeps the
+# all-time figures; peak_runs is what says how much the peaks vary (see dispatch/local/capacity.py).
+PEAK_HISTORY = 20
+# ``runs`` is the run history (``hostrun history``): one row per run that started, written when it
+# ends; kept for ``history_days`` and at most ``history_rows`` rows, pruned as each row is written.
+RUN_COLUMNS = ("started, ended, duration, waited, host, label, session, command, cap, kind, booked, "
+               "peak, exit_code, outcome, hit_ceiling")
+DAY = 86400.0
+BOOKING_COLUMNS = (
+    "id, host, label, state, pid, pid_start, size, cap, kind, cgroup, command, session, queued, "
+    "since, reason, gpu_index, gpu_bytes, grp, when_idle"
+)
+# Columns added after version 1, for ledgers created by an older hostrun: (name, declaration).
+ADDED_COLUMNS = (("gpu_index", "INTEGER"), ("gpu_bytes", "INTEGER"), ("grp", "TEXT"),
+                 ("when_idle", "INTEGER NOT NULL DEFAULT 0"))
+ADDED_PEAK_COLUMNS = (("ceiling_at", "REAL"), ("slice_full_at", "REAL"),
+                      ("clean_runs", "INTEGER NOT NULL DEFAULT 0"))
+PEAK_COLUMNS = ("label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration,"
+                " updated, ceiling_at, slice_full_at, clean_runs")
+# What a run says about its label's mark (``dispatch.local.booking.mark_event``), in record_fold and in the
+# peak journal: killed with 254; OOM-killed otherwise; a clean run at its cap; nothing of that.
+SLICE_FULL, OOM_KILLED, CLEAN, NO_EVENT = "s", "o", "c", "-"
+CLEAR_MARK_AFTER = 3  # the default of ``clear_mark_after``
+
+
+class Booking(NamedTuple):
+    id: int
+    host: str
+    label: str
+    state: str
+    pid: int
+    pid_start: int
+    size: int
+    cap: int
+    kind: str
+    cgroup: Optional[str]
+    command: str
+    session: Optional[str]
+    queued: float
+    since: Optional[float]
+    reason: Optional[str]
+    gpu_index: Optional[int] = None  # the GPU it was admitted on
+    gpu_bytes: Optional[int] = None  # VRAM asked for with --gpu-memory
+    grp: Optional[str] = None  # --group
+    when_idle: bool = False  # --when-idle
+
+
+class PeakRecord(NamedTuple):
+    label: str
+    host: str
+    max_peak: int
+    runs: int
+    last_peak: int
+    hit_ceiling: bool
+    last_duration: Optional[float]
+    max_duration: Optional[float]
+    updated: float
+    ceiling_at: Optional[float] = None  # when it last hit its own cap (None: never, or before v5)
+    slice_full_at: Optional[float] = None  # marked: killed when the slice filled (254) then
+    clean_runs: int = 0  # clean runs at its cap since that mark; the mark clears at clear_mark_after
+
+
+class PeakRun(NamedTuple):
+    """One run in the peak history (the last ``PEAK_HISTORY`` runs of a label on a host)."""
+
+    label: str
+    host: str
+    peak: int
+    cap: Optional[int]  # the job's own cap; None: it had none (limited by the slice only)
+    hit_ceiling: bool
+    duration: Optional[float]
+    at: float
+
+
+class RunRecord(NamedTuple):
+    """One finished run in the history. ``cap``: the job cgroup's limit (the slice's when it had no
+    cap of its own); ``peak`` None: nothing was measured (the command could not be started)."""
+
+    started: float
+    ended: float
+    duration: Optional[float]
+    waited: Optional[float]
+    host: str
+    label: str
+    session: Optional[str]
+    command: str
+    cap: Optional[int]
+    kind: Optional[str]  # the booking kind: cap, peak or gamble
+    booked: Optional[int]
+    peak: Optional[int]
+    exit_code: int
+    outcome: str  # "exit", "signal" or an exit-code name ("own-cap", "max-runtime", ...)
+    hit_ceiling: bool
+    id: Optional[int] = None  # set when read back
+
+
+def run_record(row: Any) -> RunRecord:
+    """A ``SELECT id, RUN_COLUMNS`` row."""
+    return RunRecord._make([*row[1:15], bool(row[15]), row[0]])
+
+
+def record_run(db: sqlite3.Connection, run: RunRecord, keep_days: float, keep_rows: int,
+               now: float) -> None:
+    """Insert one history row and prune, in the caller's write transaction. Both deletes are one
+    index seek when nothing is due (the id for the row count, ``runs_ended`` for the age), so the
+    history stays within its bounds exactly at a constant cost per run."""
+    cur = db.execute(f"INSERT INTO runs ({RUN_COLUMNS}) VALUES ({', '.join('?' * 15)})",
+                     (*run[:14], int(run.hit_ceiling)))
+    assert cur.lastrowid is not None
+    db.execute("DELETE FROM runs WHERE id <= ?", (cur.lastrowid - keep_rows,))
+    db.execute("DELETE FROM runs WHERE ended < ?", (now - keep_days * DAY,))
+
+
+def peak_record(row: Any) -> PeakRecord:
+    fields = list(row)
+    fields[5] = bool(fields[5])
+    return PeakRecord(*fields)
+
+
+def create_tables(db: sqlite3.Connection) -> None:
+    """The schema, one statement at a time (inside the caller's transaction)."""
+    for statement in SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ceiling: bool,
+                duration: float | None, cap: int | None, now: float, event: str = NO_EVENT,
+                clear_after: int = CLEAR_MARK_AFTER) -> None:
+    """One run into peak_runs (keeping the last PEAK_HISTORY) and into peaks; in a write transaction.
+    Also how a recovery replays the journal, so a rebuilt table equals the one that was there.
+
+    The mark: hitting its own cap sets ``ceiling_at`` (``hit_ceiling`` stays set for good). ``event``
+    SLICE_FULL marks the label (``slice_full_at``, clean runs back to 0); OOM_KILLED sets the count
+    back to 0; CLEAN counts one, and the ``clear_after``-th in a row clears the mark, so one lucky
+    run does not put the label back to peak or gamble booking.
+    """
+    db.execute(
+        "INSERT INTO peak_runs (label, host, peak, cap, hit_ceiling, duration, at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (label, host, peak, cap, int(hit_ceiling), duration, now),
+    )
+    db.execute(
+        "DELETE FROM peak_runs WHERE label = ? AND host = ? AND id <= (SELECT id FROM peak_runs"
+        " WHERE label = ? AND host = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+        (label, host, label, host, PEAK_HISTORY),
+    )
+    db.execute(
+        "INSERT INTO peaks (label, host, max_peak, runs, last_peak, hit_ceiling, last_duration,"
+        " max_duration, updated) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (label, host) DO UPDATE SET max_peak = max(max_peak, excluded.max_peak),"
+        " runs = runs + 1, last_peak = excluded.last_peak,"
+        " hit_ceiling = max(hit_ceiling, excluded.hit_ceiling),"
+        " last_duration = excluded.last_duration,"
+        " max_duration = max(coalesce(max_duration, 0), excluded.max_duration),"
+        " updated = excluded.updated",
+        (label, host, peak, peak, int(hit_ceiling), duration, duration, now),
+    )
+    key = (label, host)
+    if hit_ceiling:
+        db.execute("UPDATE peaks SET ceiling_at = ? WHERE label = ? AND host = ?", (now, *key))
+    if event == SLICE_FULL:
+        db.execute("UPDATE peaks SET slice_full_at = ?, clean_runs = 0 WHERE label = ? AND host = ?",
+                   (now, *key))
+    elif event == OOM_KILLED:
+        db.execute("UPDATE peaks SET clean_runs = 0 WHERE label = ? AND host = ?", key)
+    elif event == CLEAN:
+        db.execute("UPDATE peaks SET clean_runs = clean_runs + 1 WHERE label = ? AND host = ?"
+                   " AND slice_full_at IS NOT NULL", key)
+        db.execute("UPDATE peaks SET slice_full_at = NULL, clean_runs = 0 WHERE label = ? AND host = ?"
+                   " AND clean_runs >= ?", (*key, clear_after))

@@ -1,0 +1,115 @@
+"""This host's resources at a moment, as a plain dict ready for JSON (docs/design.md, "Concepts").
+
+Standard library only: the same code produces a peer's report when shipped there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from dispatch import __version__
+from dispatch.core.hostfacts import cores, read_loadavg
+from dispatch.core.settings import Settings
+from dispatch.local.admission import slice_room
+from dispatch.local.hostslice import LocalSlice
+from dispatch.local.ledger import Ledger
+
+
+def local_report(settings: Settings, label: str | None = None, peaks: bool = False) -> dict[str, Any]:
+    """This host's report; with ``label``, also that label's record in this host's peak table; with
+    ``peaks``, this host's whole peak table and peak history (``peak_table``, for capacity planning)."""
+    here = LocalSlice(settings)
+    host, mem, backend, limit = here.host, here.mem, here.backend, here.limit
+    usage = backend.slice_usage()
+    ledger = Ledger(settings.state_dir, live_jobs=here.live_jobs)
+    try:
+        bookings = ledger.bookings(host.name)
+        peak = ledger.peak(label, host.name) if label else None
+        table = None
+        if peaks:
+            from dispatch.local.capacity import peak_table
+
+            table = peak_table([p for p in ledger.peaks() if p.host == host.name],
+                               ledger.peak_runs(host.name))
+    finally:
+        ledger.close()
+    running = [b for b in bookings if b.state == "running"]
+    waiting = [b for b in bookings if b.state == "waiting"]
+    now = time.time()
+    jobs = []
+    not_at_peak = 0
+    for b in running:
+        job = backend.job_at(b.cgroup) if b.cgroup else None
+        in_use = job.sample() if job is not None else 0
+        not_at_peak += max(0, b.size - in_use)
+        jobs.append({
+            "id": b.id, "label": b.label, "pid": b.pid, "kind": b.kind, "booked": b.size,
+            "cap": b.cap, "in_use": in_use, "age_s": round(now - (b.since or now), 1),
+            "session": b.session, "command": b.command,
+        })
+    load = read_loadavg()
+    gpus, gpu_error = _gpus()
+    booked = sum(b.size for b in running)
+    data = {
+        "host": host.name,
+        "hostname": os.uname().nodename,
+        "version": __version__,
+        "time": now,
+        "backend": backend.name,
+        "slice_path": backend.describe(),
+        "memory": {"total": mem.total, "available": mem.available,
+                   "available_for_jobs": max(0, mem.available - not_at_peak)},
+        "slice": {
+            "limit": limit,
+            "used": usage.used,
+            "usage_with_cache": usage.usage,
+            "reclaimable": max(0, usage.usage - usage.held),
+            "booked": booked,
+            "booked_not_at_peak": not_at_peak,
+            "queued": sum(b.size for b in waiting),
+            "free": slice_room(limit, booked, usage.used),
+        },
+        "load": list(load),
+        "cores": cores(),
+        "heavy_threads": host.threads(),
+        "threads_free": threads_free(host.threads(), load[0]),
+        "gpus": gpus,
+        "gpu_error": gpu_error,
+        "running": jobs,
+        "queue_length": len(waiting),
+        "label_peak": peak._asdict() if peak else None,
+        "settings": {
+            "slice_bytes": host.slice_bytes, "reserve_bytes": host.reserve_bytes,
+            "default_cap": host.default_cap, "gamble_size": settings.gamble_size_for(host),
+            "peer_memory_cap": host.peer_memory_cap, "state_dir": settings.state_dir,
+        },
+        "queue": [
+            {"id": b.id, "label": b.label, "pid": b.pid, "need": b.size, "reason": b.reason,
+             "waited_s": round(now - b.queued, 1)}
+            for b in waiting
+        ],
+    }
+    if table is not None:
+        data["peak_table"] = table
+    return data
+
+
+def threads_free(heavy_threads: int, load1: float) -> int:
+    """Heavy threads still free: the heavy-thread default less the 1-minute load average (rounded).
+    The load counts every runnable thread on the host, hostrun's jobs or not, so it says what a new
+    job would really compete with."""
+    return max(0, heavy_threads - int(load1 + 0.5))
+
+
+def _gpus() -> tuple[list[dict[str, Any]], str | None]:
+    """Per device: index, uuid, name, total/used/free bytes; no nvidia-smi means no GPUs, not an
+    error. A failing nvidia-smi is reported, and the rest of the report still stands."""
+    from dispatch.core.errors import GpuError
+    from dispatch.local.gpu import read_gpus
+
+    try:
+        return [g._asdict() for g in read_gpus()], None
+    except GpuError as exc:
+        return [], str(exc)

@@ -1,0 +1,509 @@
+"""Run one job on this host: book it, wait for room, run it capped, judge the outcome, release.
+
+Order of events, chosen so that nothing can run unbooked and the kernel's slow cgroup entry overlaps
+hostrun's own work: make the job's cgroup, start the guardian, fork the job's process (it enters the
+cgroup and waits), enqueue and wait for admission in the ledger, then let the process exec.
+
+The job runs in its own process group. hostrun forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to that group,
+then kills the whole cgroup after ``kill_grace``; a second signal kills at once. When the main process
+exits, whatever it left in the cgroup is killed too. A forked guardian does the same if hostrun dies.
+
+With ``--gpu-memory`` the job is booked on a GPU as well, gets that device in ``CUDA_VISIBLE_DEVICES``,
+has its stdout/stderr teed through pipes and scanned, and the kernel log is watched during the run: a
+GPU out-of-memory in either makes a failed run exit 245. On a host with NVIDIA GPUs (one directory
+read per job: ``has_nvidia_gpus``) every other job has the kernel log watched too (the small
+``dispatch.local.kernlog``), its output left alone. ``dispatch.local.gpu`` is imported for
+``--gpu-memory`` alone; a host without GPUs pays one failed directory read.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from collections.abc import Callable
+
+from dispatch.capping.base import CapBackend, JobCgroup
+from dispatch.core.errors import BackendError, LedgerError, NeverFitsError, NoCapBackendError, UsageError
+from dispatch.core.exitcodes import SIGNAL_BASE, ExitCode, exec_failure
+from dispatch.core.hostfacts import has_nvidia_gpus
+from dispatch.core.outcome import Outcome
+from dispatch.core.procinfo import start_time
+from dispatch.core.request import JOB_ENV, RunRequest
+from dispatch.core.settings import LOCAL, HostSettings, Settings
+from dispatch.core.text import storable
+from dispatch.core.units import format_size
+from dispatch.local.admission import wait_for_room
+from dispatch.local.booking import Plan, default_label, mark_event, plan_booking
+from dispatch.local.guardian import Guardian
+from dispatch.local.hostslice import LocalSlice
+from dispatch.local.ledger import Admission, Ledger
+from dispatch.local.spawn import CGROUP_FAILED, PreparedChild
+
+MYPY = False
+if MYPY:
+
+    from dispatch.local.gpu import GpuRun
+    from dispatch.local.kernlog import KernelWatch
+
+SAMPLE_INTERVAL = 0.05
+FAST_SAMPLE_INTERVAL = 0.01  # short jobs are over before a 50 ms sample would see them
+FAST_SAMPLING_FOR = 1.0
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+THREAD_KNOBS = ("CARGO_BUILD_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL")
+
+
+def run_nested(request: RunRequest, enclosing: str) -> Outcome:
+    """Run inside an enclosing hostrun job: already booked and capped there, so just run and wait.
+
+    Booking again would count the same memory twice, and a job of its own would escape the
+    enclosing cap. Like ``system(3)``, ignore Ctrl-C while the command (in our process group) gets it.
+    """
+    env = dict(os.environ if request.env is None else request.env)
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT)}
+    started = time.monotonic()
+    try:
+        pid = os.posix_spawnp(request.argv[0], list(request.argv), env,
+                              setsigdef=(signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE))
+        _, status = os.waitpid(pid, 0)
+    except (OSError, ValueError) as exc:  # ValueError: an empty command name
+        code, reason = exec_failure(exc)
+        return Outcome(exit_code=code, outcome="exit", host=LOCAL,
+                       label=request.label or default_label(request.argv), argv=list(request.argv),
+                       message=f"cannot run {request.argv[0]!r}: {reason}")
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    signaled = os.WIFSIGNALED(status)
+    return Outcome(
+        exit_code=SIGNAL_BASE + os.WTERMSIG(status) if signaled else os.WEXITSTATUS(status),
+        outcome="signal" if signaled else "exit", host=LOCAL,
+        label=request.label or default_label(request.argv), argv=list(request.argv),
+        duration_s=round(time.monotonic() - started, 3), cgroup=enclosing,
+        message=f"ran inside the enclosing hostrun job {enclosing}, booked and capped there",
+    )
+
+
+def job_environment(base: dict[str, str], threads: int, forced: bool) -> dict[str, str]:
+    """The heavy-thread default: set unless already set, or always when ``--threads`` was given."""
+    env = dict(base)
+    wanted = {"HOSTRUN_THREADS": str(threads), "MAKEFLAGS": f"-j{threads}"}
+    wanted.update({knob: str(threads) for knob in THREAD_KNOBS})
+    for key, value in wanted.items():
+        if forced or key not in env:
+            env[key] = value
+    return env
+
+
+class _Signals:
+    """While the job runs: collect forwarded signals; restore the old handlers afterwards."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> _Signals:
+        for sig in FORWARDED:
+            self._old[sig] = signal.signal(sig, lambda signum, _frame: self.pending.append(signum))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+class _Foreground:
+    """Give the terminal to the job while it runs, so it can read from it and gets Ctrl-C directly.
+
+    The job has its own process group; without this, a job reading the terminal would be stopped by
+    SIGTTIN. Only when hostrun itself holds the terminal's foreground.
+    """
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid = pgid
+        self.fd = -1
+        self._old_ttou: object = None
+
+    @property
+    def active(self) -> bool:
+        return self.fd >= 0
+
+    def __enter__(self) -> _Foreground:
+        try:
+            if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+                # In the background we must still print (status lines) and take the terminal back,
+                # even under ``stty tostop``.
+                self._old_ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+                os.tcsetpgrp(0, self.pgid)
+                self.fd = 0
+        except OSError:
+            self.fd = -1
+        return self
+
+    def follow_stop(self, pid: int) -> int | None:
+        """Job control, as a shell does it: when the job is stopped (Ctrl-Z), take the terminal
+        back and stop hostrun too, so the user's shell regains it; on ``fg`` (SIGCONT) hand the
+        terminal to the job again and continue it. Returns the wait status if the job has exited."""
+        try:
+            reaped, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
+        except ChildProcessError:
+            return None
+        if reaped == 0:
+            return None
+        if not os.WIFSTOPPED(status):
+            return status
+        os.tcsetpgrp(self.fd, os.getpgrp())
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns once our shell continues us
+        try:
+            os.tcsetpgrp(self.fd, self.pgid)
+        except OSError:
+            pass
+        _signal_group(self.pgid, signal.SIGCONT)
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd < 0:
+            return
+        try:
+            os.tcsetpgrp(self.fd, os.getpgrp())
+        except OSError:
+            pass
+        finally:
+            signal.signal(signal.SIGTTOU, self._old_ttou)  # type: ignore[arg-type]
+
+
+class _Interrupted(Exception):
+    """A signal arrived while the job was still waiting for room (nothing ran yet)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, _frame: object) -> None:
+    raise _Interrupted(signum)
+
+
+def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
+              on_wait: Callable[[Admission], None] | None = None) -> Outcome:
+    """Book, wait, run and judge one job on this host; the Outcome carries the exit code.
+
+    A script declaring preflight conditions is checked first (``with_preflight``).
+    """
+    return with_preflight(settings, request, say, lambda: _run_local(settings, request, say, on_wait))
+
+
+def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str], None],
+                   run: Callable[[], Outcome]) -> Outcome:
+    """``run()``, unless the script ``request.argv`` runs declares preflight conditions
+    (``# admission:``, ``# run-condition:``; ``dispatch.guards.preflight``) that are unmet: then print each
+    unmet one and return exit 78 with nothing created, booked or run. A single-instance lock is held
+    for the whole run; the inputs' fingerprint is recorded only when the job exited 0.
+    """
+    from dispatch.guards.headers import declares_preflight
+
+    if not declares_preflight(request.argv):
+        return run()
+    from dispatch.guards.preflight import check, declared
+
+    script = declared(request.argv)  # malformed: UsageError (2)
+    if script is None:
+        return run()
+    environ = os.environ if request.env is None else request.env
+    verdict, guard = check(settings, script, environ, force=request.force, hold=True)
+    if guard is None:
+        for line in [] if verdict.nothing_to_do else verdict.unmet_lines():
+            say(line)  # a skip (inputs unchanged) is said in one line: the summary
+        return Outcome(exit_code=int(ExitCode.NOT_RUN), outcome=ExitCode.NOT_RUN.outcome,
+                       host=settings.local.name, label=request.label or default_label(request.argv),
+                       argv=list(request.argv), message=verdict.summary())
+    if verdict.unmet:  # only the admission, overridden by --force
+        say(verdict.summary())
+    try:
+        outcome = run()
+        if outcome.exit_code == 0 and outcome.outcome == "exit":
+            try:
+                guard.succeeded()
+            except OSError as exc:
+                say(f"warning: the job succeeded, but its inputs could not be recorded: {exc}")
+        return outcome
+    finally:
+        guard.release()
+
+
+def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
+               on_wait: Callable[[Admission], None] | None = None) -> Outcome:
+    if not request.argv:
+        raise UsageError("no command given (usage: hostrun [OPTIONS] -- CMD [ARGS...])")
+    here = LocalSlice(settings)
+    host, backend = here.host, here.backend
+    if not backend.caps_memory and not request.no_cap:
+        raise NoCapBackendError(
+            "no memory-cap backend works on this host (run 'hostrun doctor' to see why); "
+            "pass --no-cap to run uncapped anyway"
+        )
+    limit = here.limit
+    cap = request.cap if request.cap is not None else host.default_cap
+    if cap is not None and cap > limit:
+        raise NeverFitsError(
+            f"cap {format_size(cap)} is larger than the whole slice ({format_size(limit)}); "
+            "it could never be admitted"
+        )
+    base_env = dict(os.environ if request.env is None else request.env)
+    gpu: GpuRun | None = None
+    watch: KernelWatch | None = None  # the kernel log, on a host with GPUs; gpu when there is one
+    if request.gpu_memory is not None:
+        from dispatch.local.gpu import GpuRun, preflight
+
+        # Refuse at once what has no GPU or could never fit: before anything is created or booked.
+        gpu = watch = GpuRun(request.gpu_memory, preflight(request.gpu_memory, base_env))
+    elif has_nvidia_gpus():
+        from dispatch.local.kernlog import KernelWatch
+
+        watch = KernelWatch()
+    backend.ensure_slice(limit)
+    env = job_environment(base_env, request.threads or host.threads(), request.threads is not None)
+    me = os.getpid()
+    job = backend.create_job(f"{me}-{start_time(me) or 0}", cap if cap is not None else limit)
+    if job.path:
+        env[JOB_ENV] = job.path
+    guardian: Guardian | None = None
+    child: PreparedChild | None = None
+    ledger: Ledger | None = None
+    booking_id: int | None = None
+    try:
+        guardian = Guardian.start(settings.state_dir, job)
+        outputs = gpu.start_output() if gpu is not None else None
+        child = PreparedChild.fork(job, request.argv, env, outputs)
+        if gpu is not None and gpu.tee is not None:
+            gpu.tee.parent_side()
+        guardian.job_started(child.pid)
+        ledger = Ledger(settings.state_dir, say, here.live_jobs)
+        label = storable(request.label or default_label(request.argv))  # a text key in the ledger
+        plan = plan_booking(cap=cap, peak=ledger.peak(label, host.name), slice_limit=limit,
+                            gamble_size=settings.gamble_size_for(host))
+        booking_id = ledger.enqueue(
+            host=host.name, label=label, pid=me, pid_start=start_time(me) or 0, size=plan.size,
+            cap=plan.limit, kind=plan.kind, command=" ".join(request.argv), session=request.session,
+            cgroup=job.path or None, gpu_bytes=request.gpu_memory, group=request.group,
+            when_idle=request.when_idle,
+        )
+        guardian.booked(booking_id)
+        waited, signum = _wait(settings, ledger, backend, host, booking_id, limit, say, gpu, on_wait)
+        if waited is None:
+            child.cancel()
+            return Outcome(
+                exit_code=SIGNAL_BASE + signum, outcome="signal", host=host.name, label=label,
+                argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
+            )
+        if gpu is not None:
+            booked = ledger.booking(booking_id)
+            index = booked.gpu_index if booked is not None else None
+            gpu.device = gpu.snapshot.device(index) if index is not None else None
+            if gpu.device is None:
+                raise BackendError(f"booked on GPU {index}, which nvidia-smi no longer lists")
+        outcome = _run(settings, host, backend, job, child, request, label, plan, say, gpu, watch)
+        outcome.waited_s = round(waited, 3)
+        _record(settings, ledger, outcome, request, cap, plan.kind, say)
+        return outcome
+    finally:
+        if child is not None:
+            child.cancel()
+        job.kill_all()
+        if watch is not None:
+            watch.close()
+        if ledger is not None:
+            if booking_id is not None:
+                try:
+                    ledger.release(booking_id)  # first: the next job may start while we tidy up
+                except LedgerError as exc:  # a dead holder's booking: the next admission reclaims it
+                    say(f"warning: could not release booking {booking_id}: {exc}")
+            ledger.close()
+        try:
+            job.remove()
+        except OSError as exc:
+            say(f"warning: could not remove {job.path}: {exc.strerror}")
+        if guardian is not None:
+            guardian.dismiss()
+
+
+def _record(settings: Settings, ledger: Ledger, outcome: Outcome, request: RunRequest,
+            cap: int | None, kind: str, say: Callable[[str], None]) -> None:
+    """The run's peak (when one was measured), its mark event and its history row, in one
+    transaction. The job has run: a ledger failure now must not change its exit status, so it is
+    one warning."""
+    from dispatch.local.history import history_row
+
+    run = history_row(outcome, request.session, request.argv)
+    try:
+        if outcome.peak_bytes is None:  # the command could not be started: nothing measured
+            ledger.record_run(run, settings.history_keep)
+        else:
+            event = mark_event(outcome.exit_code, kind, outcome.counters.get("oom_kill", 0) > 0)
+            ledger.record_peak(outcome.label, outcome.host, outcome.peak_bytes, outcome.hit_ceiling,
+                               outcome.duration_s, cap=cap, event=event,
+                               clear_after=settings.clear_mark_after, run=run,
+                               keep=settings.history_keep)
+    except LedgerError as exc:
+        say(f"warning: the peak and history row of this run were not recorded: {exc}")
+
+
+def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSettings,
+          booking_id: int, limit: int, say: Callable[[str], None],
+          gpu: GpuRun | None = None, on_wait: Callable[[Admission], None] | None = None,
+          ) -> tuple[float | None, int]:
+    """(seconds waited for admission, 0), or (None, signal) when a signal ended the wait."""
+    caught = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    old = {sig: signal.signal(sig, _raise_interrupted) for sig in caught}
+    try:
+        return wait_for_room(ledger, backend, host.name, booking_id, limit, settings.status_interval,
+                             say, gpu.snapshot if gpu is not None else None, on_wait,
+                             settings.groups), 0
+    except KeyboardInterrupt:
+        return None, signal.SIGINT
+    except _Interrupted as exc:
+        return None, exc.signum
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _run(
+    settings: Settings, host: HostSettings, backend: CapBackend, job: JobCgroup, child: PreparedChild,
+    request: RunRequest, label: str, plan: Plan, say: Callable[[str], None], gpu: GpuRun | None = None,
+    watch: KernelWatch | None = None,
+) -> Outcome:
+    result = Outcome(
+        exit_code=0, outcome="exit", host=host.name, label=label, argv=list(request.argv),
+        cap_bytes=plan.limit, booking_kind=plan.kind, booked_bytes=plan.size,
+        backend=backend.name, cgroup=job.path or None,
+    )
+    extra_env = None
+    if gpu is not None and gpu.device is not None:
+        from dispatch.local.gpu import device_environment
+
+        extra_env = device_environment(gpu.device)
+        result.gpu_index, result.gpu_bytes = gpu.device.index, gpu.need
+    if watch is not None:
+        watch.job_starts()  # the kernel log counts from here
+    started = time.monotonic()
+    with _Signals() as signals, _Foreground(child.pid) as foreground:
+        failed = child.go(plan.oom_score_adj, extra_env)
+        if failed is not None:
+            code, reason = failed
+            if code == CGROUP_FAILED:
+                raise BackendError(reason)
+            result.exit_code = code
+            result.message = f"cannot run {request.argv[0]!r}: {reason}"
+            return result
+        max_runtime = request.max_runtime if request.max_runtime is not None else host.max_runtime
+        status, peak, timed_out = _watch(settings, job, child.pid, max_runtime, signals, say,
+                                         foreground, watch)
+    result.duration_s = round(time.monotonic() - started, 3)
+    job.kill_all()
+    vram = watch.finish() if watch is not None else None  # the rest of its output, then the verdict
+    verdict = job.verdict()
+    result.counters = verdict.counters
+    # Sampling can miss a short spike; the kernel's high-water mark less the page cache still
+    # charged catches it. At its own cap the job used everything reclaim could not free.
+    peak = max(peak, job.peak_estimate())
+    if verdict.own:
+        peak = max(peak, job.charged_peak())
+    result.peak_bytes = peak
+    result.hit_ceiling = verdict.own
+    failed_run = not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
+    if timed_out:
+        result.exit_code, result.outcome = ExitCode.MAX_RUNTIME, ExitCode.MAX_RUNTIME.outcome
+    elif verdict.own and failed_run:
+        result.exit_code, result.outcome = ExitCode.OWN_CAP, ExitCode.OWN_CAP.outcome
+    elif verdict.slice_full and failed_run:
+        result.exit_code, result.outcome = ExitCode.SLICE_FULL, ExitCode.SLICE_FULL.outcome
+    elif vram is not None and failed_run:
+        result.exit_code, result.outcome = ExitCode.VRAM, ExitCode.VRAM.outcome
+        result.vram_evidence = vram
+        result.message = f"GPU out of memory: {vram}"
+    elif os.WIFSIGNALED(status):
+        result.exit_code, result.outcome = SIGNAL_BASE + os.WTERMSIG(status), "signal"
+    else:
+        result.exit_code = os.WEXITSTATUS(status)
+    if verdict.killed and not failed_run:
+        say("warning: a process of the job was OOM-killed, but the job exited 0; passing 0 through")
+    if vram is not None and not failed_run:
+        result.vram_evidence = vram
+        say(f"warning: {vram} (a GPU out-of-memory), but the job exited 0; passing 0 through")
+    return result
+
+
+def _watch(
+    settings: Settings, job: JobCgroup, pid: int, max_runtime: float | None, signals: _Signals,
+    say: Callable[[str], None], foreground: _Foreground | None = None, watch: KernelWatch | None = None,
+) -> tuple[int, int, bool]:
+    """Wait for the main process, sampling memory; enforce max runtime and forwarded signals.
+
+    With ``watch``, also scan the kernel log each sample, and forward a ``--gpu-memory`` job's teed
+    output as it comes.
+    Returns (raw wait status, peak bytes sampled, whether max runtime stopped it).
+    """
+    pidfd = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    tee = watch.tee if watch is not None else None
+    if tee is not None:
+        tee.register(poller)
+    begun = last = time.monotonic()
+    deadline = begun + max_runtime if max_runtime is not None else None
+    kill_at: float | None = None
+    timed_out = False
+    peak = 0
+    status: int | None = None
+    try:
+        while True:
+            interval = FAST_SAMPLE_INTERVAL if last - begun < FAST_SAMPLING_FOR else SAMPLE_INTERVAL
+            events = poller.poll(max(0.0, last + interval - time.monotonic()) * 1000)
+            if events:
+                if any(fd == pidfd for fd, _ in events):
+                    break
+                for fd, mask in events:
+                    if tee is not None:
+                        tee.handle(poller, fd, mask)
+                if time.monotonic() - last < interval:
+                    continue  # only output to forward: not yet time to sample
+            last = time.monotonic()
+            if foreground is not None and foreground.active:
+                status = foreground.follow_stop(pid)
+                if status is not None:
+                    break  # reaped while checking for a stop: it has exited
+            peak = max(peak, job.sample())
+            if watch is not None:
+                watch.tick()
+            now = time.monotonic()
+            if signals.pending:
+                sig = signals.pending.pop(0)
+                if kill_at is not None:
+                    job.kill_all()
+                else:
+                    _signal_group(pid, sig)
+                    kill_at = now + settings.kill_grace
+            if deadline is not None and now >= deadline and not timed_out:
+                timed_out = True
+                say(f"max runtime reached; stopping the job (SIGTERM, SIGKILL after "
+                    f"{settings.kill_grace:g} s)")
+                _signal_group(pid, signal.SIGTERM)
+                job.signal_all(signal.SIGTERM)
+                kill_at = now + settings.kill_grace
+            if kill_at is not None and now >= kill_at:
+                job.kill_all()
+                kill_at = now + 3600
+        if status is None:
+            _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(pidfd)
+    return status, peak, timed_out
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass

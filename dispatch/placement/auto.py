@@ -1,0 +1,194 @@
+"""``hostrun dispatch`` and ``hostrun --auto``: read the hosts, decide, and (for --auto) act.
+
+hostrun never moves a job by itself between machines on a guess: the decision is computed from
+reports read now, printed with its reasons, and every run sent to a host (``--auto``, ``--peer``) is
+recorded as a pending booking so a second dispatch a second later sees that room as taken.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from collections.abc import Callable, Sequence
+
+from dispatch.core.errors import AcrossDisabledError
+from dispatch.core.records import NamedTuple
+from dispatch.core.settings import LOCAL, HostSettings, Settings
+from dispatch.core.units import format_size
+from dispatch.guards.headers import read_headers
+from dispatch.guards.longjob import KEYS, from_headers, parse_spec
+from dispatch.hosts.peers import choose_peer
+from dispatch.local.booking import default_label, peer_cap
+from dispatch.placement import alerts
+from dispatch.placement.dispatcher import Decision, Job, Judgement, decide, judge
+from dispatch.placement.pending import HostPending, Pending
+from dispatch.placement.reports import HostReading, read_reports
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+
+def make_job(argv: Sequence[str], *, label: str | None, cap: int | None, gpu_memory: int | None,
+             expect_duration: float | None, long_job: str | bool | None) -> Job:
+    """The job as the dispatcher sees it. The long-job answers come from ``--long-job=SPEC`` (a bare
+    ``--long-job`` answers nothing) together with the script's ``# long-job:`` header lines."""
+    answers = from_headers(value for key, value in read_headers(argv) if key == "long-job")
+    if isinstance(long_job, str):
+        answers.update(parse_spec(long_job))
+    return Job(label=label or default_label(argv), cap=cap, gpu_memory=gpu_memory,
+               expect_duration=expect_duration, long_job=tuple(k for k in KEYS if k in answers))
+
+
+def consider(settings: Settings, job: Job) -> Decision:
+    """Read local (and, when enabled, the peers) within the deadlines, then decide."""
+    names = [LOCAL] + ([n for n in settings.hosts if n != LOCAL] if settings.enable_across_machines else [])
+    readings = read_reports(settings, names, job.label)
+    return decide(settings, job, readings, pending_after(settings, readings))
+
+
+class Placement(NamedTuple):
+    """Where a ``--auto``/``--peer`` run goes, already noted as pending (``forget_sent(note)`` after).
+
+    ``peer`` None runs the job here; ``refused`` is the exit code when it runs nowhere; ``reasons``
+    are the dispatcher's, for the caller to show.
+    """
+
+    peer: HostSettings | None = None
+    refused: int | None = None
+    note: int | None = None
+    reasons: tuple[str, ...] = ()
+
+
+def place_on_peer(settings: Settings, wanted: str | bool, label: str, cap: int | None,
+                  gpu_memory: int | None) -> Placement:
+    """``--peer[=NAME]``: never a silent local run when peers are off (248); the cap is checked
+    against the peer's ``peer_memory_cap`` (249); the room it will take is noted as pending."""
+    if not settings.enable_across_machines:
+        raise AcrossDisabledError("--peer: enable_across_machines is off (set it in the config "
+                                  "or ENABLE_ACROSS_MACHINES=1); not running locally instead")
+    host = choose_peer(settings, wanted, cap)
+    note = note_sent(settings, host.name, label, peer_estimate(settings, host, cap), gpu_memory)
+    return Placement(peer=host, note=note)
+
+
+def place(settings: Settings, job: Job) -> Placement:
+    """``--auto``: the dispatcher's decision (``consider``) as a place to run, noted as pending until
+    its booking shows or the run ends."""
+    decision = consider(settings, job)
+    reasons = tuple(decision.reasons)
+    if decision.action == "refuse":
+        return Placement(refused=decision.exit_code, reasons=reasons)
+    note = note_decision(settings, decision, job)
+    peer = None
+    if decision.action == "peer":
+        assert decision.host is not None
+        peer = settings.hosts[decision.host]
+    return Placement(peer=peer, note=note, reasons=reasons)
+
+
+def pending_after(settings: Settings, readings: Sequence[HostReading]) -> dict[str, HostPending]:
+    """The pending bookings still to count: not older than ``pending_window``, and not already shown
+    as a booking in the reports just read."""
+    pending = Pending(settings.state_dir)
+    try:
+        pending.settle((r.host, r.report) for r in readings)
+        return pending.active(settings.pending_window)
+    finally:
+        pending.close()
+
+
+def note_sent(settings: Settings, host: str, label: str, need: int, gpu_bytes: int | None = None,
+              gpu_index: int | None = None) -> int:
+    """Record a pending booking for a job sent to ``host``; returns the note's id (``forget_sent``)."""
+    pending = Pending(settings.state_dir)
+    try:
+        return pending.add(host, label, need, gpu_bytes, gpu_index)
+    finally:
+        pending.close()
+
+
+def note_decision(settings: Settings, decision: Decision, job: Job) -> int | None:
+    """``note_sent`` for the host a decision chose, with the booking and GPU it judged there."""
+    judged = next((j for j in decision.judgements if j.host == decision.host), None)
+    if decision.host is None or judged is None or judged.need is None:
+        return None
+    return note_sent(settings, decision.host, job.label, judged.need, job.gpu_memory,
+                     judged.gpu_index)
+
+
+def forget_sent(settings: Settings, note: int | None) -> None:
+    """The run ended: its booking is released (or was never made), so its note is done."""
+    if note is None:
+        return
+    pending = Pending(settings.state_dir)
+    try:
+        pending.remove(note)
+    finally:
+        pending.close()
+
+
+def peer_estimate(settings: Settings, host: HostSettings, cap: int | None) -> int:
+    """What a ``--peer`` run will book there, without reading that host's peak table: the cap it
+    will run under (``booking.peer_cap``; a peak booking is never larger), else its gamble size."""
+    size = peer_cap(cap, host.default_cap, host.peer_memory_cap)
+    return size if size is not None else settings.gamble_size_for(host)
+
+
+def peer_command(options: Sequence[str], host: str, command: Sequence[str]) -> str:
+    """The exact command that runs the same job on ``host``."""
+    kept = [o for o in options if o != "--auto"]
+    return shlex.join(["hostrun", *kept, f"--peer={host}", "--", *command])
+
+
+class PeerWatch:
+    """While a local job waits: if a peer's report shows it could take the job now, raise one alert.
+
+    Reads the peers in a background thread (ssh must not stall the wait loop), at most one reading at
+    a time, and alerts once per wait. hostrun never moves the job itself: the alert and the printed
+    line give the exact command, and the main session decides.
+    """
+
+    def __init__(self, settings: Settings, job: Job, options: Sequence[str], command: Sequence[str],
+                 say: Callable[[str], None]) -> None:
+        self.settings = settings
+        self.job = job
+        self.options = list(options)
+        self.command = list(command)
+        self.say = say
+        self.alerted = False
+        self._busy = threading.Lock()
+
+    @property
+    def peers(self) -> list[str]:
+        if not self.settings.enable_across_machines:
+            return []
+        return [name for name in self.settings.hosts if name != LOCAL]
+
+    def __call__(self, adm: Any) -> None:
+        if self.alerted or not self.peers or not self._busy.acquire(blocking=False):
+            return
+        threading.Thread(target=self._check, daemon=True).start()
+
+    def _check(self) -> None:
+        try:
+            readings = read_reports(self.settings, self.peers, self.job.label)
+            active = pending_after(self.settings, readings)
+            for reading in readings:
+                verdict = judge(self.settings, self.job, reading, active.get(reading.host))
+                if verdict.fits and not self.alerted:
+                    self.alerted = True
+                    self._alert(reading.host, verdict)
+                    return
+        finally:
+            self._busy.release()
+
+    def _alert(self, host: str, verdict: Judgement) -> None:
+        move = peer_command(self.options, host, self.command)
+        message = (f"job {self.job.label} waits on local; {host} could take it now "
+                   f"(free {format_size(verdict.free)}, need {format_size(verdict.need)}): {move}")
+        alerts.append(self.settings.alerts_path, {
+            "kind": "peer-could-take", "label": self.job.label, "waiting_on": LOCAL, "host": host,
+            "free": verdict.free, "need": verdict.need, "command": move, "message": message,
+        })
+        self.say(f"alert: {message}")

@@ -1,0 +1,164 @@
+"""Where a job fits (docs/design.md, "Placement: the dispatcher"): a pure decision over the hosts' reports.
+
+Rules, in order:
+0. a job recorded or declared longer than ``long_job_threshold`` that would use one host → refuse
+   (244), unless it declares itself long with all three answers of ``dispatch.guards.longjob`` (sharded,
+   resumable, multi-host), by ``--long-job`` or ``# long-job:`` header lines;
+1. hosts: ``local`` always; peers only when ``enable_across_machines`` is on;
+2. a host fits when its slice's free room, less queued jobs and less pending bookings younger than
+   ``pending_window``, covers the job's booking there; for peers the cap must be within
+   ``peer_memory_cap``; with ``--gpu-memory``, one of its GPUs must have that much free, less the
+   VRAM pending on it;
+3. prefer local when it fits; else a peer that fits; else queue locally (or on the one host whose
+   slice could ever hold the job). The decision carries its reasons.
+"""
+
+from __future__ import annotations
+
+from dispatch.core.errors import NeverFitsError
+from dispatch.core.exitcodes import ExitCode
+from dispatch.core.records import NamedTuple
+from dispatch.core.settings import LOCAL, Settings
+from dispatch.core.units import format_duration, format_size
+from dispatch.guards.longjob import missing
+from dispatch.local.booking import peer_cap, plan_booking
+from dispatch.local.ledgerdb import PeakRecord
+from dispatch.placement.pending import HostPending, gpu_free_after
+from dispatch.placement.reports import HostReading
+
+MYPY = False
+if MYPY:
+    from typing import Any, Optional
+
+
+class Job(NamedTuple):
+    label: str
+    cap: Optional[int] = None
+    gpu_memory: Optional[int] = None
+    expect_duration: Optional[float] = None
+    long_job: tuple[str, ...] = ()  # the long-job declaration's answered keys (dispatch.guards.longjob)
+
+
+class Judgement(NamedTuple):
+    host: str
+    fits: bool
+    could_ever_fit: bool
+    need: Optional[int]
+    free: Optional[int]
+    reason: str
+    gpu_index: Optional[int] = None  # with --gpu-memory: the GPU judged (most free after pending)
+
+
+class Decision(NamedTuple):
+    action: str  # "local", "peer", "queue", "refuse"
+    host: Optional[str]
+    exit_code: int  # what --auto exits with when it cannot run the job (0 when it can)
+    reasons: list[str]
+    judgements: list[Judgement]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self._asdict(), "judgements": [j._asdict() for j in self.judgements]}
+
+
+def _peak(report: dict[str, Any]) -> PeakRecord | None:
+    record = report.get("label_peak")
+    return PeakRecord(**record) if record else None
+
+
+def expected_duration(job: Job, readings: list[HostReading]) -> tuple[float | None, str]:
+    if job.expect_duration is not None:
+        return job.expect_duration, "declared"
+    recorded = [(_peak(r.report), r.host) for r in readings if r.report is not None]
+    durations = [(p.max_duration, host) for p, host in recorded if p is not None and p.max_duration]
+    if not durations:
+        return None, "no history"
+    seconds, host = max(durations)
+    return seconds, f"recorded on {host}"
+
+
+def judge(settings: Settings, job: Job, reading: HostReading, waiting: HostPending | None = None
+          ) -> Judgement:
+    if reading.report is None:
+        return Judgement(reading.host, False, False, None, None, f"could not read: {reading.error}")
+    report = reading.report
+    host = settings.hosts[reading.host]
+    s = report["slice"]
+    limit = int(s["limit"])
+    default_cap = report["settings"].get("default_cap")
+    if host.is_local:
+        cap = job.cap if job.cap is not None else default_cap
+    else:  # what its agent will run it under
+        cap = peer_cap(job.cap, default_cap, host.peer_memory_cap)
+    try:
+        plan = plan_booking(cap=cap, peak=_peak(report), slice_limit=limit,
+                            gamble_size=int(report["settings"]["gamble_size"]))
+    except NeverFitsError:
+        return Judgement(reading.host, False, False, cap, None,
+                         f"cap {format_size(cap)} is larger than its slice ({format_size(limit)})")
+    waiting = waiting or HostPending(0, {}, ())
+    pending = waiting.memory
+    free = int(s["free"]) - int(s.get("queued", 0)) - pending
+    if not host.is_local and host.peer_memory_cap is not None and plan.limit > host.peer_memory_cap:
+        return Judgement(reading.host, False, False, plan.size, free,
+                         f"cap {format_size(plan.limit)} exceeds its peer_memory_cap "
+                         f"({format_size(host.peer_memory_cap)})")
+    if job.gpu_memory:
+        gpus = report.get("gpus") or []
+        if not gpus:
+            return Judgement(reading.host, False, False, plan.size, free, "no GPU")
+        vram = gpu_free_after(gpus, waiting)
+        gpu_index = max(vram, key=lambda i: vram[i])
+        best = vram[gpu_index]
+        if best < job.gpu_memory:
+            ever = any(int(g.get("total") or 0) >= job.gpu_memory for g in gpus)
+            vpend = " after pending" if waiting.vram or waiting.vram_unplaced else ""
+            return Judgement(reading.host, False, ever, plan.size, free,
+                             f"needs {format_size(job.gpu_memory)} VRAM, most free on a GPU "
+                             f"{format_size(max(0, best))}{vpend}", gpu_index)
+    else:
+        gpu_index = None
+    pend = f" (after {format_size(pending)} pending)" if pending else ""
+    if free >= plan.size:
+        return Judgement(reading.host, True, True, plan.size, free, f"fits: {plan.kind} booking "
+                         f"{format_size(plan.size)}, {format_size(free)} free{pend}", gpu_index)
+    return Judgement(reading.host, False, True, plan.size, free,
+                     f"full: needs {format_size(plan.size)}, {format_size(max(0, free))} free{pend}",
+                     gpu_index)
+
+
+def decide(settings: Settings, job: Job, readings: list[HostReading],
+           pending: dict[str, HostPending]) -> Decision:
+    reasons: list[str] = []
+    duration, source = expected_duration(job, readings)
+    if duration is not None:
+        reasons.append(f"expected duration {format_duration(duration)} ({source})")
+    lacking = missing(job.long_job)
+    if duration is not None and duration > settings.long_job_threshold and lacking:
+        reasons.append(f"longer than {format_duration(settings.long_job_threshold)} on one host: "
+                       f"its long-job declaration lacks {', '.join(lacking)} (say how it is "
+                       "sharded, resumes after an interruption, uses more than one machine: "
+                       "'# long-job: KEY: how' header lines or "
+                       "--long-job='sharded=...;resumable=...;multi-host=...')")
+        return Decision("refuse", None, ExitCode.LONG_SINGLE_HOST, reasons, [])
+    considered = [r for r in readings if r.host == LOCAL or settings.enable_across_machines]
+    if not settings.enable_across_machines and any(name != LOCAL for name in settings.hosts):
+        reasons.append("peers not considered: enable_across_machines is off")
+    judgements = [judge(settings, job, r, pending.get(r.host)) for r in considered]
+    by_host = {j.host: j for j in judgements}
+    local = by_host.get(LOCAL)
+    if local is not None and local.fits:
+        return Decision("local", LOCAL, 0, [*reasons, f"local {local.reason}"], judgements)
+    for j in judgements:
+        if j.host != LOCAL and j.fits:
+            return Decision("peer", j.host, 0, [*reasons, f"local does not fit; {j.host} {j.reason}"],
+                            judgements)
+    if local is not None and local.could_ever_fit:
+        return Decision("queue", LOCAL, 0, [*reasons, "no host fits now: wait in the local queue"],
+                        judgements)
+    for j in judgements:
+        if j.host != LOCAL and j.could_ever_fit:
+            return Decision("peer", j.host, 0, [*reasons, f"only {j.host} could ever hold it: "
+                                                f"wait in its queue"], judgements)
+    too_big = local is not None and "larger than its slice" in local.reason
+    code = ExitCode.NEVER_FITS if too_big else ExitCode.NOT_RUN
+    return Decision("refuse", None, code, [*reasons, "no host could ever run it"], judgements)

@@ -1,0 +1,127 @@
+"""Pending bookings: the dispatcher's own note of "sent a job of N bytes (and V bytes of VRAM) to host
+H at time T".
+
+Every run sent to a host (``--auto``, ``--peer``) records one. For ``pending_window`` seconds after
+sending, before the job's booking shows up in that host's ledger, the dispatcher subtracts it itself,
+so two dispatches a second apart cannot both squeeze into the same free space. A note goes earlier
+when that host's report shows the job's booking (it is counted there then) or when the run that
+recorded it ends. Kept in its own small SQLite file next to the ledger (private, like all state).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterable
+
+from dispatch.core.records import NamedTuple
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS pending (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    host TEXT NOT NULL,
+    label TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    sent REAL NOT NULL,
+    gpu_bytes INTEGER,
+    gpu_index INTEGER
+);
+"""
+# Columns added since the first version (a file from then gets them on open).
+ADDED_COLUMNS = (("gpu_bytes", "INTEGER"), ("gpu_index", "INTEGER"))
+
+SEEN_SLACK = 2.0  # seconds: a booking this much older than the note may still be the job's (clocks)
+
+
+class HostPending(NamedTuple):
+    """What a host has pending: memory, VRAM per GPU index, and VRAM on a GPU not yet known."""
+    memory: int
+    vram: dict[int, int]
+    vram_unplaced: tuple[int, ...]
+
+
+class Pending:
+    def __init__(self, state_dir: str) -> None:
+        from dispatch.guards.trust import private_dir
+
+        private_dir(state_dir, fix="set state_dir to a directory of your own")
+        path = os.path.join(state_dir, "pending.sqlite3")
+        if not os.path.exists(path):
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        self.db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+        self.db.executescript(SCHEMA)
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(pending)")}
+        for name, kind in ADDED_COLUMNS:
+            if name not in have:
+                try:
+                    self.db.execute(f"ALTER TABLE pending ADD COLUMN {name} {kind}")
+                except sqlite3.OperationalError:  # another process added it meanwhile
+                    pass
+
+    def add(self, host: str, label: str, size: int, gpu_bytes: int | None = None,
+            gpu_index: int | None = None) -> int:
+        cur = self.db.execute(
+            "INSERT INTO pending (host, label, size, sent, gpu_bytes, gpu_index) VALUES (?, ?, ?, ?, ?, ?)",
+            (host, label, size, time.time(), gpu_bytes, gpu_index))
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def remove(self, note: int) -> None:
+        self.db.execute("DELETE FROM pending WHERE id = ?", (note,))
+
+    def settle(self, reports: Iterable[tuple[str, dict[str, Any] | None]]) -> None:
+        """Drop the notes whose booking a host's report now shows (running or queued, same label,
+        booked no earlier than the note was sent): from then on that report counts it itself."""
+        now = time.time()
+        for host, report in reports:
+            if report is None:
+                continue
+            ages: dict[str, list[float]] = {}
+            for job in report.get("running") or []:
+                ages.setdefault(str(job.get("label")), []).append(float(job.get("age_s") or 0))
+            for job in report.get("queue") or []:
+                ages.setdefault(str(job.get("label")), []).append(float(job.get("waited_s") or 0))
+            rows = self.db.execute("SELECT id, label, sent FROM pending WHERE host = ?",
+                                   (host,)).fetchall()
+            for note, label, sent in rows:
+                if any(age <= now - sent + SEEN_SLACK for age in ages.get(label, [])):
+                    self.remove(note)
+
+    def active(self, window: float) -> dict[str, HostPending]:
+        """What was sent per host within the last ``window`` seconds (older notes are dropped)."""
+        cutoff = time.time() - window
+        self.db.execute("DELETE FROM pending WHERE sent < ?", (cutoff,))
+        found: dict[str, HostPending] = {}
+        rows = self.db.execute("SELECT host, size, gpu_bytes, gpu_index FROM pending WHERE sent >= ?",
+                               (cutoff,)).fetchall()
+        for host, size, gpu_bytes, gpu_index in rows:
+            was = found.get(host) or HostPending(0, {}, ())
+            vram, unplaced = dict(was.vram), was.vram_unplaced
+            if gpu_bytes and gpu_index is not None:
+                vram[gpu_index] = vram.get(gpu_index, 0) + gpu_bytes
+            elif gpu_bytes:
+                unplaced = (*unplaced, gpu_bytes)
+            found[host] = HostPending(was.memory + size, vram, unplaced)
+        return found
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def gpu_free_after(gpus: list[dict[str, Any]], pending: HostPending) -> dict[int, int]:
+    """Free VRAM per GPU index after the host's pending VRAM: placed notes on their device, each
+    unplaced one on the device with the most left (where admission would put it)."""
+    free: dict[int, int] = {}
+    for position, gpu in enumerate(gpus):
+        index = int(gpu["index"]) if gpu.get("index") is not None else position
+        free[index] = int(gpu.get("free") or 0) - pending.vram.get(index, 0)  # "[N/A]" counts as none
+    for size in pending.vram_unplaced:
+        if free:
+            best = max(free, key=lambda i: free[i])
+            free[best] -= size
+    return free
