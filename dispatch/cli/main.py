@@ -127,18 +127,12 @@ def cmd_run(argv: list[str]) -> int:
         if problem is not None:  # before anything runs: the caller would lose the outcome
             raise UsageError(f"--result-file {opts.result_file}: cannot write there: {problem}")
     enclosing = enclosing_job(os.environ)
-    if enclosing is not None and not opts.result_file and not _declares_preflight(command):
-        try:  # already booked and capped by the enclosing job: become the command
-            os.execvp(command[0], command)
-        except (OSError, ValueError) as exc:  # ValueError: an empty command name
-            from dispatch.core.exitcodes import exec_failure
-
-            code, reason = exec_failure(exc)
-            _say(f"cannot run {command[0]!r}: {reason}")
-            return code
     try:
         if enclosing is not None:
-            outcome = _nested(request, enclosing, opts)
+            from dispatch.local.nested import run_inside
+
+            outcome = run_inside(request, enclosing, keep_outcome=bool(opts.result_file),
+                                 settings=lambda: _settings(opts.config), say=_say)
         elif opts.peer or opts.auto:
             return _run_elsewhere(options, command, opts, request)
         else:
@@ -252,28 +246,6 @@ def cmd_dispatch(argv: list[str]) -> int:
 
         render.decision(decision)
     return 0 if decision.action != "refuse" else int(decision.exit_code)
-
-
-def _declares_preflight(command: list[str]) -> bool:
-    """Whether the script CMD runs declares preflight conditions (reads its first bytes only); a
-    malformed declaration raises UsageError (2) here, before anything runs."""
-    from dispatch.guards.headers import declares_preflight
-
-    if not declares_preflight(command):
-        return False
-    from dispatch.guards.preflight import declared
-
-    return declared(command) is not None
-
-
-def _nested(request: RunRequest, enclosing: str, opts: RunOptions) -> Outcome:
-    """Inside a hostrun job: run within it (booked there); a script's preflight is still checked."""
-    from dispatch.local.runner import run_nested, with_preflight
-
-    if not _declares_preflight(list(request.argv)):
-        return run_nested(request, enclosing)
-    return with_preflight(_settings(opts.config), request, _say,
-                          lambda: run_nested(request, enclosing))
 
 
 PREFLIGHT_USAGE = f"{PROG} preflight [--json] [--force] [--config PATH] SCRIPT [ARGS...]"

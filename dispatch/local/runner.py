@@ -26,12 +26,12 @@ from collections.abc import Callable
 
 from dispatch.capping.base import CapBackend, JobCgroup
 from dispatch.core.errors import BackendError, LedgerError, NeverFitsError, NoCapBackendError, UsageError
-from dispatch.core.exitcodes import SIGNAL_BASE, ExitCode, exec_failure
+from dispatch.core.exitcodes import SIGNAL_BASE, ExitCode
 from dispatch.core.hostfacts import has_nvidia_gpus
 from dispatch.core.outcome import Outcome
 from dispatch.core.procinfo import start_time
 from dispatch.core.request import JOB_ENV, RunRequest
-from dispatch.core.settings import LOCAL, HostSettings, Settings
+from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
 from dispatch.local.admission import wait_for_room
@@ -52,37 +52,6 @@ FAST_SAMPLE_INTERVAL = 0.01  # short jobs are over before a 50 ms sample would s
 FAST_SAMPLING_FOR = 1.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 THREAD_KNOBS = ("CARGO_BUILD_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL")
-
-
-def run_nested(request: RunRequest, enclosing: str) -> Outcome:
-    """Run inside an enclosing hostrun job: already booked and capped there, so just run and wait.
-
-    Booking again would count the same memory twice, and a job of its own would escape the
-    enclosing cap. Like ``system(3)``, ignore Ctrl-C while the command (in our process group) gets it.
-    """
-    env = dict(os.environ if request.env is None else request.env)
-    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT)}
-    started = time.monotonic()
-    try:
-        pid = os.posix_spawnp(request.argv[0], list(request.argv), env,
-                              setsigdef=(signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE))
-        _, status = os.waitpid(pid, 0)
-    except (OSError, ValueError) as exc:  # ValueError: an empty command name
-        code, reason = exec_failure(exc)
-        return Outcome(exit_code=code, outcome="exit", host=LOCAL,
-                       label=request.label or default_label(request.argv), argv=list(request.argv),
-                       message=f"cannot run {request.argv[0]!r}: {reason}")
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-    signaled = os.WIFSIGNALED(status)
-    return Outcome(
-        exit_code=SIGNAL_BASE + os.WTERMSIG(status) if signaled else os.WEXITSTATUS(status),
-        outcome="signal" if signaled else "exit", host=LOCAL,
-        label=request.label or default_label(request.argv), argv=list(request.argv),
-        duration_s=round(time.monotonic() - started, 3), cgroup=enclosing,
-        message=f"ran inside the enclosing hostrun job {enclosing}, booked and capped there",
-    )
 
 
 def job_environment(base: dict[str, str], threads: int, forced: bool) -> dict[str, str]:
