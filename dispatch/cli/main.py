@@ -370,7 +370,7 @@ def cmd_codes(argv: list[str]) -> int:
 def cmd_ledger(argv: list[str]) -> int:
     args = _sub_parser("ledger", "Show running jobs, the queue and the peak table.").parse_args(argv)
     from dispatch.local.booking import mark_reasons
-    from dispatch.local.hostslice import live_jobs_of
+    from dispatch.local.hostslice import live_jobs_of, outside_the_slice
     from dispatch.local.ledger import Ledger
 
     settings = _settings(args.config)
@@ -383,7 +383,7 @@ def cmd_ledger(argv: list[str]) -> int:
 
     # Read only: a booking whose holder is gone is shown as stale; the next admission reclaims it.
     stale = {b.id for b in bookings if not is_alive(b.pid, b.pid_start)}
-    invalid = _invalid_cgroups(settings, bookings)
+    invalid = outside_the_slice(settings, bookings)
     if args.json:
         import json
 
@@ -455,25 +455,6 @@ def cmd_history(argv: list[str]) -> int:
 
 
 INVALID_CGROUP = "cgroup outside the slice"
-
-
-def _invalid_cgroups(settings: Any, bookings: list[Any]) -> set[int]:
-    """This host's rows whose cgroup is not one of its slice's job cgroups: nothing acts on them (a
-    reclaim releases the row and leaves the cgroup alone), and the view says so."""
-    mine = [b for b in bookings if b.cgroup and b.host == settings.local.name]
-    if not mine:
-        return set()
-    from dispatch.capping import select_backend
-    from dispatch.core.errors import BackendError
-    from dispatch.core.hostfacts import read_meminfo
-
-    try:
-        backend = select_backend(settings.local, read_meminfo().total)
-    except BackendError:  # a forced backend that does not work here: nothing to judge against
-        return set()
-    if not backend.caps_memory:  # no slice here (nothing acts on any row's cgroup either)
-        return set()
-    return {b.id for b in mine if not backend.job_path_ok(b.cgroup)}
 
 
 def _check_hosts(settings: Any, names: list[str] | None) -> None:

@@ -12,7 +12,7 @@ from dispatch.core.hostfacts import read_meminfo
 
 MYPY = False
 if MYPY:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from dispatch.capping.base import CapBackend
     from dispatch.core.hostfacts import MemInfo
@@ -51,3 +51,21 @@ def live_jobs_of(settings: Settings) -> Callable[[], list[Booking]]:
     """``live_jobs`` for a Ledger opened outside a run (``hostrun ledger``, ``history``): the
     backend is looked up only if a recovery needs it."""
     return lambda: LocalSlice(settings).live_jobs()
+
+
+def outside_the_slice(settings: Settings, bookings: Sequence[Booking]) -> set[int]:
+    """The ids of this host's rows whose cgroup is not one of its slice's job cgroups: nothing acts
+    on them (a reclaim releases the row and leaves the cgroup alone), and ``hostrun ledger`` says so.
+    With no working backend, or one that makes no slice, there is nothing to judge against."""
+    mine = [b for b in bookings if b.cgroup and b.host == settings.local.name]
+    if not mine:
+        return set()
+    from dispatch.core.errors import BackendError
+
+    try:
+        backend = LocalSlice(settings).backend
+    except BackendError:  # a forced backend that does not work here
+        return set()
+    if not backend.caps_memory:
+        return set()
+    return {b.id for b in mine if b.cgroup and not backend.job_path_ok(b.cgroup)}
