@@ -47,9 +47,16 @@ from dispatch.hosts.transport import RETRIES, backoff, classify, is_transient
 
 MYPY = False
 if MYPY:
-    from typing import Any
+    from typing import Any, Protocol
 
     from dispatch.core.request import RunRequest
+
+    class PeerLink(Protocol):
+        """What ``PeerRun`` does to its peer (``SshLink`` for real; tests/fakepeer.py for a fake)."""
+
+        def open_agent(self) -> subprocess.Popen[bytes]: ...
+        def send_agent(self) -> None: ...
+        def rsync_argv(self, options: list[str], args: list[str]) -> list[str]: ...
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 DEFAULT_WORK_ROOT = "~/hostrun-work"
@@ -85,15 +92,44 @@ def tree_id(tree: str) -> str:
     return f"{base}-{short_hash(f'{socket.gethostname()}:{tree}'.encode(), 12)}"
 
 
+class SshLink:
+    """How a run reaches its peer: the agent's session over ssh, rsync over the same ControlMaster.
+    The one seam between ``PeerRun`` and the network, so that a test can play the peer locally
+    (tests/fakepeer.py) and drive every phase without sshd."""
+
+    def __init__(self, client: PeerClient) -> None:
+        self.client = client
+
+    def open_agent(self) -> subprocess.Popen[bytes]:
+        """The session: only the agent's fixed argv on ssh's command line; the spec goes on stdin."""
+        self.client.ssh.ensure_control_dir()
+        command = ["sh", "-c", _RUN, "hostrun-agent", agent.remote_path(), self.client.python, "run"]
+        return subprocess.Popen(self.client.ssh.argv(command), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+    def send_agent(self) -> None:
+        """The session exited 97 (this agent is not there): send it."""
+        self.client.send_agent()
+
+    def rsync_argv(self, options: list[str], args: list[str]) -> list[str]:
+        """rsync with ``options`` and ``args`` (remote paths as ``<host.ssh>:PATH``), over ssh."""
+        return ["rsync", *options, "-e", self.client.ssh.rsync_rsh(), *args]
+
+
 class PeerRun:
+    # No frame for this long is a dead link (an attribute so that a test can shorten it).
+    silence_limit = SILENCE_LIMIT
+
     def __init__(self, settings: Settings, host: HostSettings, request: RunRequest,
                  say: Callable[[str], None], *, tree: str | None = None,
-                 returns: Sequence[str] = (), forward_stdin: bool = False) -> None:
+                 returns: Sequence[str] = (), forward_stdin: bool = False,
+                 link: PeerLink | None = None) -> None:
         self.settings = settings
         self.host = host
         self.request = request
         self.say = say
         self.client = PeerClient(settings, host)
+        self.link = link or SshLink(self.client)
         self.tree = source_tree(tree)
         cwd = os.getcwd()
         rel = os.path.relpath(cwd, self.tree)
@@ -154,11 +190,10 @@ class PeerRun:
 
     # -- step 4: sync --
     def _rsync(self, args: list[str], what: str) -> None:
-        argv = ["rsync", "-a", *([PROTECT_ARGS] if self.protect_args else []),
-                "-e", self.client.ssh.rsync_rsh(), *args]
         show_progress = os.isatty(2) and what == "sync"
-        if show_progress:
-            argv.insert(2, "--info=progress2")
+        options = ["-a", *(["--info=progress2"] if show_progress else []),
+                   *([PROTECT_ARGS] if self.protect_args else [])]
+        argv = self.link.rsync_argv(options, args)
         try:
             # Its own session (a Ctrl-C for hostrun must not cut it mid-file), but killed with us.
             proc = subprocess.Popen(argv, stdout=None if show_progress else subprocess.PIPE,
@@ -250,13 +285,6 @@ class PeerRun:
             self.say(f"error: {failure}")
         return failures
 
-    def _open(self) -> subprocess.Popen[bytes]:
-        """The session: only the agent's fixed argv on ssh's command line; the spec goes on stdin."""
-        self.client.ssh.ensure_control_dir()
-        command = ["sh", "-c", _RUN, "hostrun-agent", agent.remote_path(), self.client.python, "run"]
-        return subprocess.Popen(self.client.ssh.argv(command), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-
     def _session(self) -> Outcome:
         """One SSH session for steps 3-7. The agent first probes and prepares the work directory
         (frame ``P``); we compare, rsync while heartbeating, then say go (``G``) or abort (``X``).
@@ -275,7 +303,7 @@ class PeerRun:
                 if sent:
                     raise PeerUnreachableError(f"peer {self.host.name}: the agent sent there does not "
                                                "start (exit 97 after installing it)") from None
-                self.client.send_agent()
+                self.link.send_agent()
                 sent = True
             except PeerUnreachableError as exc:
                 if not is_transient(exc) or attempt >= RETRIES or time.monotonic() >= deadline:
@@ -284,7 +312,7 @@ class PeerRun:
                 time.sleep(backoff(attempt, deadline))
 
     def _session_once(self) -> Outcome:
-        proc = self._open()
+        proc = self.link.open_agent()
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         pending: list[int] = []
         old = {sig: signal.signal(sig, lambda s, _f: pending.append(s)) for sig in FORWARDED}
@@ -401,7 +429,7 @@ class PeerRun:
                     proc.kill()
                     raise PeerUnreachableError(f"peer {self.host.name}: the agent did not answer "
                                                f"within {self.settings.report_timeout * 2:g} s")
-                if now - last_heard > SILENCE_LIMIT and result is None:
+                if now - last_heard > self.silence_limit and result is None:
                     lost = True  # the agent beats every 2 s: a silent link is a dead one
                     proc.kill()
                     break  # don't wait for EOF: a ControlMaster may hold ssh's pipes open
