@@ -34,7 +34,7 @@ from dispatch.local.capacity import (
     variation,
 )
 from dispatch.local.ledger import Ledger
-from dispatch.local.ledgerdb import PEAK_HISTORY, SCHEMA_VERSION
+from dispatch.local.ledgerdb import PEAK_HISTORY, SCHEMA_VERSION, PeakRecord
 from tests.conftest import Hostrun
 
 PY = sys.executable
@@ -48,8 +48,8 @@ def peaks(max_peak: int, *, runs: int = 1, last: int | None = None, hit: bool = 
     last = max_peak if last is None else last
     if history is None:
         history = (last,) if runs == 1 else ()
-    return LabelPeaks(label=label, host=host, max_peak=max_peak, runs=runs, last_peak=last,
-                      hit_ceiling=hit, history=history, cap_known=cap_known, last_cap=cap)
+    record = PeakRecord(label, host, max_peak, runs, last, hit, None, None, 0.0)
+    return LabelPeaks(record, history=history, cap_known=cap_known, last_cap=cap)
 
 
 def judge(p: LabelPeaks, slice_limit: int = 20 * GiB, default_cap: int | None = None,
@@ -139,7 +139,7 @@ def test_cap_not_recorded_flags_from_hit_ceiling_only() -> None:
     assert (a.cap, a.cap_source) == (None, "unknown")
     assert a.now.kind == "peak" and a.now.fits == 20  # 20 / 1 = 20
     assert a.flags == ()  # nothing known to compare with
-    hit = judge(legacy._replace(hit_ceiling=True))
+    hit = judge(legacy._replace(record=legacy.record._replace(hit_ceiling=True)))
     assert hit.flags == (CAP_BELOW, HIT_CEILING)
     assert hit.now.kind == "cap" and hit.now.booked == 20 * GiB  # no cap known: the whole slice
 
@@ -233,9 +233,9 @@ def test_peak_table_round_trip_tags_rows_with_the_controllers_host_name(tmp_path
         ledger.close()
     entries = json.loads(json.dumps(table))  # what crosses SSH
     build, free = labels_from_table(entries, "peer1")
-    assert build == LabelPeaks("build", "peer1", 300 * MiB, 2, 300 * MiB, False, (100 * MiB, 300 * MiB),
-                               True, 2 * GiB)
-    assert (free.host, free.cap_known, free.last_cap) == ("peer1", True, None)
+    assert build == LabelPeaks(PeakRecord("build", "peer1", 300 * MiB, 2, 300 * MiB, False, None, None, 0.0),
+                               (100 * MiB, 300 * MiB), True, 2 * GiB)
+    assert (free.record.host, free.cap_known, free.last_cap) == ("peer1", True, None)
     h = host_capacity("peer1", {"hostname": "far", "slice": {"limit": 4 * GiB}, "peak_table": entries,
                                 "settings": {"default_cap": None, "gamble_size": 512 * MiB}})
     assert h.ok and [a.source for a in h.labels] == ["peak table on peer1 (far)"] * 2

@@ -227,3 +227,17 @@ def test_unset_state_dir_follows_the_environment_despite_the_cache(tmp_path: Pat
 def test_memory_cap_below_one_mib_is_refused() -> None:
     proc = cli("-m", "0", "--", "true")
     assert proc.returncode == ExitCode.USAGE and "too small" in one_error_line(proc)
+
+
+def test_the_models_defaults_are_the_settings_defaults() -> None:
+    """Every top-level key the model accepts defaults to what Settings does when it is absent (the
+    defaults are written once, in Settings; state_dir has none there: it is resolved at load)."""
+    from dispatch.config.model import ConfigModel
+    from dispatch.core.settings import Settings
+
+    model = ConfigModel().model_dump()
+    assert set(model) - set(Settings._fields) == set()
+    assert model.pop("state_dir") is None and model.pop("hosts") == {}
+    expected = {key: list(value) if isinstance(value, tuple) else value
+                for key, value in Settings._field_defaults.items() if key in model}
+    assert model == expected and set(model) == set(expected)

@@ -54,6 +54,19 @@ def test_the_errors_docstring_draws_every_class() -> None:
     assert missing == []
 
 
+def test_every_error_has_the_exit_code_its_docstring_tree_draws() -> None:
+    """The tree in errors.py's docstring is the reference: each class gives the code drawn beside it
+    (a class that names none inherits its parent's)."""
+    import re
+
+    import dispatch.core.errors as errors
+
+    drawn = dict(re.findall(r"(\w+Error)\s+(\d+)\s", errors.__doc__ or ""))
+    assert set(drawn) == _error_names() - {"HostrunError"}  # the root draws no number
+    given = {name: str(int(getattr(errors, name)("x").exit_code)) for name in drawn}
+    assert given == drawn
+
+
 def test_moved_errors_keep_their_exit_codes() -> None:
     assert SyncFailedError("x").exit_code == ExitCode.SYNC_FAILED
     assert ConnectionLostError("x").exit_code == ExitCode.CONNECTION_LOST

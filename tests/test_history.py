@@ -110,6 +110,18 @@ def test_filters_and_limit(hostrun: Hostrun) -> None:
         assert proc.stderr.startswith("hostrun: error: argument ") and len(proc.stderr.splitlines()) == 1
 
 
+def test_a_bad_option_value_is_named_in_the_message(hostrun: Hostrun) -> None:
+    """The line says what is wrong with the value, never the name of hostrun's own parsing function
+    (argparse used to print "invalid _limit value: '-1'")."""
+    for args, why in ((("--limit", "-1"), "argument --limit: must be 0 (all) or more: -1"),
+                      (("--limit", "x"), "argument --limit: not a whole number: 'x'"),
+                      (("--since", "yesterday"), "argument --since: not a duration ago")):
+        proc = hostrun.run("history", *args)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(f"hostrun: error: {why}"), proc.stderr
+        assert "_limit" not in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
 def test_history_is_pruned_by_rows(hostrun: Hostrun) -> None:
     assert hostrun.run("-m", "64M", "--", "true").returncode == 0  # creates the ledger
     insert_old(hostrun.state_dir, *[0.5] * 10)

@@ -173,9 +173,10 @@ def test_a_version_4_ledger_gains_the_mark_columns(tmp_path: Path) -> None:
 def test_capacity_books_a_marked_label_at_its_cap() -> None:
     """``hostrun capacity`` predicts the booking the ledger will make: a 254 mark means the cap."""
     from dispatch.local.capacity import LabelPeaks, assess
+    from dispatch.local.ledgerdb import PeakRecord
 
-    p = LabelPeaks(label="victim", host="local", max_peak=100 * MiB, runs=1, last_peak=100 * MiB,
-                   hit_ceiling=False, slice_full_marked=True)
+    p = LabelPeaks(PeakRecord("victim", "local", 100 * MiB, 1, 100 * MiB, False, None, None, 0.0,
+                              slice_full_at=0.0))
     a = assess(p, slice_limit=1000 * MiB, default_cap=None, gamble_size=50 * MiB)
     assert (a.now.kind, a.now.booked) == ("cap", 1000 * MiB)
     assert "killed when the slice filled" in a.now.why

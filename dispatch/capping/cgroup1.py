@@ -11,42 +11,23 @@ slice events) > 0 → own cap; killed and slice events > 0 → slice full.
 from __future__ import annotations
 
 import os
-import signal
 
 from dispatch.capping import eventfd
 from dispatch.capping.base import (
-    CapBackend,
-    JobCgroup,
     OomVerdict,
-    Probe,
-    SliceUsage,
     job_dir_at,
-    kill_pids,
     make_job_dir,
     read_int,
     read_keyed,
-    read_pids,
     remove_dir,
     write_text,
 )
-from dispatch.capping.cgroupfs import (
-    default_slice_path,
-    parse_mountinfo,
-    parse_proc_cgroup,
-    read_self_files,
-)
+from dispatch.capping.cgroupdir import DirectBackend, DirectJob, MemoryFiles, attribute, page_rounded
 from dispatch.core.errors import BackendError
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _held(stat: dict[str, int]) -> int:
-    """Memory processes hold and the kernel cannot reclaim: anonymous plus shmem (tmpfs).
-
-    Not ``usage - file cache``: usage also carries kernel memory left behind by finished jobs' dead
-    cgroups, which would make an empty slice look occupied.
-    """
-    return stat.get("total_rss", 0) + stat.get("total_shmem", 0)
+FILES = MemoryFiles(limit="memory.limit_in_bytes", usage="memory.usage_in_bytes",
+                    peak="memory.max_usage_in_bytes", anon="total_rss", shmem="total_shmem",
+                    cache="total_cache")
 
 
 def set_limit(directory: str, limit: int) -> None:
@@ -55,7 +36,7 @@ def set_limit(directory: str, limit: int) -> None:
     memsw must stay >= the memory limit, so when raising set memsw first, when lowering set the
     memory limit first. The kernel rounds to pages, so we do too (and compare rounded values).
     """
-    limit -= limit % PAGE
+    limit = page_rounded(limit)
     mem = os.path.join(directory, "memory.limit_in_bytes")
     memsw = os.path.join(directory, "memory.memsw.limit_in_bytes")
     has_memsw = os.path.exists(memsw)
@@ -92,62 +73,24 @@ class _OomWatch:
             self.efd = -1
 
 
-class Cgroup1Job(JobCgroup):
+class Cgroup1Job(DirectJob):
+    memfiles = FILES
+
     def __init__(self, directory: str, cap: int, slice_dir: str, watch: bool = True) -> None:
-        self.path = directory
-        self.cap = cap
+        super().__init__(directory, cap)
         self._job_watch = _OomWatch(directory) if watch else None
         self._slice_watch = _OomWatch(slice_dir) if watch else None
 
-    def preexec(self) -> None:
-        write_text(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))
-
-    def _stat(self) -> dict[str, int]:
-        return read_keyed(os.path.join(self.path, "memory.stat"))
-
-    def sample(self) -> int:
-        return _held(self._stat())
-
-    def charged_peak(self) -> int:
-        try:
-            return read_int(os.path.join(self.path, "memory.max_usage_in_bytes"))
-        except OSError:
-            return 0
-
-    def peak_estimate(self) -> int:
-        stat = self._stat()
-        cache = stat.get("total_cache", 0) - stat.get("total_shmem", 0)
-        return max(0, self.charged_peak() - cache)
-
-    def pids(self) -> list[int]:
-        return read_pids(os.path.join(self.path, "cgroup.procs"))
-
-    def signal_all(self, sig: int) -> None:
-        kill_pids(os.path.join(self.path, "cgroup.procs"), sig)
-
-    def kill_all(self) -> bool:
-        return kill_pids(os.path.join(self.path, "cgroup.procs"), signal.SIGKILL)
-
     def verdict(self) -> OomVerdict:
-        oom = read_keyed(os.path.join(self.path, "memory.oom_control"))
+        oom_kill = read_keyed(os.path.join(self.path, "memory.oom_control")).get("oom_kill", 0)
         job_events = self._job_watch.read() if self._job_watch else 0
         slice_events = self._slice_watch.read() if self._slice_watch else 0
-        killed = oom.get("oom_kill", 0) > 0
-        own = killed and job_events - slice_events > 0
-        return OomVerdict(
-            killed=killed,
-            own=own,
-            slice_full=killed and not own and slice_events > 0,
-            counters={
-                "oom_kill": oom.get("oom_kill", 0),
-                "job_oom_events": job_events,
-                "slice_oom_events": slice_events,
-            },
-        )
+        return attribute(oom_kill, job_events - slice_events, slice_events, {
+            "oom_kill": oom_kill, "job_oom_events": job_events, "slice_oom_events": slice_events})
 
     def remove(self) -> None:
         self.close()
-        remove_dir(self.path)
+        super().remove()
 
     def close(self) -> None:
         for watch in (self._job_watch, self._slice_watch):
@@ -158,49 +101,13 @@ class Cgroup1Job(JobCgroup):
         return [w.efd for w in (self._job_watch, self._slice_watch) if w is not None and w.efd >= 0]
 
 
-class Cgroup1Backend(CapBackend):
+class Cgroup1Backend(DirectBackend):
     name = "cgroup1"
-
-    def __init__(self, mount: str, slice_path: str) -> None:
-        self.mount = mount
-        self.slice_path = slice_path
-        self.slice_dir = mount.rstrip("/") + slice_path
-
-    @classmethod
-    def probe(cls, configured_slice: str | None = None) -> tuple[Probe, Cgroup1Backend | None]:
-        try:
-            cgroup_text, mountinfo = read_self_files()
-        except OSError as exc:
-            return Probe(False, f"cannot read /proc/self: {exc}"), None
-        mount = parse_mountinfo(mountinfo).get("memory")
-        own = parse_proc_cgroup(cgroup_text).get("memory")
-        if not mount or own is None:
-            return Probe(False, "no cgroup v1 memory controller mounted"), None
-        slice_path = configured_slice or default_slice_path(own)
-        parent = os.path.dirname((mount.rstrip("/") + slice_path).rstrip("/"))
-        if not os.access(parent, os.W_OK):
-            return Probe(False, f"cannot create cgroups under {parent} (need write access)"), None
-        return Probe(True, f"memory controller at {mount}"), cls(mount, slice_path)
-
-    def describe(self) -> str:
-        return self.slice_dir
-
-    def ensure_slice(self, limit: int) -> None:
-        try:
-            os.makedirs(self.slice_dir, exist_ok=True)
-            if read_int(os.path.join(self.slice_dir, "memory.limit_in_bytes")) != limit - limit % PAGE:
-                set_limit(self.slice_dir, limit)
-        except OSError as exc:
-            raise BackendError(f"cannot prepare slice {self.slice_dir}: {exc.strerror}") from None
-
-    def slice_usage(self) -> SliceUsage:
-        d = self.slice_dir
-        try:
-            usage = read_int(os.path.join(d, "memory.usage_in_bytes"))
-            limit = read_int(os.path.join(d, "memory.limit_in_bytes"))
-        except OSError:
-            return SliceUsage(limit=0, usage=0, held=0)
-        return SliceUsage(limit=limit, usage=usage, held=_held(read_keyed(os.path.join(d, "memory.stat"))))
+    memfiles = FILES
+    mount_key = cgroup_key = "memory"
+    not_mounted = "no cgroup v1 memory controller mounted"
+    found = "memory controller"
+    set_limit = staticmethod(set_limit)
 
     def create_job(self, job_id: str, cap: int) -> Cgroup1Job:
         directory = make_job_dir(self.slice_dir, job_id, cap, set_limit)

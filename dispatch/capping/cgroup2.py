@@ -12,44 +12,21 @@ run it against a faithful fake cgroupfs.
 from __future__ import annotations
 
 import os
-import signal
 
 from dispatch.capping.base import (
-    CapBackend,
-    JobCgroup,
     OomVerdict,
-    Probe,
-    SliceUsage,
     job_dir_at,
-    kill_pids,
     make_job_dir,
     read_int,
     read_keyed,
     read_pids,
     read_text,
-    remove_dir,
     write_text,
 )
-from dispatch.capping.cgroupfs import (
-    default_slice_path,
-    parse_mountinfo,
-    parse_proc_cgroup,
-    read_self_files,
-)
-from dispatch.core.errors import BackendError
+from dispatch.capping.cgroupdir import DirectBackend, DirectJob, MemoryFiles, attribute, page_rounded
 
-
-def held(stat: dict[str, int]) -> int:
-    """Anonymous plus shmem: what processes hold that reclaim cannot free (page cache excluded)."""
-    return stat.get("anon", 0) + stat.get("shmem", 0)
-
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def page_rounded(limit: int) -> int:
-    """The kernel stores limits in whole pages and reads them back rounded down."""
-    return limit - limit % PAGE
+FILES = MemoryFiles(limit="memory.max", usage="memory.current", peak="memory.peak", anon="anon",
+                    shmem="shmem", cache="file")
 
 
 def set_limit(directory: str, limit: int) -> None:
@@ -76,10 +53,11 @@ def _blocks_children(directory: str) -> bool:
     return not enabled and bool(read_pids(os.path.join(directory, "cgroup.procs")))
 
 
-class Cgroup2Job(JobCgroup):
+class Cgroup2Job(DirectJob):
+    memfiles = FILES
+
     def __init__(self, directory: str, cap: int, slice_dir: str, wrapper: list[str] | None = None):
-        self.path = directory
-        self.cap = cap
+        super().__init__(directory, cap)
         self.slice_dir = slice_dir
         self._wrapper = wrapper
         self._slice_oom_before = self._slice_oom()
@@ -91,27 +69,8 @@ class Cgroup2Job(JobCgroup):
         return [*self._wrapper, "--", *argv] if self._wrapper else list(argv)
 
     def preexec(self) -> None:
-        if self._wrapper is None:
-            write_text(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))
-
-    def sample(self) -> int:
-        return held(read_keyed(os.path.join(self.path, "memory.stat")))
-
-    def charged_peak(self) -> int:
-        try:
-            return read_int(os.path.join(self.path, "memory.peak"))
-        except OSError:
-            return 0
-
-    def peak_estimate(self) -> int:
-        stat = read_keyed(os.path.join(self.path, "memory.stat"))
-        return max(0, self.charged_peak() - (stat.get("file", 0) - stat.get("shmem", 0)))
-
-    def pids(self) -> list[int]:
-        return read_pids(os.path.join(self.path, "cgroup.procs"))
-
-    def signal_all(self, sig: int) -> None:
-        kill_pids(os.path.join(self.path, "cgroup.procs"), sig)
+        if self._wrapper is None:  # systemd-run moves the job into its scope itself
+            super().preexec()
 
     def kill_all(self) -> bool:
         kill_file = os.path.join(self.path, "cgroup.kill")
@@ -120,87 +79,47 @@ class Cgroup2Job(JobCgroup):
                 write_text(kill_file, "1")
             except OSError:
                 pass
-        return kill_pids(os.path.join(self.path, "cgroup.procs"), signal.SIGKILL)
+        return super().kill_all()
 
     def verdict(self) -> OomVerdict:
         events = read_keyed(os.path.join(self.path, "memory.events"))
+        oom, oom_kill = events.get("oom", 0), events.get("oom_kill", 0)
         slice_oom = self._slice_oom() - self._slice_oom_before
-        killed = events.get("oom_kill", 0) > 0
-        own = killed and events.get("oom", 0) > 0
-        return OomVerdict(
-            killed=killed,
-            own=own,
-            slice_full=killed and not own and slice_oom > 0,
-            counters={
-                "oom": events.get("oom", 0),
-                "oom_kill": events.get("oom_kill", 0),
-                "slice_oom": slice_oom,
-            },
-        )
-
-    def remove(self) -> None:
-        remove_dir(self.path)
+        return attribute(oom_kill, oom, slice_oom, {"oom": oom, "oom_kill": oom_kill, "slice_oom": slice_oom})
 
 
-class Cgroup2Backend(CapBackend):
+class Cgroup2Backend(DirectBackend):
     name = "cgroup2"
-
-    def __init__(self, mount: str, slice_path: str) -> None:
-        self.mount = mount
-        self.slice_path = slice_path
-        self.slice_dir = mount.rstrip("/") + slice_path
+    memfiles = FILES
+    mount_key = "cgroup2"
+    cgroup_key = ""
+    not_mounted = "no cgroup2 hierarchy mounted"
+    found = "cgroup2"
+    set_limit = staticmethod(set_limit)
 
     @classmethod
-    def probe(
-        cls, configured_slice: str | None = None, files: tuple[str, str] | None = None
-    ) -> tuple[Probe, Cgroup2Backend | None]:
-        try:
-            cgroup_text, mountinfo = files or read_self_files()
-        except OSError as exc:
-            return Probe(False, f"cannot read /proc/self: {exc}"), None
-        mount = parse_mountinfo(mountinfo).get("cgroup2")
-        own = parse_proc_cgroup(cgroup_text).get("")
-        if not mount or own is None:
-            return Probe(False, "no cgroup2 hierarchy mounted"), None
-        slice_path = configured_slice or default_slice_path(own)
-        parent = os.path.dirname((mount.rstrip("/") + slice_path).rstrip("/"))
+    def parent_problem(cls, mount: str, parent: str) -> str | None:
         try:
             controllers = read_text(os.path.join(parent, "cgroup.controllers")).split()
         except OSError:
-            return Probe(False, f"no cgroup.controllers in {parent}"), None
+            return f"no cgroup.controllers in {parent}"
         if "memory" not in controllers:
-            return Probe(False, f"memory controller not available in cgroup v2 at {parent}"), None
+            return f"memory controller not available in cgroup v2 at {parent}"
         if parent != mount.rstrip("/") and _blocks_children(parent):
-            return Probe(False, f"{parent} holds processes of its own, so cgroup v2 cannot give its "
-                                f"children the memory controller (no-internal-process rule); set "
-                                f"hosts.*.cgroup to a slice outside it"), None
-        if not os.access(parent, os.W_OK):
-            return Probe(False, f"cannot create cgroups under {parent} (need write access)"), None
-        return Probe(True, f"cgroup2 at {mount}"), cls(mount, slice_path)
+            return (f"{parent} holds processes of its own, so cgroup v2 cannot give its children "
+                    f"the memory controller (no-internal-process rule); set hosts.*.cgroup to a "
+                    f"slice outside it")
+        return None
 
-    def describe(self) -> str:
-        return self.slice_dir
+    def limit_is(self, directory: str, limit: int) -> bool:
+        swap = os.path.join(directory, "memory.swap.max")
+        return (super().limit_is(directory, limit)
+                and (not os.path.exists(swap) or read_int(swap) == 0))
 
-    def ensure_slice(self, limit: int) -> None:
-        try:
-            enable_memory(os.path.dirname(self.slice_dir))
-            os.makedirs(self.slice_dir, exist_ok=True)
-            enable_memory(self.slice_dir)
-            swap = os.path.join(self.slice_dir, "memory.swap.max")
-            if (read_int(os.path.join(self.slice_dir, "memory.max")) != page_rounded(limit)
-                    or (os.path.exists(swap) and read_int(swap) != 0)):
-                set_limit(self.slice_dir, limit)
-        except OSError as exc:
-            raise BackendError(f"cannot prepare slice {self.slice_dir}: {exc.strerror}") from None
-
-    def slice_usage(self) -> SliceUsage:
-        d = self.slice_dir
-        try:
-            usage = read_int(os.path.join(d, "memory.current"))
-            limit = read_int(os.path.join(d, "memory.max"))
-        except OSError:
-            return SliceUsage(limit=0, usage=0, held=0)
-        return SliceUsage(limit=limit, usage=usage, held=held(read_keyed(os.path.join(d, "memory.stat"))))
+    def make_slice(self) -> None:
+        enable_memory(os.path.dirname(self.slice_dir))
+        super().make_slice()
+        enable_memory(self.slice_dir)
 
     def create_job(self, job_id: str, cap: int) -> Cgroup2Job:
         return Cgroup2Job(make_job_dir(self.slice_dir, job_id, cap, set_limit), cap, self.slice_dir)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from dispatch.capping.base import Probe, read_int, read_text
-from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job, page_rounded
+from dispatch.capping.base import Probe, read_text
+from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job
 from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
 from dispatch.core.errors import BackendError
 
@@ -86,9 +86,7 @@ class SystemdBackend(Cgroup2Backend):
 
     def ensure_slice(self, limit: int) -> None:
         try:
-            swap = os.path.join(self.slice_dir, "memory.swap.max")
-            if (read_int(os.path.join(self.slice_dir, "memory.max")) == page_rounded(limit)
-                    and (not os.path.exists(swap) or read_int(swap) == 0)):
+            if self.limit_is(self.slice_dir, limit):
                 return  # already right: skip a systemctl round trip on every job
         except (OSError, ValueError):
             pass

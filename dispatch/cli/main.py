@@ -25,6 +25,7 @@ from dispatch.cli.options import (
     parse_run_options,
     resolve_session,
     split_command,
+    whole_number,
 )
 from dispatch.core.errors import HostrunError, UsageError
 from dispatch.core.exitcodes import ExitCode, outcome_name
@@ -32,11 +33,13 @@ from dispatch.core.exitcodes import ExitCode, outcome_name
 MYPY = False
 if MYPY:
     import argparse
-    from typing import Any, NoReturn
+    from typing import Any, NoReturn, TypeVar
 
     from dispatch.core.outcome import Outcome
     from dispatch.core.request import RunRequest
     from dispatch.placement.dispatcher import Job
+
+    T = TypeVar("T")
 
 SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts", "capacity",
                "lock", "workdir", "preflight", "history")
@@ -405,10 +408,19 @@ def cmd_ledger(argv: list[str]) -> int:
 
 
 def _limit(text: str) -> int:
-    value = int(text)
+    value = whole_number(text)
     if value < 0:
         raise ValueError(f"must be 0 (all) or more: {value}")
     return value
+
+
+def _option_value(option: str, text: str, parse: Callable[[str], T]) -> T:
+    """``text`` as ``parse`` reads it; its ValueError, which says what is wrong with the value, becomes
+    the usage error (argparse's own ``type=`` would print only the parser function's name)."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise UsageError(f"argument {option}: {exc}") from None
 
 
 def cmd_history(argv: list[str]) -> int:
@@ -420,17 +432,13 @@ def cmd_history(argv: list[str]) -> int:
     p.add_argument("--session", metavar="NAME", help="only runs of this session")
     p.add_argument("--since", metavar="T", help="only runs that ended since T: a duration ago (2h, "
                                                 "7d) or an ISO date/time (2024-05-01T14:30)")
-    p.add_argument("--limit", metavar="N", type=_limit, default=50,
+    p.add_argument("--limit", metavar="N", default="50",
                    help="only the latest N runs (default: %(default)s; 0: all)")
     args = p.parse_args(argv)
-    since = None
-    if args.since is not None:
-        from dispatch.local.history import since_time
+    from dispatch.local.history import since_time
 
-        try:
-            since = since_time(args.since)
-        except ValueError as exc:
-            raise UsageError(f"argument --since: {exc}") from None
+    since = None if args.since is None else _option_value("--since", args.since, since_time)
+    limit = _option_value("--limit", args.limit, _limit)
     from dispatch.local.hostslice import live_jobs_of
     from dispatch.local.ledger import Ledger
 
@@ -438,7 +446,7 @@ def cmd_history(argv: list[str]) -> int:
     ledger = Ledger(settings.state_dir, _say, live_jobs_of(settings))
     try:
         runs = ledger.runs(label=args.label, host=args.host, session=args.session, since=since,
-                           limit=args.limit)
+                           limit=limit)
     finally:
         ledger.close()
     if args.json:
@@ -463,6 +471,14 @@ def _check_hosts(settings: Any, names: list[str] | None) -> None:
             raise UsageError(f"--host {name}: no such host (configured: {', '.join(settings.hosts)})")
 
 
+def _readings_status(readings: list[Any]) -> int:
+    """``report``'s and ``capacity``'s exit code: 78 when this host's own report failed (e.g. a forced
+    backend), else 246 when a peer's did, else 0."""
+    if any(not r.ok and r.host == "local" for r in readings):
+        return int(ExitCode.NOT_RUN)
+    return 0 if all(r.ok for r in readings) else int(ExitCode.PEER_UNREACHABLE)
+
+
 def cmd_report(argv: list[str]) -> int:
     p = _sub_parser("report", "Every configured host's memory, slice, bookings, load, GPUs and queue, "
                               "read in parallel within the configured deadlines.")
@@ -483,9 +499,7 @@ def cmd_report(argv: list[str]) -> int:
         from dispatch.cli import render
 
         render.readings(readings)
-    if any(not r.ok and r.host == "local" for r in readings):
-        return int(ExitCode.NOT_RUN)  # this host's own report failed (e.g. a forced backend)
-    return 0 if all(r.ok for r in readings) else int(ExitCode.PEER_UNREACHABLE)
+    return _readings_status(readings)
 
 
 def cmd_capacity(argv: list[str]) -> int:
@@ -496,12 +510,7 @@ def cmd_capacity(argv: list[str]) -> int:
     p.add_argument("--slice", metavar="SIZE", help="also show how many would fit if each host's slice "
                                                    "were SIZE (e.g. 40G)")
     args = p.parse_args(argv)
-    what_if = None
-    if args.slice is not None:
-        try:
-            what_if = cap_size(args.slice)
-        except ValueError as exc:
-            raise UsageError(f"argument --slice: {exc}") from None
+    what_if = None if args.slice is None else _option_value("--slice", args.slice, cap_size)
     from dispatch.local.capacity import host_capacity, rules
     from dispatch.placement.reports import read_reports
 
@@ -518,9 +527,7 @@ def cmd_capacity(argv: list[str]) -> int:
         from dispatch.cli import render
 
         render.capacity(hosts)
-    if any(not r.ok and r.host == "local" for r in readings):
-        return int(ExitCode.NOT_RUN)  # as 'hostrun report': this host's own report failed
-    return 0 if all(r.ok for r in readings) else int(ExitCode.PEER_UNREACHABLE)
+    return _readings_status(readings)
 
 
 def cmd_doctor(argv: list[str]) -> int:

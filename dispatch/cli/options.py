@@ -73,11 +73,15 @@ def positive_duration(text: str) -> float:
     return value
 
 
-def thread_count(text: str) -> int:
+def whole_number(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise ValueError(f"not a whole number: {text!r}") from None
+
+
+def thread_count(text: str) -> int:
+    value = whole_number(text)
     if not 1 <= value <= MAX_THREADS:
         raise ValueError(f"must be from 1 to {MAX_THREADS}: {value}")
     return value

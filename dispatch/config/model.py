@@ -108,24 +108,30 @@ class GroupModel(_Strict):
     max_running: int = Field(ge=1)
 
 
+DEFAULTS = Settings._field_defaults  # the one place the top-level defaults are written
+
+
 class ConfigModel(_Strict):
-    state_dir: Optional[str] = None
-    alert_file: Optional[str] = None
-    long_job_threshold: Duration = 7200.0
-    pending_window: Duration = 30.0
-    report_timeout: PositiveDuration = 12.0
-    report_deadline: PositiveDuration = 25.0
-    enable_across_machines: bool = False
-    gamble_size: MemorySize = 512 << 20
-    status_interval: PositiveDuration = 60.0
-    kill_grace: Duration = 10.0
-    control_persist: Duration = 600.0
-    toolchain_probes: list[str] = Field(default_factory=lambda: ["rustc -Vv", "cargo -V"])
-    sync_excludes: list[str] = Field(default_factory=list)
-    groups: dict[str, GroupModel] = Field(default_factory=dict)
-    clear_mark_after: int = Field(default=3, ge=1, le=1000)
-    history_days: Number = Field(default=90.0, gt=0)
-    history_rows: Count = Field(default=100_000, ge=1)
+    """The top level. Its defaults are ``Settings``' own (``settings_from_dict`` builds the Settings
+    from the file; this model only says what is allowed)."""
+
+    state_dir: Optional[str] = None  # unset: resolved from $XDG_STATE_HOME/$HOME on every load
+    alert_file: Optional[str] = DEFAULTS["alert_file"]
+    long_job_threshold: Duration = DEFAULTS["long_job_threshold"]
+    pending_window: Duration = DEFAULTS["pending_window"]
+    report_timeout: PositiveDuration = DEFAULTS["report_timeout"]
+    report_deadline: PositiveDuration = DEFAULTS["report_deadline"]
+    enable_across_machines: bool = DEFAULTS["enable_across_machines"]
+    gamble_size: MemorySize = DEFAULTS["gamble_size"]
+    status_interval: PositiveDuration = DEFAULTS["status_interval"]
+    kill_grace: Duration = DEFAULTS["kill_grace"]
+    control_persist: Duration = DEFAULTS["control_persist"]
+    toolchain_probes: list[str] = Field(default_factory=lambda: list(DEFAULTS["toolchain_probes"]))
+    sync_excludes: list[str] = Field(default_factory=lambda: list(DEFAULTS["sync_excludes"]))
+    groups: dict[str, GroupModel] = Field(default_factory=dict)  # Settings: no groups either
+    clear_mark_after: int = Field(default=DEFAULTS["clear_mark_after"], ge=1, le=1000)
+    history_days: Number = Field(default=DEFAULTS["history_days"], gt=0)
+    history_rows: Count = Field(default=DEFAULTS["history_rows"], ge=1)
     hosts: dict[str, HostModel] = Field(default_factory=dict)
 
 

@@ -37,6 +37,12 @@ class HostrunError(Exception):
     exit_code: int = ExitCode.USAGE
     host: str | None = None
 
+    def __init_subclass__(cls, code: int | None = None) -> None:
+        """``class XError(HostrunError, code=ExitCode.Y)``: XError's exit code (else its parent's)."""
+        super().__init_subclass__()
+        if code is not None:
+            cls.exit_code = code
+
     def __init__(self, message: str, exit_code: int | None = None, host: str | None = None) -> None:
         super().__init__(message)
         if exit_code is not None:
@@ -45,8 +51,8 @@ class HostrunError(Exception):
             self.host = host
 
 
-class UsageError(HostrunError):
-    exit_code = ExitCode.USAGE
+class UsageError(HostrunError, code=ExitCode.USAGE):
+    """Bad arguments, or a configuration that cannot be read."""
 
 
 class ConfigError(UsageError):
@@ -57,44 +63,39 @@ class UntrustedPathError(ConfigError):
     """Another user could steer hostrun through this file or directory; the message says the fix."""
 
 
-class NotRunError(HostrunError):
-    exit_code = ExitCode.NOT_RUN
+class NotRunError(HostrunError, code=ExitCode.NOT_RUN):
+    """A preflight condition was not met: the command did not run."""
 
 
 class GpuError(NotRunError):
     """nvidia-smi exists but failed or did not answer in time."""
 
 
-class LockTimeoutError(HostrunError):
+class LockTimeoutError(HostrunError, code=ExitCode.NOT_RUN):
     """``--wait`` ran out while another holder kept DIR: the command did not run, so 78 ("nothing
     ran"), not 253 (which says a job ran past its max runtime)."""
 
-    exit_code = ExitCode.NOT_RUN
+
+class NeverFitsError(HostrunError, code=ExitCode.NEVER_FITS):
+    """The cap is larger than the host's whole slice: waiting can never help."""
 
 
-class NeverFitsError(HostrunError):
-    exit_code = ExitCode.NEVER_FITS
+class NoCapBackendError(HostrunError, code=ExitCode.NOT_RUN):
+    """No memory-cap backend works here and ``--no-cap`` was not given."""
 
 
-class NoCapBackendError(HostrunError):
-    exit_code = ExitCode.NOT_RUN
+class BackendError(HostrunError, code=ExitCode.NOT_RUN):
+    """A cap backend failed while preparing the slice or the job's cgroup."""
 
 
-class BackendError(HostrunError):
-    exit_code = ExitCode.NOT_RUN
-
-
-class LedgerError(HostrunError):
+class LedgerError(HostrunError, code=ExitCode.NOT_RUN):
     """The state dir's ledger cannot be used (read-only, disk full, damaged and not recoverable)."""
 
-    exit_code = ExitCode.NOT_RUN
 
-
-class PeerUnreachableError(HostrunError):
+class PeerUnreachableError(HostrunError, code=ExitCode.PEER_UNREACHABLE):
     """The peer could not be reached; ``transient`` when ssh's reason (refused, reset, timed out)
     says another try may work."""
 
-    exit_code = ExitCode.PEER_UNREACHABLE
     transient: bool = False
 
     def __init__(self, message: str, exit_code: int | None = None, host: str | None = None,
@@ -111,23 +112,21 @@ class PeerAuthError(PeerUnreachableError):
     """Authentication failed: retrying cannot help."""
 
 
-class ToolchainMismatchError(HostrunError):
-    exit_code = ExitCode.TOOLCHAIN_MISMATCH
+class ToolchainMismatchError(HostrunError, code=ExitCode.TOOLCHAIN_MISMATCH):
+    """The peer's toolchain differs from this host's."""
 
 
-class AcrossDisabledError(HostrunError):
-    exit_code = ExitCode.ACROSS_DISABLED
+class AcrossDisabledError(HostrunError, code=ExitCode.ACROSS_DISABLED):
+    """A peer was asked for while ``enable_across_machines`` is off."""
 
 
-class OverPeerCapError(HostrunError):
-    exit_code = ExitCode.OVER_PEER_CAP
+class OverPeerCapError(HostrunError, code=ExitCode.OVER_PEER_CAP):
+    """The cap exceeds the peer's ``peer_memory_cap``."""
 
 
-class ConnectionLostError(HostrunError):
+class ConnectionLostError(HostrunError, code=ExitCode.CONNECTION_LOST):
     """The link to the peer broke after the agent was told to go; the remote job was stopped."""
 
-    exit_code = ExitCode.CONNECTION_LOST
 
-
-class SyncFailedError(HostrunError):
-    exit_code = ExitCode.SYNC_FAILED
+class SyncFailedError(HostrunError, code=ExitCode.SYNC_FAILED):
+    """The tree (or a ``--return`` path) could not be synced."""

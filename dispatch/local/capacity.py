@@ -51,16 +51,15 @@ NEVER_FITS = "never-fits"
 class LabelPeaks(NamedTuple):
     """One label's peak figures on one host: its peak-table record plus its recent history."""
 
-    label: str
-    host: str
-    max_peak: int
-    runs: int
-    last_peak: int
-    hit_ceiling: bool
+    record: PeakRecord  # label, host, peaks, runs, ceiling and slice-full mark (no durations or times)
     history: tuple[int, ...] = ()  # peaks of the last runs kept (oldest first)
     cap_known: bool = False  # whether the last run's cap was recorded (runs since the history)
     last_cap: Optional[int] = None  # that cap; None with cap_known: the job had no cap of its own
-    slice_full_marked: bool = False  # exited 254 and not yet cleared: booked at its cap
+
+    @property
+    def slice_full_marked(self) -> bool:
+        """Exited 254 and not yet cleared: booked at its cap."""
+        return self.record.slice_full_at is not None
 
 
 class Fit(NamedTuple):
@@ -140,8 +139,8 @@ def samples(p: LabelPeaks) -> tuple[list[int], str | None]:
     label recorded (mostly) before the history existed, its max and last peak."""
     if len(p.history) >= 2:
         return list(p.history), "history"
-    if p.runs >= 2:
-        return [p.last_peak, p.max_peak], "max-vs-last"
+    if p.record.runs >= 2:
+        return [p.record.last_peak, p.record.max_peak], "max-vs-last"
     return [], None
 
 
@@ -157,9 +156,10 @@ def assumed_cap(p: LabelPeaks, default_cap: int | None) -> tuple[int | None, str
 
 def fit(p: LabelPeaks, cap: int | None, slice_limit: int, gamble_size: int, half_cap: int) -> Fit:
     """How the ledger would book the next run in ``slice_limit``, and how many such runs fit."""
+    r = p.record
     at_half = how_many(slice_limit, half_cap)
     try:
-        plan = plan_booking(cap=cap, peak=_as_record(p), slice_limit=slice_limit,
+        plan = plan_booking(cap=cap, peak=r, slice_limit=slice_limit,
                             gamble_size=gamble_size)
     except NeverFitsError:
         assert cap is not None
@@ -170,32 +170,28 @@ def fit(p: LabelPeaks, cap: int | None, slice_limit: int, gamble_size: int, half
     elif plan.kind == "cap" and cap is None:
         why = f"{_marked(p)} and has no cap: booked at the whole slice"
     elif plan.kind == "cap":
-        why = f"{_marked(p)}: booked at its cap" if p.hit_ceiling or p.slice_full_marked else (
+        why = f"{_marked(p)}: booked at its cap" if r.hit_ceiling or p.slice_full_marked else (
             "booked at its cap (its peak is not below the cap)")
     else:
         why = "no usable peak and no cap: booked at the gamble size"
     fits = how_many(slice_limit, plan.size)
-    if p.max_peak > 0 and how_many(slice_limit, p.max_peak) < fits:  # a gamble below its real peak
-        fits = how_many(slice_limit, p.max_peak)
+    if r.max_peak > 0 and how_many(slice_limit, r.max_peak) < fits:  # a gamble below its real peak
+        fits = how_many(slice_limit, r.max_peak)
         why += f"; but only {fits} fit at its worst recorded peak"
-    if p.max_peak > slice_limit:
-        why = f"its worst recorded peak {format_size(p.max_peak)} is larger than the slice"
+    if r.max_peak > slice_limit:
+        why = f"its worst recorded peak {format_size(r.max_peak)} is larger than the slice"
     return Fit(slice_limit, plan.kind, plan.size, fits, at_half, why)
 
 
 def _marked(p: LabelPeaks) -> str:
-    return "hit its ceiling" if p.hit_ceiling else "killed when the slice filled (marked)"
-
-
-def _as_record(p: LabelPeaks) -> PeakRecord:
-    return PeakRecord(p.label, p.host, p.max_peak, p.runs, p.last_peak, p.hit_ceiling, None, None, 0.0,
-                      slice_full_at=0.0 if p.slice_full_marked else None)
+    return "hit its ceiling" if p.record.hit_ceiling else "killed when the slice filled (marked)"
 
 
 def assess(p: LabelPeaks, *, slice_limit: int, default_cap: int | None, gamble_size: int,
            what_if: int | None = None, hostname: str | None = None) -> Assessment:
     """Everything ``hostrun capacity`` says about one label on one host."""
-    half_cap = half_rule_cap(p.max_peak)
+    r = p.record
+    half_cap = half_rule_cap(r.max_peak)
     cap, cap_source = assumed_cap(p, default_cap)
     now = fit(p, cap, slice_limit, gamble_size, half_cap)
     other = fit(p, cap, what_if, gamble_size, half_cap) if what_if is not None else None
@@ -206,15 +202,15 @@ def assess(p: LabelPeaks, *, slice_limit: int, default_cap: int | None, gamble_s
     if cap is not None and cap < half_cap:
         flags.append(CAP_BELOW)
         notes.append(f"cap {format_size(cap)} ({cap_source}) is below the half-rule cap "
-                     f"{format_size(half_cap)} (2 x worst peak {format_size(p.max_peak)}, rounded up "
+                     f"{format_size(half_cap)} (2 x worst peak {format_size(r.max_peak)}, rounded up "
                      "to 512 MiB)")
-    elif cap is None and cap_source == "unknown" and p.hit_ceiling:
+    elif cap is None and cap_source == "unknown" and r.hit_ceiling:
         flags.append(CAP_BELOW)
         notes.append(f"its cap was not recorded, but it hit its ceiling, so that cap was below the "
                      f"half-rule cap {format_size(half_cap)}")
-    if p.hit_ceiling:
+    if r.hit_ceiling:
         flags.append(HIT_CEILING)
-        notes.append(f"hit its ceiling: its true peak is above {format_size(p.max_peak)}, so "
+        notes.append(f"hit its ceiling: its true peak is above {format_size(r.max_peak)}, so "
                      f"{format_size(half_cap)} is only a lower bound; it is booked at its cap")
     if cv is not None and cv > WIDE_CV:
         flags.append(PEAKS_VARY)
@@ -222,8 +218,8 @@ def assess(p: LabelPeaks, *, slice_limit: int, default_cap: int | None, gamble_s
             notes.append(f"peaks vary widely: {format_size(min(values))} to {format_size(max(values))} "
                          f"over the last {len(values)} runs (variation {cv:.2f} > {WIDE_CV:.2f})")
         else:
-            notes.append(f"peaks vary widely: worst {format_size(p.max_peak)}, last "
-                         f"{format_size(p.last_peak)} (more than 2x apart)")
+            notes.append(f"peaks vary widely: worst {format_size(r.max_peak)}, last "
+                         f"{format_size(r.last_peak)} (more than 2x apart)")
     if half_cap > slice_limit:
         flags.append(OVER_SLICE)
         notes.append(f"the half-rule cap {format_size(half_cap)} is larger than the slice "
@@ -232,8 +228,8 @@ def assess(p: LabelPeaks, *, slice_limit: int, default_cap: int | None, gamble_s
         flags.append(NEVER_FITS)
         notes.append(now.why)
     return Assessment(
-        label=p.label, host=p.host, hostname=hostname, runs=p.runs, max_peak=p.max_peak,
-        last_peak=p.last_peak, hit_ceiling=p.hit_ceiling, history_runs=len(p.history),
+        label=r.label, host=r.host, hostname=hostname, runs=r.runs, max_peak=r.max_peak,
+        last_peak=r.last_peak, hit_ceiling=r.hit_ceiling, history_runs=len(p.history),
         variation=cv, variation_basis=basis, cap=cap, cap_source=cap_source, half_rule_cap=half_cap,
         now=now, what_if=other, flags=tuple(flags), notes=tuple(notes),
     )
@@ -249,12 +245,12 @@ def peak_table(records: Sequence[PeakRecord], runs: Sequence[PeakRun]) -> list[d
     table = []
     for r in records:
         mine = history.get(r.label, [])
-        table.append(LabelPeaks(
-            label=r.label, host=r.host, max_peak=r.max_peak, runs=r.runs, last_peak=r.last_peak,
-            hit_ceiling=r.hit_ceiling, history=tuple(x.peak for x in mine), cap_known=bool(mine),
-            last_cap=mine[-1].cap if mine else None, slice_full_marked=r.slice_full_at is not None,
-        )._asdict())
-        table[-1]["history"] = list(table[-1]["history"])
+        table.append({
+            "label": r.label, "host": r.host, "max_peak": r.max_peak, "runs": r.runs,
+            "last_peak": r.last_peak, "hit_ceiling": r.hit_ceiling, "history": [x.peak for x in mine],
+            "cap_known": bool(mine), "last_cap": mine[-1].cap if mine else None,
+            "slice_full_marked": r.slice_full_at is not None,
+        })
     return table
 
 
@@ -263,12 +259,13 @@ def labels_from_table(table: Sequence[dict[str, Any]], host: str) -> list[LabelP
     (a peer's ledger calls itself ``local``)."""
     out = []
     for e in table:
+        record = PeakRecord(str(e["label"]), host, int(e["max_peak"]), int(e["runs"]),
+                            int(e["last_peak"]), bool(e["hit_ceiling"]), None, None, 0.0,
+                            slice_full_at=0.0 if e.get("slice_full_marked") else None)
         out.append(LabelPeaks(
-            label=str(e["label"]), host=host, max_peak=int(e["max_peak"]), runs=int(e["runs"]),
-            last_peak=int(e["last_peak"]), hit_ceiling=bool(e["hit_ceiling"]),
-            history=tuple(int(x) for x in e.get("history") or ()), cap_known=bool(e.get("cap_known")),
+            record, history=tuple(int(x) for x in e.get("history") or ()),
+            cap_known=bool(e.get("cap_known")),
             last_cap=None if e.get("last_cap") is None else int(e["last_cap"]),
-            slice_full_marked=bool(e.get("slice_full_marked")),
         ))
     return out
 
