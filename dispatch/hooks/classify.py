@@ -83,7 +83,7 @@ class _Done(Exception):
 class _Context:
     """One decision's state: the tables, the limits, the files read, what was found so far."""
 
-    def __init__(self, table: list[rules.Pattern], env: Mapping[str, str], deadline_s: float,
+    def __init__(self, table: rules.Table, env: Mapping[str, str], deadline_s: float,
                  max_depth: int, max_bytes: int, unknown_heavy: bool) -> None:
         self.table, self.env, self.deadline_s = table, env, deadline_s
         self.deadline = time.monotonic() + deadline_s
@@ -257,7 +257,7 @@ def _argv(ctx: _Context, words: list[str], frame: _Frame, cmd: Simple | None, pi
         return  # `for x in …`, `case … in`, `function f`: no command runs here
     name = rules.tool_name(words[0])
     if name == "cd" or name == "pushd":
-        _cd(frame, words)
+        _cd(frame, words, ctx.env.get("HOME"))
         return
     if name == "hostrun":
         _hostrun(ctx, words[1:], frame, gpu_env)
@@ -296,10 +296,13 @@ def _decide(ctx: _Context, words: list[str], frame: _Frame, gpu_env: bool,
     ctx.found(False, False, f"{_shown(words)} [no heavy pattern]{_at(frame)}", frame.through)
 
 
-def _cd(frame: _Frame, words: list[str]) -> None:
-    target = next((w for w in words[1:] if not w.startswith("-")), None)
+def _cd(frame: _Frame, words: list[str], home: str | None) -> None:
+    """``cd DIR`` moves the directory the next commands (and the scripts they name) run in."""
+    target = next((w for w in words[1:] if not w.startswith("-")), home)
+    if target and target.startswith("~") and home:
+        target = home + target[1:] if target in ("~",) or target.startswith("~/") else target
     if target and "$" not in target and "`" not in target:
-        frame.cwd = os.path.normpath(os.path.join(frame.cwd, os.path.expanduser(target)))
+        frame.cwd = os.path.normpath(os.path.join(frame.cwd, target))
 
 
 # -------------------------------------------------------------------- hostrun
@@ -618,8 +621,14 @@ def _script(ctx: _Context, word: str, args: list[str], frame: _Frame, gpu_env: b
     judge its commands. ``as_shell``: a shell runs it (``bash f``, ``source f``), so its shebang does
     not matter. False when it is not a script to read (the caller decides by name then)."""
     if "$" in word or "`" in word:
-        return False  # not known before it runs
-    path = os.path.join(frame.cwd, os.path.expanduser(word) if word.startswith("~") else word)
+        ctx.found(False, False, f"{_shown([word, *args])} [names a script only known when it runs]"
+                  f"{_at(frame)}", frame.through)
+        return True
+    if word.startswith("~/") and ctx.env.get("HOME"):
+        word_path = ctx.env["HOME"] + word[1:]
+    else:
+        word_path = word
+    path = os.path.join(frame.cwd, word_path)
     shown = word
     try:
         st = os.stat(path)

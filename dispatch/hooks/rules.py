@@ -151,18 +151,41 @@ def compile_patterns(texts: Iterable[str], kind: str, project: bool) -> list[Pat
     return out
 
 
+class Table:
+    """Patterns indexed by their literal program name; those whose program is a glob or a path are
+    tried for every command (a handful), so one command costs a few matches, not hundreds."""
+
+    def __init__(self, pats: list[Pattern]) -> None:
+        self.by_name: dict[str, list[Pattern]] = {}
+        self.others: list[Pattern] = []
+        for pat in pats:
+            if "*" in pat.program or "?" in pat.program or "/" in pat.program:
+                self.others.append(pat)
+            else:
+                self.by_name.setdefault(pat.program, []).append(pat)
+
+    def candidates(self, name: str) -> list[Pattern]:
+        return self.by_name.get(name, []) + self.others
+
+
 _DEFAULTS: list[Pattern] = []
+_CACHE: dict[tuple[tuple[str, ...], ...], Table] = {}
 
 
 def patterns(extra_heavy: Iterable[str] = (), extra_light: Iterable[str] = (),
-             extra_gpu: Iterable[str] = ()) -> list[Pattern]:
-    """The defaults (compiled once per process) followed by the project's patterns."""
-    if not _DEFAULTS:
-        _DEFAULTS.extend(compile_patterns(DEFAULT_HEAVY, HEAVY, False) +
-                         compile_patterns(DEFAULT_GPU, GPU, False) +
-                         compile_patterns(DEFAULT_LIGHT, LIGHT, False))
-    return _DEFAULTS + compile_patterns(extra_heavy, HEAVY, True) + \
-        compile_patterns(extra_light, LIGHT, True) + compile_patterns(extra_gpu, GPU, True)
+             extra_gpu: Iterable[str] = ()) -> Table:
+    """The defaults and the project's patterns, indexed (cached per process and pattern set)."""
+    key = (tuple(extra_heavy), tuple(extra_light), tuple(extra_gpu))
+    table = _CACHE.get(key)
+    if table is None:
+        if not _DEFAULTS:
+            _DEFAULTS.extend(compile_patterns(DEFAULT_HEAVY, HEAVY, False) +
+                             compile_patterns(DEFAULT_GPU, GPU, False) +
+                             compile_patterns(DEFAULT_LIGHT, LIGHT, False))
+        table = _CACHE[key] = Table(_DEFAULTS + compile_patterns(key[0], HEAVY, True) +
+                                    compile_patterns(key[1], LIGHT, True) +
+                                    compile_patterns(key[2], GPU, True))
+    return table
 
 
 def tool_name(program: str) -> str:
@@ -191,13 +214,13 @@ def split_args(name: str, args: list[str]) -> tuple[list[str], list[str]]:
     return positionals, options
 
 
-def best_match(argv: list[str], table: list[Pattern]) -> Pattern | None:
+def best_match(argv: list[str], table: Table) -> Pattern | None:
     """The pattern that decides for ``argv`` (most words; then project; then light), or None."""
     program = argv[0]
     name = tool_name(program)
     split: tuple[list[str], list[str]] | None = None
     best: Pattern | None = None
-    for pat in table:
+    for pat in table.candidates(name):
         if not glob(pat.program, program if "/" in pat.program else name):
             continue
         if pat.positionals or pat.options:
