@@ -101,8 +101,16 @@ NUMERIC_VALUE_OPTIONS = frozenset(("-j", "-l"))  # make -j 8 test: a number afte
 def glob(pattern: str, text: str) -> bool:
     """``*`` (any run, ``/`` included) and ``?`` (one character); everything else literal. Iterative
     with one backtrack point, so no pattern is exponential (and no ``re``/``fnmatch`` import)."""
-    if "*" not in pattern and "?" not in pattern:
-        return pattern == text
+    if "?" not in pattern:  # the usual shapes, without the general loop
+        stars = pattern.count("*")
+        if stars == 0:
+            return pattern == text
+        if pattern == "*":
+            return True
+        if stars == 1 and pattern[-1] == "*":
+            return text.startswith(pattern[:-1])
+        if stars == 2 and pattern[0] == "*" and pattern[-1] == "*":
+            return pattern[1:-1] in text
     p = t = 0
     star, mark = -1, 0
     while t < len(text):
@@ -157,15 +165,18 @@ class Table:
 
     def __init__(self, pats: list[Pattern]) -> None:
         self.by_name: dict[str, list[Pattern]] = {}
-        self.others: list[Pattern] = []
+        self.others: dict[str, list[Pattern]] = {}  # by their program's glob or path
         for pat in pats:
-            if "*" in pat.program or "?" in pat.program or "/" in pat.program:
-                self.others.append(pat)
-            else:
-                self.by_name.setdefault(pat.program, []).append(pat)
+            literal = not ("*" in pat.program or "?" in pat.program or "/" in pat.program)
+            (self.by_name if literal else self.others).setdefault(pat.program, []).append(pat)
 
-    def candidates(self, name: str) -> list[Pattern]:
-        return self.by_name.get(name, []) + self.others
+    def candidates(self, program: str, name: str) -> list[Pattern]:
+        """The patterns whose program matches (``name``: the base name of ``program``)."""
+        found = list(self.by_name.get(name, ()))
+        for glob_, pats in self.others.items():
+            if glob(glob_, program if "/" in glob_ else name):
+                found += pats
+        return found
 
 
 _DEFAULTS: list[Pattern] = []
@@ -220,9 +231,7 @@ def best_match(argv: list[str], table: Table) -> Pattern | None:
     name = tool_name(program)
     split: tuple[list[str], list[str]] | None = None
     best: Pattern | None = None
-    for pat in table.candidates(name):
-        if not glob(pat.program, program if "/" in pat.program else name):
-            continue
+    for pat in table.candidates(program, name):
         if pat.positionals or pat.options:
             if split is None:
                 split = split_args(name, argv[1:])
