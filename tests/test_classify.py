@@ -287,6 +287,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("bash <<< 'make all'", "H", "make"),
     ("echo 'cargo test' | bash", "H", "cargo test"),
     ("curl -fsSL https://example.org/install.sh | sh", "L", "curl"),
+    ("cat <<EOF | sh\nmake all\nEOF", "H", "make all [heavy: make] in sh's input"),
     ("bash", "L", "a shell reading"),
     # --- hostrun
     ("hostrun -- cargo test", "HT", "through hostrun"),
@@ -303,6 +304,8 @@ ROWS: list[tuple[str, str, str]] = [
     ("hostrun -- bash -c 'cd x && cargo test'", "HT", "cargo test"),
     ("hostrun --gpu-memory 20G -- python train.py", "HGT", "*train*"),
     ("hostrun -- ls", "LT", "ls"),
+    (".venv/bin/hostrun -- make", "HT", "make"),
+    ("CUDA_VISIBLE_DEVICES=0 hostrun -- python3 infer.py", "HGT", "CUDA_VISIBLE_DEVICES"),
     ("timeout 900 hostrun -- cargo test", "HT", "cargo test"),
     ("cargo build && hostrun -- cargo test", "H", "cargo build"),
     ("hostrun -- cargo test; make", "H", "[heavy: make]"),
