@@ -131,6 +131,8 @@ ROWS: list[tuple[str, str, str]] = [
     ("dotnet test", "H", "dotnet test"),
     ("docker build -t app .", "H", "docker build"),
     ("python setup.py build_ext --inplace", "H", "setup.py build*"),
+    ("python3 manage.py test app.tests", "H", "manage.py test"),
+    ("python3 manage.py migrate", "L", "[no heavy pattern]"),
     ("rustc -O big.rs", "H", "[heavy: rustc]"),
     ("rustc small.rs", "L", "rustc on small input"),
     ("rustc missing.rs", "H", "[heavy: rustc]"),  # not known: counted heavy

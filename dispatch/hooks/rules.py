@@ -41,7 +41,7 @@ DEFAULT_HEAVY = (
     "zig build", "nix build", "nix-build", "docker build", "docker buildx build", "podman build",
     # Python
     "pytest", "py.test", "tox", "nox", "unittest", "python* setup.py build*", "python* setup.py bdist*",
-    "python* setup.py install", "python* setup.py develop", "python* setup.py test",
+    "python* setup.py install", "python* setup.py develop", "python* setup.py test", "python* manage.py test",
     "maturin build", "maturin develop",
     # Go, JavaScript, JVM, .NET and others
     "go build", "go test", "go install", "go run", "go vet",
