@@ -1,0 +1,1 @@
+"""Coding-agent integration: classifying shell commands, hook answers, PATH shims."""
