@@ -139,9 +139,9 @@ def test_environment_overrides(tmp_path: Path) -> None:
     cfg.write_text("enable_across_machines = false\n[hosts.peer]\nssh = 'me@peer'\npeer_memory_cap = '4G'\n")
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     base = load_settings(str(cfg), env)
-    assert base.enable_across_machines is False and base.hosts["peer"].peer_memory_cap == 4 * GiB
+    assert base.enable_across_machines is False and base.hosts["peer"].options["peer_memory_cap"] == 4 * GiB
     over = load_settings(str(cfg), {**env, "ENABLE_ACROSS_MACHINES": "1", "PEER_MEMORY_CAP": "6G"})
-    assert over.enable_across_machines is True and over.hosts["peer"].peer_memory_cap == 6 * GiB
+    assert over.enable_across_machines is True and over.hosts["peer"].options["peer_memory_cap"] == 6 * GiB
     with pytest.raises(ConfigError, match="PEER_MEMORY_CAP"):
         load_settings(str(cfg), {**env, "PEER_MEMORY_CAP": "lots"})
     with pytest.raises(ConfigError, match="ENABLE_ACROSS_MACHINES"):

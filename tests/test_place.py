@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from dispatch.core.configfile import make_host
 from dispatch.core.errors import AcrossDisabledError, OverPeerCapError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.settings import HostSettings, Settings
+from dispatch.hosts.sshkeys import SPEC as SSH_KIND
 from dispatch.placement.auto import Placement, forget_sent, place_on_peer
 from dispatch.placement.pending import Pending
 
@@ -20,8 +22,8 @@ GiB = 1 << 30
 
 def settings(state: Path, across: bool = True) -> Settings:
     hosts = {"local": HostSettings("local"),
-             "p1": HostSettings("p1", ssh="p1.example", peer_memory_cap=4 * GiB),
-             "p2": HostSettings("p2", ssh="p2.example", default_cap=2 * GiB)}
+             "p1": make_host("p1", SSH_KIND, ssh="p1.example", peer_memory_cap=4 * GiB),
+             "p2": make_host("p2", SSH_KIND, ssh="p2.example", default_cap=2 * GiB)}
     return Settings(state_dir=str(state), hosts=hosts, enable_across_machines=across)
 
 
@@ -37,7 +39,7 @@ def test_a_named_peer_is_chosen_and_its_room_noted_until_forgotten(tmp_path: Pat
     conf = settings(tmp_path / "state")
     placed = place_on_peer(conf, "p2", "build", None, None)
     assert isinstance(placed, Placement)
-    assert placed.peer is not None and placed.peer.name == "p2"
+    assert placed.host is not None and placed.host.name == "p2"
     assert (placed.refused, placed.reasons) == (None, ())
     assert noted(tmp_path / "state") == {"p2": 2 * GiB}  # no cap given: the peer's default cap
     forget_sent(conf, placed.note)
@@ -46,7 +48,7 @@ def test_a_named_peer_is_chosen_and_its_room_noted_until_forgotten(tmp_path: Pat
 
 def test_a_bare_peer_takes_the_first_configured_and_books_the_cap(tmp_path: Path) -> None:
     placed = place_on_peer(settings(tmp_path / "state"), True, "build", 3 * GiB, None)
-    assert placed.peer is not None and placed.peer.name == "p1"
+    assert placed.host is not None and placed.host.name == "p1"
     assert noted(tmp_path / "state") == {"p1": 3 * GiB}
 
 

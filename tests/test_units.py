@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from dispatch.agent import frames
+from dispatch.core.configfile import make_host
 from dispatch.core.errors import (
     HostKeyError,
     OverPeerCapError,
@@ -27,7 +28,9 @@ from dispatch.core.text import check_name, storable
 from dispatch.core.units import format_duration
 from dispatch.guards.longjob import KEYS, from_headers, missing, parse_spec
 from dispatch.hosts import transport as ssh
+from dispatch.hosts.kinds import host_for
 from dispatch.hosts.peers import choose_peer, effective_cap
+from dispatch.hosts.sshkeys import SPEC as SSH_KIND
 from dispatch.placement import auto
 from dispatch.placement.dispatcher import Decision, Job, decide, judge
 from dispatch.placement.pending import HostPending
@@ -43,7 +46,7 @@ PEER = "peer1"
 def settings(across: bool = True, peer_memory_cap: int | None = None, threshold: float = 7200.0,
              tmp: Path | None = None) -> Settings:
     hosts = {"local": HostSettings("local"),
-             PEER: HostSettings(PEER, ssh="peer1.example", peer_memory_cap=peer_memory_cap)}
+             PEER: make_host(PEER, SSH_KIND, ssh="peer1.example", peer_memory_cap=peer_memory_cap)}
     return Settings(state_dir=str(tmp or "/nonexistent/hostrun-state"), hosts=hosts,
                     enable_across_machines=across, long_job_threshold=threshold)
 
@@ -103,14 +106,15 @@ def test_decide(case: str, job: Job, local: HostReading, peer: HostReading,
 
 
 def test_pending_is_named_in_the_reason() -> None:
-    verdict = judge(settings(), Job("job", cap=GiB), reading("local", 4 * GiB),
+    verdict = judge(host_for(settings(), "local"), Job("job", cap=GiB), reading("local", 4 * GiB),
                     HostPending(7 * GiB // 2, {}, ()))
     assert (verdict.fits, verdict.could_ever_fit, verdict.need, verdict.free) == (False, True, GiB, GiB // 2)
     assert verdict.reason == "full: needs 1.0 GiB, 512 MiB free (after 3.5 GiB pending)"
 
 
 def test_an_unreadable_host_is_judged_as_such() -> None:
-    verdict = judge(settings(), Job("job", cap=GiB), HostReading(PEER, None, "connection refused", 0.1))
+    verdict = judge(host_for(settings(), PEER), Job("job", cap=GiB),
+                    HostReading(PEER, None, "connection refused", 0.1))
     assert verdict == (PEER, False, False, None, None, "could not read: connection refused", None)
 
 
@@ -125,13 +129,15 @@ def test_across_disabled_leaves_the_peers_out() -> None:
 
 def test_peer_memory_cap_bounds_what_the_peer_is_judged_for() -> None:
     s = settings(peer_memory_cap=2 * GiB)
-    over = judge(s, Job("job", cap=4 * GiB), reading(PEER, 8 * GiB))
+    over = judge(host_for(s, PEER), Job("job", cap=4 * GiB), reading(PEER, 8 * GiB))
     assert (over.fits, over.could_ever_fit) == (False, False)
     assert over.reason == "cap 4.0 GiB exceeds its peer_memory_cap (2.0 GiB)"
-    uncapped = judge(s, Job("job"), reading(PEER, 8 * GiB))  # sent uncapped: runs under that cap
+    # sent uncapped: runs under that cap
+    uncapped = judge(host_for(s, PEER), Job("job"), reading(PEER, 8 * GiB))
     assert (uncapped.fits, uncapped.need) == (True, 2 * GiB)
     assert uncapped.reason == "fits: cap booking 2.0 GiB, 8.0 GiB free"
-    local = judge(s, Job("job", cap=4 * GiB), reading("local", 8 * GiB))  # local is not bound by it
+    # local is not bound by it
+    local = judge(host_for(s, "local"), Job("job", cap=4 * GiB), reading("local", 8 * GiB))
     assert local.fits
 
 
@@ -144,7 +150,7 @@ def test_peer_memory_cap_bounds_what_the_peer_is_judged_for() -> None:
 def test_choose_peer_refuses_a_cap_over_peer_memory_cap_249(cap: int | None, peer_memory_cap: int | None,
                                                             effective: int | None, refused: bool) -> None:
     s = settings(peer_memory_cap=peer_memory_cap)
-    assert effective_cap(s.hosts[PEER], cap) == effective
+    assert effective_cap(host_for(s, PEER), cap) == effective
     if not refused:
         assert choose_peer(s, True, cap).name == PEER
         return
@@ -173,16 +179,17 @@ GPUS = [{"index": 0, "free": 8 * GiB, "total": 16 * GiB}, {"index": 1, "free": 1
 ])
 def test_vram_after_pending(gpu_memory: int, pending: HostPending, fits: bool, gpu_index: int,
                             reason: str) -> None:
-    verdict = judge(settings(), Job("job", cap=GiB, gpu_memory=gpu_memory),
+    verdict = judge(host_for(settings(), "local"), Job("job", cap=GiB, gpu_memory=gpu_memory),
                     reading("local", 8 * GiB, gpus=GPUS), pending)
     assert (verdict.fits, verdict.could_ever_fit, verdict.gpu_index, verdict.reason) == (
         fits, True, gpu_index, reason)
 
 
 def test_vram_no_gpu_and_never_enough() -> None:
-    none = judge(settings(), Job("job", cap=GiB, gpu_memory=GiB), reading("local", 8 * GiB))
+    here = host_for(settings(), "local")
+    none = judge(here, Job("job", cap=GiB, gpu_memory=GiB), reading("local", 8 * GiB))
     assert (none.fits, none.could_ever_fit, none.reason) == (False, False, "no GPU")
-    huge = judge(settings(), Job("job", cap=GiB, gpu_memory=20 * GiB), reading("local", 8 * GiB, gpus=GPUS))
+    huge = judge(here, Job("job", cap=GiB, gpu_memory=20 * GiB), reading("local", 8 * GiB, gpus=GPUS))
     assert (huge.fits, huge.could_ever_fit) == (False, False)
     assert huge.reason == "needs 20.0 GiB VRAM, most free on a GPU 10.0 GiB"
 
@@ -472,10 +479,10 @@ def test_a_default_cap_above_peer_memory_cap_is_bounded_not_refused() -> None:
     explicit ``-m`` above it is refused (249, or never fits)."""
     s = settings(peer_memory_cap=2 * GiB)
     s.hosts[PEER] = s.hosts[PEER]._replace(default_cap=4 * GiB)
-    judged = judge(s, Job("job"), reading(PEER, 8 * GiB, default_cap=4 * GiB))
+    judged = judge(host_for(s, PEER), Job("job"), reading(PEER, 8 * GiB, default_cap=4 * GiB))
     assert (judged.fits, judged.need) == (True, 2 * GiB)
     assert choose_peer(s, PEER, None).name == PEER
-    assert effective_cap(s.hosts[PEER], None) == 2 * GiB
-    assert auto.peer_estimate(s, s.hosts[PEER], None) == 2 * GiB
+    assert effective_cap(host_for(s, PEER), None) == 2 * GiB
+    assert host_for(s, PEER).pending_estimate(None) == 2 * GiB
     with pytest.raises(OverPeerCapError):
         choose_peer(s, PEER, 3 * GiB)

@@ -16,10 +16,6 @@ if MYPY:
 
     from dispatch.core.settings import Settings
 
-# Host keys the controller may supply: where the peer has its own value, the peer's wins.
-FALLBACK_KEYS = ("slice_bytes", "reserve_bytes", "heavy_threads", "default_cap", "gamble_size",
-                 "cgroup", "backend")
-
 
 def _load_toml(path: str) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
@@ -37,7 +33,8 @@ def _load_toml(path: str) -> dict[str, Any]:
 def peer_settings(fallback: dict[str, Any]) -> tuple[Settings, dict[str, Any]]:
     """The peer's settings, and notes for the controller (config source, disagreements)."""
     from dispatch.core.configfile import find_config, settings_from_dict
-    from dispatch.core.settings import LOCAL, Settings
+    from dispatch.core.hostkeys import FALLBACK_FIELDS, LOCAL
+    from dispatch.core.settings import Settings
 
     notes: dict[str, Any] = {"config": None, "config_error": None, "disagreements": []}
     settings = Settings.default()
@@ -54,7 +51,7 @@ def peer_settings(fallback: dict[str, Any]) -> tuple[Settings, dict[str, Any]]:
     settings = settings.with_env_overrides(os.environ)
     own = settings.local
     merged = {}
-    for key in FALLBACK_KEYS:
+    for key in FALLBACK_FIELDS:  # the controller's values: where the peer has its own, it wins
         mine, theirs = getattr(own, key), fallback.get(key)
         if mine is None and theirs is not None:
             merged[key] = theirs

@@ -72,51 +72,19 @@ def _kernel_log_check() -> dict[str, Any] | None:
     return {"ok": log.error is None, "detail": log.error or log.path}
 
 
-SLOW_ROUND_TRIP = 0.08  # a no-op through a warm ControlMaster costs ~16 ms on these machines
-
-
 def diagnose_peers(settings: Settings) -> list[dict[str, Any]]:
-    """Each peer: can it be read, how long a no-op takes through the warm connection (a login shell
-    that loads e.g. pyenv adds that to every command), and where its config and ours disagree."""
-    import statistics
-
-    from dispatch.core.errors import HostrunError
-    from dispatch.hosts.transport import SshTransport
+    """Each host that is not this machine, as its kind diagnoses it (``Host.diagnose``) from its
+    report read now: for a peer, whether it can be read, its round trip and where its config and
+    ours disagree."""
+    from dispatch.hosts.kinds import hosts_of
     from dispatch.placement.reports import read_reports
 
     results = []
-    for name, host in settings.hosts.items():
-        if host.is_local:
-            continue
-        entry: dict[str, Any] = {"host": name, "ssh": host.ssh, "problems": []}
-        (reading,) = read_reports(settings, [name])
-        entry["ok"] = reading.ok
-        if reading.report is None:
-            entry["problems"].append(f"could not read: {reading.error}")
+    for host in hosts_of(settings):
+        if host.is_here:
+            continue  # diagnose() above
+        (reading,) = read_reports(settings, [host.name])
+        entry = host.diagnose(reading)
+        if entry is not None:
             results.append(entry)
-            continue
-        report = reading.report
-        entry.update(agent_version=report.get("agent_version"), python=report.get("python"),
-                     backend=report.get("backend"), config=report.get("config"))
-        if report.get("config_error"):
-            entry["problems"].append(f"its config could not be read: {report['config_error']}")
-        for d in report.get("disagreements", []):
-            entry["problems"].append(f"{d['key']}: the peer's own config says {d['peer']}, ours says "
-                                     f"{d['controller']} (the peer's value is used)")
-        if report.get("backend") == "none":
-            entry["problems"].append("no memory-cap backend works there: jobs would run uncapped")
-        peer = SshTransport(host, settings.state_dir, settings.report_timeout, settings.control_persist)
-        try:
-            times = [peer.run(["true"], timeout=settings.report_timeout).elapsed for _ in range(3)]
-        except HostrunError as exc:
-            entry["problems"].append(str(exc))
-            results.append(entry)
-            continue
-        entry["round_trip_ms"] = round(statistics.median(times) * 1000, 1)
-        if statistics.median(times) > SLOW_ROUND_TRIP:
-            entry["problems"].append(
-                f"every command there takes ~{entry['round_trip_ms']:.0f} ms through a warm connection "
-                "(~16 ms is normal): its login shell probably does slow work on start (e.g. a "
-                ".bashrc that loads pyenv); keep such set-up out of non-interactive shells")
-        results.append(entry)
     return results

@@ -187,22 +187,16 @@ def _run_elsewhere(options: list[str], command: list[str], opts: RunOptions,
             code = ExitCode(placed.refused)
             _say(f"exit {code.value} ({code.outcome}): {code.meaning}")
             return code.value
-    try:
-        if placed.peer is not None:
-            return _finish(_on_peer(settings, placed.peer, request, opts), opts)
-        from dispatch.local.runner import run_local
+    from dispatch.hosts.base import RunExtras
 
-        return _finish(run_local(settings, request, _say,
-                                 _peer_watch(settings, options, command, opts)), opts)
+    host = placed.host
+    assert host is not None
+    try:
+        watch = _peer_watch(settings, options, command, opts) if host.is_here else None
+        return _finish(host.run(request, _say, RunExtras(tree=opts.tree, returns=opts.returns,
+                                                         stdin=opts.stdin, watch=watch)), opts)
     finally:
         forget_sent(settings, placed.note)
-
-
-def _on_peer(settings: Any, host: Any, request: RunRequest, opts: RunOptions) -> Outcome:
-    from dispatch.hosts.peerrun import PeerRun
-
-    return PeerRun(settings, host, request, _say, tree=opts.tree, returns=opts.returns,
-                   forward_stdin=opts.stdin).run()
 
 
 def _finish(outcome: Outcome, opts: RunOptions) -> int:
@@ -471,10 +465,12 @@ def _check_hosts(settings: Any, names: list[str] | None) -> None:
             raise UsageError(f"--host {name}: no such host (configured: {', '.join(settings.hosts)})")
 
 
-def _readings_status(readings: list[Any]) -> int:
+def _readings_status(settings: Any, readings: list[Any]) -> int:
     """``report``'s and ``capacity``'s exit code: 78 when this host's own report failed (e.g. a forced
     backend), else 246 when a peer's did, else 0."""
-    if any(not r.ok and r.host == "local" for r in readings):
+    from dispatch.hosts.kinds import host_for
+
+    if any(not r.ok and host_for(settings, r.host).is_here for r in readings):
         return int(ExitCode.NOT_RUN)
     return 0 if all(r.ok for r in readings) else int(ExitCode.PEER_UNREACHABLE)
 
@@ -499,7 +495,7 @@ def cmd_report(argv: list[str]) -> int:
         from dispatch.cli import render
 
         render.readings(readings)
-    return _readings_status(readings)
+    return _readings_status(settings, readings)
 
 
 def cmd_capacity(argv: list[str]) -> int:
@@ -527,7 +523,7 @@ def cmd_capacity(argv: list[str]) -> int:
         from dispatch.cli import render
 
         render.capacity(hosts)
-    return _readings_status(readings)
+    return _readings_status(settings, readings)
 
 
 def cmd_doctor(argv: list[str]) -> int:

@@ -30,7 +30,7 @@ from dispatch.core.fingerprint import short_hash
 from dispatch.core.settings import Settings
 from dispatch.guards import trust
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 
 
 def _cache_dir(environ: Mapping[str, str]) -> str:
@@ -63,8 +63,8 @@ def _check_named(settings: Settings, path: str, environ: Mapping[str, str]) -> N
     """The files a trusted config names are checked on every load (the cache cannot vouch for them):
     a few ``stat`` calls. A file not there yet is ssh's to complain about."""
     for host in settings.hosts.values():
-        for key in ("ssh_config", "identity_file"):
-            named = getattr(host, key)
+        for key in host.files:  # e.g. an ssh host's ssh_config, identity_file
+            named = host.options.get(key)
             if not named:
                 continue
             try:

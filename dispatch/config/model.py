@@ -1,18 +1,24 @@
 """pydantic models of ``hosts.toml`` (the edge: imported only when a file must be validated).
 
-Every model forbids unknown keys, so a typo is an error naming the key, never a silent default.
+Every model forbids unknown keys, so a typo is an error naming the key, never a silent default. The
+``[hosts.NAME]`` model is built from the key tables (``dispatch.core.hostkeys.COMMON`` and each
+registered kind's ``KindSpec``, ``dispatch.hosts.kinds``), and so are the checks of which kind a key
+is for: a key is declared once, with its type tag.
 """
 
 from __future__ import annotations
 
 import sys
+from functools import lru_cache
 from typing import Annotated, Any, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
+from dispatch.core import hostkeys
 from dispatch.core.configfile import settings_from_dict
 from dispatch.core.errors import ConfigError
-from dispatch.core.settings import LOCAL, Settings
+from dispatch.core.hostkeys import COMMON, Key, KindSpec, inferred_kind, kind_problem
+from dispatch.core.settings import Settings
 from dispatch.core.units import format_size, parse_duration, parse_size
 
 
@@ -63,45 +69,51 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False)
 
 
-class HostModel(_Strict):
-    slice: Optional[MemorySize] = None
-    reserve: Optional[Size] = None
-    heavy_threads: Optional[int] = Field(default=None, ge=1, le=4096)
-    default_cap: Optional[MemorySize] = None
-    gamble_size: Optional[MemorySize] = None
-    cgroup: Optional[str] = None
-    backend: Optional[str] = None
-    ssh: Optional[str] = None
-    port: Optional[int] = Field(default=None, ge=1, le=65535)
-    ssh_config: Optional[str] = None
-    identity_file: Optional[str] = None
-    work_root: Optional[str] = None
-    python: Optional[str] = None
-    peer_memory_cap: Optional[MemorySize] = None
-    max_runtime: Optional[PositiveDuration] = None
+_ANNOTATIONS: dict[str, Any] = {
+    hostkeys.SIZE: Optional[Size], hostkeys.MEMORY_SIZE: Optional[MemorySize],
+    hostkeys.POSITIVE_DURATION: Optional[PositiveDuration], hostkeys.INT: Optional[int],
+}
 
-    def check(self, name: str) -> None:
-        if self.slice is not None and self.reserve is not None:
+
+def _field(key: Key) -> tuple[Any, Any]:
+    """The pydantic field of a key, from its type tag (a string unless the tag says otherwise)."""
+    return (_ANNOTATIONS.get(key.type, Optional[str]), Field(default=None, ge=key.low, le=key.high))
+
+
+class _HostBase(_Strict):
+    kind: Optional[str] = None
+
+    def check(self, name: str, spec: KindSpec, kinds: tuple[KindSpec, ...]) -> None:
+        """The rules no single key's type says, in this order: ``slice`` or ``reserve``; a reserve
+        this machine can hold; a known backend; the kind's required keys; no key of another kind;
+        none of the shared keys the kind refuses."""
+        if self.value("slice") is not None and self.value("reserve") is not None:
             raise ValueError("set either slice or reserve, not both")
-        if name == LOCAL and self.reserve is not None:
+        reserve = self.value("reserve")
+        if spec.here and reserve is not None:
             from dispatch.core.hostfacts import read_meminfo
 
             total = read_meminfo().total
-            if total - self.reserve < MIN_SIZE:
-                raise ValueError(f"reserve {format_size(self.reserve)} leaves no slice: this machine "
+            if total - reserve < MIN_SIZE:
+                raise ValueError(f"reserve {format_size(reserve)} leaves no slice: this machine "
                                  f"has {format_size(total)} of RAM")
-        if self.backend is not None and self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}")
-        if name != LOCAL and not self.ssh:
-            raise ValueError("a peer needs ssh = 'destination'")
-        peer_only = ("ssh", "port", "ssh_config", "identity_file", "work_root", "python",
-                     "peer_memory_cap")
-        if name == LOCAL and any(getattr(self, key) is not None for key in peer_only):
-            key = next(key for key in peer_only if getattr(self, key) is not None)
-            raise ValueError(f"{key} is for peers; local is this machine")
-        if name != LOCAL and self.max_runtime is not None:
-            raise ValueError("max_runtime of a peer is set in the peer's own config ([hosts.local] "
-                             "there); --max-runtime goes along with the job")
+        for key in COMMON:
+            if key.type == hostkeys.BACKEND and self.value(key.key) not in (None, *BACKENDS):
+                raise ValueError(f"{key.key} must be one of {', '.join(BACKENDS)}")
+        for key in spec.keys:
+            if key.required and not self.value(key.key):
+                raise ValueError(key.required)
+        own = {key.key for key in spec.keys}
+        for other in kinds:
+            for key in other.keys:
+                if key.key not in own and self.value(key.key) is not None:
+                    raise ValueError(spec.foreign.format(key=key.key, kind=spec.name))
+        for key_name, why in spec.refused:
+            if self.value(key_name) is not None:
+                raise ValueError(why)
+
+    def value(self, key: str) -> Any:
+        return getattr(self, key, None)
 
 
 class GroupModel(_Strict):
@@ -111,7 +123,7 @@ class GroupModel(_Strict):
 DEFAULTS = Settings._field_defaults  # the one place the top-level defaults are written
 
 
-class ConfigModel(_Strict):
+class _ConfigBase(_Strict):
     """The top level. Its defaults are ``Settings``' own (``settings_from_dict`` builds the Settings
     from the file; this model only says what is allowed)."""
 
@@ -132,7 +144,19 @@ class ConfigModel(_Strict):
     clear_mark_after: int = Field(default=DEFAULTS["clear_mark_after"], ge=1, le=1000)
     history_days: Number = Field(default=DEFAULTS["history_days"], gt=0)
     history_rows: Count = Field(default=DEFAULTS["history_rows"], ge=1)
-    hosts: dict[str, HostModel] = Field(default_factory=dict)
+
+
+@lru_cache(maxsize=8)
+def config_model(kinds: tuple[KindSpec, ...]) -> type[BaseModel]:
+    """The file's model for these host kinds: ``hosts`` maps a name to a table that may hold the
+    shared keys and any kind's own (which kind a key is for is ``_HostBase.check``'s to say, so
+    that a key in the wrong table is named as such, not as unknown)."""
+    fields: dict[str, Any] = {key.key: _field(key) for key in COMMON}
+    for spec in kinds:
+        fields.update({key.key: _field(key) for key in spec.keys if key.key not in fields})
+    host_model = create_model("HostModel", __base__=_HostBase, **fields)
+    return create_model("ConfigModel", __base__=_ConfigBase,
+                        hosts=(dict[str, host_model], Field(default_factory=dict)))  # type: ignore[valid-type]
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -161,9 +185,12 @@ def _load_toml(path: str, data: bytes | None = None) -> dict[str, Any]:
 def validate_file(path: str, data: bytes | None = None) -> Settings:
     """Settings from a TOML file (``data``: its bytes, already read and trust-checked by the caller),
     or ConfigError with one line naming the file and key."""
+    from dispatch.hosts.kinds import specs
+
+    known = specs()
     raw = _load_toml(path, data)
     try:
-        model = ConfigModel.model_validate(raw)
+        model: Any = config_model(tuple(known.values())).model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
         # A misspelt key also makes the real one "missing": name the misspelling, it is the cause.
@@ -173,8 +200,15 @@ def validate_file(path: str, data: bytes | None = None) -> Settings:
             msg = "unknown key"
         raise ConfigError(f"{path}: {_location(err['loc'])}: {msg}") from None
     for name, host in model.hosts.items():
+        kind = host.kind if host.kind is not None else inferred_kind(name)
+        if kind not in known:
+            raise ConfigError(f"{path}: hosts.{name}.kind: unknown kind {kind!r} (known: "
+                              f"{', '.join(known)})")
+        problem = kind_problem(name, kind)
+        if problem is not None:
+            raise ConfigError(f"{path}: hosts.{name}.kind: {problem}")
         try:
-            host.check(name)
+            host.check(name, known[kind], tuple(known.values()))
         except ValueError as exc:
             raise ConfigError(f"{path}: hosts.{name}: {exc}") from None
-    return settings_from_dict(raw, path)
+    return settings_from_dict(raw, path, known)

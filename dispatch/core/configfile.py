@@ -10,7 +10,19 @@ from __future__ import annotations
 import os
 
 from dispatch.core.errors import ConfigError
-from dispatch.core.settings import LOCAL, HostSettings, Settings, cgroup_path_problem
+from dispatch.core.hostkeys import (
+    CGROUP,
+    COMMON,
+    LOCAL,
+    LOCAL_KIND,
+    MEMORY_SIZE,
+    PATH,
+    POSITIVE_DURATION,
+    SIZE,
+    inferred_kind,
+    kind_problem,
+)
+from dispatch.core.settings import HostSettings, Settings, cgroup_path_problem
 from dispatch.core.units import parse_duration, parse_size
 
 MYPY = False
@@ -18,44 +30,68 @@ if MYPY:
     from collections.abc import Mapping
     from typing import Any
 
-_HOST_SIZES = {"slice": "slice_bytes", "reserve": "reserve_bytes", "default_cap": "default_cap",
-               "gamble_size": "gamble_size", "peer_memory_cap": "peer_memory_cap"}
-_HOST_PLAIN = ("heavy_threads", "cgroup", "backend", "ssh", "port", "ssh_config", "identity_file",
-               "work_root", "python")
+    from dispatch.core.hostkeys import Key, KindSpec
+
 _TOP_DURATIONS = ("long_job_threshold", "pending_window", "report_timeout", "report_deadline",
                   "status_interval", "kill_grace", "control_persist")
+# What the agent on a peer knows: hostrun's own runner there, i.e. this machine (``local``).
+AGENT_KINDS: dict[str, KindSpec] = {LOCAL: LOCAL_KIND}
 
 
 def _expand(path: Any) -> Any:
     return os.path.expanduser(path) if isinstance(path, str) else path
 
 
-def host_from_dict(name: str, table: Mapping[str, Any], source: str = "") -> HostSettings:
-    """One host's settings. ``cgroup`` is checked here, on both paths (pydantic's and the agent's)."""
-    values: dict[str, Any] = {"name": name}
-    if table.get("cgroup") is not None:
-        problem = cgroup_path_problem(table["cgroup"])
+def _value(key: Key, value: Any, where: str) -> Any:
+    """A value as its key's type tag says (already validated by pydantic on the controller)."""
+    if key.type in (SIZE, MEMORY_SIZE):
+        return parse_size(value)
+    if key.type == POSITIVE_DURATION:
+        return parse_duration(value)
+    if key.type == PATH:
+        return _expand(value)
+    if key.type == CGROUP:  # checked here, on both paths (pydantic's and the agent's)
+        problem = cgroup_path_problem(value)
         if problem is not None:
-            raise ConfigError(f"{source + ': ' if source else ''}hosts.{name}.cgroup: {problem}")
-    for key, field in _HOST_SIZES.items():
-        if table.get(key) is not None:
-            values[field] = parse_size(table[key])
-    if table.get("max_runtime") is not None:
-        values["max_runtime"] = parse_duration(table["max_runtime"])
-    for key in _HOST_PLAIN:
-        if table.get(key) is not None:
-            values[key] = table[key]
-    for key in ("ssh_config", "identity_file"):
-        if key in values:
-            values[key] = _expand(values[key])
-    if "cgroup" in values:
-        values["cgroup"] = values["cgroup"].rstrip("/")
+            raise ConfigError(f"{where}.{key.key}: {problem}")
+        return value.rstrip("/")
+    return value
+
+
+def host_kind(name: str, table: Mapping[str, Any], source: str = "") -> str:
+    """The table's ``kind`` (else the one its name implies); a kind that cannot go with the name
+    (``hostkeys.kind_problem``) is a ConfigError."""
+    kind = table.get("kind")
+    kind = inferred_kind(name) if kind is None else str(kind)
+    problem = kind_problem(name, kind)
+    if problem is not None:
+        raise ConfigError(f"{source + ': ' if source else ''}hosts.{name}.kind: {problem}")
+    return kind
+
+
+def host_from_dict(name: str, table: Mapping[str, Any], source: str = "",
+                   spec: KindSpec = LOCAL_KIND) -> HostSettings:
+    """One host's settings: the shared keys (``COMMON``) as fields, ``spec``'s own in ``options``.
+    Keys of neither are ignored (the agent's case: the peer's own hostrun validates its file)."""
+    where = f"{source + ': ' if source else ''}hosts.{name}"
+    values: dict[str, Any] = {"name": name, "kind": spec.name}
+    for key in COMMON:
+        if table.get(key.key) is not None:
+            values[key.field] = _value(key, table[key.key], where)
+    options = {key.field: _value(key, table[key.key], where) for key in spec.keys
+               if table.get(key.key) is not None}
+    if options:
+        values["options"] = options
+        values["files"] = tuple(key.field for key in spec.keys if key.type == PATH and key.field in options)
     return HostSettings(**values)
 
 
-def settings_from_dict(raw: Mapping[str, Any], source: str) -> Settings:
-    """Build Settings from a TOML mapping. A ``state_dir`` left unset stays "" so that it is
-    resolved from the environment on every load (see ``Settings.with_env_overrides``)."""
+def settings_from_dict(raw: Mapping[str, Any], source: str,
+                       kinds: Mapping[str, KindSpec] = AGENT_KINDS) -> Settings:
+    """Build Settings from a TOML mapping, knowing the host ``kinds`` (the controller passes every
+    registered kind, ``dispatch.hosts.kinds``; the agent only ``local``): a host of another kind is
+    left out. A ``state_dir`` left unset stays "" so that it is resolved from the environment on
+    every load (see ``Settings.with_env_overrides``)."""
     values: dict[str, Any] = {}
     for key in _TOP_DURATIONS:
         if raw.get(key) is not None:
@@ -76,14 +112,20 @@ def settings_from_dict(raw: Mapping[str, Any], source: str) -> Settings:
         values["history_rows"] = int(raw["history_rows"])
     if raw.get("enable_across_machines") is not None:
         values["enable_across_machines"] = bool(raw["enable_across_machines"])
-    hosts = {name: host_from_dict(name, table or {}, source)
-             for name, table in (raw.get("hosts") or {}).items()}
-    hosts.setdefault(LOCAL, HostSettings(LOCAL))
+    hosts = {}
+    for name, table in (raw.get("hosts") or {}).items():
+        kind = host_kind(name, table or {}, source)
+        if kind in kinds:
+            hosts[name] = host_from_dict(name, table or {}, source, kinds[kind])
+    hosts.setdefault(LOCAL, HostSettings(LOCAL, LOCAL))
+    overrides = {key.env: (spec.name, key.field) for spec in kinds.values() for key in spec.keys
+                 if key.env}
     return Settings.default(
         state_dir=_expand(raw.get("state_dir")) or "",
         alert_file=_expand(raw.get("alert_file")) or None,
         hosts=hosts,
         source=os.path.abspath(source),
+        overrides=overrides,
         **values,
     )
 
@@ -105,3 +147,13 @@ def find_config(explicit: str | None, environ: Mapping[str, str]) -> str | None:
         if os.path.isfile(candidate):
             return candidate
     return None
+
+
+def make_host(name: str, spec: KindSpec = LOCAL_KIND, **values: Any) -> HostSettings:
+    """A host's settings from already-parsed values by field name: the shared keys become fields,
+    ``spec``'s own keys its ``options`` (for code and tests that build settings by hand)."""
+    own = {key.field for key in spec.keys}
+    options = {field: value for field, value in values.items() if field in own}
+    common = {field: value for field, value in values.items() if field not in own}
+    files = tuple(key.field for key in spec.keys if key.type == PATH and key.field in options)
+    return HostSettings(name, spec.name, options=options, files=files, **common)

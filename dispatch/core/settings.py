@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from dispatch.core.hostkeys import LOCAL as LOCAL
+from dispatch.core.hostkeys import inferred_kind
 from dispatch.core.records import NamedTuple
 
 MYPY = False
 if MYPY:
     from typing import Any, Optional
 
-LOCAL = "local"
 GIB = 1 << 30
 
 
@@ -28,9 +29,16 @@ def default_state_dir(environ: Mapping[str, str] | None = None) -> str:
 
 
 class HostSettings(NamedTuple):
-    """One ``[hosts.NAME]`` table. ``None`` means "derive from the machine" (see the docs)."""
+    """One ``[hosts.NAME]`` table. ``None`` means "derive from the machine" (see the docs).
+
+    The keys every kind shares (``dispatch.core.hostkeys.COMMON``) are fields; the kind's own keys
+    are in ``options`` (a plain mapping, so the config cache can marshal it), from which the kind's
+    module builds its typed record (e.g. ``dispatch.hosts.ssh.SshOptions``). ``kind`` empty: the
+    kind its name implies (``hostkeys.inferred_kind``); the parsers always set it.
+    """
 
     name: str
+    kind: str = ""
     slice_bytes: Optional[int] = None
     reserve_bytes: Optional[int] = None
     heavy_threads: Optional[int] = None
@@ -38,18 +46,14 @@ class HostSettings(NamedTuple):
     gamble_size: Optional[int] = None
     cgroup: Optional[str] = None
     backend: Optional[str] = None
-    ssh: Optional[str] = None
-    port: Optional[int] = None
-    ssh_config: Optional[str] = None
-    identity_file: Optional[str] = None
-    work_root: Optional[str] = None  # on the peer; default ~/hostrun-work
-    python: Optional[str] = None  # on the peer; default python3
-    peer_memory_cap: Optional[int] = None
     max_runtime: Optional[float] = None  # seconds; runs here without --max-runtime stop after it
+    options: Mapping[str, Any] = {}  # the kind's own keys, by their name in its key table
+    files: tuple[str, ...] = ()  # those of ``options`` that name a file here (trust-checked on load)
 
     @property
-    def is_local(self) -> bool:
-        return self.name == LOCAL
+    def kind_name(self) -> str:
+        """The host's kind: the one set, else the one its name implies."""
+        return self.kind or inferred_kind(self.name)
 
     def slice_limit(self, mem_total: int) -> int:
         """Slice size: ``slice`` if set, else RAM minus ``reserve`` (default 20% of RAM, >= 2 GiB).
@@ -100,12 +104,15 @@ class Settings(NamedTuple):
     history_days: float = 90.0  # the run history keeps rows this many days ...
     history_rows: int = 100_000  # ... and at most this many
     source: str = "<built-in default>"
+    # Environment variables that replace a kind's own key on every host of that kind: VAR -> (kind,
+    # key), from the kinds' key tables (``Key.env``) when the file was parsed.
+    overrides: Mapping[str, tuple[str, str]] = {}
 
     @classmethod
     def default(cls, **changes: Any) -> Settings:
         """The embedded default: this host only, state in ``$XDG_STATE_HOME/hostrun``."""
         values: dict[str, Any] = {"state_dir": default_state_dir(),
-                                  "hosts": {LOCAL: HostSettings(LOCAL)}}
+                                  "hosts": {LOCAL: HostSettings(LOCAL, LOCAL)}}
         values.update(changes)
         return cls(**values)
 
@@ -133,11 +140,13 @@ class Settings(NamedTuple):
     @classmethod
     def from_normalized(cls, data: Mapping[str, Any]) -> Settings:
         hosts = {name: HostSettings(**h) for name, h in data["hosts"].items()}
-        return cls(**{**data, "hosts": hosts})
+        overrides = {var: tuple(where) for var, where in data.get("overrides", {}).items()}
+        return cls(**{**data, "hosts": hosts, "overrides": overrides})
 
     def with_env_overrides(self, environ: Mapping[str, str]) -> Settings:
-        """Apply ``ENABLE_ACROSS_MACHINES`` and ``PEER_MEMORY_CAP`` (they beat the file), and resolve
-        a ``state_dir`` the file left unset from ``$XDG_STATE_HOME``/``$HOME``."""
+        """Apply ``ENABLE_ACROSS_MACHINES`` and the kinds' own variables (``overrides``, e.g.
+        ``PEER_MEMORY_CAP``: they beat the file), and resolve a ``state_dir`` the file left unset from
+        ``$XDG_STATE_HOME``/``$HOME``."""
         from dispatch.core.errors import ConfigError
         from dispatch.core.units import parse_size
 
@@ -150,16 +159,19 @@ class Settings(NamedTuple):
             if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
                 raise ConfigError(f"ENABLE_ACROSS_MACHINES={flag!r}: use 1 or 0")
             changes["enable_across_machines"] = lowered in ("1", "true", "yes", "on")
-        cap = environ.get("PEER_MEMORY_CAP")
-        if cap:
+        hosts = dict(self.hosts)
+        for var, (kind, key) in self.overrides.items():
+            value = environ.get(var)
+            if not value:
+                continue
             try:
-                cap_bytes = parse_size(cap)
+                size = parse_size(value)  # every such key is a size so far
             except ValueError as exc:
-                raise ConfigError(f"PEER_MEMORY_CAP: {exc}") from None
-            changes["hosts"] = {
-                name: h if h.is_local else h._replace(peer_memory_cap=cap_bytes)
-                for name, h in self.hosts.items()
-            }
+                raise ConfigError(f"{var}: {exc}") from None
+            for name, h in hosts.items():
+                if h.kind_name == kind:
+                    hosts[name] = h._replace(options={**h.options, key: size})
+            changes["hosts"] = hosts
         return self._replace(**changes) if changes else self
 
 

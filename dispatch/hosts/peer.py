@@ -6,8 +6,10 @@ import json
 
 from dispatch.core.errors import PeerUnreachableError
 from dispatch.core.exitcodes import NOT_FOUND
+from dispatch.core.hostkeys import FALLBACK_FIELDS
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.hosts import bundle as agent
+from dispatch.hosts.sshkeys import options_of
 from dispatch.hosts.transport import SshTransport
 
 MYPY = False
@@ -60,9 +62,6 @@ finally:
     shutil.rmtree(t, ignore_errors=True)
 """
 
-FALLBACK_FIELDS = ("slice_bytes", "reserve_bytes", "heavy_threads", "default_cap", "gamble_size",
-                   "cgroup", "backend")
-
 
 class PeerClient:
     def __init__(self, settings: Settings, host: HostSettings) -> None:
@@ -72,10 +71,11 @@ class PeerClient:
 
     @property
     def python(self) -> str:
-        return self.host.python or "python3"
+        return options_of(self.host).python or "python3"
 
     def fallback(self) -> str:
-        """The controller's ``[hosts.NAME]`` values, for what the peer's own config leaves unset."""
+        """The controller's ``[hosts.NAME]`` values of the fallback keys (``hostkeys.COMMON``), for
+        what the peer's own config leaves unset."""
         values = {key: getattr(self.host, key) for key in FALLBACK_FIELDS}
         return json.dumps({k: v for k, v in values.items() if v is not None})
 

@@ -42,6 +42,7 @@ from dispatch.core.settings import HostSettings, Settings
 from dispatch.guards.toolchain import compare, probe_here
 from dispatch.hosts import bundle as agent
 from dispatch.hosts.peer import _RUN, AGENT_MISSING, PeerClient
+from dispatch.hosts.sshkeys import options_of
 from dispatch.hosts.sync import PROTECT_ARGS, die_with_parent, protects_args, shell_unsafe
 from dispatch.hosts.transport import RETRIES, backoff, classify, is_transient
 
@@ -138,7 +139,8 @@ class PeerRun:
         self.rel_cwd = "" if rel == "." else rel
         self.returns = list(returns)
         self.forward_stdin = forward_stdin
-        work_root = (host.work_root or DEFAULT_WORK_ROOT).rstrip("/")
+        self.options = options_of(host)
+        work_root = (self.options.work_root or DEFAULT_WORK_ROOT).rstrip("/")
         self.remote_tree_spec = f"{work_root}/{tree_id(self.tree)}"
         self.remote_tree = ""
         self._rsync_proc: subprocess.Popen[str] | None = None
@@ -233,7 +235,7 @@ class PeerRun:
                      "--delete", "--modify-window=-1", "--filter=:- .gitignore", "--exclude=/.git/",
                      "--exclude=/.hostrun-owner*", "--exclude=/.hostrun-lock*",
                      *excludes,
-                     f"{self.tree}/", f"{self.host.ssh}:{self.remote_tree}/"], "sync")
+                     f"{self.tree}/", f"{self.options.ssh}:{self.remote_tree}/"], "sync")
 
     def bring_back(self) -> list[str]:
         """Copy ``--return`` paths back (relative to the job's directory); returns the failures."""
@@ -242,7 +244,7 @@ class PeerRun:
         remote_dir = os.path.join(self.remote_tree, self.rel_cwd)
         for path in self.returns:
             try:
-                self._rsync(["--relative", f"{self.host.ssh}:{remote_dir}/./{path}", f"{local_dir}/"],
+                self._rsync(["--relative", f"{self.options.ssh}:{remote_dir}/./{path}", f"{local_dir}/"],
                             f"--return {path}")
             except SyncFailedError as exc:
                 failures.append(str(exc))
@@ -254,7 +256,7 @@ class PeerRun:
         prepare = self.prepare_spec()
         prepare["sync_mark"] = self.sync_mark
         spec = RunSpec(request=self.request, cwd=os.path.join(self.remote_tree_spec, self.rel_cwd),
-                       cap_if_none=self.host.peer_memory_cap, stdin=self.forward_stdin,
+                       cap_if_none=self.options.peer_memory_cap, stdin=self.forward_stdin,
                        fallback=json.loads(self.client.fallback()), prepare=prepare)
         return json.dumps(spec.to_dict()).encode()
 

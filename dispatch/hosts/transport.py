@@ -23,6 +23,7 @@ from dispatch.core.errors import HostKeyError, PeerAuthError, PeerUnreachableErr
 from dispatch.core.fingerprint import short_hash
 from dispatch.core.records import NamedTuple
 from dispatch.core.settings import HostSettings
+from dispatch.hosts.sshkeys import options_of
 
 SSH_FAILED = 255
 RETRIES = 5
@@ -105,11 +106,13 @@ class SshTransport:
 
     def __init__(self, host: HostSettings, state_dir: str, connect_timeout: float,
                  control_persist: float = 600.0, ssh_program: str = "ssh") -> None:
-        if not host.ssh:
+        options = options_of(host)
+        if not options.ssh:
             raise ValueError(f"host {host.name} has no ssh destination")
         self.name = host.name
         self.host = host
-        self.destination = host.ssh
+        self.options = options
+        self.destination = options.ssh
         self.ctl_dir = control_dir(state_dir)
         self.connect_timeout = connect_timeout
         self.control_persist = control_persist
@@ -126,12 +129,12 @@ class SshTransport:
             "-o", "ServerAliveInterval=5",
             "-o", "ServerAliveCountMax=3",
         ]
-        if self.host.ssh_config:
-            argv += ["-F", self.host.ssh_config]
-        if self.host.port:
-            argv += ["-p", str(self.host.port)]
-        if self.host.identity_file:
-            argv += ["-i", self.host.identity_file]
+        if self.options.ssh_config:
+            argv += ["-F", self.options.ssh_config]
+        if self.options.port:
+            argv += ["-p", str(self.options.port)]
+        if self.options.identity_file:
+            argv += ["-i", self.options.identity_file]
         return argv
 
     def argv(self, remote: Sequence[str], tty: bool = False) -> list[str]:

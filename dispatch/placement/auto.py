@@ -13,12 +13,14 @@ from collections.abc import Callable, Sequence
 
 from dispatch.core.errors import AcrossDisabledError
 from dispatch.core.records import NamedTuple
-from dispatch.core.settings import LOCAL, HostSettings, Settings
+from dispatch.core.settings import Settings
 from dispatch.core.units import format_size
 from dispatch.guards.headers import read_headers
 from dispatch.guards.longjob import KEYS, from_headers, parse_spec
+from dispatch.hosts.base import Host
+from dispatch.hosts.kinds import host_for, hosts_of
 from dispatch.hosts.peers import choose_peer
-from dispatch.local.booking import default_label, peer_cap
+from dispatch.local.booking import default_label
 from dispatch.placement import alerts
 from dispatch.placement.dispatcher import Decision, Job, Judgement, decide, judge
 from dispatch.placement.pending import HostPending, Pending
@@ -26,7 +28,7 @@ from dispatch.placement.reports import HostReading, read_reports
 
 MYPY = False
 if MYPY:
-    from typing import Any
+    from typing import Any, Optional
 
 
 def make_job(argv: Sequence[str], *, label: str | None, cap: int | None, gpu_memory: int | None,
@@ -41,8 +43,10 @@ def make_job(argv: Sequence[str], *, label: str | None, cap: int | None, gpu_mem
 
 
 def consider(settings: Settings, job: Job) -> Decision:
-    """Read local (and, when enabled, the peers) within the deadlines, then decide."""
-    names = [LOCAL] + ([n for n in settings.hosts if n != LOCAL] if settings.enable_across_machines else [])
+    """Read this machine (and, when enabled, the peers) within the deadlines, then decide."""
+    hosts = hosts_of(settings)
+    names = [h.name for h in hosts if h.is_here] + (
+        [h.name for h in hosts if not h.is_here] if settings.enable_across_machines else [])
     readings = read_reports(settings, names, job.label)
     return decide(settings, job, readings, pending_after(settings, readings))
 
@@ -50,11 +54,11 @@ def consider(settings: Settings, job: Job) -> Decision:
 class Placement(NamedTuple):
     """Where a ``--auto``/``--peer`` run goes, already noted as pending (``forget_sent(note)`` after).
 
-    ``peer`` None runs the job here; ``refused`` is the exit code when it runs nowhere; ``reasons``
-    are the dispatcher's, for the caller to show.
+    ``host`` runs the job (``Host.run``); ``refused`` is the exit code when it runs nowhere (``host``
+    None then); ``reasons`` are the dispatcher's, for the caller to show.
     """
 
-    peer: HostSettings | None = None
+    host: Optional[Host] = None
     refused: int | None = None
     note: int | None = None
     reasons: tuple[str, ...] = ()
@@ -68,8 +72,8 @@ def place_on_peer(settings: Settings, wanted: str | bool, label: str, cap: int |
         raise AcrossDisabledError("--peer: enable_across_machines is off (set it in the config "
                                   "or ENABLE_ACROSS_MACHINES=1); not running locally instead")
     host = choose_peer(settings, wanted, cap)
-    note = note_sent(settings, host.name, label, peer_estimate(settings, host, cap), gpu_memory)
-    return Placement(peer=host, note=note)
+    note = note_sent(settings, host.name, label, host.pending_estimate(cap), gpu_memory)
+    return Placement(host=host, note=note)
 
 
 def place(settings: Settings, job: Job) -> Placement:
@@ -77,14 +81,10 @@ def place(settings: Settings, job: Job) -> Placement:
     its booking shows or the run ends."""
     decision = consider(settings, job)
     reasons = tuple(decision.reasons)
-    if decision.action == "refuse":
+    if decision.host is None:
         return Placement(refused=decision.exit_code, reasons=reasons)
     note = note_decision(settings, decision, job)
-    peer = None
-    if decision.action == "peer":
-        assert decision.host is not None
-        peer = settings.hosts[decision.host]
-    return Placement(peer=peer, note=note, reasons=reasons)
+    return Placement(host=host_for(settings, decision.host), note=note, reasons=reasons)
 
 
 def pending_after(settings: Settings, readings: Sequence[HostReading]) -> dict[str, HostPending]:
@@ -128,13 +128,6 @@ def forget_sent(settings: Settings, note: int | None) -> None:
         pending.close()
 
 
-def peer_estimate(settings: Settings, host: HostSettings, cap: int | None) -> int:
-    """What a ``--peer`` run will book there, without reading that host's peak table: the cap it
-    will run under (``booking.peer_cap``; a peak booking is never larger), else its gamble size."""
-    size = peer_cap(cap, host.default_cap, host.peer_memory_cap)
-    return size if size is not None else settings.gamble_size_for(host)
-
-
 def peer_command(options: Sequence[str], host: str, command: Sequence[str]) -> str:
     """The exact command that runs the same job on ``host``."""
     kept = [o for o in options if o != "--auto"]
@@ -142,7 +135,7 @@ def peer_command(options: Sequence[str], host: str, command: Sequence[str]) -> s
 
 
 class PeerWatch:
-    """While a local job waits: if a peer's report shows it could take the job now, raise one alert.
+    """While a job waits here: if a peer's report shows it could take the job now, raise one alert.
 
     Reads the peers in a background thread (ssh must not stall the wait loop), at most one reading at
     a time, and alerts once per wait. hostrun never moves the job itself: the alert and the printed
@@ -161,9 +154,10 @@ class PeerWatch:
 
     @property
     def peers(self) -> list[str]:
+        """The hosts that could take the job instead of this machine."""
         if not self.settings.enable_across_machines:
             return []
-        return [name for name in self.settings.hosts if name != LOCAL]
+        return [h.name for h in hosts_of(self.settings) if not h.is_here]
 
     def __call__(self, adm: Any) -> None:
         if self.alerted or not self.peers or not self._busy.acquire(blocking=False):
@@ -175,7 +169,8 @@ class PeerWatch:
             readings = read_reports(self.settings, self.peers, self.job.label)
             active = pending_after(self.settings, readings)
             for reading in readings:
-                verdict = judge(self.settings, self.job, reading, active.get(reading.host))
+                verdict = judge(host_for(self.settings, reading.host), self.job, reading,
+                                active.get(reading.host))
                 if verdict.fits and not self.alerted:
                     self.alerted = True
                     self._alert(reading.host, verdict)
@@ -188,7 +183,8 @@ class PeerWatch:
         message = (f"job {self.job.label} waits on local; {host} could take it now "
                    f"(free {format_size(verdict.free)}, need {format_size(verdict.need)}): {move}")
         alerts.append(self.settings.alerts_path, {
-            "kind": "peer-could-take", "label": self.job.label, "waiting_on": LOCAL, "host": host,
+            "kind": "peer-could-take", "label": self.job.label, "waiting_on": self.settings.local.name,
+            "host": host,
             "free": verdict.free, "need": verdict.need, "command": move, "message": message,
         })
         self.say(f"alert: {message}")

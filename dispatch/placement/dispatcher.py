@@ -4,13 +4,15 @@ Rules, in order:
 0. a job recorded or declared longer than ``long_job_threshold`` that would use one host → refuse
    (244), unless it declares itself long with all three answers of ``dispatch.guards.longjob`` (sharded,
    resumable, multi-host), by ``--long-job`` or ``# long-job:`` header lines;
-1. hosts: ``local`` always; peers only when ``enable_across_machines`` is on;
+1. hosts: this machine (``local``) always; the others (peers) only when ``enable_across_machines``
+   is on;
 2. a host fits when its slice's free room, less queued jobs and less pending bookings younger than
-   ``pending_window``, covers the job's booking there; for peers the cap must be within
-   ``peer_memory_cap``; with ``--gpu-memory``, one of its GPUs must have that much free, less the
+   ``pending_window``, covers the job's booking there (at the cap it would run under there,
+   ``Host.job_cap``); the host's kind may refuse the cap (``Host.cap_problem``: a peer's
+   ``peer_memory_cap``); with ``--gpu-memory``, one of its GPUs must have that much free, less the
    VRAM pending on it;
-3. prefer local when it fits; else a peer that fits; else queue locally (or on the one host whose
-   slice could ever hold the job). The decision carries its reasons.
+3. prefer this machine when it fits; else a peer that fits; else queue here (or on the one host
+   whose slice could ever hold the job). The decision carries its reasons.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from __future__ import annotations
 from dispatch.core.errors import NeverFitsError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.records import NamedTuple
-from dispatch.core.settings import LOCAL, Settings
+from dispatch.core.settings import Settings
 from dispatch.core.units import format_duration, format_size
 from dispatch.guards.longjob import missing
-from dispatch.local.booking import peer_cap, plan_booking
+from dispatch.hosts.base import Host
+from dispatch.hosts.kinds import hosts_of
+from dispatch.local.booking import plan_booking
 from dispatch.local.ledgerdb import PeakRecord
 from dispatch.placement.pending import HostPending, gpu_free_after
 from dispatch.placement.reports import HostReading
@@ -49,15 +53,30 @@ class Judgement(NamedTuple):
     gpu_index: Optional[int] = None  # with --gpu-memory: the GPU judged (most free after pending)
 
 
+RUN, QUEUE, REFUSE = "run", "queue", "refuse"
+
+
 class Decision(NamedTuple):
-    action: str  # "local", "peer", "queue", "refuse"
-    host: Optional[str]
+    verdict: str  # RUN it now on ``host``, QUEUE it on ``host`` (it waits there), REFUSE it
+    host: Optional[str]  # the host's name (None when refused)
     exit_code: int  # what --auto exits with when it cannot run the job (0 when it can)
     reasons: list[str]
     judgements: list[Judgement]
+    here: bool = False  # ``host`` is this machine
+
+    @property
+    def action(self) -> str:
+        """What ``hostrun dispatch`` says (``--json`` too): "local" (run here now), "queue" (wait
+        here), "peer" (send it there: it runs, or waits in that host's queue), "refuse"."""
+        if self.verdict == REFUSE:
+            return "refuse"
+        if not self.here:
+            return "peer"
+        return "local" if self.verdict == RUN else "queue"
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self._asdict(), "judgements": [j._asdict() for j in self.judgements]}
+        return {"action": self.action, "host": self.host, "exit_code": self.exit_code,
+                "reasons": self.reasons, "judgements": [j._asdict() for j in self.judgements]}
 
 
 def _peak(report: dict[str, Any]) -> PeakRecord | None:
@@ -76,19 +95,16 @@ def expected_duration(job: Job, readings: list[HostReading]) -> tuple[float | No
     return seconds, f"recorded on {host}"
 
 
-def judge(settings: Settings, job: Job, reading: HostReading, waiting: HostPending | None = None
+def judge(host: Host, job: Job, reading: HostReading, waiting: HostPending | None = None
           ) -> Judgement:
+    """Whether ``job`` fits on ``host`` now (and could ever), from its ``reading`` and the bookings
+    still ``waiting`` to show there."""
     if reading.report is None:
         return Judgement(reading.host, False, False, None, None, f"could not read: {reading.error}")
     report = reading.report
-    host = settings.hosts[reading.host]
     s = report["slice"]
     limit = int(s["limit"])
-    default_cap = report["settings"].get("default_cap")
-    if host.is_local:
-        cap = job.cap if job.cap is not None else default_cap
-    else:  # what its agent will run it under
-        cap = peer_cap(job.cap, default_cap, host.peer_memory_cap)
+    cap = host.job_cap(job.cap, report["settings"].get("default_cap"))
     try:
         plan = plan_booking(cap=cap, peak=_peak(report), slice_limit=limit,
                             gamble_size=int(report["settings"]["gamble_size"]))
@@ -98,10 +114,9 @@ def judge(settings: Settings, job: Job, reading: HostReading, waiting: HostPendi
     waiting = waiting or HostPending(0, {}, ())
     pending = waiting.memory
     free = int(s["free"]) - int(s.get("queued", 0)) - pending
-    if not host.is_local and host.peer_memory_cap is not None and plan.limit > host.peer_memory_cap:
-        return Judgement(reading.host, False, False, plan.size, free,
-                         f"cap {format_size(plan.limit)} exceeds its peer_memory_cap "
-                         f"({format_size(host.peer_memory_cap)})")
+    refused = host.cap_problem(plan.limit)
+    if refused is not None:
+        return Judgement(reading.host, False, False, plan.size, free, refused)
     if job.gpu_memory:
         gpus = report.get("gpus") or []
         if not gpus:
@@ -139,26 +154,28 @@ def decide(settings: Settings, job: Job, readings: list[HostReading],
                        "sharded, resumes after an interruption, uses more than one machine: "
                        "'# long-job: KEY: how' header lines or "
                        "--long-job='sharded=...;resumable=...;multi-host=...')")
-        return Decision("refuse", None, ExitCode.LONG_SINGLE_HOST, reasons, [])
-    considered = [r for r in readings if r.host == LOCAL or settings.enable_across_machines]
-    if not settings.enable_across_machines and any(name != LOCAL for name in settings.hosts):
+        return Decision(REFUSE, None, ExitCode.LONG_SINGLE_HOST, reasons, [])
+    hosts = {h.name: h for h in hosts_of(settings)}
+    across = settings.enable_across_machines
+    considered = [r for r in readings if hosts[r.host].is_here or across]
+    if not across and any(not h.is_here for h in hosts.values()):
         reasons.append("peers not considered: enable_across_machines is off")
-    judgements = [judge(settings, job, r, pending.get(r.host)) for r in considered]
-    by_host = {j.host: j for j in judgements}
-    local = by_host.get(LOCAL)
-    if local is not None and local.fits:
-        return Decision("local", LOCAL, 0, [*reasons, f"local {local.reason}"], judgements)
-    for j in judgements:
-        if j.host != LOCAL and j.fits:
-            return Decision("peer", j.host, 0, [*reasons, f"local does not fit; {j.host} {j.reason}"],
+    judgements = [judge(hosts[r.host], job, r, pending.get(r.host)) for r in considered]
+    here = next((j for j in judgements if hosts[j.host].is_here), None)
+    elsewhere = [j for j in judgements if not hosts[j.host].is_here]
+    if here is not None and here.fits:
+        return Decision(RUN, here.host, 0, [*reasons, f"{here.host} {here.reason}"], judgements, True)
+    for j in elsewhere:
+        if j.fits:
+            return Decision(RUN, j.host, 0, [*reasons, f"local does not fit; {j.host} {j.reason}"],
                             judgements)
-    if local is not None and local.could_ever_fit:
-        return Decision("queue", LOCAL, 0, [*reasons, "no host fits now: wait in the local queue"],
-                        judgements)
-    for j in judgements:
-        if j.host != LOCAL and j.could_ever_fit:
-            return Decision("peer", j.host, 0, [*reasons, f"only {j.host} could ever hold it: "
-                                                f"wait in its queue"], judgements)
-    too_big = local is not None and "larger than its slice" in local.reason
+    if here is not None and here.could_ever_fit:
+        return Decision(QUEUE, here.host, 0, [*reasons, "no host fits now: wait in the local queue"],
+                        judgements, True)
+    for j in elsewhere:
+        if j.could_ever_fit:
+            return Decision(QUEUE, j.host, 0, [*reasons, f"only {j.host} could ever hold it: "
+                                               f"wait in its queue"], judgements)
+    too_big = here is not None and "larger than its slice" in here.reason
     code = ExitCode.NEVER_FITS if too_big else ExitCode.NOT_RUN
-    return Decision("refuse", None, code, [*reasons, "no host could ever run it"], judgements)
+    return Decision(REFUSE, None, code, [*reasons, "no host could ever run it"], judgements)

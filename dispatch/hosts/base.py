@@ -1,0 +1,95 @@
+"""``Host``: where a job runs, as one small interface that every part asks instead of branching on
+a host's name or kind (docs/design.md, "Where to add a host kind").
+
+A kind is a subclass in its own module (``dispatch.hosts.local.LocalHost``,
+``dispatch.hosts.ssh.SshPeer``), its settings declared once as a ``KindSpec``
+(``dispatch.core.hostkeys``), registered in ``dispatch.hosts.kinds``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dispatch.core.hostkeys import KindSpec
+from dispatch.core.records import NamedTuple
+
+MYPY = False
+if MYPY:
+    from typing import Any, Optional
+
+    from dispatch.core.outcome import Outcome
+    from dispatch.core.request import RunRequest
+    from dispatch.core.settings import HostSettings, Settings
+
+
+class RunExtras(NamedTuple):
+    """What a run needs besides the ``RunRequest``: for a run sent elsewhere, the tree to sync, the
+    paths to bring back and whether stdin goes along; for a run here, the callback a waiting job
+    calls (``dispatch.placement.auto.PeerWatch``)."""
+
+    tree: Optional[str] = None
+    returns: tuple[str, ...] = ()
+    stdin: bool = False
+    watch: Optional[Callable[[Any], None]] = None
+
+
+class Host:
+    """One configured host (``[hosts.NAME]``) of one kind.
+
+    ``config`` is the whole configuration, ``settings`` this host's table. The methods are the
+    questions the dispatcher, ``--auto``/``--peer``, ``report`` and ``doctor`` ask a host.
+    """
+
+    kind = ""  # the ``kind`` key's value
+    spec = KindSpec("")  # its settings: its own keys and rules (``dispatch.core.hostkeys``)
+    is_here = False  # this machine: its report is read in this process, a job queues here
+
+    def __init__(self, config: Settings, settings: HostSettings) -> None:
+        self.config = config
+        self.settings = settings
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    @classmethod
+    def before_reading(cls, config: Settings) -> None:
+        """Called once per kind before its hosts' reports are read in parallel: a check that must
+        refuse (exit 2) before any of them is contacted."""
+
+    def report(self, label: str | None = None, peaks: bool = False) -> dict[str, Any]:
+        """The host's report (``dispatch.local.report``'s shape) with ``label``'s peak record;
+        ``peaks``: its whole peak table. Raises HostrunError when it cannot be read."""
+        raise NotImplementedError
+
+    def job_cap(self, cap: int | None, default_cap: int | None) -> int | None:
+        """The cap a job with ``-m cap`` runs under there, given the ``default_cap`` that applies
+        there (from its report, or this config's table): the dispatcher judges and books that."""
+        return cap if cap is not None else default_cap
+
+    def cap_problem(self, limit: int | None) -> str | None:
+        """Why a job limited to ``limit`` bytes may never be sent there (e.g. a peer's
+        ``peer_memory_cap``), or None."""
+        return None
+
+    def check_cap(self, cap: int | None) -> None:
+        """Refuse a job sent there with ``-m cap`` that it would not take (249), before contacting it."""
+
+    def pending_estimate(self, cap: int | None) -> int:
+        """What a job sent there without reading its report will book: the cap it will run under
+        (a peak booking is never larger), else its gamble size."""
+        size = self.job_cap(cap, self.settings.default_cap)
+        return size if size is not None else self.config.gamble_size_for(self.settings)
+
+    def run(self, request: RunRequest, say: Callable[[str], None], extras: RunExtras) -> Outcome:
+        """Run the job there, to its end; the outcome is the caller's to render."""
+        raise NotImplementedError
+
+    def diagnose(self, reading: Any) -> dict[str, Any] | None:
+        """``hostrun doctor``'s entry for this host from its report just read (a ``HostReading``), or
+        None when doctor's own checks of this machine cover it."""
+        return None
+
