@@ -48,6 +48,14 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
         ("[hosts.local]\nmax_runtime = '0s'\n", "hosts.local.max_runtime: '0s': must be longer than 0"),
         ("[hosts.peer]\nssh = 'p'\nmax_runtime = '90m'\n",
          "hosts.peer: max_runtime of a peer is set in the peer's own config"),
+        ("[hosts.local]\nssh = 'p'\n", "hosts.local: ssh is for peers; local is this machine"),
+        ("[hosts.box]\nkind = 'slurm'\nssh = 'p'\n",
+         "hosts.box.kind: unknown kind 'slurm' (known: local, ssh)"),
+        ("[hosts.local]\nkind = 'ssh'\n",
+         "hosts.local.kind: local is this machine, so its kind is local, not 'ssh'"),
+        ("[hosts.box]\nkind = 'local'\n",
+         "hosts.box.kind: kind 'local' is this machine, which is [hosts.local]"),
+        ("[hosts.box]\nkind = 'ssh'\n", "hosts.box: a peer needs ssh"),
     ],
 )
 def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, body: str, needle: str) -> None:

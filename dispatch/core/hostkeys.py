@@ -52,7 +52,7 @@ class KindSpec(NamedTuple):
     keys: tuple[Key, ...] = ()
     here: bool = False  # this machine: a ``reserve`` is checked against its RAM when validated
     refused: tuple[tuple[str, str], ...] = ()  # (COMMON key, why it is an error on this kind)
-    foreign: str = "{key} is not a key of a {kind} host"  # a key of another kind set here
+    foreign: str = "{key} is not a key of kind {kind}"  # a key of another kind set here
 
 
 COMMON: tuple[Key, ...] = (

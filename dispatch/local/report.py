@@ -83,6 +83,7 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
         "settings": {
             "slice_bytes": host.slice_bytes, "reserve_bytes": host.reserve_bytes,
             "default_cap": host.default_cap, "gamble_size": settings.gamble_size_for(host),
+            # an ssh key: None for this machine (kept, the report's shape stays)
             "peer_memory_cap": host.options.get("peer_memory_cap"), "state_dir": settings.state_dir,
         },
         "queue": [
