@@ -240,10 +240,11 @@ def test_memory_cap_below_one_mib_is_refused() -> None:
 def test_the_models_defaults_are_the_settings_defaults() -> None:
     """Every top-level key the model accepts defaults to what Settings does when it is absent (the
     defaults are written once, in Settings; state_dir has none there: it is resolved at load)."""
-    from dispatch.config.model import ConfigModel
+    from dispatch.config.model import config_model
     from dispatch.core.settings import Settings
+    from dispatch.hosts.kinds import specs
 
-    model = ConfigModel().model_dump()
+    model = config_model(tuple(specs().values()))().model_dump()
     assert set(model) - set(Settings._fields) == set()
     assert model.pop("state_dir") is None and model.pop("hosts") == {}
     expected = {key: list(value) if isinstance(value, tuple) else value

@@ -19,6 +19,7 @@ import pytest
 
 from dispatch.agent.frames import Frame
 from dispatch.agent.wire import RunSpec
+from dispatch.core.configfile import make_host
 from dispatch.core.errors import (
     ConnectionLostError,
     PeerAuthError,
@@ -30,6 +31,7 @@ from dispatch.core.outcome import Outcome
 from dispatch.core.request import RunRequest
 from dispatch.core.settings import LOCAL, HostSettings, Settings
 from dispatch.hosts.peerrun import PeerRun, tree_id
+from dispatch.hosts.sshkeys import SPEC as SSH_KIND
 from tests.fakepeer import HOST_SSH, LOST_MESSAGE, FakeLink, Script
 
 PROBE = "echo faketool 1.0"  # the toolchain probe, run on this host by the controller
@@ -46,7 +48,7 @@ class Driver:
         self.link = FakeLink(tmp / "fake", script)
         state = tmp / "state"
         state.mkdir(mode=0o700, exist_ok=True)
-        self.host = HostSettings("fake", ssh=HOST_SSH)
+        self.host = make_host("fake", SSH_KIND, ssh=HOST_SSH)
         settings = Settings(state_dir=str(state), hosts={LOCAL: HostSettings(LOCAL), "fake": self.host},
                             toolchain_probes=(PROBE,))
         self.run = PeerRun(settings, self.host, RunRequest(argv=ARGV, label="build"), self.say,
