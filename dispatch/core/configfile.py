@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from dispatch.core.errors import ConfigError
-from dispatch.core.settings import LOCAL, HostSettings, Settings, cgroup_path_problem
+from dispatch.core.settings import LOCAL, AgentSettings, HostSettings, Settings, cgroup_path_problem
 from dispatch.core.units import parse_duration, parse_size
 
 MYPY = False
@@ -53,6 +53,20 @@ def host_from_dict(name: str, table: Mapping[str, Any], source: str = "") -> Hos
     return HostSettings(**values)
 
 
+def agents_from_dict(table: Mapping[str, Any]) -> AgentSettings:
+    """The ``[agents]`` table (validated by ``dispatch.config.model.AgentsModel`` first)."""
+    values: dict[str, Any] = {}
+    for key in ("mode", "escape_env"):
+        if table.get(key) is not None:
+            values[key] = str(table[key])
+    for key in ("heavy", "light", "gpu"):
+        if table.get(key) is not None:
+            values[key] = tuple(str(item) for item in table[key])
+    if table.get("escape_min") is not None:
+        values["escape_min"] = int(table["escape_min"])
+    return AgentSettings(**values)
+
+
 def settings_from_dict(raw: Mapping[str, Any], source: str) -> Settings:
     """Build Settings from a TOML mapping. A ``state_dir`` left unset stays "" so that it is
     resolved from the environment on every load (see ``Settings.with_env_overrides``)."""
@@ -76,6 +90,8 @@ def settings_from_dict(raw: Mapping[str, Any], source: str) -> Settings:
         values["history_rows"] = int(raw["history_rows"])
     if raw.get("enable_across_machines") is not None:
         values["enable_across_machines"] = bool(raw["enable_across_machines"])
+    if raw.get("agents") is not None:
+        values["agents"] = agents_from_dict(raw["agents"])
     hosts = {name: host_from_dict(name, table or {}, source)
              for name, table in (raw.get("hosts") or {}).items()}
     hosts.setdefault(LOCAL, HostSettings(LOCAL))
