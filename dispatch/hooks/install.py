@@ -244,6 +244,9 @@ def status(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--config", metavar="PATH", help="configuration file")
     args = p.parse_args(argv)
+    from dispatch.config import load_settings
+
+    load_settings(args.config)  # a broken config is the first thing to say (exit 2)
     places = []
     for user in (False, True):
         path = settings_path(user)
