@@ -247,6 +247,8 @@ def test_the_models_defaults_are_the_settings_defaults() -> None:
     model = config_model(tuple(specs().values()))().model_dump()
     assert set(model) - set(Settings._fields) == set()
     assert model.pop("state_dir") is None and model.pop("hosts") == {}
+    agents = Settings._field_defaults["agents"]._asdict()
+    assert model.pop("agents") == {k: list(v) if isinstance(v, tuple) else v for k, v in agents.items()}
     expected = {key: list(value) if isinstance(value, tuple) else value
                 for key, value in Settings._field_defaults.items() if key in model}
     assert model == expected and set(model) == set(expected)

@@ -42,7 +42,7 @@ if MYPY:
     T = TypeVar("T")
 
 SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts", "capacity",
-               "lock", "workdir", "preflight", "history")
+               "lock", "workdir", "preflight", "history", "hook", "agents")
 USAGE = (f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{{','.join(SUBCOMMANDS[1:])}}} ...")
 
 
@@ -661,6 +661,20 @@ def cmd_workdir(argv: list[str]) -> int:
     return 0
 
 
+def cmd_hook(argv: list[str]) -> int:
+    """``hostrun hook EVENT``: a coding agent's hook (dispatch.hooks.claude); always exits 0."""
+    from dispatch.hooks.claude import main as hook_main
+
+    return hook_main(argv)
+
+
+def cmd_agents(argv: list[str]) -> int:
+    """``hostrun agents install|uninstall|status``: the hooks in Claude Code's settings."""
+    from dispatch.hooks.install import main as agents_main
+
+    return agents_main(argv, _say)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -682,7 +696,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "lock": cmd_lock, "workdir": cmd_workdir,
                        "report": cmd_report, "dispatch": cmd_dispatch, "alerts": cmd_alerts,
                        "capacity": cmd_capacity, "preflight": cmd_preflight,
-                       "history": cmd_history}[name]
+                       "history": cmd_history, "hook": cmd_hook, "agents": cmd_agents}[name]
             return handler(rest)
         return cmd_run(leading + args)
     except HostrunError as exc:

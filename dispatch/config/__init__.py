@@ -30,7 +30,7 @@ from dispatch.core.fingerprint import short_hash
 from dispatch.core.settings import Settings
 from dispatch.guards import trust
 
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 
 
 def _cache_dir(environ: Mapping[str, str]) -> str:

@@ -18,7 +18,7 @@ from dispatch.core import hostkeys
 from dispatch.core.configfile import settings_from_dict
 from dispatch.core.errors import ConfigError
 from dispatch.core.hostkeys import COMMON, Key, KindSpec, inferred_kind, kind_problem
-from dispatch.core.settings import Settings
+from dispatch.core.settings import AGENT_MODES, AgentSettings, Settings
 from dispatch.core.units import format_size, parse_duration, parse_size
 
 
@@ -120,6 +120,42 @@ class GroupModel(_Strict):
     max_running: int = Field(ge=1)
 
 
+AGENT_DEFAULTS = AgentSettings._field_defaults
+
+
+def _agent_mode(value: Any) -> str:
+    if value not in AGENT_MODES:
+        raise ValueError(f"must be one of {', '.join(AGENT_MODES)}, not {value!r}")
+    return str(value)
+
+
+def _patterns(value: Any) -> list[str]:
+    """Patterns (``dispatch.hooks.rules``): a list of non-blank strings."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError("must be a list of patterns (strings)")
+    blank = next((i for i, v in enumerate(value) if not v.split()), None)
+    if blank is not None:
+        raise ValueError(f"pattern {blank + 1} is blank")
+    return value
+
+
+def _env_name(value: Any) -> str:
+    if not isinstance(value, str) or not value.isidentifier() or not value.isascii():
+        raise ValueError(f"must be an environment variable name, not {value!r}")
+    return value
+
+
+class AgentsModel(_Strict):
+    """``[agents]``: the coding-agent hooks (docs/agents.md)."""
+
+    mode: Annotated[str, BeforeValidator(_agent_mode)] = AGENT_DEFAULTS["mode"]
+    heavy: Annotated[list[str], BeforeValidator(_patterns)] = Field(default_factory=list)
+    light: Annotated[list[str], BeforeValidator(_patterns)] = Field(default_factory=list)
+    gpu: Annotated[list[str], BeforeValidator(_patterns)] = Field(default_factory=list)
+    escape_env: Annotated[str, BeforeValidator(_env_name)] = AGENT_DEFAULTS["escape_env"]
+    escape_min: int = Field(default=AGENT_DEFAULTS["escape_min"], ge=1, le=1000)
+
+
 DEFAULTS = Settings._field_defaults  # the one place the top-level defaults are written
 
 
@@ -144,6 +180,7 @@ class _ConfigBase(_Strict):
     clear_mark_after: int = Field(default=DEFAULTS["clear_mark_after"], ge=1, le=1000)
     history_days: Number = Field(default=DEFAULTS["history_days"], gt=0)
     history_rows: Count = Field(default=DEFAULTS["history_rows"], ge=1)
+    agents: AgentsModel = Field(default_factory=AgentsModel)
 
 
 @lru_cache(maxsize=8)

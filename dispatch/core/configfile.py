@@ -22,7 +22,7 @@ from dispatch.core.hostkeys import (
     inferred_kind,
     kind_problem,
 )
-from dispatch.core.settings import HostSettings, Settings, cgroup_path_problem
+from dispatch.core.settings import AgentSettings, HostSettings, Settings, cgroup_path_problem
 from dispatch.core.units import parse_duration, parse_size
 
 MYPY = False
@@ -86,6 +86,20 @@ def host_from_dict(name: str, table: Mapping[str, Any], source: str = "",
     return HostSettings(**values)
 
 
+def agents_from_dict(table: Mapping[str, Any]) -> AgentSettings:
+    """The ``[agents]`` table (validated by ``dispatch.config.model.AgentsModel`` first)."""
+    values: dict[str, Any] = {}
+    for key in ("mode", "escape_env"):
+        if table.get(key) is not None:
+            values[key] = str(table[key])
+    for key in ("heavy", "light", "gpu"):
+        if table.get(key) is not None:
+            values[key] = tuple(str(item) for item in table[key])
+    if table.get("escape_min") is not None:
+        values["escape_min"] = int(table["escape_min"])
+    return AgentSettings(**values)
+
+
 def settings_from_dict(raw: Mapping[str, Any], source: str,
                        kinds: Mapping[str, KindSpec] = AGENT_KINDS) -> Settings:
     """Build Settings from a TOML mapping, knowing the host ``kinds`` (the controller passes every
@@ -112,6 +126,8 @@ def settings_from_dict(raw: Mapping[str, Any], source: str,
         values["history_rows"] = int(raw["history_rows"])
     if raw.get("enable_across_machines") is not None:
         values["enable_across_machines"] = bool(raw["enable_across_machines"])
+    if raw.get("agents") is not None:
+        values["agents"] = agents_from_dict(raw["agents"])
     hosts = {}
     for name, table in (raw.get("hosts") or {}).items():
         kind = host_kind(name, table or {}, source)

@@ -84,6 +84,27 @@ class HostSettings(NamedTuple):
             return os.cpu_count() or 1
 
 
+AGENT_MODES = ("remind", "wrap", "guard")
+ESCAPE_ENV = "HOSTRUN_DIRECT"
+
+
+class AgentSettings(NamedTuple):
+    """The ``[agents]`` table: how the coding-agent hooks treat a heavy shell command (docs/agents.md).
+
+    ``mode``: ``remind`` (add the resource table, never refuse), ``wrap`` (rewrite it to run through
+    hostrun) or ``guard`` (refuse it unless it runs through hostrun). ``heavy``/``light``/``gpu``: the
+    project's patterns (``dispatch.hooks.rules``). ``escape_env``/``escape_min``: the variable that
+    lets a person's deliberate direct run through guard, and the least length of its reason.
+    """
+
+    mode: str = "remind"
+    heavy: tuple[str, ...] = ()
+    light: tuple[str, ...] = ()
+    gpu: tuple[str, ...] = ()
+    escape_env: str = ESCAPE_ENV
+    escape_min: int = 12
+
+
 class Settings(NamedTuple):
     state_dir: str
     hosts: Mapping[str, HostSettings]
@@ -103,6 +124,7 @@ class Settings(NamedTuple):
     clear_mark_after: int = 3  # clean runs at its cap that clear a label's slice-full mark
     history_days: float = 90.0  # the run history keeps rows this many days ...
     history_rows: int = 100_000  # ... and at most this many
+    agents: AgentSettings = AgentSettings()
     source: str = "<built-in default>"
     # Environment variables that replace a kind's own key on every host of that kind: VAR -> (kind,
     # key), from the kinds' key tables (``Key.env``) when the file was parsed.
@@ -135,13 +157,15 @@ class Settings(NamedTuple):
     def to_normalized(self) -> dict[str, Any]:
         data = self._asdict()
         data["hosts"] = {name: h._asdict() for name, h in self.hosts.items()}
+        data["agents"] = self.agents._asdict()
         return data
 
     @classmethod
     def from_normalized(cls, data: Mapping[str, Any]) -> Settings:
         hosts = {name: HostSettings(**h) for name, h in data["hosts"].items()}
         overrides = {var: tuple(where) for var, where in data.get("overrides", {}).items()}
-        return cls(**{**data, "hosts": hosts, "overrides": overrides})
+        agents = AgentSettings(**data["agents"]) if "agents" in data else AgentSettings()
+        return cls(**{**data, "hosts": hosts, "overrides": overrides, "agents": agents})
 
     def with_env_overrides(self, environ: Mapping[str, str]) -> Settings:
         """Apply ``ENABLE_ACROSS_MACHINES`` and the kinds' own variables (``overrides``, e.g.

@@ -1,0 +1,128 @@
+"""Benchmark: the full process time of ``hostrun hook pre-tool-use`` (Claude Code's PreToolUse hook,
+dispatch.hooks.claude), which runs before every shell command of an agent.
+
+Series, interleaved (rotating order): bare ``python -c pass`` with the same interpreter (baseline);
+the hook fed a recorded-shape event for four light commands (target: pooled median <= 2x the
+baseline; a light command gets no answer, and must not load pydantic, rich or sqlite); and, for
+information, a heavy command in ``remind`` mode, which reads this host's report for the resource table
+(local only: the private config has no peer). A private config, state dir, config cache and slice
+cgroup, as the other benchmarks (bench/README.md, "Isolation"). Run by hand, e.g.::
+
+    .venv/bin/python bench/bench_hook.py --runs 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from _common import leftovers, private_env, remove_slice, write_config
+
+TARGET_RATIO = 2.0
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIGHT = ("git status", "cd src && ls -la | wc -l", "cargo --version", "rg -n TODO src/ | head -20")
+HEAVY = "cargo test --workspace 2>&1 | tail -20"
+HEAVY_MODULES = ("pydantic", "rich", "sqlite3")
+
+
+def event(command: str, cwd: str) -> bytes:
+    return json.dumps({"session_id": "bench", "transcript_path": "/dev/null", "cwd": cwd,
+                       "permission_mode": "default", "hook_event_name": "PreToolUse", "tool_name": "Bash",
+                       "tool_input": {"command": command}, "tool_use_id": "t"}).encode()
+
+
+def timed(argv: list[str], stdin: bytes, env: dict[str, str], cwd: str) -> tuple[float, bytes, bytes, int]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, input=stdin, env=env, cwd=cwd, capture_output=True)
+    return time.perf_counter() - t0, proc.stdout, proc.stderr, proc.returncode
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def imported(python: str, config: str, env: dict[str, str], cwd: str) -> list[str]:
+    """Which of pydantic, rich, sqlite3 the light path imports (``-X importtime``)."""
+    argv = [python, "-X", "importtime", "-m", "dispatch", "hook", "pre-tool-use", "--config", config]
+    err = subprocess.run(argv, input=event(LIGHT[0], cwd), env=env, cwd=cwd, capture_output=True).stderr
+    names = {line.split("|")[-1].strip() for line in err.decode().splitlines()
+             if line.startswith("import time:")}
+    return [m for m in HEAVY_MODULES if m in names]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=30, help="measured runs of each series (>= 20)")
+    ap.add_argument("--python", default=sys.executable, help="interpreter (default: this one)")
+    args = ap.parse_args()
+    if args.runs < 20:
+        ap.error("--runs must be at least 20 (medians of >= 20 runs)")
+    tmp = tempfile.mkdtemp(prefix="hostrun-bench-hook-")
+    slice_dir = None
+    try:
+        config, slice_dir = write_config(tmp, "1G")
+        with open(config, "a", encoding="utf-8") as fh:
+            fh.write('\n[agents]\nmode = "remind"\n')
+        project = os.path.join(tmp, "project")
+        os.makedirs(os.path.join(project, "src"))
+        env = dict(private_env(tmp), PYTHONPATH=ROOT)
+        env_cached = dict(env, PYTHONPYCACHEPREFIX=os.path.join(tmp, "pycache"))
+        env_cached.pop("PYTHONDONTWRITEBYTECODE", None)
+        python = args.python
+        hook = [python, "-m", "dispatch", "hook", "pre-tool-use", "--config", config]
+        series = [("python -c pass", [python, "-c", "pass"], b"", env)]
+        series += [(f"light: {c}", hook, event(c, project), env) for c in LIGHT]
+        series += [(f"heavy (remind, report): {HEAVY}", hook, event(HEAVY, project), env)]
+        series += [(f"light [*]: {c}", hook, event(c, project), env_cached) for c in LIGHT]
+        for label, argv, stdin, run_env in series:  # warm-up: validates and caches the config
+            _, out, err, rc = timed(argv, stdin, run_env, project)
+            expect_answer = label.startswith("heavy")
+            if rc != 0 or err or bool(out) != expect_answer:
+                print(f"unexpected result for {label}: rc={rc} out={out[:200]!r} err={err[:300]!r}",
+                      file=sys.stderr)
+                return 1
+        print(f"interpreter: {python}; dispatch from {ROOT}")
+        print(f"machine:     {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; "
+              f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}")
+        times: dict[str, list[float]] = {label: [] for label, _, _, _ in series}
+        for i in range(args.runs):
+            k = i % len(series)
+            for label, argv, stdin, run_env in series[k:] + series[:k]:
+                times[label].append(timed(argv, stdin, run_env, project)[0])
+        print(f"\n{args.runs} runs each, interleaved; wall time in ms")
+        print(f"  {'':60} {'median':>7} {'p10':>7} {'p90':>7} {'ratio':>6}")
+        base = statistics.median(times["python -c pass"])
+        for label, _, _, _ in series:
+            v = times[label]
+            med = statistics.median(v)
+            print(f"  {label[:60]:60} {med * 1000:7.1f} {pct(v, 10) * 1000:7.1f} {pct(v, 90) * 1000:7.1f} "
+                  f"{med / base:5.2f}x")
+        light_all = [t for c in LIGHT for t in times[f"light: {c}"]]
+        ratio = statistics.median(light_all) / base
+        heavy_modules = imported(python, config, env, project)
+        verdict = "PASS" if ratio <= TARGET_RATIO and not heavy_modules else "FAIL"
+        print(f"\n  light commands (pooled) / python -c pass: {ratio:.2f}x "
+              f"(+{(statistics.median(light_all) - base) * 1000:.1f} ms); target <= {TARGET_RATIO:.0f}x; "
+              f"pydantic/rich/sqlite3 imported on the light path: {', '.join(heavy_modules) or 'none'} "
+              f"-> {verdict}")
+        cached = [t for c in LIGHT for t in times[f"light [*]: {c}"]]
+        print(f"  [*] with dispatch's bytecode cached (private PYTHONPYCACHEPREFIX): "
+              f"{statistics.median(cached) / base:.2f}x")
+        left = leftovers(os.path.join(tmp, "state"), slice_dir)
+        for line in left:
+            print(f"  LEFT BEHIND: {line}")
+        return 0 if verdict == "PASS" and not left else 1
+    finally:
+        remove_slice(slice_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

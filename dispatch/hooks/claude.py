@@ -1,0 +1,316 @@
+"""``hostrun hook EVENT``: Claude Code's hooks (JSON event on stdin, JSON answer on stdout).
+
+Events (docs/agents.md, "Claude Code"):
+
+- ``pre-tool-use`` (PreToolUse, matcher ``Bash``): classify ``tool_input.command``; a light command
+  gets no answer at all (the fast path: no pydantic, rich or sqlite). A heavy or GPU one, by the
+  mode (``[agents] mode``, or ``--mode``): ``remind`` adds the resource table as
+  ``additionalContext``; ``wrap`` also rewrites the command to run through hostrun
+  (``updatedInput``); ``guard`` refuses it (``permissionDecision: "deny"``) with the exact command to
+  run instead, unless a person's escape is in front of it (never inside a subagent).
+- ``session-start`` (SessionStart, also after ``/compact``): what this session has running, queued,
+  locked and claimed, as ``additionalContext``; and ``HOSTRUN_SESSION`` for the session's later
+  shell commands, through ``$CLAUDE_ENV_FILE``.
+
+A hook must never stop an agent because of itself: bad or empty JSON, another tool, a missing
+command, a broken configuration, anything unexpected: one line on stderr, no answer, exit 0.
+
+Alerts for the session (PostToolUse, Stop, and at SessionStart) come through ``_alerts``: one call
+per event, which returns nothing until the alerts work lands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+MYPY = False
+if MYPY:
+    from collections.abc import Callable
+    from typing import Any, TextIO
+
+    from dispatch.core.settings import Settings
+    from dispatch.hooks.classify import Verdict
+
+PRE_TOOL_USE, SESSION_START = "PreToolUse", "SessionStart"
+EVENTS = {"pre-tool-use": PRE_TOOL_USE, "session-start": SESSION_START}
+MODES = ("remind", "wrap", "guard")
+MAX_CONTEXT = 9000  # characters of additionalContext (Claude Code caps what a hook injects)
+USAGE = ("usage: hostrun hook [pre-tool-use|session-start] [--mode remind|wrap|guard] [--config PATH]"
+         " < EVENT.json")
+HELP = f"""{USAGE}
+
+Claude Code's hooks: read the event JSON on stdin, write the answer JSON on stdout.
+Without EVENT, the JSON's hook_event_name says which. --mode beats [agents] mode in the config.
+Always exits 0: a problem is one line on stderr, and the agent goes on. See docs/agents.md."""
+
+
+class HookArgs:
+    """What ``hostrun hook`` was given on its command line."""
+
+    def __init__(self, event: str | None, mode: str | None, config: str | None) -> None:
+        self.event, self.mode, self.config = event, mode, config
+
+
+def _note(line: str, err: TextIO) -> None:
+    try:
+        err.write(f"hostrun hook: {line}\n")
+        err.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def parse_args(argv: list[str]) -> HookArgs:
+    """EVENT, ``--mode``, ``--config``; ValueError naming what is wrong."""
+    event = mode = config = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        value = None
+        if arg in ("--mode", "--config"):
+            if i + 1 >= len(argv):
+                raise ValueError(f"{arg} needs a value")
+            value, i = argv[i + 1], i + 1
+        elif arg.startswith(("--mode=", "--config=")):
+            arg, _, value = arg.partition("=")
+        if arg == "--mode":
+            if value not in MODES:
+                raise ValueError(f"--mode must be one of {', '.join(MODES)}, not {value!r}")
+            mode = value
+        elif arg == "--config":
+            config = value
+        elif event is None and not arg.startswith("-"):
+            event = EVENTS.get(arg) or (arg if arg in EVENTS.values() else None)
+            if event is None:
+                raise ValueError(f"unknown event {arg!r} (one of {', '.join(EVENTS)})")
+        else:
+            raise ValueError(f"unexpected argument {arg!r}")
+        i += 1
+    return HookArgs(event, mode, config)
+
+
+def main(argv: list[str], stdin: TextIO | None = None, stdout: TextIO | None = None,
+         stderr: TextIO | None = None) -> int:
+    """The whole hook: always 0 (``--help`` included); the answer, if any, on ``stdout``."""
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    if argv and argv[0] in ("-h", "--help"):
+        print(HELP, file=out)
+        return 0
+    try:
+        answer = run(argv, (stdin or sys.stdin).read(), err)
+        if answer is not None:
+            out.write(json.dumps(answer) + "\n")
+            out.flush()
+    except Exception as exc:  # never block the agent because of the hook itself
+        _note(f"internal problem, nothing done: {type(exc).__name__}: {exc}", err)
+    return 0
+
+
+def run(argv: list[str], text: str, err: TextIO) -> dict[str, Any] | None:
+    """The answer to the event in ``text`` (None: no answer), saying on ``err`` why there is none
+    when that is not the normal outcome."""
+    try:
+        args = parse_args(argv)
+    except ValueError as exc:
+        _note(f"{exc} ({USAGE})", err)
+        return None
+    try:
+        data = json.loads(text) if text.strip() else None
+    except ValueError as exc:
+        _note(f"the event on stdin is not JSON ({exc}): nothing done", err)
+        return None
+    if not isinstance(data, dict):
+        _note("no event on stdin (expected a JSON object): nothing done", err)
+        return None
+    named = data.get("hook_event_name")
+    event = args.event or (named if named in EVENTS.values() else None)
+    if event is None:
+        _note(f"event {named!r} is not handled (only {', '.join(EVENTS.values())}): nothing done", err)
+        return None
+    if args.event and isinstance(named, str) and named != args.event:
+        _note(f"called for {args.event} but the event is {named}: nothing done", err)
+        return None
+    if event == PRE_TOOL_USE:
+        return pre_tool_use(data, args, err)
+    return session_start(data, args, err)
+
+
+def _settings(args: HookArgs, err: TextIO) -> Settings | None:
+    from dispatch.config import load_settings
+    from dispatch.core.errors import HostrunError
+
+    try:
+        return load_settings(args.config)
+    except HostrunError as exc:
+        _note(f"configuration: {exc}: nothing done", err)
+        return None
+
+
+def _cwd(data: dict[str, Any]) -> str:
+    """The event's ``cwd`` (the agent's shell directory), else this process's."""
+    cwd = data.get("cwd")
+    return cwd if isinstance(cwd, str) and os.path.isdir(cwd) else os.getcwd()
+
+
+def _answer(event: str, **fields: Any) -> dict[str, Any]:
+    output = {"hookEventName": event}
+    output.update({k: v for k, v in fields.items() if v is not None})
+    if isinstance(output.get("additionalContext"), str) and len(output["additionalContext"]) > MAX_CONTEXT:
+        output["additionalContext"] = output["additionalContext"][: MAX_CONTEXT - 3] + "..."
+    return {"hookSpecificOutput": output}
+
+
+def _alerts(settings: Settings, session: str | None, event: str, data: dict[str, Any]) -> list[str]:
+    """This session's unread alerts as context lines, marked read (the alerts work fills this in;
+    one call per event)."""
+    return []
+
+
+# -------------------------------------------------------------------- PreToolUse
+def pre_tool_use(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | None:
+    if data.get("tool_name") != "Bash":
+        _note(f"tool {data.get('tool_name')!r} is not Bash: nothing to do", err)
+        return None
+    tool_input = data.get("tool_input")
+    command = tool_input.get("command") if isinstance(tool_input, dict) else None
+    if not isinstance(command, str) or not command.strip():
+        _note("no tool_input.command in the event: nothing to do", err)
+        return None
+    settings = _settings(args, err)
+    if settings is None:
+        return None
+    agents = settings.agents
+    cwd = _cwd(data)
+    from dispatch.hooks.classify import classify
+
+    verdict = classify(command, cwd, extra_heavy=agents.heavy, extra_light=agents.light,
+                       extra_gpu=agents.gpu)
+    if not (verdict.heavy or verdict.gpu):
+        return None  # light: no answer, the command runs as it is
+    return _heavy(data, args, settings, command, cwd, verdict)
+
+
+def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: str, cwd: str,
+           verdict: Verdict) -> dict[str, Any]:
+    from dispatch.hooks import rewrite
+
+    mode = args.mode or settings.agents.mode
+    session = rewrite.session_name(data.get("session_id"))
+    direct = not verdict.through_hostrun
+    label = rewrite.derive_label(verdict.why, cwd) if direct and mode != "remind" else None
+    readings, table_text = _table(settings, label)
+    context = [f"hostrun: this command is heavy: {verdict.why}.", table_text]
+    context += _alerts(settings, session, PRE_TOOL_USE, data)
+    if not direct or mode == "remind":
+        return _answer(PRE_TOOL_USE, additionalContext="\n".join(context))
+    from dispatch.hooks import table
+
+    cap = rewrite.half_rule_cap(table.label_peak(readings), table.slice_limit(readings))
+    instead = rewrite.wrapped(command, rewrite.hostrun_argv(args.config), session, label, cap)
+    subagent = bool(data.get("agent_id"))
+    if mode == "wrap":
+        context.insert(1, f"hostrun wrap: it runs through hostrun as: {instead}")
+        tool_input = dict(data["tool_input"])
+        tool_input["command"] = instead
+        # "allow" would skip the permission prompt: only where the user already skips them all.
+        decision = "allow" if data.get("permission_mode") == "bypassPermissions" else "ask"
+        return _answer(PRE_TOOL_USE, permissionDecision=decision,
+                       permissionDecisionReason=f"hostrun wrap: heavy ({verdict.why}); runs under a "
+                                                "memory cap, booked in hostrun's ledger",
+                       updatedInput=tool_input, additionalContext="\n".join(context))
+    escape = settings.agents.escape_env
+    reason = rewrite.escape_reason(command, escape)
+    given = (reason or "").strip()
+    if reason is not None and not subagent and len(given) >= settings.agents.escape_min:
+        return _answer(PRE_TOOL_USE, additionalContext="\n".join(
+            [f"hostrun guard: direct run let through ({escape}: {given})", *context[1:]]))
+    why = [f"hostrun guard: refused: `{_short(command)}` is heavy ({verdict.why}) and would run "
+           "outside hostrun's memory cap. Run it through hostrun instead:", instead]
+    if subagent:
+        why.append("(Inside a subagent heavy work always runs through hostrun.)")
+    elif reason is not None:
+        why.append(f"({escape} was given, but its reason has {len(given)} characters; a direct run "
+                   f"needs at least {settings.agents.escape_min}.)")
+    return _answer(PRE_TOOL_USE, permissionDecision="deny", permissionDecisionReason="\n".join(why),
+                   additionalContext="\n".join(context[1:]))
+
+
+def _short(command: str) -> str:
+    return command if len(command) <= 200 else command[:197] + "..."
+
+
+def _table(settings: Settings, label: str | None) -> tuple[list[Any], str]:
+    """Every host's reading and the table's text (a failure to read is said, not raised)."""
+    from dispatch.core.errors import HostrunError
+    from dispatch.hooks import table
+
+    try:
+        readings = table.read(settings, label)
+    except (HostrunError, OSError) as exc:
+        return [], f"hostrun resources: could not read: {exc}"
+    peers = settings.enable_across_machines and len(settings.hosts) > 1
+    return readings, table.text(readings, peers)
+
+
+# -------------------------------------------------------------------- SessionStart
+MODE_LINES = {
+    "remind": "before each heavy command you see every host's resources; run heavy work as "
+              "`hostrun [-m CAP] -- CMD`.",
+    "wrap": "heavy commands are rewritten to run through hostrun (`hostrun ... -- bash -c '...'`).",
+    "guard": "heavy commands that do not run through hostrun are refused; run them as "
+             "`hostrun [-m CAP] -- CMD`.",
+}
+
+
+def session_start(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | None:
+    from dispatch.hooks import rewrite, session
+
+    name = rewrite.session_name(data.get("session_id"))
+    if name is None:
+        _note("no session_id in the event: nothing to do", err)
+        return None
+    settings = _settings(args, err)
+    if settings is None:
+        return None
+    _export_session(name, err)
+    mode = args.mode or settings.agents.mode
+    cwd = _cwd(data)
+    lines = [f"hostrun ({mode} mode): {MODE_LINES[mode]} This session is hostrun session {name} "
+             "($HOSTRUN_SESSION)."]
+    root = rewrite.project_root(cwd)
+    sections: list[tuple[str, Callable[[], list[str]]]] = [
+        ("Its hostrun jobs on this host", lambda: session.jobs(settings, name)),
+        ("Workspace locks it holds", lambda: session.locks(name)),
+        (f"Work directories it claimed under {root}", lambda: session.workdirs(name, root))]
+    for title, read in sections:
+        try:
+            found = read()
+        except Exception as exc:  # one part unreadable: say so, show the rest
+            found = [f"- could not read: {exc}"]
+        if found:
+            lines += [f"{title}:", *found]
+    lines += _alerts(settings, name, SESSION_START, data)
+    return _answer(SESSION_START, additionalContext="\n".join(lines))
+
+
+def _export_session(name: str, err: TextIO) -> None:
+    """``export HOSTRUN_SESSION=NAME`` into ``$CLAUDE_ENV_FILE`` (sourced before each of the
+    session's shell commands), once."""
+    path = os.environ.get("CLAUDE_ENV_FILE")
+    if not path:
+        return
+    import shlex
+
+    line = f"export HOSTRUN_SESSION={shlex.quote(name)}\n"
+    try:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                if line in fh.read():
+                    return
+        except FileNotFoundError:
+            pass
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+    except OSError as exc:
+        _note(f"could not write HOSTRUN_SESSION to $CLAUDE_ENV_FILE ({path}): {exc.strerror}", err)

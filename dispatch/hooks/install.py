@@ -1,0 +1,278 @@
+"""``hostrun agents install|uninstall|status``: hostrun's hooks in Claude Code's ``settings.json``.
+
+``install claude-code [--project|--user] [--mode M]`` merges two hook entries into
+``<git top level or cwd>/.claude/settings.json`` (``--project``, the default) or
+``~/.claude/settings.json`` (``--user``): PreToolUse (matcher ``Bash``) → ``hostrun hook
+pre-tool-use`` and SessionStart → ``hostrun hook session-start``. Installing twice gives the same file;
+the user's other keys and hooks stay as they are (an entry of ours is replaced where it stands). The
+file is replaced atomically with its mode kept (through a symlink, the file it points to); a file
+that is not valid JSON is an error (exit 2) and is left untouched. ``uninstall`` removes exactly the
+entries of ours (a hook whose command is ``… hostrun hook …``) and what they alone left empty.
+``status`` says what is installed where and feeds sample events through the hooks (in process) to
+check the answers' shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+
+from dispatch.core.errors import UsageError
+
+MYPY = False
+if MYPY:
+    import argparse
+    from collections.abc import Callable
+    from typing import Any, NoReturn
+
+AGENTS = ("claude-code",)
+ACTIONS = ("install", "uninstall", "status")
+EVENTS = {"PreToolUse": ("pre-tool-use", "Bash", 60), "SessionStart": ("session-start", None, 30)}
+MODES = ("remind", "wrap", "guard")
+
+
+def _parser(name: str, text: str) -> argparse.ArgumentParser:
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise UsageError(f"{message} (see '{self.prog} --help')")
+
+    return Parser(prog=f"hostrun agents {name}", description=text)
+
+
+def settings_path(user: bool, cwd: str | None = None) -> str:
+    """``~/.claude/settings.json`` or ``<git top level or cwd>/.claude/settings.json``."""
+    if user:
+        home = os.environ.get("HOME") or os.path.expanduser("~")
+        return os.path.join(home, ".claude", "settings.json")
+    from dispatch.hooks.rewrite import project_root
+
+    return os.path.join(project_root(cwd or os.getcwd()), ".claude", "settings.json")
+
+
+def default_command(user: bool) -> str:
+    """How the hook entries call hostrun: ``hostrun`` (found on PATH) in a project's file, which is
+    shared; this hostrun's absolute path in the user's own file."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if user and os.path.basename(argv0) == "hostrun" and os.path.isfile(argv0):
+        return shlex.quote(os.path.abspath(argv0))
+    return "hostrun"
+
+
+def is_ours(hook: object) -> bool:
+    """A hook entry that runs ``hostrun hook …`` (any path to hostrun, or ``python -m dispatch``)."""
+    if not isinstance(hook, dict) or not isinstance(hook.get("command"), str):
+        return False
+    try:
+        words = shlex.split(hook["command"])
+    except ValueError:
+        return False
+    for i, word in enumerate(words[:-1]):
+        after = words[i + 1]
+        if os.path.basename(word) == "hostrun" and after == "hook":
+            return True
+        if word == "-m" and after == "dispatch" and i + 2 < len(words) and words[i + 2] == "hook":
+            return True
+    return False
+
+
+def entries(command: str, mode: str | None) -> dict[str, tuple[str | None, dict[str, Any]]]:
+    """Per event: (matcher, our hook entry)."""
+    out = {}
+    for event, (name, matcher, timeout) in EVENTS.items():
+        line = f"{command} hook {name}" + (f" --mode {mode}" if mode else "")
+        out[event] = (matcher, {"type": "command", "command": line, "timeout": timeout})
+    return out
+
+
+def read(path: str) -> dict[str, Any] | None:
+    """The settings file's object (None when there is none); UsageError when it is not JSON."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        data = json.loads(text) if text.strip() else {}
+    except ValueError as exc:
+        raise UsageError(f"{path}: not valid JSON ({exc}); left as it is") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: not a JSON object; left as it is")
+    hooks = data.get("hooks")
+    if hooks is not None and not isinstance(hooks, dict):
+        raise UsageError(f"{path}: 'hooks' is not an object; left as it is")
+    for event, groups in (hooks or {}).items():
+        if not isinstance(groups, list):
+            raise UsageError(f"{path}: hooks.{event} is not a list; left as it is")
+    return data
+
+
+def merge(data: dict[str, Any], wanted: dict[str, tuple[str | None, dict[str, Any]]]) -> dict[str, Any]:
+    """``data`` with our entries: each replaces an entry of ours where one stands under the same
+    matcher, else goes in a new group at the end; other entries of ours are removed."""
+    data = json.loads(json.dumps(data))  # a copy
+    hooks = data.setdefault("hooks", {})
+    for event, (matcher, hook) in wanted.items():
+        groups = hooks.setdefault(event, [])
+        placed = False
+        for group in groups:
+            if not isinstance(group, dict) or not isinstance(group.get("hooks"), list):
+                continue
+            kept = []
+            for entry in group["hooks"]:
+                if not is_ours(entry):
+                    kept.append(entry)
+                elif not placed and group.get("matcher") == matcher:
+                    kept.append(hook)
+                    placed = True
+            group["hooks"] = kept
+        hooks[event] = [g for g in groups if not _emptied(g)]
+        if not placed:
+            group = {"matcher": matcher} if matcher is not None else {}
+            group["hooks"] = [hook]
+            hooks[event].append(group)
+    return data
+
+
+def _emptied(group: object) -> bool:
+    return isinstance(group, dict) and group.get("hooks") == []
+
+
+def remove(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without our entries, and without the groups, event lists and ``hooks`` object that
+    only they filled."""
+    data = json.loads(json.dumps(data))
+    hooks = data.get("hooks")
+    if not isinstance(hooks, dict):
+        return data
+    for event in list(hooks):
+        groups = hooks[event]
+        changed = False
+        for group in groups:
+            if isinstance(group, dict) and isinstance(group.get("hooks"), list):
+                kept = [h for h in group["hooks"] if not is_ours(h)]
+                changed = changed or len(kept) != len(group["hooks"])
+                group["hooks"] = kept
+        if changed:
+            hooks[event] = [g for g in groups if not _emptied(g)]
+            if not hooks[event]:
+                del hooks[event]
+    if not hooks:
+        del data["hooks"]
+    return data
+
+
+def installed(data: dict[str, Any] | None) -> dict[str, list[str]]:
+    """Per event, the commands of our entries in ``data``."""
+    found: dict[str, list[str]] = {}
+    for event, groups in ((data or {}).get("hooks") or {}).items():
+        for group in groups if isinstance(groups, list) else []:
+            for hook in (group.get("hooks") or []) if isinstance(group, dict) else []:
+                if is_ours(hook):
+                    found.setdefault(event, []).append(hook["command"])
+    return found
+
+
+def write(path: str, data: dict[str, Any], user: bool) -> None:
+    """Replace the file atomically, keeping its mode (a new one: 0644 in a project, 0600 for the
+    user; its ``.claude`` directory 0755 / 0700)."""
+    from dispatch.core.atomicfile import write_atomic
+
+    real = os.path.realpath(path)
+    try:
+        mode = os.stat(real).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o600 if user else 0o644
+        os.makedirs(os.path.dirname(real), mode=0o700 if user else 0o755, exist_ok=True)
+    write_atomic(real, (json.dumps(data, indent=2) + "\n").encode(), mode, exact_mode=True)
+
+
+def main(argv: list[str], say: Callable[[str], None]) -> int:
+    if not argv or argv[0] not in ACTIONS:
+        if argv and argv[0] in ("-h", "--help"):
+            print("usage: hostrun agents {install,uninstall} claude-code [--project|--user] "
+                  "[--mode MODE] [--command CMD]\n       hostrun agents status [--json] [--config PATH]"
+                  "\n\nhostrun's hooks in Claude Code's settings.json (docs/agents.md).")
+            return 0
+        raise UsageError(f"agents: choose one of {', '.join(ACTIONS)} (see 'hostrun agents --help')")
+    action, rest = argv[0], argv[1:]
+    if action == "status":
+        return status(rest)
+    p = _parser(action, "Add hostrun's hooks to Claude Code's settings.json (idempotent)."
+                if action == "install" else "Remove exactly hostrun's hooks from Claude Code's "
+                "settings.json.")
+    p.add_argument("agent", choices=AGENTS, help="the coding agent")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--project", action="store_true",
+                       help="<git top level or cwd>/.claude/settings.json (the default)")
+    where.add_argument("--user", action="store_true", help="~/.claude/settings.json")
+    if action == "install":
+        p.add_argument("--mode", choices=MODES, help="put --mode MODE in the hook's command "
+                                                     "(default: [agents] mode of the config)")
+        p.add_argument("--command", metavar="CMD", help="how the hooks call hostrun (default: "
+                                                        "'hostrun'; with --user, this hostrun's path)")
+    import argparse
+
+    p.add_argument("--config", metavar="PATH", help=argparse.SUPPRESS)  # hostrun --config X agents …
+    args = p.parse_args(rest)
+    path = settings_path(args.user)
+    data = read(path)
+    if action == "install":
+        new = merge(data or {}, entries(args.command or default_command(args.user), args.mode))
+    else:
+        if data is None:
+            say(f"{path}: no such file: nothing to remove")
+            return 0
+        new = remove(data)
+    if new == data:
+        say(f"{path}: already {'installed' if action == 'install' else 'without hostrun hooks'}")
+        return 0
+    write(path, new, args.user)
+    say(f"{path}: hostrun hooks {'installed' if action == 'install' else 'removed'}")
+    return 0
+
+
+def status(argv: list[str]) -> int:
+    """What is installed where, and the self-test; exit 0 when it passes, 1 when it does not."""
+    p = _parser("status", "Where hostrun's hooks are installed, and a self-test that feeds sample "
+                          "events through them.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--config", metavar="PATH", help="configuration file")
+    args = p.parse_args(argv)
+    from dispatch.config import load_settings
+
+    load_settings(args.config)  # a broken config is the first thing to say (exit 2)
+    places = []
+    for user in (False, True):
+        path = settings_path(user)
+        try:
+            found: dict[str, Any] = {"hooks": installed(read(path)), "error": None}
+        except UsageError as exc:
+            found = {"hooks": {}, "error": str(exc)}
+        places.append({"scope": "user" if user else "project", "path": path, **found})
+    from dispatch.hooks.selftest import run_all
+
+    checks = run_all(args.config)
+    ok = all(c["ok"] for c in checks)
+    if args.json:
+        print(json.dumps({"installed": places, "self_test": checks, "ok": ok}, indent=2))
+        return 0 if ok else 1
+    from dispatch.core.text import printable
+
+    for place in places:
+        if place["error"]:
+            state = place["error"]
+        elif place["hooks"]:
+            state = "; ".join(f"{e}: {', '.join(c)}" for e, c in place["hooks"].items())
+        else:
+            state = "not installed"
+        print(printable(f"{place['scope']}: {place['path']}: {state}"))
+    for check in checks:
+        print(printable(f"self-test {'ok  ' if check['ok'] else 'FAIL'} {check['name']}"
+                        + ("" if check["ok"] else f": {check['problem']}")))
+    return 0 if ok else 1

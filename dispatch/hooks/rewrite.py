@@ -1,0 +1,135 @@
+"""What a heavy command becomes under ``wrap`` and what ``guard`` tells the agent to run instead:
+``hostrun --session S --label L [-m CAP] -- bash -c '<the original>'``; and the guard's escape.
+
+The original line runs unchanged inside ``bash -c`` (its ``cd``, ``&&`` chains, pipes and ``FOO=1``
+prefixes included), in the directory the agent's shell is in, and hostrun exits with its exit code.
+The label names the project and the deciding command (``myproj:cargo-test``), so that runs of the
+same kind share a history; ``-m`` is the half rule on that label's worst recorded peak (at most the
+slice), so a label that has run before is capped at twice what it needed.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+from dispatch.hooks import rules
+from dispatch.hooks.shellwords import parse
+
+MYPY = False
+if MYPY:
+    from collections.abc import Sequence
+
+SESSION_PREFIX = "claude-"
+LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+:")
+HALF_RULE_STEP = 512 << 20
+
+
+def session_name(session_id: object) -> str | None:
+    """hostrun's session for a Claude Code session: ``claude-<session_id>`` (None without an id).
+    Characters outside ``[A-Za-z0-9._-]`` become ``_`` so the name is safe in a shell line."""
+    if not isinstance(session_id, str) or not session_id.strip():
+        return None
+    safe = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-") else "_" for ch in session_id)
+    return SESSION_PREFIX + safe[:100]
+
+
+def project_root(cwd: str) -> str:
+    """The git top level above ``cwd`` (a ``.git`` directory or file), else ``cwd`` itself."""
+    path = os.path.abspath(cwd)
+    while True:
+        if os.path.exists(os.path.join(path, ".git")):
+            return path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return os.path.abspath(cwd)
+        path = parent
+
+
+def _clean(word: str) -> str:
+    return "".join(ch if ch in LABEL_CHARS else "_" for ch in word).strip("_")[:40]
+
+
+def derive_label(why: str, cwd: str) -> str | None:
+    """``<project>:<program>[-<arg>...]`` from the verdict's deciding command and its pattern
+    (``cargo test --workspace [heavy: cargo test]`` → ``myproj:cargo-test``): the program's base
+    name and as many positional arguments as the pattern names. None when ``why`` names no pattern
+    (a reading cut short): hostrun then labels the run by its whole command."""
+    text, bracket, rest = why.partition(" [")
+    kind, colon, pattern = rest.partition(": ")
+    if not bracket or not colon or kind not in (rules.HEAVY, rules.GPU):
+        return None
+    pattern = pattern.partition("]")[0]
+    words = text.split()
+    if not words or text.endswith("..."):
+        words = words[:-1] if len(words) > 1 else words
+    if not words:
+        return None
+    name = rules.tool_name(words[0])
+    wanted = len([w for w in pattern.split()[1:] if not w.startswith("-")])
+    positionals, _ = rules.split_args(name, words[1:])
+    parts = [_clean(name)] + [_clean(p) for p in positionals[:wanted]]
+    project = _clean(os.path.basename(project_root(cwd))) or "project"
+    return f"{project}:{'-'.join(p for p in parts if p) or 'job'}"
+
+
+def half_rule_cap(worst_peak: int, slice_limit: int | None) -> int | None:
+    """Twice the worst peak rounded up to 512 MiB (docs/capacity.md), or None when there is no
+    history or it would not fit the slice (hostrun then books as it always does)."""
+    if worst_peak <= 0:
+        return None
+    cap = max(HALF_RULE_STEP, -(-2 * worst_peak // HALF_RULE_STEP) * HALF_RULE_STEP)
+    if slice_limit is not None and cap > slice_limit:
+        return None
+    return cap
+
+
+def hostrun_argv(config: str | None) -> list[str]:
+    """How the rewritten line calls hostrun: this very hostrun (its absolute path, or this Python
+    with ``-m dispatch``), with ``--config`` when the hook was given one."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) == "hostrun" and os.path.isfile(argv0):
+        argv = [os.path.abspath(argv0)]
+    else:
+        argv = [sys.executable, "-m", "dispatch"]
+    if config:
+        argv += ["--config", os.path.abspath(config)]
+    return argv
+
+
+def wrapped(command: str, hostrun: Sequence[str], session: str | None, label: str | None,
+            cap: int | None) -> str:
+    """The line that runs ``command`` through hostrun, keeping its directory, environment prefixes
+    and exit code."""
+    argv = list(hostrun)
+    if session:
+        argv += ["--session", session]
+    if label:
+        argv += ["--label", label]
+    if cap:
+        argv += ["-m", f"{cap >> 20}M"]
+    line = " ".join(shlex.quote(a) for a in argv)
+    return f"{line} -- bash -c {shlex.quote(command)}"
+
+
+def escape_reason(command: str, name: str) -> str | None:
+    """The reason given with the guard's escape, ``NAME="reason" cmd``: an assignment of ``name``
+    in front of the line's first command (or ``export NAME=…`` as its first command), else None."""
+    try:
+        commands = parse(command).commands
+    except Exception:  # a line that cannot be read has no escape
+        return None
+    if not commands:
+        return None
+    first = commands[0].words
+    prefix = name + "="
+    if first and first[0] == "export" and len(first) >= 2:
+        first = first[1:]
+    for word in first:
+        if word.startswith(prefix):
+            return word[len(prefix):]
+        head, eq, _ = word.partition("=")
+        if not (eq and head.isidentifier()):
+            break
+    return None

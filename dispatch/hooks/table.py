@@ -1,0 +1,80 @@
+"""The resource table a hook puts before a heavy command: every configured host's load, heavy
+threads still free, memory available for jobs, slice room, queue and VRAM, read as ``hostrun report``
+reads them (``placement.reports.read_reports``: each host within ``report_timeout``, all within
+``report_deadline``). A host that cannot be read is said so, with why.
+
+"Memory available" is the report's ``available_for_jobs``: MemAvailable less what running jobs have
+booked but not yet reached (they will take it), which is what a new job can really count on.
+"""
+
+from __future__ import annotations
+
+from dispatch.core.units import format_size
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+    from dispatch.core.settings import Settings
+    from dispatch.placement.reports import HostReading
+
+
+def read(settings: Settings, label: str | None = None) -> list[HostReading]:
+    """Every configured host's reading (``label``: also that label's peak record, from this host)."""
+    from dispatch.placement.reports import read_reports
+
+    return read_reports(settings, label=label)
+
+
+def _gpus(report: dict[str, Any]) -> str:
+    gpus = report.get("gpus") or []
+    if report.get("gpu_error"):
+        return f"unreadable ({report['gpu_error']})"
+    if not gpus:
+        return "none"
+    return ", ".join(f"{g.get('index')}: {format_size(g.get('free'))} free of {format_size(g.get('total'))}"
+                     for g in gpus)
+
+
+def host_line(reading: HostReading) -> str:
+    """One host's line of the table."""
+    if reading.report is None:
+        return f"- {reading.host}: could not read: {reading.error}"
+    r = reading.report
+    load = r.get("load") or [0.0]
+    slice_ = r.get("slice") or {}
+    memory = r.get("memory") or {}
+    return (f"- {reading.host}: load {load[0]:.1f} on {r.get('cores', '?')} cores, "
+            f"{r.get('threads_free', '?')} of {r.get('heavy_threads', '?')} heavy threads free, "
+            f"memory available {format_size(memory.get('available_for_jobs'))}, "
+            f"slice {format_size(slice_.get('free'))} free of {format_size(slice_.get('limit'))}, "
+            f"{r.get('queue_length', 0)} queued, {len(r.get('running') or [])} running, "
+            f"GPUs: {_gpus(r)}")
+
+
+def text(readings: list[HostReading], peers: bool) -> str:
+    """The table as ``additionalContext``: a heading, one line per host, and how to use it."""
+    lines = ["hostrun resources now (heavy work should run through hostrun, under a memory cap):"]
+    lines += [host_line(r) for r in readings]
+    if peers:
+        lines.append("Choose where it fits: `hostrun -m CAP -- CMD` here, `hostrun --peer NAME -m CAP "
+                     "-- CMD` on a peer, `hostrun --auto -- CMD` to let hostrun choose.")
+    else:
+        lines.append("Run it as `hostrun [-m CAP] -- CMD`; it waits in the queue when the slice is full.")
+    return "\n".join(lines)
+
+
+def slice_limit(readings: list[HostReading]) -> int | None:
+    """This host's slice size, from its reading (None when it could not be read)."""
+    local = next((r for r in readings if r.host == "local" and r.report is not None), None)
+    if local is None or local.report is None:
+        return None
+    value = (local.report.get("slice") or {}).get("limit")
+    return int(value) if isinstance(value, int) else None
+
+
+def label_peak(readings: list[HostReading]) -> int:
+    """The worst recorded peak of the label asked for, on this host (0 when unknown)."""
+    local = next((r for r in readings if r.host == "local" and r.report is not None), None)
+    peak = (local.report or {}).get("label_peak") if local is not None else None
+    return int(peak.get("max_peak") or 0) if isinstance(peak, dict) else 0

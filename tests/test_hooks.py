@@ -1,0 +1,486 @@
+"""``hostrun hook`` (Claude Code's hooks), the ``[agents]`` table and ``hostrun agents``.
+
+The events are the recorded ones in tests/recorded/claude (written from the published hooks
+reference); every answer is checked against the documented output fields by ``schema_problems``
+below (the test's own check, independent of the self-test's). Fast tests run the hook in process
+with the resource table's reading replaced; the tests with the ``hostrun`` fixture run the real
+thing: a real ledger, real jobs, the rewritten command run with ``bash -c``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatch.core.errors import ConfigError
+from dispatch.hooks import claude, install, table
+from dispatch.placement.reports import HostReading
+
+from .conftest import Hostrun, wait_for
+
+RECORDED = Path(__file__).parent / "recorded" / "claude"
+ROOT = Path(__file__).resolve().parent.parent
+GIB = 1 << 30
+
+# hookSpecificOutput per event, as the hooks reference documents it
+OUTPUT_FIELDS = {
+    "PreToolUse": {"hookEventName": str, "permissionDecision": str, "permissionDecisionReason": str,
+                   "updatedInput": dict, "additionalContext": str},
+    "SessionStart": {"hookEventName": str, "additionalContext": str},
+}
+
+
+def schema_problems(event: str, answer: Any) -> list[str]:
+    problems = []
+    if set(answer) != {"hookSpecificOutput"}:
+        problems.append(f"top-level keys {sorted(answer)}")
+    out = answer.get("hookSpecificOutput", {})
+    for key, value in out.items():
+        kind = OUTPUT_FIELDS[event].get(key)
+        if kind is None or not isinstance(value, kind):
+            problems.append(f"{key}={value!r}")
+    if out.get("hookEventName") != event:
+        problems.append("hookEventName")
+    if "permissionDecision" in out and out["permissionDecision"] not in ("allow", "deny", "ask"):
+        problems.append("permissionDecision")
+    return problems
+
+
+def event(name: str, **changes: Any) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((RECORDED / f"{name}.json").read_text())
+    command = changes.pop("command", None)
+    if command is not None:
+        data["tool_input"] = {**data["tool_input"], "command": command}
+    data.update(changes)
+    return data
+
+
+def cap_of(command: str) -> str | None:
+    """The ``-m`` value of a rewritten line (after ``python -m dispatch``'s own ``-m``)."""
+    words = shlex.split(command)
+    words = words[words.index("dispatch") + 1 : words.index("--")]
+    return words[words.index("-m") + 1] if "-m" in words else None
+
+
+def fake_readings(peak: int = 0, peer_down: bool = True) -> list[HostReading]:
+    local = {"load": [1.5, 1.0, 1.0], "cores": 16, "heavy_threads": 16, "threads_free": 14,
+             "memory": {"total": 64 * GIB, "available": 40 * GIB, "available_for_jobs": 30 * GIB},
+             "slice": {"limit": 48 * GIB, "free": 20 * GIB}, "queue_length": 2, "running": [{}],
+             "gpus": [{"index": 0, "total": 80 * GIB, "free": 70 * GIB}], "gpu_error": None,
+             "label_peak": {"max_peak": peak} if peak else None}
+    readings = [HostReading("local", local, None, 0.1)]
+    if peer_down:
+        readings.append(HostReading("box2", None, "ssh: connect to host box2: Connection refused", 0.2))
+    return readings
+
+
+class Hook:
+    """The hook in process: a private config, the table's reading replaced."""
+
+    def __init__(self, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.tmp, self.config = tmp, tmp / "hosts.toml"
+        self.project = tmp / "proj"
+        (self.project / "sub").mkdir(parents=True)
+        (self.project / ".git").mkdir()
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp / "cache"))
+        monkeypatch.delenv("HOSTRUN_JOB", raising=False)
+        monkeypatch.delenv("CLAUDE_ENV_FILE", raising=False)
+        self.readings = fake_readings()
+        self.read_calls = 0
+
+        def read(settings: Any, label: str | None = None) -> list[HostReading]:
+            self.read_calls += 1
+            return self.readings
+
+        monkeypatch.setattr(table, "read", read)
+        self.configure("")
+
+    def configure(self, agents: str) -> None:
+        self.config.write_text(f'state_dir = "{self.tmp}/state"\n[agents]\n{agents}\n')
+
+    def __call__(self, data: Any, *argv: str) -> tuple[Any, str]:
+        stdin = data if isinstance(data, str) else json.dumps(data)
+        out, err = io.StringIO(), io.StringIO()
+        assert claude.main([*argv, "--config", str(self.config)], io.StringIO(stdin), out, err) == 0
+        text = out.getvalue()
+        return (json.loads(text) if text else None), err.getvalue()
+
+    def bash(self, command: str, *argv: str, name: str = "pre_tool_use_bash", **changes: Any
+             ) -> tuple[Any, str]:
+        return self(event(name, command=command, cwd=str(self.project), **changes), "pre-tool-use", *argv)
+
+
+@pytest.fixture
+def hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Hook:
+    return Hook(tmp_path, monkeypatch)
+
+
+# -------------------------------------------------------------------- [agents] config
+def test_agents_table_is_read_and_checked(hook: Hook) -> None:
+    from dispatch.config import load_settings
+
+    hook.configure('mode = "guard"\nheavy = ["./scripts/slow-*"]\nlight = ["make docs"]\nescape_min = 20')
+    agents = load_settings(str(hook.config)).agents
+    assert (agents.mode, agents.heavy, agents.light, agents.escape_min) == \
+        ("guard", ("./scripts/slow-*",), ("make docs",), 20)
+    for bad, named in (('mode = "block"', "agents.mode"), ("heavy = [\"\"]", "agents.heavy"),
+                       ("typo = 1", "agents.typo: unknown key"), ("escape_min = 0", "agents.escape_min"),
+                       ('escape_env = "A B"', "agents.escape_env")):
+        hook.configure(bad)
+        with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+            load_settings(str(hook.config))
+
+
+def test_unknown_agents_key_exits_2_naming_it(tmp_path: Path) -> None:
+    config = tmp_path / "hosts.toml"
+    config.write_text('[agents]\nmode = "remind"\nheavvy = ["x"]\n')
+    proc = subprocess.run([sys.executable, "-m", "dispatch", "--config", str(config), "agents", "status"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                               "XDG_CACHE_HOME": str(tmp_path / "c")})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"hostrun: error: {config}: agents.heavvy: unknown key"
+
+
+# -------------------------------------------------------------------- PreToolUse
+@pytest.mark.parametrize("mode", ["remind", "wrap", "guard"])
+@pytest.mark.parametrize("command", ["git status", "cargo --version", "ls -la | wc -l", "cargo fmt",
+                                     "pytest --collect-only -q", "rg -n TODO src/"])
+def test_light_commands_get_no_answer_in_every_mode(hook: Hook, mode: str, command: str) -> None:
+    assert hook.bash(command, "--mode", mode) == (None, "")
+    assert hook.read_calls == 0  # the light path reads no report
+
+
+def test_remind_adds_the_resource_table_and_never_refuses(hook: Hook) -> None:
+    answer, err = hook.bash("cargo test --workspace 2>&1 | tail -20")
+    assert err == "" and schema_problems("PreToolUse", answer) == []
+    out = answer["hookSpecificOutput"]
+    assert set(out) == {"hookEventName", "additionalContext"}  # passes unchanged
+    context = out["additionalContext"]
+    assert "cargo test --workspace [heavy: cargo test]" in context
+    assert ("- local: load 1.5 on 16 cores, 14 of 16 heavy threads free, memory available 30.0 GiB, "
+            "slice 20.0 GiB free of 48.0 GiB, 2 queued, 1 running, GPUs: 0: 70.0 GiB free of 80.0 GiB"
+            ) in context
+    assert "- box2: could not read: ssh: connect to host box2: Connection refused" in context
+
+
+def test_remind_for_a_gpu_command_and_a_command_already_through_hostrun(hook: Hook) -> None:
+    answer, _ = hook.bash("CUDA_VISIBLE_DEVICES=0 python3 finetune.py")
+    assert "[gpu: CUDA_VISIBLE_DEVICES=" in answer["hookSpecificOutput"]["additionalContext"]
+    answer, _ = hook.bash("hostrun -m 4G -- cargo build", "--mode", "guard")
+    assert set(answer["hookSpecificOutput"]) == {"hookEventName", "additionalContext"}
+
+
+def test_wrap_rewrites_a_heavy_command_through_hostrun(hook: Hook) -> None:
+    original = "cd sub && FOO='a b' cargo test --workspace 2>&1 | tail -20"
+    answer, err = hook.bash(original, "--mode", "wrap")
+    assert err == "" and schema_problems("PreToolUse", answer) == []
+    out = answer["hookSpecificOutput"]
+    assert out["permissionDecision"] == "ask"  # the user sees the rewritten command
+    new = out["updatedInput"]
+    assert new["description"] == "Run the workspace tests" and new["timeout"] == 600000  # kept
+    words = shlex.split(new["command"])
+    assert words[words.index("--") + 1:] == ["bash", "-c", original]
+    assert words[:3] == [sys.executable, "-m", "dispatch"]
+    assert words[words.index("--session") + 1] == "claude-0f6c2d1e-8b7a-4c55-9e0a-2f4d6b8a1c3e"
+    assert words[words.index("--label") + 1] == "proj:cargo-test"
+    assert words[words.index("--config") + 1] == str(hook.config)
+    assert cap_of(new["command"]) is None  # no history for the label yet
+    assert new["command"] in out["additionalContext"]
+
+
+def test_wrap_caps_by_the_half_rule_on_the_labels_history(hook: Hook) -> None:
+    hook.readings = fake_readings(peak=3 * GIB + 1)  # worst peak: just over 3 GiB
+    answer, _ = hook.bash("make -j8", "--mode", "wrap", permission_mode="bypassPermissions")
+    out = answer["hookSpecificOutput"]
+    assert out["permissionDecision"] == "allow"  # the user already skips every prompt
+    assert cap_of(out["updatedInput"]["command"]) == "6656M"  # 2 x peak, rounded up to 512 MiB
+    hook.readings = fake_readings(peak=40 * GIB)  # the half-rule cap would not fit the 48 GiB slice
+    answer, _ = hook.bash("make -j8", "--mode", "wrap")
+    assert cap_of(answer["hookSpecificOutput"]["updatedInput"]["command"]) is None
+
+
+def test_guard_refuses_with_the_exact_command_to_run_instead(hook: Hook) -> None:
+    hook.configure('mode = "guard"')
+    answer, err = hook.bash("cargo build --release")
+    assert err == "" and schema_problems("PreToolUse", answer) == []
+    out = answer["hookSpecificOutput"]
+    assert out["permissionDecision"] == "deny"
+    instead = out["permissionDecisionReason"].splitlines()[1]
+    assert shlex.split(instead)[-3:] == ["bash", "-c", "cargo build --release"]
+    assert "--label proj:cargo-build" in instead
+    assert "HOSTRUN_DIRECT" not in out["permissionDecisionReason"]  # the escape is for people
+    assert "- local: load" in out["additionalContext"]
+
+
+def test_guard_escape_needs_a_reason_of_12_characters(hook: Hook) -> None:
+    hook.configure('mode = "guard"')
+    answer, _ = hook.bash('HOSTRUN_DIRECT="quick" make')
+    reason = answer["hookSpecificOutput"]["permissionDecisionReason"]
+    assert answer["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert "its reason has 5 characters; a direct run needs at least 12" in reason
+    for line in ('HOSTRUN_DIRECT="bisecting a miscompile by hand" make',
+                 "export HOSTRUN_DIRECT='profiling with perf'; make"):
+        answer, _ = hook.bash(line)
+        out = answer["hookSpecificOutput"]
+        assert "permissionDecision" not in out
+        assert out["additionalContext"].startswith("hostrun guard: direct run let through")
+
+
+def test_guard_inside_a_subagent_always_refuses(hook: Hook) -> None:
+    hook.configure('mode = "guard"')
+    answer, _ = hook.bash('HOSTRUN_DIRECT="a person asked for this run" make -j8 test',
+                          name="pre_tool_use_subagent")
+    out = answer["hookSpecificOutput"]
+    assert out["permissionDecision"] == "deny"
+    assert "Inside a subagent heavy work always runs through hostrun" in out["permissionDecisionReason"]
+    assert schema_problems("PreToolUse", answer) == []
+
+
+def test_project_patterns_from_the_agents_table(hook: Hook) -> None:
+    (hook.project / "scripts").mkdir()
+    hook.configure('mode = "guard"\nheavy = ["./scripts/slow-*"]\nlight = ["make docs"]')
+    answer, _ = hook.bash("./scripts/slow-suite --all")
+    assert answer["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert hook.bash("make docs") == (None, "")
+
+
+# -------------------------------------------------------------------- SessionStart
+@pytest.mark.parametrize("name", ["session_start_startup", "session_start_compact"])
+def test_session_start_names_the_session_and_exports_it_once(hook: Hook, name: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    env_file = hook.tmp / "claude-env"
+    env_file.write_text("export OTHER=1\n")
+    monkeypatch.setenv("CLAUDE_ENV_FILE", str(env_file))
+    data = event(name, cwd=str(hook.project))
+    for _ in range(2):
+        answer, err = hook(data, "session-start")
+        assert err == "" and schema_problems("SessionStart", answer) == []
+    context = answer["hookSpecificOutput"]["additionalContext"]
+    assert "This session is hostrun session claude-0f6c2d1e-8b7a-4c55-9e0a-2f4d6b8a1c3e" in context
+    assert env_file.read_text() == \
+        "export OTHER=1\nexport HOSTRUN_SESSION=claude-0f6c2d1e-8b7a-4c55-9e0a-2f4d6b8a1c3e\n"
+    # the event name from the JSON alone is enough
+    assert hook(data)[0] == answer
+
+
+# -------------------------------------------------------------------- never block the agent
+@pytest.mark.parametrize("stdin,argv,said", [
+    ("", ["pre-tool-use"], "no event on stdin"),
+    ("{not json", ["pre-tool-use"], "not JSON"),
+    ("[1, 2]", ["pre-tool-use"], "no event on stdin"),
+    (json.dumps(event("pre_tool_use_read")), ["pre-tool-use"], "tool 'Read' is not Bash"),
+    (json.dumps({**event("pre_tool_use_bash"), "tool_input": {}}), ["pre-tool-use"], "no tool_input.command"),
+    (json.dumps({**event("pre_tool_use_bash"), "tool_input": "make"}), ["pre-tool-use"],
+     "no tool_input.command"),
+    (json.dumps({**event("pre_tool_use_bash"), "hook_event_name": "Stop"}), [],
+     "event 'Stop' is not handled"),
+    (json.dumps(event("pre_tool_use_bash")), ["session-start"], "called for SessionStart but the event"),
+    (json.dumps(event("pre_tool_use_bash")), ["pre-tool-use", "--mode", "block"], "--mode must be one of"),
+    (json.dumps(event("pre_tool_use_bash")), ["post-tool-use"], "unknown event 'post-tool-use'"),
+    (json.dumps({**event("session_start_compact"), "session_id": None}), ["session-start"], "no session_id"),
+])
+def test_malformed_input_gives_no_answer_and_one_line(hook: Hook, stdin: str, argv: list[str],
+                                                      said: str) -> None:
+    answer, err = hook(stdin, *argv)
+    assert answer is None
+    assert err.count("\n") == 1 and said in err and err.startswith("hostrun hook: ")
+
+
+def test_a_broken_config_does_not_block(hook: Hook) -> None:
+    hook.configure('mode = "block"')
+    answer, err = hook.bash("cargo build")
+    assert answer is None and "agents.mode" in err and err.count("\n") == 1
+
+
+def test_hook_process_never_tracebacks(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path / "c")}
+    for stdin in ("", "\x00\xff garbage", json.dumps({"tool_name": "Bash", "tool_input": {"command": 5}})):
+        proc = subprocess.run([sys.executable, "-m", "dispatch", "hook", "pre-tool-use"], input=stdin,
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+        assert (proc.returncode, proc.stdout) == (0, "")
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+# -------------------------------------------------------------------- agents install / uninstall
+def agents(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(home), "XDG_CACHE_HOME": str(home / "c")}
+    return subprocess.run([sys.executable, "-m", "dispatch", "agents", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=60)
+
+
+def test_install_is_idempotent_and_keeps_other_hooks_and_keys(tmp_path: Path) -> None:
+    project, home = tmp_path / "proj", tmp_path / "home"
+    (project / ".git").mkdir(parents=True)
+    (project / "src").mkdir()
+    home.mkdir()
+    settings = project / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    theirs = {"model": "opus", "permissions": {"allow": ["Bash(git status)"]}, "hooks": {
+        "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "audit.sh"}]}],
+        "Stop": [{"hooks": [{"type": "command", "command": "notify.sh"}]}]}}
+    settings.write_text(json.dumps(theirs))
+    settings.chmod(0o640)
+    assert agents("install", "claude-code", "--mode", "wrap", cwd=project / "src", home=home).returncode == 0
+    first = settings.read_text()
+    data = json.loads(first)
+    assert data["model"] == "opus" and data["permissions"] == theirs["permissions"]
+    assert data["hooks"]["Stop"] == theirs["hooks"]["Stop"]
+    assert data["hooks"]["PreToolUse"][0] == theirs["hooks"]["PreToolUse"][0]
+    assert data["hooks"]["PreToolUse"][1] == {"matcher": "Bash", "hooks": [
+        {"type": "command", "command": "hostrun hook pre-tool-use --mode wrap", "timeout": 60}]}
+    assert data["hooks"]["SessionStart"] == [{"hooks": [
+        {"type": "command", "command": "hostrun hook session-start --mode wrap", "timeout": 30}]}]
+    assert settings.stat().st_mode & 0o777 == 0o640
+    again = agents("install", "claude-code", "--mode", "wrap", cwd=project, home=home)
+    assert again.returncode == 0 and "already installed" in again.stderr
+    assert settings.read_text() == first
+    # another mode replaces ours where it stands
+    assert agents("install", "claude-code", cwd=project, home=home).returncode == 0
+    data = json.loads(settings.read_text())
+    assert data["hooks"]["PreToolUse"][1]["hooks"][0]["command"] == "hostrun hook pre-tool-use"
+    assert len(data["hooks"]["SessionStart"]) == 1
+    status = agents("status", "--json", cwd=project, home=home)
+    places = json.loads(status.stdout)["installed"]
+    assert places[0]["hooks"] == {"PreToolUse": ["hostrun hook pre-tool-use"],
+                                  "SessionStart": ["hostrun hook session-start"]}
+    assert places[1] == {"scope": "user", "path": str(home / ".claude" / "settings.json"), "hooks": {},
+                         "error": None}
+    assert agents("uninstall", "claude-code", cwd=project, home=home).returncode == 0
+    assert json.loads(settings.read_text()) == theirs
+    assert agents("uninstall", "claude-code", cwd=project, home=home).returncode == 0
+    assert json.loads(settings.read_text()) == theirs
+
+
+def test_install_user_creates_a_private_file_and_uninstall_restores_nothing(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    assert agents("install", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
+    settings = home / ".claude" / "settings.json"
+    assert settings.stat().st_mode & 0o777 == 0o600
+    assert (home / ".claude").stat().st_mode & 0o777 == 0o700
+    assert install.installed(json.loads(settings.read_text())).keys() == {"PreToolUse", "SessionStart"}
+    assert agents("uninstall", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
+    assert json.loads(settings.read_text()) == {}
+
+
+def test_install_through_a_symlink_writes_the_target(tmp_path: Path) -> None:
+    home, dotfiles = tmp_path / "home", tmp_path / "dotfiles"
+    (home / ".claude").mkdir(parents=True)
+    dotfiles.mkdir()
+    (dotfiles / "claude.json").write_text('{"theme": "dark"}')
+    (home / ".claude" / "settings.json").symlink_to(dotfiles / "claude.json")
+    assert agents("install", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
+    assert (home / ".claude" / "settings.json").is_symlink()
+    assert json.loads((dotfiles / "claude.json").read_text())["theme"] == "dark"
+
+
+@pytest.mark.parametrize("content,said", [("{hooks: 1", "not valid JSON"), ("[]", "not a JSON object"),
+                                          ('{"hooks": []}', "'hooks' is not an object"),
+                                          ('{"hooks": {"Stop": {}}}', "hooks.Stop is not a list")])
+def test_install_refuses_a_settings_file_it_cannot_read(tmp_path: Path, content: str, said: str) -> None:
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(content)
+    for action in ("install", "uninstall"):
+        proc = agents(action, "claude-code", cwd=tmp_path, home=tmp_path)
+        assert proc.returncode == 2
+        assert proc.stderr.startswith(f"hostrun: error: {settings}: {said}") and proc.stderr.count("\n") == 1
+        assert settings.read_text() == content
+
+
+def test_install_usage_errors_exit_2(tmp_path: Path) -> None:
+    for args in (["install"], ["install", "cursor"], ["install", "claude-code", "--user", "--project"],
+                 ["install", "claude-code", "--mode", "block"], ["frobnicate"]):
+        proc = agents(*args, cwd=tmp_path, home=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, args
+
+
+# -------------------------------------------------------------------- with a real ledger and jobs
+def real_hook(hostrun: Hostrun, data: dict[str, Any], *argv: str,
+              env: dict[str, str] | None = None) -> dict[str, Any] | None:
+    proc = hostrun.run("hook", *argv, input=json.dumps(data), env={**os.environ, **(env or {})})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout) if proc.stdout else None
+
+
+def test_wrapped_command_runs_through_hostrun_with_its_exit_code_and_cwd(hostrun: Hostrun,
+                                                                       tmp_path: Path) -> None:
+    hostrun.configure(slice="1G", top='[agents]\nmode = "wrap"\nheavy = ["pwd"]')
+    project = tmp_path / "proj"
+    (project / "sub").mkdir(parents=True)
+    original = "cd sub && pwd > where.txt && FOO=kept sh -c 'echo $FOO > foo.txt; exit 7'"
+    data = event("pre_tool_use_bash", command=original, cwd=str(project))
+    answer = real_hook(hostrun, data, "pre-tool-use")
+    assert answer is not None and schema_problems("PreToolUse", answer) == []
+    rewritten = answer["hookSpecificOutput"]["updatedInput"]["command"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(["bash", "-c", rewritten], cwd=project, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 7, proc.stderr
+    assert (project / "sub" / "where.txt").read_text() == f"{project / 'sub'}\n"
+    assert (project / "sub" / "foo.txt").read_text() == "kept\n"
+    runs = json.loads(hostrun.run("history", "--json").stdout)
+    assert [(r["label"], r["session"], r["exit_code"], r["command"]) for r in runs] == [
+        ("proj:pwd", "claude-0f6c2d1e-8b7a-4c55-9e0a-2f4d6b8a1c3e", 7, f"bash -c {original}")]
+    # the label has a history now: the next rewrite caps it by the half rule (at least 512 MiB)
+    again = real_hook(hostrun, data, "pre-tool-use")
+    assert again is not None
+    assert cap_of(again["hookSpecificOutput"]["updatedInput"]["command"]) == "512M"
+    assert hostrun.bookings() == []
+
+
+def test_remind_reads_this_hosts_report_and_says_an_unreachable_peer(hostrun: Hostrun,
+                                                                    tmp_path: Path) -> None:
+    hostrun.configure(top="enable_across_machines = true\nreport_deadline = \"5s\"",
+                      peers='[hosts.gone]\nssh = "nobody@127.0.0.1"\nport = 1\n')
+    answer = real_hook(hostrun, event("pre_tool_use_bash", cwd=str(tmp_path)), "pre-tool-use")
+    assert answer is not None and schema_problems("PreToolUse", answer) == []
+    lines = answer["hookSpecificOutput"]["additionalContext"].splitlines()
+    assert any(line.startswith("- local: load ") and "slice 300 MiB free of 300 MiB" in line
+               for line in lines)
+    assert any(line.startswith("- gone: could not read: ") for line in lines)
+
+
+def test_session_start_lists_the_sessions_jobs_locks_and_workdirs(hostrun: Hostrun, tmp_path: Path) -> None:
+    session = "claude-0f6c2d1e-8b7a-4c55-9e0a-2f4d6b8a1c3e"
+    project = tmp_path / "proj"
+    (project / ".git").mkdir(parents=True)
+    env = {**os.environ, "HOSTRUN_SESSION": session}
+    job = hostrun.popen("-m", "64M", "--label", "long-build", "--", "sleep", "30", env=env)
+    other = hostrun.popen("-m", "64M", "--label", "not-mine", "--session", "someone-else", "--",
+                          "sleep", "30")
+    (project / "src").mkdir()
+    lock = hostrun.popen("lock", str(project / "src"), "--", "sleep", "30", env=env)
+    try:
+        assert hostrun.run("workdir", "claim", str(project / "build-a"), "--purpose", "fuzzing corpus",
+                           env=env).returncode == 0
+        assert hostrun.run("workdir", "claim", str(project / "build-b"), "--purpose", "theirs",
+                           "--session", "someone-else").returncode == 0
+        wait_for(lambda: len([b for b in hostrun.bookings() if b[2] == "running"]) == 2, timeout=30)
+        wait_for(lambda: (project / "src" / ".hostrun-lock.json").exists(), timeout=30)
+        answer = real_hook(hostrun, event("session_start_compact", cwd=str(project)), "session-start")
+        assert answer is not None and schema_problems("SessionStart", answer) == []
+        context = answer["hookSpecificOutput"]["additionalContext"]
+        assert "long-build" in context and "sleep 30" in context
+        assert "not-mine" not in context and "theirs" not in context
+        assert f"holds the lock of {project / 'src'}" in context
+        assert f"claimed {project / 'build-a'}" in context and "fuzzing corpus" in context
+    finally:
+        for proc in (job, other, lock):
+            proc.terminate()
+            proc.wait(timeout=30)
+    wait_for(lambda: hostrun.bookings() == [], timeout=30)
+
+
+def test_agents_status_self_test_passes(hostrun: Hostrun, tmp_path: Path) -> None:
+    proc = hostrun.run("agents", "status", cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("self-test ok") == 7 and "FAIL" not in proc.stdout
