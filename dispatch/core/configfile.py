@@ -23,7 +23,7 @@ _HOST_SIZES = {"slice": "slice_bytes", "reserve": "reserve_bytes", "default_cap"
 _HOST_PLAIN = ("heavy_threads", "cgroup", "backend", "ssh", "port", "ssh_config", "identity_file",
                "work_root", "python")
 _TOP_DURATIONS = ("long_job_threshold", "pending_window", "report_timeout", "report_deadline",
-                  "status_interval", "kill_grace", "control_persist")
+                  "status_interval", "kill_grace", "control_persist", "alert_wait_after")
 
 
 def _expand(path: Any) -> Any:
