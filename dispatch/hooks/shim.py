@@ -2,11 +2,12 @@
 along ``PATH``, and run it through hostrun when the invocation is heavy, directly otherwise.
 
 The real tool is the first executable of that name on ``PATH`` that is not in the shim's own directory
-and not a shim of ours (``MARKER`` in its first bytes), so two shim directories on ``PATH`` never run
-each other. Inside a hostrun job (``$HOSTRUN_JOB`` set and this process really in that job's cgroup)
-the real tool is exec'd directly: the job is booked already. A light invocation is exec'd directly too
-(its exit status is the tool's own); a heavy one runs as ``hostrun --label <derived> -- REAL ARGS``
-in this same process (no second interpreter), with hostrun's exit code.
+and not a shim of ours (``MARKER`` in its first bytes; ``dispatch.hooks.shimpath``), so two shim
+directories on ``PATH`` never run each other. Inside a hostrun job (``$HOSTRUN_JOB`` set and this
+process really in that job's cgroup) the real tool is exec'd directly: the job is booked already. A
+light invocation is exec'd directly too (its exit status is the tool's own); a heavy one runs as
+``hostrun --label <derived> -- REAL ARGS`` in this same process (no second interpreter), with
+hostrun's exit code.
 
 Standard library only and no ``json``/``re``/``argparse``/``typing`` at import time: it runs before
 every wrapped command.
@@ -17,35 +18,11 @@ from __future__ import annotations
 import os
 import sys
 
-MARKER = b"# hostrun-shim: "
+from dispatch.hooks.shimpath import find_real
 
 MYPY = False
 if MYPY:
     from typing import NoReturn
-
-
-def is_shim(path: str) -> bool:
-    """``path`` is a shim that ``hostrun shims install`` wrote (its marker line near the top)."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(512)
-    except OSError:
-        return False
-    return b"\n" + MARKER in head
-
-
-def find_real(tool: str, shim_dir: str, path: str | None = None) -> str | None:
-    """The first ``tool`` on ``path`` (default ``$PATH``) that is neither in ``shim_dir`` nor a shim."""
-    skip = os.path.realpath(shim_dir)
-    for entry in (os.environ.get("PATH", "") if path is None else path).split(os.pathsep):
-        directory = entry or "."
-        candidate = os.path.join(directory, tool)
-        if not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
-            continue
-        if os.path.realpath(directory) == skip or is_shim(candidate):
-            continue
-        return candidate
-    return None
 
 
 def main(tool: str, shim: str) -> NoReturn:

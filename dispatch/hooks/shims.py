@@ -8,7 +8,7 @@ starts Python: one interpreter start fewer per command (``bench/bench_shims.py``
 DIR must be a directory of the caller's that nobody else can write, under directories only the caller
 or root can write (``dispatch.guards.trust.own_dir``; created 0755 when missing): a shim runs on every
 build command, so whoever can write DIR could run anything as its user. Shims are files of mode 0755
-written atomically; each carries ``dispatch.hooks.shim.MARKER``, and only files with it are replaced,
+written atomically; each carries ``dispatch.hooks.shimpath.MARKER``, and only files with it are replaced,
 listed or removed: a user's own file of the same name is never touched.
 """
 
@@ -19,7 +19,7 @@ import stat
 import sys
 
 from dispatch.core.errors import UsageError
-from dispatch.hooks.shim import MARKER, find_real, is_shim
+from dispatch.hooks.shimpath import MARKER, find_real, is_shim
 
 MYPY = False
 if MYPY:
