@@ -304,9 +304,10 @@ def test_waiting_job_raises_one_alert_that_follow_prints(
     lines = alert_file.read_text().splitlines()
     assert len(lines) == 1, lines  # once per wait, not every poll
     alert = json.loads(lines[0])
-    assert alert["kind"] == "peer-could-take" and alert["label"] == "waiter" and alert["host"] == "peer1"
+    assert alert["kind"] == "peer-could-take" and alert["label"] == "waiter" and alert["peer"] == "peer1"
+    assert alert["host"] == "local" and alert["pid"] == waiter.pid and alert["command"] == "true"
     assert alert["need"] == 250 * MiB and alert["free"] >= 250 * MiB
-    assert "--peer=peer1 -- true" in alert["command"]
+    assert "--peer=peer1 -- true" in alert["action"]
     assert "alert: job waiter waits on local; peer1 could take it now" in waiter.stderr.read()  # type: ignore[union-attr]
     assert (alert_file.stat().st_mode & 0o077) == 0
     try:

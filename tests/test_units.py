@@ -259,8 +259,8 @@ def test_queue_then_alert_when_a_peer_could_take_it(tmp_path: Path, monkeypatch:
     from dispatch.placement.alerts import read_all
 
     (alert,) = read_all(s.alerts_path)
-    assert (alert["kind"], alert["host"], alert["need"], alert["command"]) == (
-        "peer-could-take", PEER, GiB, move)
+    assert (alert["kind"], alert["host"], alert["peer"], alert["need"], alert["action"],
+            alert["command"]) == ("peer-could-take", "local", PEER, GiB, move, "make -j8")
 
 
 def test_peer_flag_with_across_disabled_is_248(tmp_path: Path) -> None:

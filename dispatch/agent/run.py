@@ -189,7 +189,7 @@ def run_job(spec: RunSpec) -> int:
         # the controller set for this peer ("cap_if_none"): the rule the controller checked.
         request = spec.request._replace(
             cap=peer_cap(spec.request.cap, settings.local.default_cap, spec.cap_if_none))
-        result = result_of(run_local(settings, request, say))
+        result = result_of(run_local(settings, request, say, alerts=False))  # the controller alerts
     except Exception as exc:
         result = error_result(exc)
     finally:

@@ -42,7 +42,7 @@ if MYPY:
     T = TypeVar("T")
 
 SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts", "capacity",
-               "lock", "workdir", "preflight", "history", "hook", "agents")
+               "lock", "workdir", "preflight", "history", "hook", "agents", "watch", "shims")
 USAGE = (f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{{','.join(SUBCOMMANDS[1:])}}} ...")
 
 
@@ -157,7 +157,8 @@ def _peer_watch(settings: Any, options: list[str], command: list[str], opts: Run
         return None  # the common case: no import of the dispatcher on the hot path
     from dispatch.placement.auto import PeerWatch
 
-    return PeerWatch(settings, _job(command, opts), options, command, _say)
+    return PeerWatch(settings, _job(command, opts), options, command, _say,
+                     session=resolve_session(opts.session))
 
 
 def _job(command: list[str], opts: RunOptions) -> Job:
@@ -303,28 +304,115 @@ def cmd_preflight(argv: list[str]) -> int:
 
 
 def cmd_alerts(argv: list[str]) -> int:
-    p = _sub_parser("alerts", "List alerts (a waiting job that a peer could take now, ...).")
+    p = _sub_parser("alerts", "List alerts: a job waiting long or that a peer could take now, a job "
+                              "killed at its own cap or in a full slice, a peer that could not be "
+                              "reached. See docs/agents.md.")
     p.add_argument("--follow", action="store_true", help="wait for new alerts and print each")
+    p.add_argument("--session", metavar="NAME", type=checked_name("--session"),
+                   help="only alerts for this session (and for every session); with --unread/--ack "
+                        "the session whose read cursor moves (default: $HOSTRUN_SESSION)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--unread", action="store_true",
+                      help="print this session's alerts not read yet, and mark them read")
+    mode.add_argument("--ack", action="store_true",
+                      help="mark this session's alerts read without printing them")
     args = p.parse_args(argv)
     from dispatch.placement import alerts
 
-    path = _settings(args.config).alerts_path
-    if args.follow:
+    settings = _settings(args.config)
+    path = settings.alerts_path
+    if args.unread or args.ack:
+        session = resolve_session(args.session)
+        if session is None:
+            raise UsageError(f"--{'unread' if args.unread else 'ack'} needs a session: pass --session "
+                             "NAME or set HOSTRUN_SESSION")
+        if args.follow:
+            raise UsageError("--follow does not go with --unread or --ack")
+        records = alerts.unread(settings, session, mark=True)
+        if args.ack:
+            return 0
+    elif args.follow:
         import json
 
         for record in alerts.follow(path):
+            if not alerts.addressed_to(record, args.session):
+                continue
             if args.json:
                 print(json.dumps(record), flush=True)
             else:
                 _print_lines([_alert_line(record)])
         return 0
-    records = alerts.read_all(path)
+    else:
+        records = [r for r in alerts.read_all(path) if alerts.addressed_to(r, args.session)]
     if args.json:
         import json
 
         print(json.dumps(records, indent=2))
     else:
-        _print_lines([_alert_line(record) for record in records])
+        _print_lines([alerts.describe(record) if args.unread else _alert_line(record)
+                      for record in records])
+    return 0
+
+
+def cmd_watch(argv: list[str]) -> int:
+    p = _sub_parser("watch", "Follow the alert file and run CMD for each new alert (its JSON on "
+                             "stdin), or print it. One per state directory; SIGTERM/SIGINT end it. "
+                             "See docs/agents.md.")
+    p.add_argument("--exec", dest="exec_cmd", metavar="CMD",
+                   help="run CMD (split like a shell would, run without one) per alert")
+    p.add_argument("--session", metavar="NAME", type=checked_name("--session"),
+                   help="only alerts for this session (and for every session)")
+    args = p.parse_args(argv)
+    from dispatch.placement.watchdog import parse_exec, watch
+
+    exec_argv = parse_exec(args.exec_cmd)
+    return watch(_settings(args.config), exec_argv, args.session, args.json, _say,
+                 lambda line: print(line, flush=True))
+
+
+def cmd_shims(argv: list[str]) -> int:
+    """``hostrun shims install|uninstall|list DIR``: PATH wrappers that route heavy tool runs."""
+    from dispatch.hooks import shims
+
+    actions = ("install", "uninstall", "list")
+    if not argv or argv[0] not in actions:
+        if argv and argv[0] in ("-h", "--help"):
+            print(f"usage: {PROG} shims {{install,uninstall,list}} DIR ...\n\n"
+                  "PATH shims for agents and scripts without hooks (docs/agents.md):\n"
+                  "  install DIR [--tools a,b]   write a wrapper per tool in DIR (put DIR first on PATH)\n"
+                  "  uninstall DIR               remove hostrun's wrappers from DIR, nothing else\n"
+                  "  list DIR [--json]           hostrun's wrappers in DIR and the tool each one runs")
+            return 0
+        raise UsageError(f"shims: choose one of {', '.join(actions)} (see '{PROG} shims --help')")
+    action, rest = argv[0], argv[1:]
+    p = _sub_parser(f"shims {action}", {
+        "install": "Write a wrapper per tool into DIR: a heavy invocation runs through hostrun, a light "
+                   "one runs the real tool (found further along PATH) directly.",
+        "uninstall": "Remove hostrun's wrappers from DIR (files hostrun did not write are kept).",
+        "list": "hostrun's wrappers in DIR, and the real tool each would run now.",
+    }[action], json_flag=action == "list")
+    p.add_argument("dir", metavar="DIR")
+    if action == "install":
+        p.add_argument("--tools", metavar="A,B,...",
+                       help=f"the tools to wrap (default: {','.join(shims.DEFAULT_TOOLS)})")
+    args = p.parse_args(rest)
+    if action == "install":
+        tools = shims.parse_tools(args.tools)
+        _print_lines([f"installed {path}" for path in shims.install(args.dir, tools)])
+        _say(f"put {os.path.abspath(args.dir)} first on PATH (export PATH={os.path.abspath(args.dir)}"
+             ":$PATH) for the commands that should go through hostrun")
+        return 0
+    if action == "uninstall":
+        _print_lines([f"removed {path}" for path in shims.uninstall(args.dir)])
+        return 0
+    found = shims.listing(args.dir)
+    if args.json:
+        import json
+
+        print(json.dumps(found, indent=2))
+    else:
+        _print_lines([f"{row['tool']}: {row['path']} -> {row['real'] or 'no real tool on PATH'}"
+                      for row in found])
     return 0
 
 
@@ -696,7 +784,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "lock": cmd_lock, "workdir": cmd_workdir,
                        "report": cmd_report, "dispatch": cmd_dispatch, "alerts": cmd_alerts,
                        "capacity": cmd_capacity, "preflight": cmd_preflight,
-                       "history": cmd_history, "hook": cmd_hook, "agents": cmd_agents}[name]
+                       "history": cmd_history, "hook": cmd_hook, "agents": cmd_agents,
+                       "watch": cmd_watch, "shims": cmd_shims}[name]
             return handler(rest)
         return cmd_run(leading + args)
     except HostrunError as exc:

@@ -172,6 +172,7 @@ class _ConfigBase(_Strict):
     enable_across_machines: bool = DEFAULTS["enable_across_machines"]
     gamble_size: MemorySize = DEFAULTS["gamble_size"]
     status_interval: PositiveDuration = DEFAULTS["status_interval"]
+    alert_wait_after: Duration = DEFAULTS["alert_wait_after"]
     kill_grace: Duration = DEFAULTS["kill_grace"]
     control_persist: Duration = DEFAULTS["control_persist"]
     toolchain_probes: list[str] = Field(default_factory=lambda: list(DEFAULTS["toolchain_probes"]))

@@ -33,7 +33,7 @@ if MYPY:
     from dispatch.core.hostkeys import Key, KindSpec
 
 _TOP_DURATIONS = ("long_job_threshold", "pending_window", "report_timeout", "report_deadline",
-                  "status_interval", "kill_grace", "control_persist")
+                  "status_interval", "kill_grace", "control_persist", "alert_wait_after")
 # What the agent on a peer knows: hostrun's own runner there, i.e. this machine (``local``).
 AGENT_KINDS: dict[str, KindSpec] = {LOCAL: LOCAL_KIND}
 

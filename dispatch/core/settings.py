@@ -116,6 +116,7 @@ class Settings(NamedTuple):
     enable_across_machines: bool = False
     gamble_size: int = 512 << 20
     status_interval: float = 60.0
+    alert_wait_after: float = 600.0  # a job waiting this long raises one alert; 0: never
     kill_grace: float = 10.0
     control_persist: float = 600.0
     toolchain_probes: tuple[str, ...] = ("rustc -Vv", "cargo -V")

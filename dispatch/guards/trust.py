@@ -180,3 +180,24 @@ def private_dir(path: str, fix: str = "choose another path") -> str:
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(leaf, 0o700)  # ours and nobody else can write it: only tighten what others may read
     return leaf
+
+
+def own_dir(path: str, what: str) -> str:
+    """``path`` resolved, if it is an existing directory of ours that nobody else can write, with
+    every directory above it ours or root's and writable by nobody else unless sticky (others may
+    read and search it: a PATH directory). UntrustedPathError (exit 2) otherwise, nothing created."""
+    absolute = os.path.abspath(path)
+    leaf = os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute))
+    current = "/"
+    for part in leaf.split("/")[1:]:
+        current = os.path.join(current, part)
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            raise UntrustedPathError(f"refusing {what} {leaf}: {current} does not exist") from None
+        problem = _dir_problem(st) if current == leaf else _ancestor_problem(st)
+        if problem:
+            where = "it is" if current == leaf else f"{current} above it is"
+            raise UntrustedPathError(f"refusing {what} {leaf}: {where} {problem}; fix: use a "
+                                     "directory of your own that only you can write")
+    return leaf

@@ -45,6 +45,8 @@ from dispatch.hosts.peer import _RUN, AGENT_MISSING, PeerClient
 from dispatch.hosts.sshkeys import options_of
 from dispatch.hosts.sync import PROTECT_ARGS, die_with_parent, protects_args, shell_unsafe
 from dispatch.hosts.transport import RETRIES, backoff, classify, is_transient
+from dispatch.local import alertlog
+from dispatch.local.booking import default_label
 
 MYPY = False
 if MYPY:
@@ -269,7 +271,13 @@ class PeerRun:
                 raise
         except HostrunError as exc:
             exc.host = self.host.name  # for the result file
+            if isinstance(exc, PeerUnreachableError):
+                self._alert(alertlog.for_unreachable(
+                    self.host.name, self.request.label or default_label(self.request.argv),
+                    self.request.session, self.request.argv, str(exc)))
             raise
+        # The peer's agent does not alert (its alert file is nobody's): its verdicts are ours to say.
+        self._alert(alertlog.for_outcome(outcome, self.request.session, peer=self.host.name))
         ran = outcome.outcome not in _NOT_RUN_OUTCOMES and outcome.booking_kind is not None
         failures = self._bring_back_and_say() if ran else []  # even after a failed job
         if failures and outcome.exit_code == 0:
@@ -280,6 +288,10 @@ class PeerRun:
 
             record_peer_run(self.settings, outcome, self.request, self.say)
         return outcome
+
+    def _alert(self, record: dict[str, Any] | None) -> None:
+        if record is not None:
+            alertlog.write(self.settings.alerts_path, record, self.say)
 
     def _bring_back_and_say(self) -> list[str]:
         failures = self.bring_back() if self.returns else []

@@ -155,12 +155,16 @@ def _raise_interrupted(signum: int, _frame: object) -> None:
 
 
 def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
-              on_wait: Callable[[Admission], None] | None = None) -> Outcome:
+              on_wait: Callable[[Admission], None] | None = None, alerts: bool = True) -> Outcome:
     """Book, wait, run and judge one job on this host; the Outcome carries the exit code.
 
-    A script declaring preflight conditions is checked first (``with_preflight``).
+    A script declaring preflight conditions is checked first (``with_preflight``). With ``alerts``
+    (a run for a controller on this host; a peer's agent passes False, its controller alerts from the
+    outcome), a long wait, an own-cap kill (250) and a slice-full kill (254) are alerted
+    (``dispatch.local.alertlog``).
     """
-    return with_preflight(settings, request, say, lambda: _run_local(settings, request, say, on_wait))
+    return with_preflight(settings, request, say,
+                          lambda: _run_local(settings, request, say, on_wait, alerts))
 
 
 def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str], None],
@@ -202,7 +206,7 @@ def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str],
 
 
 def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
-               on_wait: Callable[[Admission], None] | None = None) -> Outcome:
+               on_wait: Callable[[Admission], None] | None = None, alerts: bool = False) -> Outcome:
     if not request.argv:
         raise UsageError("no command given (usage: hostrun [OPTIONS] -- CMD [ARGS...])")
     here = LocalSlice(settings)
@@ -259,6 +263,11 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             when_idle=request.when_idle,
         )
         guardian.booked(booking_id)
+        if alerts and settings.alert_wait_after > 0:
+            from dispatch.local.alertlog import WaitAlert
+
+            on_wait = WaitAlert(settings.alerts_path, settings.alert_wait_after, host.name, label,
+                                request.session, request.argv, say, on_wait)
         waited, signum = _wait(settings, ledger, backend, host, booking_id, limit, say, gpu, on_wait)
         if waited is None:
             child.cancel()
@@ -275,6 +284,12 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
         outcome = _run(settings, host, backend, job, child, request, label, plan, say, gpu, watch)
         outcome.waited_s = round(waited, 3)
         _record(settings, ledger, outcome, request, cap, plan.kind, say)
+        if alerts and outcome.exit_code in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
+            from dispatch.local import alertlog
+
+            alert = alertlog.for_outcome(outcome, request.session, slice_limit=limit)
+            if alert is not None:
+                alertlog.write(settings.alerts_path, alert, say)
         return outcome
     finally:
         if child is not None:

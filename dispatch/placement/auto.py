@@ -143,8 +143,9 @@ class PeerWatch:
     """
 
     def __init__(self, settings: Settings, job: Job, options: Sequence[str], command: Sequence[str],
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], session: str | None = None) -> None:
         self.settings = settings
+        self.session = session  # the waiting job's: the alert is addressed to it
         self.job = job
         self.options = list(options)
         self.command = list(command)
@@ -182,9 +183,9 @@ class PeerWatch:
         move = peer_command(self.options, host, self.command)
         message = (f"job {self.job.label} waits on local; {host} could take it now "
                    f"(free {format_size(verdict.free)}, need {format_size(verdict.need)}): {move}")
-        alerts.append(self.settings.alerts_path, {
-            "kind": "peer-could-take", "label": self.job.label, "waiting_on": self.settings.local.name,
-            "host": host,
-            "free": verdict.free, "need": verdict.need, "command": move, "message": message,
-        })
         self.say(f"alert: {message}")
+        alerts.write(self.settings.alerts_path, alerts.record(
+            alerts.PEER_COULD_TAKE, host=self.settings.local.name, label=self.job.label, session=self.session,
+            command=shlex.join(self.command), action=move, message=message, peer=host,
+            waiting_on=self.settings.local.name, free=verdict.free, need=verdict.need,
+        ), self.say)

@@ -1,0 +1,56 @@
+"""What a PATH shim runs (``hostrun shims install`` writes the shims): find the real tool further
+along ``PATH``, and run it through hostrun when the invocation is heavy, directly otherwise.
+
+The real tool is the first executable of that name on ``PATH`` that is not in the shim's own directory
+and not a shim of ours (``MARKER`` in its first bytes; ``dispatch.hooks.shimpath``), so two shim
+directories on ``PATH`` never run each other. Inside a hostrun job (``$HOSTRUN_JOB`` set and this
+process really in that job's cgroup) the real tool is exec'd directly: the job is booked already. A
+light invocation is exec'd directly too (its exit status is the tool's own); a heavy one runs as
+``hostrun --label <derived> -- REAL ARGS`` in this same process (no second interpreter), with
+hostrun's exit code.
+
+Standard library only and no ``json``/``re``/``argparse``/``typing`` at import time: it runs before
+every wrapped command.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from dispatch.hooks.shimpath import find_real
+
+MYPY = False
+if MYPY:
+    from typing import NoReturn
+
+
+def main(tool: str, shim: str) -> NoReturn:
+    """The shim ``shim`` (its own path) was run as ``tool`` with ``sys.argv[1:]``."""
+    args = sys.argv[1:]
+    real = find_real(tool, os.path.dirname(os.path.abspath(shim)))
+    if real is None:
+        sys.stderr.write(f"hostrun shim: {tool}: no {tool} on PATH after {os.path.dirname(shim)}\n")
+        os._exit(127)
+    from dispatch.core.request import enclosing_job
+
+    if enclosing_job(os.environ) is None:
+        from dispatch.hooks.classify import classify_argv
+
+        verdict = classify_argv([tool, *args], os.getcwd())
+        if verdict.heavy and not verdict.through_hostrun:
+            from dispatch.cli.main import main as hostrun
+            from dispatch.local.booking import default_label
+
+            code = hostrun(["--label", default_label([tool, *args]), "--", real, *args])
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+            os._exit(code)
+    try:
+        os.execv(real, [tool, *args])
+    except OSError as exc:
+        sys.stderr.write(f"hostrun shim: {tool}: cannot run {real}: {exc.strerror}\n")
+        os._exit(126)

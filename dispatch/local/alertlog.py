@@ -1,0 +1,196 @@
+"""Writing alerts: one JSON line each, appended to the alert file (standard library only).
+
+Shipped with the runner, which writes the alerts about its own verdicts (a job killed at its own cap,
+250, or when the slice filled, 254) and about a long wait, when it runs for a controller on this host.
+Reading, cursors and the watchdog are controller-only (``dispatch.placement.alerts``).
+
+Every record carries the same fields (``FIELDS``): what happened (``kind``, ``time``, ``message``), the
+job it is about (``host``, ``label``, ``session``, ``pid``, ``command``) and the suggested ``action``,
+which hostrun never takes itself. ``session`` addresses the alert (None: every session).
+
+An alert never blocks or fails a job: a write that fails is one warning line and the job goes on.
+Records are written as JSON, escaping nothing else; whoever prints one escapes it
+(``dispatch.core.text.printable``). Each record is one ``write`` on an ``O_APPEND`` descriptor, so
+concurrent writers never interleave their lines.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+MYPY = False
+if MYPY:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+    from dispatch.core.outcome import Outcome
+    from dispatch.local.ledger import Admission
+
+FIELDS = ("kind", "time", "host", "label", "session", "pid", "command", "action", "message")
+
+PEER_COULD_TAKE = "peer-could-take"
+WAITING = "waiting"
+OWN_CAP = "own-cap"
+SLICE_FULL = "slice-full"
+PEER_UNREACHABLE = "peer-unreachable"
+KINDS = (PEER_COULD_TAKE, WAITING, OWN_CAP, SLICE_FULL, PEER_UNREACHABLE)
+
+
+def record(kind: str, *, host: str, label: str, session: str | None, command: str, action: str,
+           message: str, pid: int | None = None, **extra: Any) -> dict[str, Any]:
+    """An alert with every common field set (``pid``: this process unless given)."""
+    return {"kind": kind, "time": time.time(), "host": host, "label": label, "session": session,
+            "pid": os.getpid() if pid is None else pid, "command": command, "action": action,
+            "message": message, **extra}
+
+
+def append(path: str, data: dict[str, Any]) -> None:
+    """Append one record (its directory created 0700 if missing, the file 0600); OSError on failure."""
+    import json
+
+    directory = os.path.dirname(path)
+    if directory and not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    line = json.dumps({"time": time.time(), **data}, sort_keys=True) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, line.encode("utf-8", "surrogateescape"))
+    finally:
+        os.close(fd)
+
+
+def write(path: str, data: dict[str, Any], say: Callable[[str], None]) -> bool:
+    """``append``, but a failure is one warning line (``say``), never an exception: the job goes on."""
+    try:
+        append(path, data)
+        return True
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        say(f"warning: could not write the alert to {path}: {reason}")
+        return False
+
+
+def hostrun_command(argv: Sequence[str], label: str, session: str | None, *, cap: int | None = None,
+                    peer: str | None = None) -> str:
+    """The exact ``hostrun`` command that runs ``argv`` again (with ``-m``, on ``peer``)."""
+    import shlex  # imports re: kept off the hot path
+
+    words = ["hostrun"]
+    if cap is not None:
+        words += ["-m", size_option(cap)]
+    words += ["--label", label]
+    if session:
+        words += ["--session", session]
+    if peer is not None:
+        words.append(f"--peer={peer}")
+    return shlex.join([*words, "--", *argv])
+
+
+def size_option(n: int) -> str:
+    """``n`` bytes as ``-m`` reads it, exactly: ``3G``, ``1536M``, else whole KiB rounded up."""
+    for unit, shift in (("G", 30), ("M", 20)):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return f"{-(-n // 1024)}K"
+
+
+def for_outcome(outcome: Outcome, session: str | None, peer: str | None = None,
+                slice_limit: int | None = None) -> dict[str, Any] | None:
+    """The alert for a run that ended at its own cap (250) or in a full slice (254), else None.
+
+    250's action is the same command with the cap the half rule suggests from the run's peak (at
+    least twice the peak, rounded up to 512 MiB: ``dispatch.local.capacity``); 254's is the same
+    command again (the label is now marked and booked at its cap: it waits for that room)."""
+    from dispatch.core.exitcodes import ExitCode
+
+    if outcome.exit_code not in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
+        return None
+    from dispatch.core.units import format_size
+
+    argv = [str(a) for a in outcome.argv]
+    import shlex
+
+    where = outcome.host if peer is None else peer
+    peak = outcome.peak_bytes or 0
+    base: dict[str, Any] = {
+        "host": where, "label": outcome.label, "session": session, "command": shlex.join(argv),
+        "exit_code": int(outcome.exit_code), "peak": outcome.peak_bytes, "cap": outcome.cap_bytes}
+    if outcome.exit_code == ExitCode.OWN_CAP:
+        from dispatch.local.capacity import half_rule_cap
+
+        suggested = half_rule_cap(max(peak, outcome.cap_bytes or 0))
+        action = hostrun_command(argv, outcome.label, session, cap=suggested, peer=peer)
+        over = ""
+        if slice_limit is not None and suggested > slice_limit:
+            over = f"; that is more than the whole slice ({format_size(slice_limit)}) there"
+        message = (f"job {outcome.label} on {where} was killed at its own cap "
+                   f"{format_size(outcome.cap_bytes)} (peak {format_size(peak)}); the half rule "
+                   f"suggests -m {size_option(suggested)}{over}: {action}")
+        return record(OWN_CAP, suggested_cap=suggested, action=action, message=message, **base)
+    action = hostrun_command(argv, outcome.label, session, peer=peer)
+    message = (f"job {outcome.label} on {where} was killed because the slice was full (peak "
+               f"{format_size(peak)}, under its cap); other jobs took the room. Run it again (now "
+               f"booked at its cap): {action}")
+    return record(SLICE_FULL, action=action, message=message, **base)
+
+
+def for_unreachable(host: str, label: str, session: str | None, argv: Sequence[str],
+                    error: str) -> dict[str, Any]:
+    """A ``--peer`` run that could not start because ``host`` could not be reached (246)."""
+    import shlex
+
+    action = hostrun_command(argv, label, session)
+    return record(PEER_UNREACHABLE, host=host, label=label, session=session,
+                  command=shlex.join(argv), action=action, exit_code=246, error=error,
+                  message=f"job {label} could not start on {host}: {error}; nothing ran. "
+                          f"Run it here instead, or check the peer ('hostrun report --host "
+                          f"{host}'): {action}")
+
+
+class WaitAlert:
+    """The admission wait loop's ``on_wait``: one alert when a job has waited ``after`` seconds,
+    naming who holds the room (the running bookings' labels, sessions and sizes). Chains to ``then``
+    (the peer watch), so both keep working."""
+
+    def __init__(self, path: str, after: float, host: str, label: str, session: str | None,
+                 argv: Sequence[str], say: Callable[[str], None],
+                 then: Callable[[Admission], None] | None = None) -> None:
+        self.path = path
+        self.after = after
+        self.host = host
+        self.label = label
+        self.session = session
+        self.argv = list(argv)
+        self.say = say
+        self.then = then
+        self.started = time.monotonic()
+        self.alerted = False
+
+    def __call__(self, adm: Admission) -> None:
+        if self.then is not None:
+            self.then(adm)
+        waited = time.monotonic() - self.started
+        if self.alerted or waited < self.after:
+            return
+        self.alerted = True
+        from dispatch.core.units import format_duration, format_size
+
+        holders: list[dict[str, Any]] = [
+            {"label": b.label, "session": b.session, "size": b.size, "pid": b.pid} for b in adm.holders]
+        held = ", ".join(f"{h['label']} ({h['session'] or 'no session'}, {format_size(h['size'])})"
+                         for h in holders) or "nobody (other waiters ahead, or a queue policy)"
+        why = f"; {adm.policy}" if adm.policy else ""
+        message = (f"job {self.label} has waited {format_duration(waited)} on {self.host} for "
+                   f"{format_size(adm.need)} (free {format_size(adm.free)}, {adm.position} ahead"
+                   f"{why}); the room is held by {held}")
+        import shlex
+
+        elsewhere = hostrun_command(self.argv, self.label, self.session, peer="NAME")
+        action = ("wait (it starts when room frees), or see the queue with 'hostrun ledger', or stop "
+                  f"it and run it elsewhere: {elsewhere}")
+        self.say(f"alert: {message}")
+        write(self.path, record(WAITING, host=self.host, label=self.label, session=self.session,
+                                command=shlex.join(self.argv), action=action, message=message,
+                                waited_s=round(waited, 1), need=adm.need, free=adm.free,
+                                position=adm.position, holders=holders), self.say)
