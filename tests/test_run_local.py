@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import signal
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -203,6 +204,33 @@ def test_sigterm_while_waiting_leaves_the_queue(hostrun: Hostrun, tmp_path: Path
     waiter.wait(timeout=10)
     assert waiter.returncode == 128 + signal.SIGTERM
     assert not any(b[1] == "waiter" for b in hostrun.bookings())
+    holder.send_signal(signal.SIGTERM)
+    holder.wait(timeout=15)
+
+
+def test_a_signal_the_moment_the_booking_appears_still_ends_the_wait_cleanly(
+        hostrun: Hostrun, tmp_path: Path) -> None:
+    """Between writing its booking and waiting for room, hostrun holds SIGTERM/SIGHUP/SIGQUIT back:
+    before, one sent the instant the row showed killed it outright (-15: no "nothing ran", the row
+    left for someone else to reclaim), almost every time when sent from a tight poll of the ledger."""
+    started = tmp_path / "started"
+    holder = hostrun.popen("-m", "250M", "--", "sh", "-c", f"touch {started}; sleep 60")
+    wait_for(started.exists)
+    db = hostrun.state_dir / "ledger.sqlite3"
+    codes = []
+    for i, sig in enumerate([signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT] * 4):
+        waiter = hostrun.popen("-m", "250M", "--label", f"w{i}", "--", "true")
+        con = sqlite3.connect(db, timeout=30)
+        try:
+            while not con.execute("SELECT 1 FROM bookings WHERE label = ?", (f"w{i}",)).fetchall():
+                pass  # as tight as it gets: the signal goes the moment the row is there
+        finally:
+            con.close()
+        waiter.send_signal(sig)
+        waiter.wait(timeout=20)
+        codes.append((sig.name, waiter.returncode))
+        wait_for(lambda i=i: not any(b[1] == f"w{i}" for b in hostrun.bookings()))
+    assert codes == [(sig.name, 128 + sig) for sig in [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT] * 4]
     holder.send_signal(signal.SIGTERM)
     holder.wait(timeout=15)
 

@@ -51,6 +51,8 @@ SAMPLE_INTERVAL = 0.05
 FAST_SAMPLE_INTERVAL = 0.01  # short jobs are over before a 50 ms sample would see them
 FAST_SAMPLING_FOR = 1.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# They end a wait for room, as SIGINT does (KeyboardInterrupt).
+WAIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 THREAD_KNOBS = ("CARGO_BUILD_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL")
 
 
@@ -245,6 +247,7 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
     child: PreparedChild | None = None
     ledger: Ledger | None = None
     booking_id: int | None = None
+    old_mask: set[int | signal.Signals] | None = None
     try:
         guardian = Guardian.start(settings.state_dir, job)
         outputs = gpu.start_output() if gpu is not None else None
@@ -256,6 +259,9 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
         label = storable(request.label or default_label(request.argv))  # a text key in the ledger
         plan = plan_booking(cap=cap, peak=ledger.peak(label, host.name), slice_limit=limit,
                             gamble_size=settings.gamble_size_for(host))
+        # From the moment the booking exists, a SIGTERM/SIGHUP/SIGQUIT must end the wait cleanly
+        # (release it, say "nothing ran"): held back until _wait has its handlers in place.
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)
         booking_id = ledger.enqueue(
             host=host.name, label=label, pid=me, pid_start=start_time(me) or 0, size=plan.size,
             cap=plan.limit, kind=plan.kind, command=" ".join(request.argv), session=request.session,
@@ -310,6 +316,8 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             say(f"warning: could not remove {job.path}: {exc.strerror}")
         if guardian is not None:
             guardian.dismiss()
+        if old_mask is not None:  # last: a signal held back before the wait now acts as it would have
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
 
 def _record(settings: Settings, ledger: Ledger, outcome: Outcome, request: RunRequest,
@@ -338,9 +346,9 @@ def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSet
           gpu: GpuRun | None = None, on_wait: Callable[[Admission], None] | None = None,
           ) -> tuple[float | None, int]:
     """(seconds waited for admission, 0), or (None, signal) when a signal ended the wait."""
-    caught = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-    old = {sig: signal.signal(sig, _raise_interrupted) for sig in caught}
+    old = {sig: signal.signal(sig, _raise_interrupted) for sig in WAIT_SIGNALS}
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, WAIT_SIGNALS)  # one held back since enqueue: now
         return wait_for_room(ledger, backend, host.name, booking_id, limit, settings.status_interval,
                              say, gpu.snapshot if gpu is not None else None, on_wait,
                              settings.groups), 0
