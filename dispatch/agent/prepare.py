@@ -32,7 +32,8 @@ def _load_toml(path: str) -> dict[str, Any]:
 
 def peer_settings(fallback: dict[str, Any]) -> tuple[Settings, dict[str, Any]]:
     """The peer's settings, and notes for the controller (config source, disagreements)."""
-    from dispatch.core.configfile import find_config, settings_from_dict
+    from dispatch.core.configfile import settings_from_dict
+    from dispatch.core.configpath import find_config
     from dispatch.core.hostkeys import FALLBACK_FIELDS, LOCAL
     from dispatch.core.settings import Settings
 

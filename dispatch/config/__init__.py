@@ -24,7 +24,7 @@ import sys
 from collections.abc import Mapping
 
 from dispatch import __version__
-from dispatch.core.configfile import find_config
+from dispatch.core.configpath import find_config
 from dispatch.core.errors import ConfigError
 from dispatch.core.fingerprint import short_hash
 from dispatch.core.settings import Settings

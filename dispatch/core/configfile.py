@@ -1,4 +1,5 @@
-"""Where the config file is, and settings from its already-parsed TOML mapping (standard library only).
+"""Settings from a config file's already-parsed TOML mapping (standard library only; where the file is:
+``dispatch.core.configpath``).
 
 pydantic (``dispatch.config.model``) validates a user's file strictly and then builds the settings
 here; the remote agent on a bare peer, which has no pydantic, builds the peer's own settings here
@@ -144,25 +145,6 @@ def settings_from_dict(raw: Mapping[str, Any], source: str,
         overrides=overrides,
         **values,
     )
-
-
-def find_config(explicit: str | None, environ: Mapping[str, str]) -> str | None:
-    """The config file to use, or None for the embedded default. An explicit path must exist."""
-    if explicit:
-        if not os.path.isfile(explicit):
-            raise ConfigError(f"config file not found: {explicit}")
-        return explicit
-    env_path = environ.get("HOSTRUN_CONFIG")
-    if env_path:
-        if not os.path.isfile(env_path):
-            raise ConfigError(f"HOSTRUN_CONFIG names a missing file: {env_path}")
-        return env_path
-    home = environ.get("HOME") or os.path.expanduser("~")
-    config_home = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
-    for candidate in ("hosts.toml", os.path.join(config_home, "hostrun", "hosts.toml")):
-        if os.path.isfile(candidate):
-            return candidate
-    return None
 
 
 def make_host(name: str, spec: KindSpec = LOCAL_KIND, **values: Any) -> HostSettings:

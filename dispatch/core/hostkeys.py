@@ -13,13 +13,14 @@ their own modules under ``dispatch/hosts/`` and registered in ``dispatch.hosts.k
 from __future__ import annotations
 
 from dispatch.core.records import NamedTuple
+from dispatch.core.settings import DEFAULT_PEER_KIND as DEFAULT_PEER_KIND
+from dispatch.core.settings import LOCAL as LOCAL
+from dispatch.core.settings import inferred_kind as inferred_kind
 
 MYPY = False
 if MYPY:
     from typing import Optional
 
-LOCAL = "local"
-DEFAULT_PEER_KIND = "ssh"  # a [hosts.NAME] table without ``kind`` other than ``local``, as always
 
 # Type tags: what a value is in the file, how both parsers read it.
 SIZE = "size"  # bytes: 512M, 8G
@@ -68,11 +69,6 @@ COMMON: tuple[Key, ...] = (
 FALLBACK_FIELDS = tuple(k.field for k in COMMON if k.fallback)
 
 LOCAL_KIND = KindSpec(LOCAL, here=True, foreign="{key} is for peers; local is this machine")
-
-
-def inferred_kind(name: str) -> str:
-    """The kind of a table without ``kind``: ``local`` is this machine, any other name an SSH peer."""
-    return LOCAL if name == LOCAL else DEFAULT_PEER_KIND
 
 
 def kind_problem(name: str, kind: str) -> str | None:

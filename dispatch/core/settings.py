@@ -11,13 +11,22 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from dispatch.core.hostkeys import LOCAL as LOCAL
-from dispatch.core.hostkeys import inferred_kind
 from dispatch.core.records import NamedTuple
 
 MYPY = False
 if MYPY:
     from typing import Any, Optional
+
+# Kept here, not with the key tables (``dispatch.core.hostkeys``): every ``hostrun -- CMD`` needs them,
+# and only a config being parsed needs the tables.
+LOCAL = "local"
+DEFAULT_PEER_KIND = "ssh"  # a [hosts.NAME] table without ``kind`` other than ``local``, as always
+
+
+def inferred_kind(name: str) -> str:
+    """The kind of a table without ``kind``: ``local`` is this machine, any other name an SSH peer."""
+    return LOCAL if name == LOCAL else DEFAULT_PEER_KIND
+
 
 GIB = 1 << 30
 

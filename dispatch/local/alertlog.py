@@ -155,7 +155,7 @@ class WaitAlert:
 
     def __init__(self, path: str, after: float, host: str, label: str, session: str | None,
                  argv: Sequence[str], say: Callable[[str], None],
-                 then: Callable[[Admission], None] | None = None) -> None:
+                 then: Callable[[Admission], None] | None = None, started: float | None = None) -> None:
         self.path = path
         self.after = after
         self.host = host
@@ -164,7 +164,7 @@ class WaitAlert:
         self.argv = list(argv)
         self.say = say
         self.then = then
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
         self.alerted = False
 
     def __call__(self, adm: Admission) -> None:

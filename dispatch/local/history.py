@@ -16,7 +16,7 @@ from dispatch.core.units import parse_duration
 
 MYPY = False
 if MYPY:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
     from typing import Any
 
     from dispatch.core.outcome import Outcome
@@ -60,32 +60,14 @@ def record_peer_run(settings: Settings, outcome: Outcome, request: RunRequest,
     from dispatch.core.errors import HostrunError
     from dispatch.local.hostslice import live_jobs_of
     from dispatch.local.ledger import Ledger
+    from dispatch.local.ledgerdb import run_row
 
     try:
         ledger = Ledger(settings.state_dir, say, live_jobs_of(settings))
         try:
-            ledger.record_run(history_row(outcome, request.session, request.argv),
+            ledger.record_run(run_row(outcome, request.session, request.argv),
                               settings.history_keep)
         finally:
             ledger.close()
     except HostrunError as exc:  # the ledger failed, or the state dir is not one to trust
         say(f"warning: the history row of this run was not recorded here: {exc}")
-
-
-def history_row(outcome: Outcome, session: str | None, argv: Sequence[str]) -> RunRecord:
-    """The run's row in the ledger's run history, ending now (text made storable: SQLite keeps only
-    valid UTF-8). Its start is the end less the job's own run time."""
-    import time
-
-    from dispatch.core.text import storable
-    from dispatch.local.ledgerdb import RunRecord
-
-    ended = time.time()
-    return RunRecord(
-        started=ended - (outcome.duration_s or 0.0), ended=ended, duration=outcome.duration_s,
-        waited=outcome.waited_s, host=storable(outcome.host), label=storable(outcome.label),
-        session=None if session is None else storable(session), command=storable(" ".join(argv)),
-        cap=outcome.cap_bytes, kind=outcome.booking_kind, booked=outcome.booked_bytes,
-        peak=outcome.peak_bytes, exit_code=outcome.exit_code, outcome=storable(outcome.outcome),
-        hit_ceiling=bool(outcome.hit_ceiling),
-    )

@@ -13,7 +13,10 @@ from dispatch.core.records import NamedTuple
 
 MYPY = False
 if MYPY:
+    from collections.abc import Sequence
     from typing import Any, Optional
+
+    from dispatch.core.outcome import Outcome
 
 SCHEMA_VERSION = 6  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle;
 # 5: peaks.ceiling_at, slice_full_at, clean_runs (the marks that book a label at its cap); 6: runs
@@ -258,3 +261,22 @@ def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ce
                    " AND slice_full_at IS NOT NULL", key)
         db.execute("UPDATE peaks SET slice_full_at = NULL, clean_runs = 0 WHERE label = ? AND host = ?"
                    " AND clean_runs >= ?", (*key, clear_after))
+
+
+def run_row(outcome: Outcome, session: str | None, argv: Sequence[str]) -> RunRecord:
+    """The run's row in the run history, ending now (text made storable: SQLite keeps only valid
+    UTF-8). Its start is the end less the job's own run time. Here, not in ``history``: every run
+    writes one, and ``history`` (queries, ``--since``) stays off that path."""
+    import time
+
+    from dispatch.core.text import storable
+
+    ended = time.time()
+    return RunRecord(
+        started=ended - (outcome.duration_s or 0.0), ended=ended, duration=outcome.duration_s,
+        waited=outcome.waited_s, host=storable(outcome.host), label=storable(outcome.label),
+        session=None if session is None else storable(session), command=storable(" ".join(argv)),
+        cap=outcome.cap_bytes, kind=outcome.booking_kind, booked=outcome.booked_bytes,
+        peak=outcome.peak_bytes, exit_code=outcome.exit_code, outcome=storable(outcome.outcome),
+        hit_ceiling=bool(outcome.hit_ceiling),
+    )

@@ -39,6 +39,7 @@ from dispatch.local.booking import Plan, default_label, mark_event, plan_booking
 from dispatch.local.guardian import Guardian
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.ledger import Admission, Ledger
+from dispatch.local.ledgerdb import run_row
 from dispatch.local.spawn import CGROUP_FAILED, PreparedChild
 
 MYPY = False
@@ -270,10 +271,7 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
         )
         guardian.booked(booking_id)
         if alerts and settings.alert_wait_after > 0:
-            from dispatch.local.alertlog import WaitAlert
-
-            on_wait = WaitAlert(settings.alerts_path, settings.alert_wait_after, host.name, label,
-                                request.session, request.argv, say, on_wait)
+            on_wait = _wait_alert(settings, host.name, label, request, say, on_wait)
         waited, signum = _wait(settings, ledger, backend, host, booking_id, limit, say, gpu, on_wait)
         if waited is None:
             child.cancel()
@@ -325,9 +323,7 @@ def _record(settings: Settings, ledger: Ledger, outcome: Outcome, request: RunRe
     """The run's peak (when one was measured), its mark event and its history row, in one
     transaction. The job has run: a ledger failure now must not change its exit status, so it is
     one warning."""
-    from dispatch.local.history import history_row
-
-    run = history_row(outcome, request.session, request.argv)
+    run = run_row(outcome, request.session, request.argv)
     try:
         if outcome.peak_bytes is None:  # the command could not be started: nothing measured
             ledger.record_run(run, settings.history_keep)
@@ -339,6 +335,28 @@ def _record(settings: Settings, ledger: Ledger, outcome: Outcome, request: RunRe
                                keep=settings.history_keep)
     except LedgerError as exc:
         say(f"warning: the peak and history row of this run were not recorded: {exc}")
+
+
+def _wait_alert(settings: Settings, host: str, label: str, request: RunRequest,
+                say: Callable[[str], None], then: Callable[[Admission], None] | None
+                ) -> Callable[[Admission], None]:
+    """The wait's callback that raises ``alertlog.WaitAlert`` once the job has waited
+    ``alert_wait_after``; the alert code is imported only then (most jobs never wait that long)."""
+    started = time.monotonic()
+    alert: list[Callable[[Admission], None]] = []
+
+    def on_wait(adm: Admission) -> None:
+        if not alert and time.monotonic() - started >= settings.alert_wait_after:
+            from dispatch.local.alertlog import WaitAlert
+
+            alert.append(WaitAlert(settings.alerts_path, settings.alert_wait_after, host, label,
+                                   request.session, request.argv, say, then, started=started))
+        if alert:
+            alert[0](adm)
+        elif then is not None:
+            then(adm)
+
+    return on_wait
 
 
 def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSettings,
