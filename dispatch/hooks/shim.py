@@ -39,7 +39,9 @@ def _patterns() -> tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]
 
         agents = load_settings().agents
     except Exception as exc:  # a broken config must not stop a light tool
-        text = " ".join(str(exc).split()) or type(exc).__name__
+        from dispatch.core.text import printable
+
+        text = printable(" ".join(str(exc).split()) or type(exc).__name__)
         return ((), (), ()), f"configuration not usable ({text})"
     return (tuple(agents.heavy), tuple(agents.light), tuple(agents.gpu)), None
 
