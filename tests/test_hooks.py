@@ -412,6 +412,9 @@ def test_many_alerts_show_the_latest_and_say_where_the_rest_are(hook: Hook) -> N
     assert said[0].startswith(f"hostrun: {claude.MAX_ALERTS + 3} new alerts")
     assert said[1] == f"- (3 older ones: `hostrun alerts --session {SESSION}`)"
     assert "job03" in said[2] and "job22" in said[-1] and len(said) == claude.MAX_ALERTS + 2
+    alert(hook, "x" * 3000)  # a huge label: its line is cut, the answer stays whole
+    (line,) = context(post(hook)[0]).splitlines()[1:]
+    assert line.endswith("...") and len(line) == claude.MAX_ALERT_LINE + 2
 
 
 def test_an_unusable_alert_cursor_is_one_line_and_no_answer(hook: Hook) -> None:

@@ -47,7 +47,8 @@ EVENTS = {"pre-tool-use": PRE_TOOL_USE, "session-start": SESSION_START, "post-to
           "stop": STOP}
 MODES = ("remind", "wrap", "guard")
 MAX_CONTEXT = 9000  # characters of additionalContext (Claude Code caps what a hook injects)
-MAX_ALERTS = 20  # alerts shown in full per delivery; older ones are counted and named where to read
+MAX_ALERTS = 20  # alerts shown per delivery; older ones are counted and named where to read
+MAX_ALERT_LINE = 420  # characters of one alert's line: MAX_ALERTS of them fit in MAX_CONTEXT
 USAGE = ("usage: hostrun hook [pre-tool-use|session-start|post-tool-use|stop] [--mode remind|wrap|guard]"
          " [--config PATH] < EVENT.json")
 HELP = f"""{USAGE}
@@ -198,7 +199,7 @@ def _alerts(settings: Settings, session: str, event: str, err: TextIO) -> list[s
     lines = [ALERT_HEADINGS[event].format(n=len(found), s="" if len(found) == 1 else "s")]
     if len(found) > len(shown):
         lines.append(f"- ({len(found) - len(shown)} older ones: `hostrun alerts --session {session}`)")
-    lines += [f"- {alerts.describe(item)}" for item in shown]
+    lines += [f"- {_short(alerts.describe(item), MAX_ALERT_LINE)}" for item in shown]
     return lines
 
 
@@ -280,8 +281,8 @@ def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: st
                    additionalContext="\n".join(context[1:]))
 
 
-def _short(command: str) -> str:
-    return command if len(command) <= 200 else command[:197] + "..."
+def _short(command: str, limit: int = 200) -> str:
+    return command if len(command) <= limit else command[: limit - 3] + "..."
 
 
 def _table(settings: Settings, label: str | None) -> tuple[list[Any], str]:
