@@ -1,9 +1,11 @@
 """Benchmark: the full process time of ``hostrun hook pre-tool-use`` (Claude Code's PreToolUse hook,
-dispatch.hooks.claude), which runs before every shell command of an agent.
+dispatch.hooks.claude), which runs before every shell command of an agent, and of ``hostrun hook
+post-tool-use``, which runs after every tool call.
 
 Series, interleaved (rotating order): bare ``python -c pass`` with the same interpreter (baseline);
-the hook fed a recorded-shape event for four light commands (target: pooled median <= 2x the
-baseline; a light command gets no answer, and must not load pydantic, rich or sqlite); and, for
+the hook fed a recorded-shape event for four light commands, and PostToolUse with no unread alert
+(its usual case: the session's alert cursor read, nothing to say) (target for each: pooled median
+<= 2x the baseline; no answer, and neither loads pydantic, rich or sqlite); and, for
 information, a heavy command in ``remind`` mode, which reads this host's report for the resource table
 (local only: the private config has no peer). A private config, state dir, config cache and slice
 cgroup, as the other benchmarks (bench/README.md, "Isolation"). Run by hand, e.g.::
@@ -30,12 +32,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIGHT = ("git status", "cd src && ls -la | wc -l", "cargo --version", "rg -n TODO src/ | head -20")
 HEAVY = "cargo test --workspace 2>&1 | tail -20"
 HEAVY_MODULES = ("pydantic", "rich", "sqlite3")
+POST = "post-tool-use, nothing unread"
 
 
-def event(command: str, cwd: str) -> bytes:
-    return json.dumps({"session_id": "bench", "transcript_path": "/dev/null", "cwd": cwd,
-                       "permission_mode": "default", "hook_event_name": "PreToolUse", "tool_name": "Bash",
-                       "tool_input": {"command": command}, "tool_use_id": "t"}).encode()
+def event(command: str, cwd: str, name: str = "PreToolUse") -> bytes:
+    data = {"session_id": "bench", "transcript_path": "/dev/null", "cwd": cwd,
+            "permission_mode": "default", "hook_event_name": name, "tool_name": "Bash",
+            "tool_input": {"command": command}, "tool_use_id": "t"}
+    if name == "PostToolUse":
+        data["tool_response"] = {"stdout": "", "stderr": "", "interrupted": False}
+    return json.dumps(data).encode()
 
 
 def timed(argv: list[str], stdin: bytes, env: dict[str, str], cwd: str) -> tuple[float, bytes, bytes, int]:
@@ -48,10 +54,12 @@ def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def imported(python: str, config: str, env: dict[str, str], cwd: str) -> list[str]:
-    """Which of pydantic, rich, sqlite3 the light path imports (``-X importtime``)."""
-    argv = [python, "-X", "importtime", "-m", "dispatch", "hook", "pre-tool-use", "--config", config]
-    err = subprocess.run(argv, input=event(LIGHT[0], cwd), env=env, cwd=cwd, capture_output=True).stderr
+def imported(python: str, config: str, env: dict[str, str], cwd: str, name: str = "pre-tool-use"
+             ) -> list[str]:
+    """Which of pydantic, rich, sqlite3 the light path of hook ``name`` imports (``-X importtime``)."""
+    argv = [python, "-X", "importtime", "-m", "dispatch", "hook", name, "--config", config]
+    data = event(LIGHT[0], cwd, "PostToolUse" if name == "post-tool-use" else "PreToolUse")
+    err = subprocess.run(argv, input=data, env=env, cwd=cwd, capture_output=True).stderr
     names = {line.split("|")[-1].strip() for line in err.decode().splitlines()
              if line.startswith("import time:")}
     return [m for m in HEAVY_MODULES if m in names]
@@ -79,8 +87,11 @@ def main() -> int:
         hook = [python, "-m", "dispatch", "hook", "pre-tool-use", "--config", config]
         series = [("python -c pass", [python, "-c", "pass"], b"", env)]
         series += [(f"light: {c}", hook, event(c, project), env) for c in LIGHT]
+        post = [python, "-m", "dispatch", "hook", "post-tool-use", "--config", config]
+        series += [(POST, post, event(LIGHT[0], project, "PostToolUse"), env)]
         series += [(f"heavy (remind, report): {HEAVY}", hook, event(HEAVY, project), env)]
         series += [(f"light [*]: {c}", hook, event(c, project), env_cached) for c in LIGHT]
+        series += [(f"{POST} [*]", post, event(LIGHT[0], project, "PostToolUse"), env_cached)]
         for label, argv, stdin, run_env in series:  # warm-up: validates and caches the config
             _, out, err, rc = timed(argv, stdin, run_env, project)
             expect_answer = label.startswith("heavy")
@@ -107,18 +118,24 @@ def main() -> int:
         light_all = [t for c in LIGHT for t in times[f"light: {c}"]]
         ratio = statistics.median(light_all) / base
         heavy_modules = imported(python, config, env, project)
+        post_ratio = statistics.median(times[POST]) / base
+        post_modules = imported(python, config, env, project, "post-tool-use")
         verdict = "PASS" if ratio <= TARGET_RATIO and not heavy_modules else "FAIL"
+        post_verdict = "PASS" if post_ratio <= TARGET_RATIO and not post_modules else "FAIL"
         print(f"\n  light commands (pooled) / python -c pass: {ratio:.2f}x "
               f"(+{(statistics.median(light_all) - base) * 1000:.1f} ms); target <= {TARGET_RATIO:.0f}x; "
               f"pydantic/rich/sqlite3 imported on the light path: {', '.join(heavy_modules) or 'none'} "
               f"-> {verdict}")
+        print(f"  {POST} / python -c pass: {post_ratio:.2f}x; target <= {TARGET_RATIO:.0f}x; "
+              f"pydantic/rich/sqlite3 imported: {', '.join(post_modules) or 'none'} -> {post_verdict}")
         cached = [t for c in LIGHT for t in times[f"light [*]: {c}"]]
         print(f"  [*] with dispatch's bytecode cached (private PYTHONPYCACHEPREFIX): "
-              f"{statistics.median(cached) / base:.2f}x")
+              f"{statistics.median(cached) / base:.2f}x; {POST}: "
+              f"{statistics.median(times[f'{POST} [*]']) / base:.2f}x")
         left = leftovers(os.path.join(tmp, "state"), slice_dir)
         for line in left:
             print(f"  LEFT BEHIND: {line}")
-        return 0 if verdict == "PASS" and not left else 1
+        return 0 if verdict == post_verdict == "PASS" and not left else 1
     finally:
         remove_slice(slice_dir)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 
 from dispatch.core.errors import ConfigError
-from dispatch.hooks import claude, install, table
+from dispatch.core.exitcodes import ExitCode
+from dispatch.hooks import claude, install, selftest, table
+from dispatch.placement import alerts
 from dispatch.placement.reports import HostReading
 
 from .conftest import Hostrun, wait_for
@@ -35,11 +37,18 @@ OUTPUT_FIELDS = {
     "PreToolUse": {"hookEventName": str, "permissionDecision": str, "permissionDecisionReason": str,
                    "updatedInput": dict, "additionalContext": str},
     "SessionStart": {"hookEventName": str, "additionalContext": str},
+    "PostToolUse": {"hookEventName": str, "additionalContext": str},
 }
 
 
 def schema_problems(event: str, answer: Any) -> list[str]:
     problems = []
+    if event == "Stop":  # Stop's decision control: top-level decision "block" and a reason
+        if set(answer) != {"decision", "reason"} or answer["decision"] != "block":
+            problems.append(f"Stop answer {answer!r}")
+        if not isinstance(answer.get("reason"), str) or not answer["reason"]:
+            problems.append("reason")
+        return problems
     if set(answer) != {"hookSpecificOutput"}:
         problems.append(f"top-level keys {sorted(answer)}")
     out = answer.get("hookSpecificOutput", {})
@@ -280,11 +289,14 @@ def test_session_start_names_the_session_and_exports_it_once(hook: Hook, name: s
     (json.dumps({**event("pre_tool_use_bash"), "tool_input": {}}), ["pre-tool-use"], "no tool_input.command"),
     (json.dumps({**event("pre_tool_use_bash"), "tool_input": "make"}), ["pre-tool-use"],
      "no tool_input.command"),
-    (json.dumps({**event("pre_tool_use_bash"), "hook_event_name": "Stop"}), [],
-     "event 'Stop' is not handled"),
+    (json.dumps({**event("pre_tool_use_bash"), "hook_event_name": "Notification"}), [],
+     "event 'Notification' is not handled"),
     (json.dumps(event("pre_tool_use_bash")), ["session-start"], "called for SessionStart but the event"),
     (json.dumps(event("pre_tool_use_bash")), ["pre-tool-use", "--mode", "block"], "--mode must be one of"),
-    (json.dumps(event("pre_tool_use_bash")), ["post-tool-use"], "unknown event 'post-tool-use'"),
+    (json.dumps(event("pre_tool_use_bash")), ["notification"], "unknown event 'notification'"),
+    (json.dumps(event("pre_tool_use_bash")), ["post-tool-use"], "called for PostToolUse but the event"),
+    (json.dumps({**event("post_tool_use_bash"), "session_id": ""}), ["post-tool-use"], "no session_id"),
+    (json.dumps({**event("stop"), "session_id": 7}), ["stop"], "no session_id"),
     (json.dumps({**event("session_start_compact"), "session_id": None}), ["session-start"], "no session_id"),
 ])
 def test_malformed_input_gives_no_answer_and_one_line(hook: Hook, stdin: str, argv: list[str],
@@ -307,6 +319,115 @@ def test_hook_process_never_tracebacks(tmp_path: Path) -> None:
                               capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
         assert (proc.returncode, proc.stdout) == (0, "")
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+# -------------------------------------------------------------------- alerts: SessionStart, PostToolUse, Stop
+SESSION = "claude-0f6c2d1e-8b7a-4c55-9e0a-2f4d6b8a1c3e"  # the recorded events' session
+
+
+def alert(hook: Hook, label: str, session: str | None = SESSION) -> None:
+    """An own-cap alert as the runner writes it, into the hook's own state dir."""
+    from dispatch.config import load_settings
+
+    path = load_settings(str(hook.config)).alerts_path
+    assert alerts.write(path, alerts.record(
+        "own-cap", host="local", label=label, session=session, command=f"cargo test -p {label}",
+        action=f"hostrun -m 1G --label {label} -- cargo test -p {label}",
+        message=f"job {label} on local was killed at its own cap 512 MiB"), print)
+
+
+def post(hook: Hook, name: str = "post_tool_use_bash") -> tuple[Any, str]:
+    return hook(event(name, cwd=str(hook.project)), "post-tool-use")
+
+
+def stop(hook: Hook, active: bool = False) -> tuple[Any, str]:
+    return hook(event("stop", cwd=str(hook.project), stop_hook_active=active), "stop")
+
+
+def context(answer: Any) -> str:
+    return str(answer["hookSpecificOutput"]["additionalContext"])
+
+
+def test_post_tool_use_delivers_each_unread_alert_once(hook: Hook) -> None:
+    assert post(hook) == (None, "")  # nothing unread: no answer, nothing said
+    alert(hook, "hog")
+    alert(hook, "theirs", session="claude-someone-else")
+    alert(hook, "everyone", session=None)  # addressed to every session
+    answer, err = post(hook)
+    assert err == "" and schema_problems("PostToolUse", answer) == []
+    said = context(answer)
+    assert said.startswith("hostrun: 2 new alerts for this session")
+    assert f"own-cap [session {SESSION}]: job hog on local was killed" in said
+    assert "hostrun -m 1G --label hog" in said and "everyone" in said and "theirs" not in said
+    assert post(hook) == (None, "")  # not again
+    alert(hook, "hog-2")
+    said = context(post(hook)[0])
+    assert "job hog-2 on" in said and "job hog on" not in said
+
+
+def test_a_subagents_tool_call_leaves_the_alerts_for_the_main_agent(hook: Hook) -> None:
+    assert post(hook) == (None, "")
+    alert(hook, "hog")
+    assert post(hook, "post_tool_use_subagent") == (None, "")
+    assert "hog" in context(post(hook)[0])
+
+
+def test_pre_tool_use_delivers_no_alerts(hook: Hook) -> None:
+    alert(hook, "hog")
+    answer, _ = hook.bash("cargo build")
+    assert "hog" not in context(answer)
+    assert "hog" in context(post(hook)[0])
+
+
+def test_stop_blocks_once_with_the_alerts_and_never_while_stop_hook_active(hook: Hook) -> None:
+    assert stop(hook) == (None, "")
+    alert(hook, "hog")
+    assert stop(hook, active=True) == (None, "")  # already continuing: never block again
+    answer, err = stop(hook)
+    assert err == "" and schema_problems("Stop", answer) == []
+    assert answer["reason"].startswith("hostrun: 1 alert for this session arrived while you worked")
+    assert "job hog on local was killed" in answer["reason"] and "-m 1G" in answer["reason"]
+    assert stop(hook) == (None, "")  # once
+    assert post(hook) == (None, "")  # and not again elsewhere
+
+
+def test_session_start_after_compaction_shows_unread_alerts_once(hook: Hook) -> None:
+    alert(hook, "hog")
+    alert(hook, "theirs", session="claude-someone-else")
+    data = event("session_start_compact", cwd=str(hook.project))
+    answer, _ = hook(data, "session-start")
+    assert schema_problems("SessionStart", answer) == []
+    said = context(answer)
+    assert "Unread hostrun alert for this session (1;" in said and "job hog on local" in said
+    assert "theirs" not in said
+    again, _ = hook(data, "session-start")
+    assert "alert" not in context(again) and post(hook) == (None, "")
+
+
+def test_many_alerts_show_the_latest_and_say_where_the_rest_are(hook: Hook) -> None:
+    assert post(hook) == (None, "")
+    for i in range(claude.MAX_ALERTS + 3):
+        alert(hook, f"job{i:02d}")
+    said = context(post(hook)[0]).splitlines()
+    assert said[0].startswith(f"hostrun: {claude.MAX_ALERTS + 3} new alerts")
+    assert said[1] == f"- (3 older ones: `hostrun alerts --session {SESSION}`)"
+    assert "job03" in said[2] and "job22" in said[-1] and len(said) == claude.MAX_ALERTS + 2
+    alert(hook, "x" * 3000)  # a huge label: its line is cut, the answer stays whole
+    (line,) = context(post(hook)[0]).splitlines()[1:]
+    assert line.endswith("...") and len(line) == claude.MAX_ALERT_LINE + 2
+
+
+def test_an_unusable_alert_cursor_is_one_line_and_no_answer(hook: Hook) -> None:
+    from dispatch.config import load_settings
+
+    assert post(hook) == (None, "")
+    alert(hook, "hog")
+    cursor = Path(alerts.cursor_path(load_settings(str(hook.config)), SESSION))
+    cursor.chmod(0o644)
+    for answer, err in (post(hook), stop(hook)):
+        assert answer is None and err.count("\n") == 1 and "could not read the alerts" in err
+    cursor.chmod(0o600)
+    assert "hog" in context(post(hook)[0])  # still unread
 
 
 # -------------------------------------------------------------------- agents install / uninstall
@@ -332,7 +453,10 @@ def test_install_is_idempotent_and_keeps_other_hooks_and_keys(tmp_path: Path) ->
     first = settings.read_text()
     data = json.loads(first)
     assert data["model"] == "opus" and data["permissions"] == theirs["permissions"]
-    assert data["hooks"]["Stop"] == theirs["hooks"]["Stop"]
+    assert data["hooks"]["Stop"] == [*theirs["hooks"]["Stop"], {"hooks": [
+        {"type": "command", "command": "hostrun hook stop --mode wrap", "timeout": 30}]}]
+    assert data["hooks"]["PostToolUse"] == [{"hooks": [
+        {"type": "command", "command": "hostrun hook post-tool-use --mode wrap", "timeout": 10}]}]
     assert data["hooks"]["PreToolUse"][0] == theirs["hooks"]["PreToolUse"][0]
     assert data["hooks"]["PreToolUse"][1] == {"matcher": "Bash", "hooks": [
         {"type": "command", "command": "hostrun hook pre-tool-use --mode wrap", "timeout": 60}]}
@@ -350,13 +474,65 @@ def test_install_is_idempotent_and_keeps_other_hooks_and_keys(tmp_path: Path) ->
     status = agents("status", "--json", cwd=project, home=home)
     places = json.loads(status.stdout)["installed"]
     assert places[0]["hooks"] == {"PreToolUse": ["hostrun hook pre-tool-use"],
-                                  "SessionStart": ["hostrun hook session-start"]}
+                                  "SessionStart": ["hostrun hook session-start"],
+                                  "PostToolUse": ["hostrun hook post-tool-use"],
+                                  "Stop": ["hostrun hook stop"]}
+    assert len(data["hooks"]["Stop"]) == 2 and len(data["hooks"]["PostToolUse"]) == 1
     assert places[1] == {"scope": "user", "path": str(home / ".claude" / "settings.json"), "hooks": {},
                          "error": None}
     assert agents("uninstall", "claude-code", cwd=project, home=home).returncode == 0
     assert json.loads(settings.read_text()) == theirs
     assert agents("uninstall", "claude-code", cwd=project, home=home).returncode == 0
     assert json.loads(settings.read_text()) == theirs
+
+
+def test_an_older_install_gains_the_new_entries_on_reinstall(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    older = {"hooks": {
+        "PreToolUse": [{"matcher": "Bash", "hooks": [
+            {"type": "command", "command": "hostrun hook pre-tool-use", "timeout": 60}]}],
+        "SessionStart": [{"hooks": [{"type": "command", "command": "hostrun hook session-start",
+                                     "timeout": 30}]}],
+        "Stop": [{"hooks": [{"type": "command", "command": "notify.sh"}]}]}}
+    settings.write_text(json.dumps(older))
+    status = agents("status", cwd=tmp_path, home=home)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "(missing PostToolUse, Stop: run 'hostrun agents install' again)" in status.stdout
+    assert agents("install", "claude-code", "--user", "--command", "hostrun", cwd=tmp_path,
+                  home=home).returncode == 0
+    data = json.loads(settings.read_text())
+    assert data["hooks"]["PreToolUse"] == older["hooks"]["PreToolUse"]
+    assert data["hooks"]["SessionStart"] == older["hooks"]["SessionStart"]
+    assert data["hooks"]["Stop"] == [*older["hooks"]["Stop"], {"hooks": [
+        {"type": "command", "command": "hostrun hook stop", "timeout": 30}]}]
+    assert data["hooks"]["PostToolUse"] == [{"hooks": [
+        {"type": "command", "command": "hostrun hook post-tool-use", "timeout": 10}]}]
+    again = agents("install", "claude-code", "--user", "--command", "hostrun", cwd=tmp_path, home=home)
+    assert again.returncode == 0 and "already installed" in again.stderr
+    assert "missing" not in agents("status", cwd=tmp_path, home=home).stdout
+    assert agents("uninstall", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
+    assert json.loads(settings.read_text()) == {"hooks": {"Stop": older["hooks"]["Stop"]}}
+
+
+def test_agents_status_exits_78_when_a_hook_does_not_deliver(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "hosts.toml"
+    config.write_text(f'state_dir = "{tmp_path}/state"\n')
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(table, "read", lambda settings, label=None: fake_readings())
+    assert install.status(["--config", str(config)]) == 0
+    assert capsys.readouterr().out.count("self-test ok") == 13
+    monkeypatch.setattr(claude, "_alerts", lambda *args: [])  # alerts never delivered
+    assert install.status(["--config", str(config)]) == ExitCode.NOT_RUN == 78
+    out = capsys.readouterr().out
+    assert "self-test FAIL after a tool, an alert: delivered: no answer" in out
+    assert "self-test FAIL stop with an unread alert: blocks once: no answer" in out
+    assert not (tmp_path / "state" / "alerts.jsonl").exists()  # the samples' alerts stay private
 
 
 def test_install_user_creates_a_private_file_and_uninstall_restores_nothing(tmp_path: Path) -> None:
@@ -366,7 +542,8 @@ def test_install_user_creates_a_private_file_and_uninstall_restores_nothing(tmp_
     settings = home / ".claude" / "settings.json"
     assert settings.stat().st_mode & 0o777 == 0o600
     assert (home / ".claude").stat().st_mode & 0o777 == 0o700
-    assert install.installed(json.loads(settings.read_text())).keys() == {"PreToolUse", "SessionStart"}
+    assert install.installed(json.loads(settings.read_text())).keys() == {
+        "PreToolUse", "SessionStart", "PostToolUse", "Stop"}
     assert agents("uninstall", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
     assert json.loads(settings.read_text()) == {}
 
@@ -480,7 +657,37 @@ def test_session_start_lists_the_sessions_jobs_locks_and_workdirs(hostrun: Hostr
     wait_for(lambda: hostrun.bookings() == [], timeout=30)
 
 
+def test_own_cap_kill_reaches_its_session_through_the_hooks_once(hostrun: Hostrun, tmp_path: Path) -> None:
+    def kill(label: str, session: str) -> None:
+        proc = hostrun.run("-m", "100M", "--label", label, "--session", session, "--",
+                           sys.executable, "-c", "x = bytearray(300 << 20)")
+        assert proc.returncode == ExitCode.OWN_CAP, proc.stderr
+
+    def hook_at(name: str, *argv: str, **changes: Any) -> dict[str, Any] | None:
+        return real_hook(hostrun, event(name, cwd=str(tmp_path), **changes), *argv)
+
+    assert hook_at("post_tool_use_bash", "post-tool-use") is None  # the session's cursor starts
+    kill("hog", SESSION)
+    kill("not-mine", "claude-someone-else")
+    answer = hook_at("post_tool_use_bash", "post-tool-use")
+    assert answer is not None and schema_problems("PostToolUse", answer) == []
+    said = context(answer)
+    assert "job hog on local was killed at its own cap 100 MiB" in said and "-m 512M" in said
+    assert "not-mine" not in said
+    assert hook_at("post_tool_use_bash", "post-tool-use") is None
+    kill("hog-after-compact", SESSION)
+    answer = hook_at("session_start_compact", "session-start")
+    assert answer is not None and "job hog-after-compact on local" in context(answer)
+    kill("hog-at-stop", SESSION)
+    assert hook_at("stop", "stop", stop_hook_active=True) is None
+    answer = hook_at("stop", "stop")
+    assert answer is not None and schema_problems("Stop", answer) == []
+    assert "job hog-at-stop on local" in answer["reason"] and "not-mine" not in answer["reason"]
+    assert hook_at("stop", "stop") is None and hook_at("post_tool_use_bash", "post-tool-use") is None
+    assert hostrun.bookings() == []
+
+
 def test_agents_status_self_test_passes(hostrun: Hostrun, tmp_path: Path) -> None:
     proc = hostrun.run("agents", "status", cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("self-test ok") == 7 and "FAIL" not in proc.stdout
+    assert proc.stdout.count("self-test ok") == len(selftest.cases()) == 13 and "FAIL" not in proc.stdout

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,41 @@ def test_foreign_or_others_writable_dir_is_refused(hostrun: Hostrun, other_user:
     assert "Traceback" not in proc.stderr and not (loose / "cargo").exists()
     bad = install(hostrun, tmp_path / "x", "../cargo")
     assert bad.returncode == 2 and "not a program name" in bad.stderr
+
+
+def test_project_patterns_decide_light_and_heavy(hostrun: Hostrun, tmp_path: Path) -> None:
+    hostrun.configure(top='[agents]\nlight = ["cargo check"]\nheavy = ["cargo sweep"]')
+    bin_dir, shims = fake_tools(tmp_path), tmp_path / "shims"
+    assert install(hostrun, shims, "cargo").returncode == 0
+    env = env_with(hostrun, shims, bin_dir)
+    # cargo check is heavy by default: the project's light pattern runs it directly
+    light = sh("cargo check --workspace", env, tmp_path)
+    assert light.returncode == 0 and light.stdout == "fake cargo check --workspace\n", light.stderr
+    assert light.stderr == "" and runs(hostrun) == []
+    # cargo sweep matches no default: the project's heavy pattern books it
+    heavy = sh("cargo sweep --time 30", env, tmp_path)
+    assert heavy.returncode == 0 and "in-job " in heavy.stdout, heavy.stderr
+    assert [r["command"].split("/")[-1] for r in runs(hostrun)] == ["cargo sweep --time 30"]
+    # the config's cache is warm now: a light invocation loads no pydantic
+    timed = subprocess.run([sys.executable, "-X", "importtime", "-I", str(shims / "cargo"), "check"],
+                           env=env, cwd=tmp_path, text=True, capture_output=True, timeout=60, check=False)
+    assert timed.returncode == 0 and timed.stdout == "fake cargo check\n"
+    modules = {line.split("|")[-1].strip() for line in timed.stderr.splitlines()}
+    assert "dispatch.config" in modules and "pydantic" not in modules
+
+
+def test_a_broken_config_still_lets_a_light_tool_through(hostrun: Hostrun, tmp_path: Path) -> None:
+    bin_dir, shims = fake_tools(tmp_path), tmp_path / "shims"
+    assert install(hostrun, shims, "cargo").returncode == 0
+    hostrun.config_path.write_text('state_dir = "/tmp"\n[agents]\nmode = "block"\n')
+    env = env_with(hostrun, shims, bin_dir)
+    light = sh("cargo --version", env, tmp_path)
+    assert light.returncode == 0 and light.stdout == "fake cargo --version\n"
+    assert light.stderr.count("\n") == 1, light.stderr
+    assert light.stderr.startswith("hostrun shim: cargo: warning: configuration not usable (")
+    assert "agents.mode" in light.stderr and "[agents] patterns are not applied" in light.stderr
+    # a heavy one goes to hostrun, which refuses the broken config: exit 2, nothing ran or booked
+    heavy = sh("cargo test", env, tmp_path)
+    assert heavy.returncode == 2 and "fake cargo" not in heavy.stdout
+    assert heavy.stderr.startswith("hostrun: error: ") and heavy.stderr.count("\n") == 1, heavy.stderr
+    assert "Traceback" not in light.stderr + heavy.stderr

@@ -9,14 +9,20 @@ Events (docs/agents.md, "Claude Code"):
   (``updatedInput``); ``guard`` refuses it (``permissionDecision: "deny"``) with the exact command to
   run instead, unless a person's escape is in front of it (never inside a subagent).
 - ``session-start`` (SessionStart, also after ``/compact``): what this session has running, queued,
-  locked and claimed, as ``additionalContext``; and ``HOSTRUN_SESSION`` for the session's later
-  shell commands, through ``$CLAUDE_ENV_FILE``.
+  locked and claimed, and its unread alerts, as ``additionalContext``; and ``HOSTRUN_SESSION`` for
+  the session's later shell commands, through ``$CLAUDE_ENV_FILE``.
+- ``post-tool-use`` (PostToolUse, every tool): the session's unread alerts as ``additionalContext``;
+  nothing unread, no answer (the fast path again: it runs after every tool call).
+- ``stop`` (Stop): unread alerts block the stop once (``decision: "block"``, the alerts as ``reason``);
+  never while ``stop_hook_active`` (Claude Code is already continuing because of a Stop hook).
+
+Alerts go through ``_alerts``: ``dispatch.placement.alerts.unread`` moves the session's read cursor,
+so each alert reaches the agent exactly once, at whichever of these events comes first. PreToolUse
+delivers none (its answer may be a denial, and a light command must stay off the cursor); a
+subagent's PostToolUse delivers none either (the alerts are the main agent's to decide).
 
 A hook must never stop an agent because of itself: bad or empty JSON, another tool, a missing
 command, a broken configuration, anything unexpected: one line on stderr, no answer, exit 0.
-
-Alerts for the session (PostToolUse, Stop, and at SessionStart) come through ``_alerts``: one call
-per event, which returns nothing until the alerts work lands.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+
+from dispatch.hooks.session import claude_session
 
 MYPY = False
 if MYPY:
@@ -34,11 +42,15 @@ if MYPY:
     from dispatch.hooks.classify import Verdict
 
 PRE_TOOL_USE, SESSION_START = "PreToolUse", "SessionStart"
-EVENTS = {"pre-tool-use": PRE_TOOL_USE, "session-start": SESSION_START}
+POST_TOOL_USE, STOP = "PostToolUse", "Stop"
+EVENTS = {"pre-tool-use": PRE_TOOL_USE, "session-start": SESSION_START, "post-tool-use": POST_TOOL_USE,
+          "stop": STOP}
 MODES = ("remind", "wrap", "guard")
 MAX_CONTEXT = 9000  # characters of additionalContext (Claude Code caps what a hook injects)
-USAGE = ("usage: hostrun hook [pre-tool-use|session-start] [--mode remind|wrap|guard] [--config PATH]"
-         " < EVENT.json")
+MAX_ALERTS = 20  # alerts shown per delivery; older ones are counted and named where to read
+MAX_ALERT_LINE = 420  # characters of one alert's line: MAX_ALERTS of them fit in MAX_CONTEXT
+USAGE = ("usage: hostrun hook [pre-tool-use|session-start|post-tool-use|stop] [--mode remind|wrap|guard]"
+         " [--config PATH] < EVENT.json")
 HELP = f"""{USAGE}
 
 Claude Code's hooks: read the event JSON on stdin, write the answer JSON on stdout.
@@ -51,6 +63,7 @@ class HookArgs:
 
     def __init__(self, event: str | None, mode: str | None, config: str | None) -> None:
         self.event, self.mode, self.config = event, mode, config
+        self.settings: Settings | None = None  # given instead of loading (the self-test's private state)
 
 
 def _note(line: str, err: TextIO) -> None:
@@ -107,14 +120,16 @@ def main(argv: list[str], stdin: TextIO | None = None, stdout: TextIO | None = N
     return 0
 
 
-def run(argv: list[str], text: str, err: TextIO) -> dict[str, Any] | None:
+def run(argv: list[str], text: str, err: TextIO, settings: Settings | None = None
+        ) -> dict[str, Any] | None:
     """The answer to the event in ``text`` (None: no answer), saying on ``err`` why there is none
-    when that is not the normal outcome."""
+    when that is not the normal outcome. ``settings``: use these instead of loading the config."""
     try:
         args = parse_args(argv)
     except ValueError as exc:
         _note(f"{exc} ({USAGE})", err)
         return None
+    args.settings = settings
     try:
         data = json.loads(text) if text.strip() else None
     except ValueError as exc:
@@ -133,10 +148,16 @@ def run(argv: list[str], text: str, err: TextIO) -> dict[str, Any] | None:
         return None
     if event == PRE_TOOL_USE:
         return pre_tool_use(data, args, err)
+    if event == POST_TOOL_USE:
+        return post_tool_use(data, args, err)
+    if event == STOP:
+        return stop(data, args, err)
     return session_start(data, args, err)
 
 
 def _settings(args: HookArgs, err: TextIO) -> Settings | None:
+    if args.settings is not None:
+        return args.settings
     from dispatch.config import load_settings
     from dispatch.core.errors import HostrunError
 
@@ -161,10 +182,35 @@ def _answer(event: str, **fields: Any) -> dict[str, Any]:
     return {"hookSpecificOutput": output}
 
 
-def _alerts(settings: Settings, session: str | None, event: str, data: dict[str, Any]) -> list[str]:
-    """This session's unread alerts as context lines, marked read (the alerts work fills this in;
-    one call per event)."""
-    return []
+def _alerts(settings: Settings, session: str, event: str, err: TextIO) -> list[str]:
+    """This session's unread alerts as lines under a heading for ``event`` (none: no lines), marked
+    read: each alert reaches the agent once, at the first event that asks. A cursor that cannot be
+    read or written is one line on ``err`` and no alerts (they stay unread)."""
+    from dispatch.placement import alerts
+
+    try:
+        found = alerts.unread(settings, session, mark=True)
+    except Exception as exc:  # an unusable cursor must not stop the agent
+        _note(f"could not read the alerts for {session}: {exc}", err)
+        return []
+    if not found:
+        return []
+    shown = found[-MAX_ALERTS:]
+    lines = [ALERT_HEADINGS[event].format(n=len(found), s="" if len(found) == 1 else "s")]
+    if len(found) > len(shown):
+        lines.append(f"- ({len(found) - len(shown)} older ones: `hostrun alerts --session {session}`)")
+    lines += [f"- {_short(alerts.describe(item), MAX_ALERT_LINE)}" for item in shown]
+    return lines
+
+
+ALERT_HEADINGS = {
+    SESSION_START: "Unread hostrun alert{s} for this session ({n}; each is shown once, and hostrun "
+                   "never acts on one itself: decide, or tell the user):",
+    POST_TOOL_USE: "hostrun: {n} new alert{s} for this session (shown once; hostrun never acts on one "
+                   "itself: decide what to do, or tell the user):",
+    STOP: "hostrun: {n} alert{s} for this session arrived while you worked (shown once). Before you "
+          "stop, act on them or tell the user what they say; hostrun never acts on one itself:",
+}
 
 
 # -------------------------------------------------------------------- PreToolUse
@@ -196,12 +242,11 @@ def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: st
     from dispatch.hooks import rewrite
 
     mode = args.mode or settings.agents.mode
-    session = rewrite.session_name(data.get("session_id"))
+    session = claude_session(data.get("session_id"))
     direct = not verdict.through_hostrun
     label = rewrite.derive_label(verdict.why, cwd) if direct and mode != "remind" else None
     readings, table_text = _table(settings, label)
     context = [f"hostrun: this command is heavy: {verdict.why}.", table_text]
-    context += _alerts(settings, session, PRE_TOOL_USE, data)
     if not direct or mode == "remind":
         return _answer(PRE_TOOL_USE, additionalContext="\n".join(context))
     from dispatch.hooks import table
@@ -236,8 +281,8 @@ def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: st
                    additionalContext="\n".join(context[1:]))
 
 
-def _short(command: str) -> str:
-    return command if len(command) <= 200 else command[:197] + "..."
+def _short(command: str, limit: int = 200) -> str:
+    return command if len(command) <= limit else command[: limit - 3] + "..."
 
 
 def _table(settings: Settings, label: str | None) -> tuple[list[Any], str]:
@@ -266,7 +311,7 @@ MODE_LINES = {
 def session_start(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | None:
     from dispatch.hooks import rewrite, session
 
-    name = rewrite.session_name(data.get("session_id"))
+    name = claude_session(data.get("session_id"))
     if name is None:
         _note("no session_id in the event: nothing to do", err)
         return None
@@ -290,7 +335,7 @@ def session_start(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str
             found = [f"- could not read: {exc}"]
         if found:
             lines += [f"{title}:", *found]
-    lines += _alerts(settings, name, SESSION_START, data)
+    lines += _alerts(settings, name, SESSION_START, err)
     return _answer(SESSION_START, additionalContext="\n".join(lines))
 
 
@@ -314,3 +359,42 @@ def _export_session(name: str, err: TextIO) -> None:
             fh.write(line)
     except OSError as exc:
         _note(f"could not write HOSTRUN_SESSION to $CLAUDE_ENV_FILE ({path}): {exc.strerror}", err)
+
+
+# -------------------------------------------------------------------- PostToolUse, Stop
+def post_tool_use(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | None:
+    """The session's unread alerts, once, as ``additionalContext``; nothing unread: no answer. Runs
+    after every tool call: loads the config from its cache and the alert cursor, nothing more."""
+    if data.get("agent_id"):
+        return None  # a subagent's tool call: the alerts wait for the main agent
+    name = claude_session(data.get("session_id"))
+    if name is None:
+        _note("no session_id in the event: nothing to do", err)
+        return None
+    settings = _settings(args, err)
+    if settings is None:
+        return None
+    lines = _alerts(settings, name, POST_TOOL_USE, err)
+    return _answer(POST_TOOL_USE, additionalContext="\n".join(lines)) if lines else None
+
+
+def stop(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | None:
+    """Unread alerts block the stop once, with the alerts as the reason Claude continues with. Never
+    while ``stop_hook_active``: Claude Code is then already continuing because of a Stop hook, and
+    blocking again could loop; the alerts stay unread for the next event."""
+    if data.get("stop_hook_active"):
+        return None
+    name = claude_session(data.get("session_id"))
+    if name is None:
+        _note("no session_id in the event: nothing to do", err)
+        return None
+    settings = _settings(args, err)
+    if settings is None:
+        return None
+    lines = _alerts(settings, name, STOP, err)
+    if not lines:
+        return None
+    reason = "\n".join(lines)
+    if len(reason) > MAX_CONTEXT:
+        reason = reason[: MAX_CONTEXT - 3] + "..."
+    return {"decision": "block", "reason": reason}

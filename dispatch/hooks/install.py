@@ -1,15 +1,18 @@
 """``hostrun agents install|uninstall|status``: hostrun's hooks in Claude Code's ``settings.json``.
 
-``install claude-code [--project|--user] [--mode M]`` merges two hook entries into
+``install claude-code [--project|--user] [--mode M]`` merges four hook entries into
 ``<git top level or cwd>/.claude/settings.json`` (``--project``, the default) or
 ``~/.claude/settings.json`` (``--user``): PreToolUse (matcher ``Bash``) → ``hostrun hook
-pre-tool-use`` and SessionStart → ``hostrun hook session-start``. Installing twice gives the same file;
+pre-tool-use``, SessionStart → ``hostrun hook session-start``, PostToolUse (every tool) → ``hostrun
+hook post-tool-use`` and Stop → ``hostrun hook stop``. Installing twice gives the same file; an older
+install that lacks an entry gains it;
 the user's other keys and hooks stay as they are (an entry of ours is replaced where it stands). The
 file is replaced atomically with its mode kept (through a symlink, the file it points to); a file
 that is not valid JSON is an error (exit 2) and is left untouched. ``uninstall`` removes exactly the
 entries of ours (a hook whose command is ``… hostrun hook …``) and what they alone left empty.
-``status`` says what is installed where and feeds sample events through the hooks (in process) to
-check the answers' shape.
+``status`` says what is installed where (and which entries an install lacks) and feeds sample events
+through the hooks (in process) to check the answers' shape; it exits 78 (``not-run``: the hooks do
+not work as documented) when a check fails.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ if MYPY:
 
 AGENTS = ("claude-code",)
 ACTIONS = ("install", "uninstall", "status")
-EVENTS = {"PreToolUse": ("pre-tool-use", "Bash", 60), "SessionStart": ("session-start", None, 30)}
+EVENTS = {"PreToolUse": ("pre-tool-use", "Bash", 60), "SessionStart": ("session-start", None, 30),
+          "PostToolUse": ("post-tool-use", None, 10), "Stop": ("stop", None, 30)}
 MODES = ("remind", "wrap", "guard")
 
 
@@ -238,7 +242,8 @@ def main(argv: list[str], say: Callable[[str], None]) -> int:
 
 
 def status(argv: list[str]) -> int:
-    """What is installed where, and the self-test; exit 0 when it passes, 1 when it does not."""
+    """What is installed where, and the self-test; exit 0 when it passes, 78 (not-run: the hooks do
+    not work as documented) when it does not."""
     p = _parser("status", "Where hostrun's hooks are installed, and a self-test that feeds sample "
                           "events through them.")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -255,13 +260,15 @@ def status(argv: list[str]) -> int:
         except UsageError as exc:
             found = {"hooks": {}, "error": str(exc)}
         places.append({"scope": "user" if user else "project", "path": path, **found})
+    from dispatch.core.exitcodes import ExitCode
     from dispatch.hooks.selftest import run_all
 
     checks = run_all(args.config)
     ok = all(c["ok"] for c in checks)
+    failed = 0 if ok else int(ExitCode.NOT_RUN)
     if args.json:
         print(json.dumps({"installed": places, "self_test": checks, "ok": ok}, indent=2))
-        return 0 if ok else 1
+        return failed
     from dispatch.core.text import printable
 
     for place in places:
@@ -269,10 +276,13 @@ def status(argv: list[str]) -> int:
             state = place["error"]
         elif place["hooks"]:
             state = "; ".join(f"{e}: {', '.join(c)}" for e, c in place["hooks"].items())
+            missing = [e for e in EVENTS if e not in place["hooks"]]
+            if missing:
+                state += f" (missing {', '.join(missing)}: run 'hostrun agents install' again)"
         else:
             state = "not installed"
         print(printable(f"{place['scope']}: {place['path']}: {state}"))
     for check in checks:
         print(printable(f"self-test {'ok  ' if check['ok'] else 'FAIL'} {check['name']}"
                         + ("" if check["ok"] else f": {check['problem']}")))
-    return 0 if ok else 1
+    return failed

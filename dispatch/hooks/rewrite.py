@@ -21,18 +21,8 @@ MYPY = False
 if MYPY:
     from collections.abc import Sequence
 
-SESSION_PREFIX = "claude-"
 LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+:")
 HALF_RULE_STEP = 512 << 20
-
-
-def session_name(session_id: object) -> str | None:
-    """hostrun's session for a Claude Code session: ``claude-<session_id>`` (None without an id).
-    Characters outside ``[A-Za-z0-9._-]`` become ``_`` so the name is safe in a shell line."""
-    if not isinstance(session_id, str) or not session_id.strip():
-        return None
-    safe = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-") else "_" for ch in session_id)
-    return SESSION_PREFIX + safe[:100]
 
 
 def project_root(cwd: str) -> str:

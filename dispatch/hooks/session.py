@@ -17,7 +17,18 @@ MYPY = False
 if MYPY:
     from dispatch.core.settings import Settings
 
+SESSION_PREFIX = "claude-"
 LOCK_NAMES = (".hostrun-lock", "hostrun-lock")  # dispatch.guards.lock: LOCK_NAME, GIT_LOCK_NAME
+
+
+def claude_session(session_id: object) -> str | None:
+    """hostrun's session for a Claude Code session: ``claude-<session_id>`` (None without an id).
+    Characters outside ``[A-Za-z0-9._-]`` become ``_`` so the name is safe in a shell line. Here, not
+    in ``rewrite``, so that the PostToolUse and Stop hooks need no classifier import."""
+    if not isinstance(session_id, str) or not session_id.strip():
+        return None
+    safe = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-") else "_" for ch in session_id)
+    return SESSION_PREFIX + safe[:100]
 
 
 def _age(since: float | None) -> str:

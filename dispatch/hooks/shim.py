@@ -9,6 +9,12 @@ light invocation is exec'd directly too (its exit status is the tool's own); a h
 ``hostrun --label <derived> -- REAL ARGS`` in this same process (no second interpreter), with
 hostrun's exit code.
 
+The project's ``[agents]`` patterns (``heavy``, ``light``, ``gpu``) take part, as in the hooks: the
+configuration is loaded the cheap way (its cache: no pydantic while the file is unchanged). A
+configuration that cannot be loaded does not stop a light tool: the defaults decide, and a light
+invocation runs directly after one warning line (a heavy one goes to hostrun, which says what is wrong
+with the configuration and exits 2).
+
 Standard library only and no ``json``/``re``/``argparse``/``typing`` at import time: it runs before
 every wrapped command.
 """
@@ -25,6 +31,21 @@ if MYPY:
     from typing import NoReturn
 
 
+def _patterns() -> tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], str | None]:
+    """The ``[agents]`` table's (heavy, light, gpu) patterns, from ``$HOSTRUN_CONFIG`` or the usual
+    search; with a configuration that cannot be loaded, none, and why."""
+    try:
+        from dispatch.config import load_settings
+
+        agents = load_settings().agents
+    except Exception as exc:  # a broken config must not stop a light tool
+        from dispatch.core.text import printable
+
+        text = printable(" ".join(str(exc).split()) or type(exc).__name__)
+        return ((), (), ()), f"configuration not usable ({text})"
+    return (tuple(agents.heavy), tuple(agents.light), tuple(agents.gpu)), None
+
+
 def main(tool: str, shim: str) -> NoReturn:
     """The shim ``shim`` (its own path) was run as ``tool`` with ``sys.argv[1:]``."""
     args = sys.argv[1:]
@@ -37,7 +58,13 @@ def main(tool: str, shim: str) -> NoReturn:
     if enclosing_job(os.environ) is None:
         from dispatch.hooks.classify import classify_argv
 
-        verdict = classify_argv([tool, *args], os.getcwd())
+        patterns, problem = _patterns()
+        heavy, light, gpu = patterns
+        verdict = classify_argv([tool, *args], os.getcwd(), extra_heavy=heavy, extra_light=light,
+                                extra_gpu=gpu)
+        if problem is not None and not verdict.heavy:
+            sys.stderr.write(f"hostrun shim: {tool}: warning: {problem}; the project's [agents] "
+                             "patterns are not applied\n")
         if verdict.heavy and not verdict.through_hostrun:
             from dispatch.cli.main import main as hostrun
             from dispatch.local.booking import default_label

@@ -130,17 +130,24 @@ def addressed_to(item: dict[str, Any], session: str | None) -> bool:
 def cursor_path(settings: Settings, session: str) -> str:
     """The cursor file of ``session`` (a ``check_name``-valid name, so no control characters): the name
     quoted to one path component, or its hash when that would be too long."""
-    from urllib.parse import quote
-
     from dispatch.core.text import check_name
 
     check_name(session, "--session")
-    name = "s-" + quote(session, safe="")
+    name = "s-" + _quote(session)
     if len(name) > 200:
         import hashlib
 
         name = "h-" + hashlib.sha256(session.encode("utf-8", "surrogateescape")).hexdigest()
     return os.path.join(settings.state_dir, CURSOR_DIR, name)
+
+
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+
+
+def _quote(text: str) -> str:
+    """``urllib.parse.quote(text, safe="")``, without importing ``urllib.parse`` (and ``ipaddress``)
+    on the PostToolUse hook's path, which runs after every tool call."""
+    return "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in text.encode("utf-8", "surrogateescape"))
 
 
 def _open_cursor(path: str) -> int:
