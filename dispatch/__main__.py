@@ -1,5 +1,5 @@
 """``python -m dispatch`` is the same as the ``hostrun`` console script."""
 
-from dispatch.cli.main import entry
+from dispatch.cli.entry import entry
 
 entry()

@@ -797,22 +797,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 141
-
-
-def entry() -> NoReturn:
-    """The console script: like ``sys.exit(main())``, minus the interpreter's teardown.
-
-    Everything hostrun owns is closed and released before ``main`` returns; skipping the module
-    teardown only saves the few milliseconds every short ``hostrun`` call would otherwise spend.
-    """
-    code = main()
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (BrokenPipeError, ValueError):
-        pass
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    entry()
