@@ -28,6 +28,11 @@ def entry() -> NoReturn:
         from dispatch.cli.main import main
 
         code = main()
+    leave(code)
+
+
+def leave(code: int) -> NoReturn:
+    """Flush what was printed and exit with ``code`` at once (the shims end a hostrun run so too)."""
     try:
         sys.stdout.flush()
         sys.stderr.flush()

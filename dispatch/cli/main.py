@@ -370,27 +370,41 @@ def cmd_watch(argv: list[str]) -> int:
                  lambda line: print(line, flush=True))
 
 
+def _action(name: str, argv: list[str], actions: dict[str, str], args_usage: str, title: str,
+            lines: tuple[str, ...], json_for: tuple[str, ...] | None = None
+            ) -> tuple[str, argparse.ArgumentParser, list[str]] | None:
+    """``hostrun NAME ACTION ...``: the action, its parser (``actions[ACTION]`` is its description;
+    ``--json`` for the actions in ``json_for``, all when None) and the rest of argv; None after
+    printing the help (``-h``); a missing or unknown action is a UsageError naming the actions."""
+    if argv and argv[0] in actions:
+        action = argv[0]
+        parser = _sub_parser(f"{name} {action}", actions[action],
+                             json_flag=json_for is None or action in json_for)
+        return action, parser, argv[1:]
+    if argv and argv[0] in ("-h", "--help"):
+        print(f"usage: {PROG} {name} {{{','.join(actions)}}} {args_usage}\n\n{title}:\n"
+              + "\n".join(f"  {line}" for line in lines))
+        return None
+    raise UsageError(f"{name}: choose one of {', '.join(actions)} (see '{PROG} {name} --help')")
+
+
 def cmd_shims(argv: list[str]) -> int:
     """``hostrun shims install|uninstall|list DIR``: PATH wrappers that route heavy tool runs."""
     from dispatch.hooks import shims
 
-    actions = ("install", "uninstall", "list")
-    if not argv or argv[0] not in actions:
-        if argv and argv[0] in ("-h", "--help"):
-            print(f"usage: {PROG} shims {{install,uninstall,list}} DIR ...\n\n"
-                  "PATH shims for agents and scripts without hooks (docs/agents.md):\n"
-                  "  install DIR [--tools a,b]   write a wrapper per tool in DIR (put DIR first on PATH)\n"
-                  "  uninstall DIR               remove hostrun's wrappers from DIR, nothing else\n"
-                  "  list DIR [--json]           hostrun's wrappers in DIR and the tool each one runs")
-            return 0
-        raise UsageError(f"shims: choose one of {', '.join(actions)} (see '{PROG} shims --help')")
-    action, rest = argv[0], argv[1:]
-    p = _sub_parser(f"shims {action}", {
+    picked = _action("shims", argv, {
         "install": "Write a wrapper per tool into DIR: a heavy invocation runs through hostrun, a light "
                    "one runs the real tool (found further along PATH) directly.",
         "uninstall": "Remove hostrun's wrappers from DIR (files hostrun did not write are kept).",
         "list": "hostrun's wrappers in DIR, and the real tool each would run now.",
-    }[action], json_flag=action == "list")
+    }, "DIR ...", "PATH shims for agents and scripts without hooks (docs/agents.md)", (
+        "install DIR [--tools a,b]   write a wrapper per tool in DIR (put DIR first on PATH)",
+        "uninstall DIR               remove hostrun's wrappers from DIR, nothing else",
+        "list DIR [--json]           hostrun's wrappers in DIR and the tool each one runs"),
+        json_for=("list",))
+    if picked is None:
+        return 0
+    action, p, rest = picked
     p.add_argument("dir", metavar="DIR")
     if action == "install":
         p.add_argument("--tools", metavar="A,B,...",
@@ -679,26 +693,21 @@ def cmd_lock(argv: list[str]) -> int:
 
 def cmd_workdir(argv: list[str]) -> int:
     """``hostrun workdir claim|list|clean``: who owns which work directory."""
-    actions = ("claim", "list", "clean")
-    if not argv or argv[0] not in actions:
-        if argv and argv[0] in ("-h", "--help"):
-            print(f"usage: {PROG} workdir {{claim,list,clean}} ...\n\n"
-                  "Work-directory ownership (docs/guards.md):\n"
-                  "  claim DIR --purpose TEXT    write DIR/.hostrun-owner for this session\n"
-                  "  list [ROOT] [--json]        claimed directories: owner, age, size, open by\n"
-                  "  clean [ROOT] [--dry-run]    remove this session's claimed directories that no "
-                  "process has open")
-            return 0
-        raise UsageError(f"workdir: choose one of {', '.join(actions)} (see '{PROG} workdir --help')")
-    action, rest = argv[0], argv[1:]
     from dispatch.guards import workdirs
 
-    p = _sub_parser(f"workdir {action}", {
+    picked = _action("workdir", argv, {
         "claim": "Claim DIR (created if missing) for this session: writes DIR/.hostrun-owner.",
         "list": "Every claimed directory under ROOT: owner, purpose, age, size, open by.",
         "clean": "Remove this session's claimed directories under ROOT that no process has open; "
                  "keep every other one and say why.",
-    }[action])
+    }, "...", "Work-directory ownership (docs/guards.md)", (
+        "claim DIR --purpose TEXT    write DIR/.hostrun-owner for this session",
+        "list [ROOT] [--json]        claimed directories: owner, age, size, open by",
+        "clean [ROOT] [--dry-run]    remove this session's claimed directories that no process has "
+        "open"))
+    if picked is None:
+        return 0
+    action, p, rest = picked
     if action == "claim":
         p.add_argument("dir", metavar="DIR")
         p.add_argument("--purpose", required=True, metavar="TEXT", help="what the directory is for")

@@ -28,7 +28,7 @@ from dispatch.core.errors import UntrustedPathError
 
 MYPY = False
 if MYPY:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 OPT_IN = "HOSTRUN_TRUST_CONFIG"
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
@@ -158,25 +158,17 @@ def private_dir(path: str, fix: str = "choose another path") -> str:
     unless sticky. Anything else raises UntrustedPathError (``fix`` ends its advice): another user's
     directory is never reused.
     """
-    absolute = os.path.abspath(path)
-    leaf = os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute))
-    current = "/"
-    for part in leaf.split("/")[1:]:
-        current = os.path.join(current, part)
+    def make(current: str, _leaf: str) -> None:
         try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            try:
-                os.mkdir(current, 0o700)
-            except FileExistsError:
-                pass  # made by a concurrent run: checked below like any other
-            st = os.lstat(current)
-        problem = _dir_problem(st) if current == leaf else _ancestor_problem(st)
-        if problem:
-            where = "it is" if current == leaf else f"{current} above it is"
-            raise UntrustedPathError(
-                f"refusing directory {leaf}: {where} {problem}; hostrun keeps its files only where "
-                f"nobody else can write; fix: remove it if it is not yours, or {fix}")
+            os.mkdir(current, 0o700)
+        except FileExistsError:
+            pass  # made by a concurrent run: checked like any other
+
+    def refuse(leaf: str, why: str) -> UntrustedPathError:
+        return UntrustedPathError(f"refusing directory {leaf}: {why}; hostrun keeps its files only "
+                                  f"where nobody else can write; fix: remove it if it is not yours, or {fix}")
+
+    leaf, st = _walk(path, make, refuse)
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(leaf, 0o700)  # ours and nobody else can write it: only tighten what others may read
     return leaf
@@ -186,6 +178,23 @@ def own_dir(path: str, what: str) -> str:
     """``path`` resolved, if it is an existing directory of ours that nobody else can write, with
     every directory above it ours or root's and writable by nobody else unless sticky (others may
     read and search it: a PATH directory). UntrustedPathError (exit 2) otherwise, nothing created."""
+    def missing(current: str, leaf: str) -> None:
+        raise UntrustedPathError(f"refusing {what} {leaf}: {current} does not exist")
+
+    def refuse(leaf: str, why: str) -> UntrustedPathError:
+        return UntrustedPathError(f"refusing {what} {leaf}: {why}; fix: use a directory of your own "
+                                  "that only you can write")
+
+    leaf, _ = _walk(path, missing, refuse)
+    return leaf
+
+
+def _walk(path: str, on_missing: Callable[[str, str], None],
+          refuse: Callable[[str, str], UntrustedPathError]) -> tuple[str, os.stat_result]:
+    """``path`` with its parent resolved, and its ``lstat``: every directory from ``/`` down to it
+    checked (the leaf by ``_dir_problem``, those above by ``_ancestor_problem``). A missing one goes
+    to ``on_missing(current, leaf)`` (which makes it, or raises); a bad one raises ``refuse(leaf,
+    why)``."""
     absolute = os.path.abspath(path)
     leaf = os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute))
     current = "/"
@@ -194,10 +203,9 @@ def own_dir(path: str, what: str) -> str:
         try:
             st = os.lstat(current)
         except FileNotFoundError:
-            raise UntrustedPathError(f"refusing {what} {leaf}: {current} does not exist") from None
+            on_missing(current, leaf)
+            st = os.lstat(current)
         problem = _dir_problem(st) if current == leaf else _ancestor_problem(st)
         if problem:
-            where = "it is" if current == leaf else f"{current} above it is"
-            raise UntrustedPathError(f"refusing {what} {leaf}: {where} {problem}; fix: use a "
-                                     "directory of your own that only you can write")
-    return leaf
+            raise refuse(leaf, "it is " + problem if current == leaf else f"{current} above it is {problem}")
+    return leaf, st

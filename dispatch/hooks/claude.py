@@ -367,15 +367,18 @@ def post_tool_use(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str
     after every tool call: loads the config from its cache and the alert cursor, nothing more."""
     if data.get("agent_id"):
         return None  # a subagent's tool call: the alerts wait for the main agent
+    lines = _unread(data, args, err, POST_TOOL_USE)
+    return _answer(POST_TOOL_USE, additionalContext="\n".join(lines)) if lines else None
+
+
+def _unread(data: dict[str, Any], args: HookArgs, err: TextIO, event: str) -> list[str]:
+    """The lines of the event's session's unread alerts (marked read), or none."""
     name = claude_session(data.get("session_id"))
     if name is None:
         _note("no session_id in the event: nothing to do", err)
-        return None
+        return []
     settings = _settings(args, err)
-    if settings is None:
-        return None
-    lines = _alerts(settings, name, POST_TOOL_USE, err)
-    return _answer(POST_TOOL_USE, additionalContext="\n".join(lines)) if lines else None
+    return [] if settings is None else _alerts(settings, name, event, err)
 
 
 def stop(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | None:
@@ -384,14 +387,7 @@ def stop(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | 
     blocking again could loop; the alerts stay unread for the next event."""
     if data.get("stop_hook_active"):
         return None
-    name = claude_session(data.get("session_id"))
-    if name is None:
-        _note("no session_id in the event: nothing to do", err)
-        return None
-    settings = _settings(args, err)
-    if settings is None:
-        return None
-    lines = _alerts(settings, name, STOP, err)
+    lines = _unread(data, args, err, STOP)
     if not lines:
         return None
     reason = "\n".join(lines)

@@ -66,16 +66,11 @@ def main(tool: str, shim: str) -> NoReturn:
             sys.stderr.write(f"hostrun shim: {tool}: warning: {problem}; the project's [agents] "
                              "patterns are not applied\n")
         if verdict.heavy and not verdict.through_hostrun:
+            from dispatch.cli.entry import leave
             from dispatch.cli.main import main as hostrun
             from dispatch.local.booking import default_label
 
-            code = hostrun(["--label", default_label([tool, *args]), "--", real, *args])
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            except (BrokenPipeError, ValueError):
-                pass
-            os._exit(code)
+            leave(hostrun(["--label", default_label([tool, *args]), "--", real, *args]))
     try:
         os.execv(real, [tool, *args])
     except OSError as exc:
