@@ -1,0 +1,221 @@
+"""Facts read from a Slurm cluster: for each, the command that prints it and a pure parser of its output.
+
+Controller side, standard library only. Each fact is a ``*_command`` (the argv, run by whoever reaches
+the cluster: locally or over the SSH transport to a login node) and a ``parse_*`` that takes the text
+printed and returns small records, so the parsers are tested on outputs recorded from a real Slurm
+(tests/recorded/slurm) without one. Sizes are bytes: Slurm prints memory as plain numbers in MiB
+(``RealMemory=21695``) or with a binary suffix (``50M``, ``15G``, ``1234K``).
+"""
+
+from __future__ import annotations
+
+from dispatch.core.records import NamedTuple
+
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+
+# squeue's fixed output: job id, state (long form), reason, minimum memory, node list; "|"-separated.
+SQUEUE_FORMAT = "%i|%T|%r|%m|%N"
+# sacct's fields, in this order, -P (parsable, "|") and -n (no header).
+SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "MaxRSS", "ReqMem")
+# What sacct prints (on stderr, status 1) on a cluster without accounting storage (no slurmdbd).
+SACCT_DISABLED = "Slurm accounting storage is disabled"
+
+
+class SlurmNode(NamedTuple):
+    """One node from ``scontrol show node -o``; memory in bytes, ``gres`` as printed (None: none)."""
+
+    name: str
+    state: str  # e.g. IDLE, MIXED, ALLOCATED, IDLE+DRAIN, DOWN+NOT_RESPONDING
+    real_memory: int
+    alloc_memory: int
+    free_memory: int | None  # None where the node has not reported it (N/A)
+    cpus: int
+    cpus_alloc: int
+    gres: str | None
+    reason: str | None  # why the node is down/drained, as set by the admin or Slurm
+
+    @property
+    def base_state(self) -> str:
+        """The state without its flags (``MIXED+DRAIN`` -> ``MIXED``)."""
+        return self.state.split("+")[0]
+
+    @property
+    def usable(self) -> bool:
+        """Whether the node takes new jobs (not down, drained, draining or failing)."""
+        flags = set(self.state.split("+"))
+        return not flags & {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING",
+                            "POWERED_DOWN", "POWERING_DOWN", "FUTURE"}
+
+
+class QueuedJob(NamedTuple):
+    """One line of ``squeue`` in :data:`SQUEUE_FORMAT`; ``memory`` in bytes (0: the whole node)."""
+
+    job_id: str
+    state: str
+    reason: str | None  # None where squeue prints "None"
+    memory: int | None
+    nodes: str | None  # None while pending
+
+
+class JobRecord(NamedTuple):
+    """``scontrol show job -o ID``: what a job ended (or is) as, while slurmctld still keeps it."""
+
+    job_id: str
+    name: str
+    state: str  # PENDING, RUNNING, COMPLETED, FAILED, OUT_OF_MEMORY, TIMEOUT, NODE_FAIL, CANCELLED, ...
+    reason: str | None
+    exit_code: int  # the job's exit status (the first half of ExitCode=N:S)
+    exit_signal: int  # the signal that ended it, 0 if none (the second half)
+    memory: int | None  # MinMemoryNode (or MinMemoryCPU times CPUs), bytes
+    nodes: str | None
+
+
+class StepAccounting(NamedTuple):
+    """One line of ``sacct -P -n``: a job or one of its steps (``12``, ``12.batch``, ``12.0``)."""
+
+    job_id: str
+    name: str
+    state: str  # the first word: "CANCELLED by 0" -> CANCELLED
+    exit_code: int
+    exit_signal: int
+    max_rss: int | None  # bytes; None where not measured (the job line itself, or no gathering)
+    req_mem: int | None
+
+
+def to_bytes(text: str, unit: str = "M") -> int | None:
+    """A Slurm size in bytes: ``50M``, ``15G``, ``1234K``, or a plain number in ``unit`` (MiB by default).
+
+    Empty, ``N/A`` and ``(null)`` give None. ReqMem's old per-CPU/per-node tags (``4000Mc``/``Mn``) drop.
+    """
+    text = text.strip()
+    if text and text[-1] in "cn" and len(text) > 1 and text[-2].upper() in _UNITS:
+        text = text[:-1]
+    if not text or text in ("N/A", "(null)", "Unknown"):
+        return None
+    suffix = text[-1].upper()
+    if suffix in _UNITS:
+        number, scale = text[:-1], _UNITS[suffix]
+    else:
+        number, scale = text, _UNITS[unit]
+    try:
+        return int(float(number) * scale)
+    except ValueError:
+        raise ValueError(f"not a Slurm size: {text!r}") from None
+
+
+def parse_key_values(line: str) -> dict[str, str]:
+    """``Key=Value`` pairs of one ``scontrol ... -o`` line.
+
+    Values may hold spaces (``OS=Linux 6.1 #1 SMP``, ``Reason=disk check [root@...]``): a word without
+    ``=`` continues the value before it. (A value word holding ``=`` would start a key: scontrol prints
+    no such field we read.)
+    """
+    pairs: dict[str, str] = {}
+    key = None
+    for word in line.split():
+        name, eq, value = word.partition("=")
+        if eq and name:
+            key = name
+            pairs[key] = value
+        elif key is not None:
+            pairs[key] = (pairs[key] + " " + word).strip()
+    return pairs
+
+
+def _opt(value: str | None) -> str | None:
+    return None if value in (None, "", "(null)", "None", "N/A") else value
+
+
+def _exit(value: str) -> tuple[int, int]:
+    code, _, sig = value.partition(":")
+    return int(code or 0), int(sig or 0)
+
+
+def node_command() -> list[str]:
+    """Every node, one line each."""
+    return ["scontrol", "show", "node", "-o"]
+
+
+def parse_nodes(text: str) -> list[SlurmNode]:
+    """The nodes of ``scontrol show node -o`` (blank lines and "No nodes" skipped)."""
+    nodes = []
+    for line in text.splitlines():
+        kv = parse_key_values(line)
+        if "NodeName" not in kv:
+            continue
+        nodes.append(SlurmNode(
+            name=kv["NodeName"], state=kv.get("State", "UNKNOWN"),
+            real_memory=to_bytes(kv.get("RealMemory", "0")) or 0,
+            alloc_memory=to_bytes(kv.get("AllocMem", "0")) or 0,
+            free_memory=to_bytes(kv.get("FreeMem", "")),
+            cpus=int(kv.get("CPUTot", "0")), cpus_alloc=int(kv.get("CPUAlloc", "0")),
+            gres=_opt(kv.get("Gres")), reason=_opt(kv.get("Reason")),
+        ))
+    return nodes
+
+
+def queue_command(user: str | None = None) -> list[str]:
+    """The queue (all users, or ``user``'s), without header, in :data:`SQUEUE_FORMAT`."""
+    argv = ["squeue", "--noheader", "--format", SQUEUE_FORMAT]
+    return argv + (["--user", user] if user else [])
+
+
+def parse_queue(text: str) -> list[QueuedJob]:
+    """The jobs of ``squeue`` in :data:`SQUEUE_FORMAT`."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) != 5:
+            raise ValueError(f"squeue line has {len(fields)} fields, not 5: {line!r}")
+        job_id, state, reason, memory, nodes = fields
+        jobs.append(QueuedJob(job_id, state, _opt(reason), to_bytes(memory), _opt(nodes)))
+    return jobs
+
+
+def job_command(job_id: str) -> list[str]:
+    """One job's record (kept by slurmctld for ``MinJobAge`` seconds after it ends)."""
+    return ["scontrol", "show", "job", "-o", job_id]
+
+
+def parse_job(text: str) -> JobRecord | None:
+    """The job of ``scontrol show job -o ID`` (None: not found, e.g. "Invalid job id specified")."""
+    for line in text.splitlines():
+        kv = parse_key_values(line)
+        if "JobId" not in kv:
+            continue
+        code, sig = _exit(kv.get("ExitCode", "0:0"))
+        memory = to_bytes(kv.get("MinMemoryNode", ""))
+        if memory is None and "MinMemoryCPU" in kv:
+            per_cpu = to_bytes(kv["MinMemoryCPU"])
+            memory = None if per_cpu is None else per_cpu * int(kv.get("NumCPUs", "1"))
+        return JobRecord(kv["JobId"], kv.get("JobName", ""), kv.get("JobState", "UNKNOWN"),
+                         _opt(kv.get("Reason")), code, sig, memory, _opt(kv.get("NodeList")))
+    return None
+
+
+def accounting_command(job_id: str) -> list[str]:
+    """A job's accounting lines (the job, then each step), or :data:`SACCT_DISABLED` without slurmdbd."""
+    return ["sacct", "-P", "-n", "--format=" + ",".join(SACCT_FIELDS), "-j", job_id]
+
+
+def accounting_disabled(stderr: str) -> bool:
+    """Whether sacct refused because the cluster keeps no accounting (read ``scontrol`` instead)."""
+    return SACCT_DISABLED in stderr
+
+
+def parse_accounting(text: str) -> list[StepAccounting]:
+    """The lines of ``sacct -P -n`` with :data:`SACCT_FIELDS`."""
+    steps = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) != len(SACCT_FIELDS):
+            raise ValueError(f"sacct line has {len(fields)} fields, not {len(SACCT_FIELDS)}: {line!r}")
+        job_id, name, state, exit_code, max_rss, req_mem = fields
+        code, sig = _exit(exit_code)
+        steps.append(StepAccounting(job_id, name, state.split()[0] if state.strip() else "", code, sig,
+                                    to_bytes(max_rss, unit="K"), to_bytes(req_mem)))
+    return steps
