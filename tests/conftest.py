@@ -64,7 +64,7 @@ def require_real_cgroups() -> tuple[str, str]:
 
 # Fixtures that need root, real cgroups, sshd or a second local user: a test using any of them (directly
 # or through another fixture) is a "system" test, so `pytest -m "not system"` runs the pure ones alone.
-SYSTEM_FIXTURES = frozenset({"hostrun", "peers", "other_user", "other_user_account"})
+SYSTEM_FIXTURES = frozenset({"hostrun", "peers", "other_user", "other_user_account", "slurm"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -319,3 +319,37 @@ def other_user(other_user_account: tuple[str, int, int]) -> Iterator[OtherUser]:
         yield OtherUser(name, uid, gid, home)
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm() -> Iterator[Any]:
+    """A private one-node Slurm cluster (tests/slurmcluster.py), started for the test and stopped after.
+
+    Its teardown is a leak check: the test fails if a slurmstepd or a job cgroup is left. Where Slurm,
+    root or cgroup v1 are missing, or the cluster does not come up, the test is skipped off CI and
+    fails on CI.
+    """
+    import shutil
+    import tempfile
+
+    from tests.slurmcluster import ClusterError, SlurmCluster, missing_parts
+
+    problem = missing_parts()
+    # munged's socket path must stay under the 108-byte limit: a short directory, not tmp_path.
+    root = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
+    cluster = SlurmCluster(root)
+    try:
+        if problem is None:
+            try:
+                cluster.start()
+            except ClusterError as exc:
+                problem = f"the private Slurm cluster did not start: {exc}"
+        if problem:
+            if ON_CI:
+                pytest.fail(f"CI=true but {problem}")
+            pytest.skip(problem)  # only off CI: with CI=true the line above fails instead
+        yield cluster
+    finally:
+        leaks = cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    assert not leaks, f"left behind by the Slurm cluster: {leaks}"
