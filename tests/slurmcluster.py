@@ -180,7 +180,11 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 
     # --- use --------------------------------------------------------------------------------------
     def run(self, argv: list[str], timeout: float = 60, **kw: object) -> subprocess.CompletedProcess[str]:
-        """Run a Slurm command (or anything) against this cluster (``SLURM_CONF`` set)."""
+        """Run a Slurm command (or anything) against this cluster (``SLURM_CONF`` set).
+
+        By default in the cluster's directory, so a batch job's ``slurm-N.out`` lands there.
+        """
+        kw.setdefault("cwd", self.root)
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout,
                               check=False, **kw)  # type: ignore[call-overload, no-any-return]
 
