@@ -11,6 +11,7 @@ or cgroup, so a test that leaks fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -203,8 +204,10 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             if top in self.had_cgroups:
                 continue
             for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                path.rmdir()
-            top.rmdir()
+                with contextlib.suppress(OSError):  # still busy: the leak check has said so
+                    path.rmdir()
+            with contextlib.suppress(OSError):
+                top.rmdir()
 
     def step_pids(self) -> list[int]:
         """Live slurmstepd processes here (the tests run no other Slurm: ours are the only ones)."""
@@ -250,9 +253,26 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             time.sleep(0.1)
         leaks = [f"slurmstepd pid {p} left running" for p in self.step_pids()]
         leaks += [f"job cgroup {p} left" for p in self.job_cgroups()]
-        if not leaks:
-            self.remove_empty_cgroups()
+        if leaks:
+            self.kill_leftovers()
+        self.remove_empty_cgroups()
         return leaks
+
+    def kill_leftovers(self) -> None:
+        """SIGKILL every process still in a job cgroup and every slurmstepd, after a leak was reported."""
+        for _ in range(50):
+            pids = set(self.step_pids())
+            for cgroup in self.job_cgroups():
+                for tasks in cgroup.rglob("tasks"):
+                    pids.update(int(p) for p in tasks.read_text().split())
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
 
     def _quiet(self) -> bool:
         """No job queued or running, the node not COMPLETING, no step process."""
