@@ -163,12 +163,7 @@ def queue_command(user: str | None = None) -> list[str]:
 def parse_queue(text: str) -> list[QueuedJob]:
     """The jobs of ``squeue`` in :data:`SQUEUE_FORMAT`."""
     jobs = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split("|")
-        if len(fields) != 5:
-            raise ValueError(f"squeue line has {len(fields)} fields, not 5: {line!r}")
+    for fields in _rows(text, 5, "squeue"):
         job_id, state, reason, memory, nodes = fields
         jobs.append(QueuedJob(job_id, state, _opt(reason), to_bytes(memory), _opt(nodes)))
     return jobs
@@ -208,14 +203,22 @@ def accounting_disabled(stderr: str) -> bool:
 def parse_accounting(text: str) -> list[StepAccounting]:
     """The lines of ``sacct -P -n`` with :data:`SACCT_FIELDS`."""
     steps = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split("|")
-        if len(fields) != len(SACCT_FIELDS):
-            raise ValueError(f"sacct line has {len(fields)} fields, not {len(SACCT_FIELDS)}: {line!r}")
+    for fields in _rows(text, len(SACCT_FIELDS), "sacct"):
         job_id, name, state, exit_code, max_rss, req_mem = fields
         code, sig = _exit(exit_code)
         steps.append(StepAccounting(job_id, name, state.split()[0] if state.strip() else "", code, sig,
                                     to_bytes(max_rss, unit="K"), to_bytes(req_mem)))
     return steps
+
+
+def _rows(text: str, count: int, what: str) -> list[list[str]]:
+    """The ``|``-separated fields of each non-blank line; ValueError when a line has not ``count``."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) != count:
+            raise ValueError(f"{what} line has {len(fields)} fields, not {count}: {line!r}")
+        rows.append(fields)
+    return rows
