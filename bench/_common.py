@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import statistics
 import sys
 import time
 
@@ -128,3 +129,21 @@ def sources_digest(root: str) -> str:
             st = os.stat(os.path.join(dirpath, name))
             parts.append(f"{dirpath}/{name}:{st.st_size}:{st.st_mtime_ns}")
     return "\n".join(parts)
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def ratio_table(times: dict[str, list[float]], labels: list[str], width: int,
+                base_label: str = "python -c pass") -> float:
+    """Print median, p10, p90 (ms) and the ratio to ``base_label``'s median for each series; return
+    that baseline median (seconds)."""
+    print(f"  {'':{width}} {'median':>7} {'p10':>7} {'p90':>7} {'ratio':>6}")
+    base = statistics.median(times[base_label])
+    for label in labels:
+        v = times[label]
+        med = statistics.median(v)
+        print(f"  {label[:width]:{width}} {med * 1000:7.1f} {pct(v, 10) * 1000:7.1f} "
+              f"{pct(v, 90) * 1000:7.1f} {med / base:5.2f}x")
+    return base

@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+from _common import ratio_table
+
 TARGET_RATIO = 2.0
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,10 +41,6 @@ def timed(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, int, s
     proc = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE)
     return time.perf_counter() - t0, proc.returncode, proc.stderr.decode("utf-8", "replace")
-
-
-def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def make_project(tmp: str) -> str:
@@ -131,13 +129,7 @@ def main() -> int:
             for label, argv, run_env in series[k:] + series[:k]:  # rotate: share the noise
                 times[label].append(timed(argv, run_env, project)[0])
         print(f"\n{args.runs} runs each, interleaved; wall time in ms (cwd: a small project)")
-        print(f"  {'':52} {'median':>7} {'p10':>7} {'p90':>7} {'ratio':>6}")
-        base = statistics.median(times["python -c pass"])
-        for label, _, _ in series:
-            v = times[label]
-            med = statistics.median(v)
-            print(f"  {label[:52]:52} {med * 1000:7.1f} {pct(v, 10) * 1000:7.1f} "
-                  f"{pct(v, 90) * 1000:7.1f} {med / base:5.2f}x")
+        base = ratio_table(times, [label for label, _, _ in series], 52)
         light_all = [t for c in LIGHT for t in times[f"light: {c}"]]
         ratio = statistics.median(light_all) / base
         verdict = "PASS" if ratio <= TARGET_RATIO else "FAIL"

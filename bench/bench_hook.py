@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from _common import leftovers, private_env, remove_slice, write_config
+from _common import leftovers, private_env, ratio_table, remove_slice, write_config
 
 TARGET_RATIO = 2.0
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,10 +48,6 @@ def timed(argv: list[str], stdin: bytes, env: dict[str, str], cwd: str) -> tuple
     t0 = time.perf_counter()
     proc = subprocess.run(argv, input=stdin, env=env, cwd=cwd, capture_output=True)
     return time.perf_counter() - t0, proc.stdout, proc.stderr, proc.returncode
-
-
-def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def imported(python: str, config: str, env: dict[str, str], cwd: str, name: str = "pre-tool-use"
@@ -108,13 +104,7 @@ def main() -> int:
             for label, argv, stdin, run_env in series[k:] + series[:k]:
                 times[label].append(timed(argv, stdin, run_env, project)[0])
         print(f"\n{args.runs} runs each, interleaved; wall time in ms")
-        print(f"  {'':60} {'median':>7} {'p10':>7} {'p90':>7} {'ratio':>6}")
-        base = statistics.median(times["python -c pass"])
-        for label, _, _, _ in series:
-            v = times[label]
-            med = statistics.median(v)
-            print(f"  {label[:60]:60} {med * 1000:7.1f} {pct(v, 10) * 1000:7.1f} {pct(v, 90) * 1000:7.1f} "
-                  f"{med / base:5.2f}x")
+        base = ratio_table(times, [label for label, _, _, _ in series], 60)
         light_all = [t for c in LIGHT for t in times[f"light: {c}"]]
         ratio = statistics.median(light_all) / base
         heavy_modules = imported(python, config, env, project)
