@@ -62,7 +62,7 @@ def test_kind_absent_is_inferred_from_the_name_and_explicit_is_the_same(tmp_path
 
 
 @pytest.mark.parametrize(("body", "line"), [
-    ("[hosts.box]\nkind = 'slurm'\n", "hosts.box.kind: unknown kind 'slurm' (known: local, ssh)"),
+    ("[hosts.box]\nkind = 'pbs'\n", "hosts.box.kind: unknown kind 'pbs' (known: local, ssh, slurm)"),
     ("[hosts.local]\nkind = 'ssh'\nssh = 'x'\n",
      "hosts.local.kind: local is this machine, so its kind is local, not 'ssh'"),
     ("[hosts.box]\nkind = 'local'\n",

@@ -72,6 +72,7 @@ class _Strict(BaseModel):
 _ANNOTATIONS: dict[str, Any] = {
     hostkeys.SIZE: Optional[Size], hostkeys.MEMORY_SIZE: Optional[MemorySize],
     hostkeys.POSITIVE_DURATION: Optional[PositiveDuration], hostkeys.INT: Optional[int],
+    hostkeys.WORDS: Optional[list[str]],
 }
 
 

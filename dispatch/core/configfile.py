@@ -18,6 +18,7 @@ from dispatch.core.hostkeys import (
     LOCAL_KIND,
     MEMORY_SIZE,
     PATH,
+    WORDS,
     POSITIVE_DURATION,
     SIZE,
     inferred_kind,
@@ -51,6 +52,8 @@ def _value(key: Key, value: Any, where: str) -> Any:
         return parse_duration(value)
     if key.type == PATH:
         return _expand(value)
+    if key.type == WORDS:
+        return tuple(str(word) for word in value)
     if key.type == CGROUP:  # checked here, on both paths (pydantic's and the agent's)
         problem = cgroup_path_problem(value)
         if problem is not None:

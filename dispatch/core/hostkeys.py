@@ -31,6 +31,7 @@ TEXT = "text"  # a string, as is
 PATH = "path"  # a file on this machine: a leading ~ is expanded; trust-checked on every load
 CGROUP = "cgroup"  # an absolute path in the cgroup hierarchy (checked by ``cgroup_path_problem``)
 BACKEND = "backend"  # one of the cap backends' names
+WORDS = "words"  # a list of strings (arguments handed on as they are), kept as a tuple
 
 
 class Key(NamedTuple):

@@ -15,6 +15,7 @@ if MYPY:
     from typing import Optional
 
 JOB_ENV = "HOSTRUN_JOB"  # set in every job: the job's cgroup, so a nested hostrun can tell
+THREAD_KNOBS = ("CARGO_BUILD_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL")
 
 
 class RunRequest(NamedTuple):
@@ -53,3 +54,14 @@ def enclosing_job(environ: Mapping[str, str]) -> str | None:
         if own and (job == own or job.endswith("/" + own.lstrip("/"))):
             return path
     return None
+
+
+def job_environment(base: dict[str, str], threads: int, forced: bool) -> dict[str, str]:
+    """The heavy-thread default: set unless already set, or always when ``--threads`` was given."""
+    env = dict(base)
+    wanted = {"HOSTRUN_THREADS": str(threads), "MAKEFLAGS": f"-j{threads}"}
+    wanted.update({knob: str(threads) for knob in THREAD_KNOBS})
+    for key, value in wanted.items():
+        if forced or key not in env:
+            env[key] = value
+    return env

@@ -20,6 +20,8 @@ if MYPY:
     from dispatch.core.outcome import Outcome
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import HostSettings, Settings
+    from dispatch.placement.judgement import Job, Judgement
+    from dispatch.placement.pending import HostPending
 
 
 class RunExtras(NamedTuple):
@@ -64,6 +66,12 @@ class Host:
         """The host's report (``dispatch.local.report``'s shape) with ``label``'s peak record;
         ``peaks``: its whole peak table. Raises HostrunError when it cannot be read."""
         raise NotImplementedError
+
+    def judge(self, job: Job, report: dict[str, Any], waiting: HostPending | None) -> Judgement | None:
+        """Whether ``job`` fits there now, by the kind's own rule, from the ``report`` just read and
+        the bookings still ``waiting`` to show in it; None: the dispatcher's slice rule applies (a
+        machine running hostrun's own runner: its slice's free room covers the job's booking)."""
+        return None
 
     def job_cap(self, cap: int | None, default_cap: int | None) -> int | None:
         """The cap a job with ``-m cap`` runs under there, given the ``default_cap`` that applies

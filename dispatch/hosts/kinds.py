@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dispatch.hosts.base import Host
 from dispatch.hosts.local import LocalHost
+from dispatch.hosts.slurm import SlurmHost
 from dispatch.hosts.ssh import SshPeer
 
 MYPY = False
@@ -15,7 +16,7 @@ if MYPY:
     from dispatch.core.hostkeys import KindSpec
     from dispatch.core.settings import Settings
 
-KINDS: dict[str, type[Host]] = {kind.kind: kind for kind in (LocalHost, SshPeer)}
+KINDS: dict[str, type[Host]] = {kind.kind: kind for kind in (LocalHost, SshPeer, SlurmHost)}
 
 
 def specs() -> dict[str, KindSpec]:

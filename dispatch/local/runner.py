@@ -30,7 +30,7 @@ from dispatch.core.exitcodes import SIGNAL_BASE, ExitCode
 from dispatch.core.hostfacts import has_nvidia_gpus
 from dispatch.core.outcome import Outcome
 from dispatch.core.procinfo import start_time
-from dispatch.core.request import JOB_ENV, RunRequest
+from dispatch.core.request import JOB_ENV, RunRequest, job_environment
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
@@ -54,18 +54,6 @@ FAST_SAMPLING_FOR = 1.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # They end a wait for room, as SIGINT does (KeyboardInterrupt).
 WAIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-THREAD_KNOBS = ("CARGO_BUILD_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL")
-
-
-def job_environment(base: dict[str, str], threads: int, forced: bool) -> dict[str, str]:
-    """The heavy-thread default: set unless already set, or always when ``--threads`` was given."""
-    env = dict(base)
-    wanted = {"HOSTRUN_THREADS": str(threads), "MAKEFLAGS": f"-j{threads}"}
-    wanted.update({knob: str(threads) for knob in THREAD_KNOBS})
-    for key, value in wanted.items():
-        if forced or key not in env:
-            env[key] = value
-    return env
 
 
 class _Signals:
@@ -287,7 +275,7 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
                 raise BackendError(f"booked on GPU {index}, which nvidia-smi no longer lists")
         outcome = _run(settings, host, backend, job, child, request, label, plan, say, gpu, watch)
         outcome.waited_s = round(waited, 3)
-        _record(settings, ledger, outcome, request, cap, plan.kind, say)
+        record_outcome(settings, ledger, outcome, request, cap, plan.kind, say)
         if alerts and outcome.exit_code in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
             from dispatch.local import alertlog
 
@@ -318,7 +306,7 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
 
-def _record(settings: Settings, ledger: Ledger, outcome: Outcome, request: RunRequest,
+def record_outcome(settings: Settings, ledger: Ledger, outcome: Outcome, request: RunRequest,
             cap: int | None, kind: str, say: Callable[[str], None]) -> None:
     """The run's peak (when one was measured), its mark event and its history row, in one
     transaction. The job has run: a ledger failure now must not change its exit status, so it is

@@ -27,30 +27,14 @@ from dispatch.hosts.base import Host
 from dispatch.hosts.kinds import hosts_of
 from dispatch.local.booking import plan_booking
 from dispatch.local.ledgerdb import PeakRecord
+from dispatch.placement.judgement import Job as Job
+from dispatch.placement.judgement import Judgement as Judgement
 from dispatch.placement.pending import HostPending, gpu_free_after
 from dispatch.placement.reports import HostReading
 
 MYPY = False
 if MYPY:
     from typing import Any, Optional
-
-
-class Job(NamedTuple):
-    label: str
-    cap: Optional[int] = None
-    gpu_memory: Optional[int] = None
-    expect_duration: Optional[float] = None
-    long_job: tuple[str, ...] = ()  # the long-job declaration's answered keys (dispatch.guards.longjob)
-
-
-class Judgement(NamedTuple):
-    host: str
-    fits: bool
-    could_ever_fit: bool
-    need: Optional[int]
-    free: Optional[int]
-    reason: str
-    gpu_index: Optional[int] = None  # with --gpu-memory: the GPU judged (most free after pending)
 
 
 RUN, QUEUE, REFUSE = "run", "queue", "refuse"
@@ -102,6 +86,9 @@ def judge(host: Host, job: Job, reading: HostReading, waiting: HostPending | Non
     if reading.report is None:
         return Judgement(reading.host, False, False, None, None, f"could not read: {reading.error}")
     report = reading.report
+    own = host.judge(job, report, waiting)
+    if own is not None:  # a kind that judges by its own rules (a cluster: per node)
+        return own
     s = report["slice"]
     limit = int(s["limit"])
     cap = host.job_cap(job.cap, report["settings"].get("default_cap"))

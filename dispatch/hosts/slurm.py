@@ -1,0 +1,56 @@
+"""The ``slurm`` kind: a Slurm cluster behind hostrun's command line, exit codes and peak history
+(docs/slurm.md). Slurm caps (``srun --mem``, enforced by its cgroups) and places the job; hostrun sizes
+``--mem`` from the label's recorded peak, tells why the job ended, and records its peak. Settings:
+``dispatch.hosts.slurmkeys``; the job as srun sees it: ``dispatch.hosts.slurmjob``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dispatch.hosts.base import Host, RunExtras
+from dispatch.hosts.slurmkeys import SLURM, SPEC, options_of
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+    from dispatch.core.outcome import Outcome
+    from dispatch.core.request import RunRequest
+    from dispatch.core.settings import HostSettings, Settings
+    from dispatch.placement.judgement import Job, Judgement
+    from dispatch.placement.pending import HostPending
+
+
+class SlurmHost(Host):
+    kind = SLURM
+    spec = SPEC
+
+    def __init__(self, config: Settings, settings: HostSettings) -> None:
+        super().__init__(config, settings)
+        self.options = options_of(settings)
+
+    def commands(self) -> Any:
+        """Where its client commands run (``dispatch.hosts.slurmcommands``)."""
+        from dispatch.hosts.slurmcommands import SlurmCommands
+
+        return SlurmCommands(self.name, self.options)
+
+    def report(self, label: str | None = None, peaks: bool = False) -> dict[str, Any]:
+        from dispatch.hosts.slurmreport import cluster_report
+
+        return cluster_report(self, label, peaks)
+
+    def judge(self, job: Job, report: dict[str, Any], waiting: HostPending | None) -> Judgement | None:
+        from dispatch.hosts.slurmreport import judge_cluster
+
+        return judge_cluster(self, job, report, waiting)
+
+    def pending_estimate(self, cap: int | None) -> int:
+        """What a job sent there will hold of a node: its ``--mem`` as far as known here (the
+        cluster's own default is not: then nothing is counted)."""
+        return cap if cap is not None else (self.settings.default_cap or 0)
+
+    def run(self, request: RunRequest, say: Callable[[str], None], extras: RunExtras) -> Outcome:
+        from dispatch.hosts.slurmrun import SlurmRun
+
+        return SlurmRun(self, request, say, extras).run()

@@ -1,0 +1,229 @@
+"""A hostrun job as a Slurm job, in pure functions: the ``srun`` command line, the small shell wrapper
+that runs the job on the node, the filter that takes the wrapper's one line out of the job's stderr,
+and how a job's end becomes hostrun's exit code (docs/slurm.md, "Mapping").
+
+Why a wrapper: the job's peak is read on the node from the step's own memory cgroup (its high-water
+mark: ``memory.max_usage_in_bytes`` on cgroup v1, ``memory.peak`` on v2), which is what ``--mem`` is
+enforced against and what hostrun records on a machine of its own. ``sacct``'s ``MaxRSS`` needs
+slurmdbd (small sites run without it) and is a sample taken every ``JobAcctGatherFrequency`` seconds
+(30 s by default), which misses a short spike. The wrapper is POSIX ``sh`` (no Python needed on the
+nodes), runs the job as its child with stdin, stdout and stderr untouched, and after it ends prints
+one line to stderr: a random per-run marker, the job id, the peak. hostrun removes that line from the
+stream and keeps everything else byte for byte.
+"""
+
+from __future__ import annotations
+
+import os
+
+from dispatch.core.exitcodes import SIGNAL_BASE, ExitCode
+from dispatch.core.records import NamedTuple
+
+MYPY = False
+if MYPY:
+    from typing import Optional
+
+    from dispatch.core.request import RunRequest
+    from dispatch.hosts.slurmkeys import SlurmOptions
+
+MIB = 1 << 20
+COMMENT_PREFIX = "hostrun:"  # --comment=hostrun:TOKEN finds the job by its token (squeue %k)
+
+# $0 is the job's own name (so sh's "not found" names the command); the marker is in the script.
+WRAPPER = r"""
+"$@"
+rc=$?
+v1= v2=
+while IFS=: read -r _ c d; do
+  case ",$c," in *,memory,*) v1=$d ;; ,,) v2=$d ;; esac
+done < /proc/self/cgroup
+if [ -n "$v1" ]; then f=/sys/fs/cgroup/memory${v1%/task_*}/memory.max_usage_in_bytes
+else f=/sys/fs/cgroup${v2%/task_*}/memory.peak; fi
+p=$(cat "$f" 2>/dev/null)
+printf '%s%s:%s\n' 'MARK' "$SLURM_JOB_ID" "$p" >&2
+exit $rc
+"""
+
+
+def new_token() -> str:
+    """A per-run token: in the job's comment and in the wrapper's marker."""
+    return os.urandom(8).hex()
+
+
+def marker(token: str) -> bytes:
+    """What starts the wrapper's line: a unit separator byte, so no job's text looks like it."""
+    return f"\x1fhostrun-peak:{token}:".encode()
+
+
+def wrapper_script(token: str) -> str:
+    return WRAPPER.replace("MARK", marker(token).decode())
+
+
+def mem_flag(cap: int) -> str:
+    """``--mem`` in whole MiB, rounded up (Slurm's unit; a cap is never made smaller)."""
+    return f"--mem={-(-cap // MIB)}M"
+
+
+def time_flag(seconds: float) -> str:
+    """``--time`` in whole minutes, rounded up: Slurm counts time limits in minutes."""
+    return f"--time={max(1, -(-int(seconds) // 60))}"
+
+
+def srun_argv(request: RunRequest, options: SlurmOptions, *, label: str, token: str, cap: int | None,
+              threads: int, max_runtime: float | None, cwd: str, stdin: bool) -> list[str]:
+    """The whole command run on the submitting side: hostrun's flags, then the site's own
+    (``srun_args``, which may override them), then the wrapper and the job's argv as they are."""
+    argv = ["srun", f"--job-name={label}", f"--comment={COMMENT_PREFIX}{token}",
+            f"--cpus-per-task={threads}", f"--chdir={cwd}"]
+    if cap is not None:
+        argv.append(mem_flag(cap))
+    if max_runtime is not None:
+        argv.append(time_flag(max_runtime))
+    if request.gpu_memory:
+        argv.append("--gres=gpu:1")
+    for flag, value in (("--partition", options.partition), ("--account", options.account),
+                        ("--qos", options.qos)):
+        if value:
+            argv.append(f"{flag}={value}")
+    if not stdin:
+        argv.append("--input=none")
+    command = list(request.argv)
+    return [*argv, *options.srun_args, "sh", "-c", wrapper_script(token), command[0], *command]
+
+
+class MarkerFilter:
+    """Takes the wrapper's line out of a byte stream fed in arbitrary chunks; the rest passes intact.
+
+    A chunk's tail that could be the start of the marker is held back until the next chunk says
+    whether it is; ``finish`` hands back whatever is still held.
+    """
+
+    def __init__(self, token: str) -> None:
+        self.mark = marker(token)
+        self.held = b""
+        self.line: bytes | None = None  # the wrapper's line, without the marker and newline
+        self._in_line = False
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self.held + data
+        self.held = b""
+        out = []
+        while buf:
+            if self._in_line:
+                end = buf.find(b"\n")
+                if end < 0:
+                    self.line = (self.line or b"") + buf
+                    return b"".join(out)
+                self.line = (self.line or b"") + buf[:end]
+                self._in_line = False
+                buf = buf[end + 1:]
+                continue
+            start = buf.find(self.mark)
+            if start >= 0:
+                out.append(buf[:start])
+                self._in_line = True
+                self.line = b""
+                buf = buf[start + len(self.mark):]
+                continue
+            keep = _partial_suffix(buf, self.mark)
+            out.append(buf[:len(buf) - keep])
+            self.held = buf[len(buf) - keep:]
+            break
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        held, self.held = self.held, b""
+        return held
+
+    def reported(self) -> tuple[str | None, int | None]:
+        """The job id and peak the wrapper printed (None where it printed none, or nothing)."""
+        if self.line is None:
+            return None, None
+        job_id, _, peak = self.line.decode("ascii", "replace").partition(":")
+        return job_id or None, int(peak) if peak.strip().isdigit() else None
+
+
+def _partial_suffix(buf: bytes, mark: bytes) -> int:
+    """The length of the longest end of ``buf`` that is a proper start of ``mark``."""
+    for size in range(min(len(buf), len(mark) - 1), 0, -1):
+        if mark.startswith(buf[-size:]):
+            return size
+    return 0
+
+
+class Verdict(NamedTuple):
+    exit_code: int
+    outcome: str  # "exit", "signal", or an exit code's outcome name
+    message: Optional[str] = None
+
+
+LOST = ("NODE_FAIL", "BOOT_FAIL", "PREEMPTED")
+OVER_TIME = ("TIMEOUT", "DEADLINE")
+
+
+def verdict(state: str | None, srun_status: int, exit_signal: int = 0, interrupted: int | None = None,
+            where: str = "the cluster") -> Verdict:
+    """hostrun's exit code for a job that ended in ``state`` (None: its record could not be read),
+    srun having exited with ``srun_status``; ``interrupted``: the signal hostrun cancelled it for.
+
+    The state decides, not srun's status: srun exits 1 for a step the cgroup OOM-killed.
+    """
+    if state == "OUT_OF_MEMORY":
+        return Verdict(ExitCode.OWN_CAP, ExitCode.OWN_CAP.outcome,
+                       f"Slurm killed the job at its --mem on {where} (state OUT_OF_MEMORY)")
+    if state in OVER_TIME:
+        return Verdict(ExitCode.MAX_RUNTIME, ExitCode.MAX_RUNTIME.outcome,
+                       f"Slurm stopped the job at its --time on {where} (state {state})")
+    if state in LOST:
+        return Verdict(ExitCode.CONNECTION_LOST, ExitCode.CONNECTION_LOST.outcome,
+                       f"the job's allocation on {where} was lost (state {state})")
+    if interrupted is not None:
+        return Verdict(SIGNAL_BASE + interrupted, "signal", None)
+    if state == "CANCELLED":
+        sig = exit_signal or 15
+        return Verdict(SIGNAL_BASE + sig, "signal", f"the job was cancelled on {where} (scancel)")
+    if srun_status > SIGNAL_BASE:
+        return Verdict(srun_status, "signal")
+    if srun_status < 0:  # srun itself was killed by a signal
+        return Verdict(SIGNAL_BASE - srun_status, "signal")
+    message = None if state is not None else "the job's end state could not be read from Slurm"
+    return Verdict(srun_status, "exit", message)
+
+
+_NEVER = ("Requested node configuration is not available", "Memory specification can not be satisfied")
+_CONFIG = ("Invalid partition", "invalid partition", "Invalid account", "Invalid qos",
+           "Invalid qos specification", "unrecognized option", "invalid option")
+
+
+def submit_refusal(stderr: str, where: str) -> Verdict | None:
+    """Slurm refused the job before it ran (no job started): why, as hostrun's code; else None."""
+    line = next((ln for ln in reversed(stderr.splitlines()) if "srun: error:" in ln
+                 or "srun: unrecognized" in ln or "srun: invalid" in ln), None)
+    if line is None:
+        return None
+    said = line.split("error:", 1)[-1].strip() if "error:" in line else line.strip()
+    if any(sign in stderr for sign in _NEVER):
+        return Verdict(ExitCode.NEVER_FITS, ExitCode.NEVER_FITS.outcome,
+                       f"no node of {where} could ever hold the job: {said}")
+    if any(sign in stderr for sign in _CONFIG):
+        return Verdict(ExitCode.USAGE, ExitCode.USAGE.outcome, f"{where} refused the job: {said}")
+    if "Unable to allocate resources" in stderr:
+        return Verdict(ExitCode.NOT_RUN, ExitCode.NOT_RUN.outcome, f"{where} refused the job: {said}")
+    return None
+
+
+def job_mem(cap: int | None, worst_peak: int | None, default_cap: int | None
+            ) -> tuple[int | None, str | None]:
+    """The ``--mem`` a job gets and why: its ``-m``; else the half rule on its label's worst peak
+    recorded on the cluster (twice it, rounded up to 512 MiB: ``capacity.half_rule_cap``); else the
+    host's ``default_cap``; else none (None, None: the cluster's own default, e.g. DefMemPerNode).
+    The reason is the booking kind hostrun records: "cap" or "peak"."""
+    if cap is not None:
+        return cap, "cap"
+    if worst_peak:
+        from dispatch.local.capacity import half_rule_cap
+
+        return half_rule_cap(worst_peak), "peak"
+    if default_cap is not None:
+        return default_cap, "cap"
+    return None, None
