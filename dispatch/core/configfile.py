@@ -18,9 +18,9 @@ from dispatch.core.hostkeys import (
     LOCAL_KIND,
     MEMORY_SIZE,
     PATH,
-    WORDS,
     POSITIVE_DURATION,
     SIZE,
+    WORDS,
     inferred_kind,
     kind_problem,
 )
