@@ -99,13 +99,13 @@ def test_queue_command_uses_the_parsed_format() -> None:
 
 def test_out_of_memory_job() -> None:
     job = sf.parse_job(recorded("job_oom.txt"))
-    assert job == sf.JobRecord("2", "oom", "OUT_OF_MEMORY", "OutOfMemory", 0, 125, 50 * MiB, "vm")
+    assert job == sf.JobRecord("2", "oom", "OUT_OF_MEMORY", "OutOfMemory", 0, 125, 50 * MiB, "vm", 0.0)
 
 
 def test_timeout_job() -> None:
     job = sf.parse_job(recorded("job_timeout.txt"))
     assert job is not None
-    assert (job.state, job.reason, job.memory) == ("TIMEOUT", "TimeLimit", 256 * MiB)
+    assert (job.state, job.reason, job.memory, job.run_time) == ("TIMEOUT", "TimeLimit", 256 * MiB, 85.0)
 
 
 def test_pending_and_held_jobs_have_their_reason() -> None:

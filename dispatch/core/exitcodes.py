@@ -42,7 +42,8 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.NOT_RUN: "a precondition was not met (a script's preflight condition, no usable "
     "memory-cap backend, a cgroup that could not be prepared, a state dir that cannot be written, "
     "'lock --wait' ran out, 'agents status' found a hook not working); nothing ran",
-    ExitCode.NEVER_FITS: "the job's cap is larger than the host's whole slice; it could never be admitted",
+    ExitCode.NEVER_FITS: "the job's cap is larger than the host's whole slice (on a cluster: than every "
+    "node); it could never be admitted",
     ExitCode.LONG_SINGLE_HOST: "recorded or declared duration over the long-job threshold on one host "
     "without a long-job declaration",
     ExitCode.VRAM: "GPU memory shortage during the run",

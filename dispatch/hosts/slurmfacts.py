@@ -68,6 +68,7 @@ class JobRecord(NamedTuple):
     exit_signal: int  # the signal that ended it, 0 if none (the second half)
     memory: int | None  # MinMemoryNode (or MinMemoryCPU times CPUs), bytes
     nodes: str | None
+    run_time: float | None = None  # seconds it ran (RunTime), None where not printed
 
 
 class StepAccounting(NamedTuple):
@@ -131,6 +132,18 @@ def _exit(value: str) -> tuple[int, int]:
     return int(code or 0), int(sig or 0)
 
 
+def duration_seconds(text: str) -> float | None:
+    """A Slurm duration in seconds: ``[D-]HH:MM:SS``, ``MM:SS`` (None: empty, UNLIMITED, unreadable)."""
+    days, _, clock = text.strip().rpartition("-")
+    parts = clock.split(":")
+    if not clock or not all(p.isdigit() for p in parts) or len(parts) > 3 or (days and not days.isdigit()):
+        return None
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + int(part)
+    return float(seconds + int(days or 0) * 86400)
+
+
 def node_command() -> list[str]:
     """Every node, one line each."""
     return ["scontrol", "show", "node", "-o"]
@@ -186,7 +199,8 @@ def parse_job(text: str) -> JobRecord | None:
             per_cpu = to_bytes(kv["MinMemoryCPU"])
             memory = None if per_cpu is None else per_cpu * int(kv.get("NumCPUs", "1"))
         return JobRecord(kv["JobId"], kv.get("JobName", ""), kv.get("JobState", "UNKNOWN"),
-                         _opt(kv.get("Reason")), code, sig, memory, _opt(kv.get("NodeList")))
+                         _opt(kv.get("Reason")), code, sig, memory, _opt(kv.get("NodeList")),
+                         duration_seconds(kv.get("RunTime", "")))
     return None
 
 

@@ -107,7 +107,7 @@ class MarkerFilter:
     def feed(self, data: bytes) -> bytes:
         buf = self.held + data
         self.held = b""
-        out = []
+        out: list[bytes] = []
         while buf:
             if self._in_line:
                 end = buf.find(b"\n")

@@ -14,7 +14,7 @@ from dispatch.core.records import NamedTuple
 
 MYPY = False
 if MYPY:
-    from typing import Optional
+    from typing import Any, Optional
 
     from dispatch.core.settings import HostSettings
 
@@ -53,7 +53,7 @@ class SlurmOptions(NamedTuple):
 
 
 def options_of(host: HostSettings) -> SlurmOptions:
-    values = {field: host.options.get(field) for field in SlurmOptions._fields}
+    values: dict[str, Any] = {field: host.options.get(field) for field in SlurmOptions._fields}
     values["srun_args"] = tuple(values["srun_args"] or ())
     return SlurmOptions(**values)
 

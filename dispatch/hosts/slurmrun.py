@@ -1,0 +1,413 @@
+"""Run one job on a Slurm cluster through ``srun``, to its end (docs/slurm.md, "Running a job").
+
+Order of events: size ``--mem`` from the label's recorded peak on the cluster (``slurmjob.job_mem``);
+start a guardian (it cancels the job if hostrun dies, even by SIGKILL); start ``srun`` with the
+job's stdout passed straight through and its stderr read here, so the wrapper's one line (the job id
+and the step's memory peak, ``slurmjob.MarkerFilter``) is taken out; when srun ends, read the job's
+end state from Slurm (``scontrol show job`` while slurmctld keeps the record, else ``sacct``) and turn
+it into hostrun's exit code; record the peak and the history row under the cluster's host name.
+
+Signals: the first SIGINT/SIGTERM/SIGHUP/SIGQUIT is handed to the job's tasks (``scancel --signal``;
+a job still pending is cancelled at once); ``kill_grace`` later, or at a second signal, the job is
+cancelled (``scancel``: Slurm sends SIGTERM, then SIGKILL after its KillWait).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+
+from dispatch.core.errors import HostrunError, LedgerError, NotRunError
+from dispatch.core.exitcodes import ExitCode
+from dispatch.core.outcome import Outcome
+from dispatch.core.request import job_environment
+from dispatch.hosts import slurmfacts as sf
+from dispatch.hosts.slurmjob import (
+    COMMENT_PREFIX,
+    MarkerFilter,
+    Verdict,
+    job_mem,
+    new_token,
+    srun_argv,
+    submit_refusal,
+    verdict,
+)
+
+MYPY = False
+if MYPY:
+    from dispatch.core.request import RunRequest
+    from dispatch.hosts.base import RunExtras
+    from dispatch.hosts.slurm import SlurmHost
+    from dispatch.hosts.slurmcommands import SlurmCommands
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+UNFINISHED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
+END_STATE_WAIT = 10.0  # seconds to wait for a job's record to leave COMPLETING after srun ends
+COMMAND_TIMEOUT = 10.0  # each scontrol/squeue/scancel/sacct call
+STDERR_TAIL = 8192  # bytes of stderr kept to tell why Slurm refused a job
+
+
+def find_job(commands: SlurmCommands, token: str) -> str | None:
+    """The id of the job whose comment carries ``token`` (``squeue`` lists ended jobs too with
+    ``--states=all``, while slurmctld keeps them), or None."""
+    done = commands.run(["squeue", "--me", "--noheader", "--states=all", "--format=%i|%k"],
+                        timeout=COMMAND_TIMEOUT)
+    wanted = COMMENT_PREFIX + token
+    for line in done.stdout.splitlines():
+        job_id, _, comment = line.partition("|")
+        if comment.strip() == wanted:
+            return job_id.strip()
+    return None
+
+
+def end_state(commands: SlurmCommands, job_id: str) -> tuple[str | None, int, sf.JobRecord | None]:
+    """The job's end state and signal, read from ``scontrol`` while slurmctld keeps the record
+    (waiting, bounded, for it to leave COMPLETING), else from ``sacct`` where accounting exists."""
+    deadline = time.monotonic() + END_STATE_WAIT
+    record = None
+    while True:
+        record = sf.parse_job(commands.run(sf.job_command(job_id), timeout=COMMAND_TIMEOUT).stdout)
+        if record is None or record.state not in UNFINISHED or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if record is not None:
+        return record.state, record.exit_signal, record
+    done = commands.run(sf.accounting_command(job_id), timeout=COMMAND_TIMEOUT)
+    if done.returncode != 0:
+        return None, 0, None
+    steps = [s for s in sf.parse_accounting(done.stdout) if s.job_id == job_id]
+    if not steps:
+        return None, 0, None
+    return steps[0].state, steps[0].exit_signal, None
+
+
+class _Signals:
+    """While srun runs: collect the forwarded signals; restore the old handlers afterwards."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> _Signals:
+        for sig in FORWARDED:
+            self._old[sig] = signal.signal(sig, lambda signum, _frame: self.pending.append(signum))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+class SlurmGuardian:
+    """A forked watcher in its own session: when hostrun dies (the pipe closes without the byte
+    ``x``), it kills srun and cancels the job found by its token, so nothing is left running."""
+
+    def __init__(self, pid: int, write_fd: int) -> None:
+        self.pid = pid
+        self._write_fd = write_fd
+
+    @classmethod
+    def start(cls, commands: SlurmCommands, token: str) -> SlurmGuardian:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the forked child; tested end to end
+            status = 0
+            try:
+                os.close(write_fd)
+                os.setsid()
+                for sig in FORWARDED:
+                    signal.signal(sig, signal.SIG_IGN)
+                devnull = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(devnull, fd)
+                os.closerange(3, read_fd)
+                os.closerange(read_fd + 1, max(read_fd + 2, os.sysconf("SC_OPEN_MAX")))
+                _watch(read_fd, commands, token)
+            except BaseException:
+                status = 1
+            finally:
+                os._exit(status)
+        os.close(read_fd)
+        os.set_inheritable(write_fd, False)
+        return cls(pid, write_fd)
+
+    def srun_started(self, pid: int) -> None:
+        os.write(self._write_fd, f"P{pid}\n".encode())
+
+    def dismiss(self) -> None:
+        try:
+            os.write(self._write_fd, b"x")
+        except OSError:
+            pass
+        os.close(self._write_fd)
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _watch(read_fd: int, commands: SlurmCommands, token: str) -> None:  # pragma: no cover - child
+    srun = None
+    pending = b""
+    while True:
+        data = os.read(read_fd, 64)
+        if not data:
+            break  # hostrun is gone
+        pending += data
+        if b"x" in pending:
+            return
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.startswith(b"P"):
+                srun = int(line[1:])
+    if srun is not None:
+        try:
+            os.kill(srun, signal.SIGKILL)  # srun gone, Slurm ends the step at once
+        except ProcessLookupError:
+            pass
+    for _ in range(3):  # a job still pending outlives its srun: cancel it by its token
+        try:
+            job_id = find_job(commands, token)
+        except HostrunError:
+            job_id = None
+        if job_id is not None:
+            commands.run(["scancel", job_id], timeout=COMMAND_TIMEOUT)
+            return
+        time.sleep(0.5)
+
+
+class SlurmRun:
+    def __init__(self, host: SlurmHost, request: RunRequest, say: Callable[[str], None],
+                 extras: RunExtras) -> None:
+        self.host = host
+        self.config = host.config
+        self.request = request
+        self.say = say
+        self.extras = extras
+        self.commands = host.commands()
+        self.token = new_token()
+        self.job_id: str | None = None
+        self.ran = False  # the wrapper reported: the job ran on a node
+        self.refused = False  # Slurm refused the job at submission: nothing ran, nothing to record
+
+    @property
+    def where(self) -> str:
+        return f"cluster {self.host.name}"
+
+    def _label(self) -> str:
+        from dispatch.local.booking import default_label
+
+        return self.request.label or default_label(self.request.argv)
+
+    def _worst_peak(self, label: str) -> int | None:
+        """The label's worst recorded peak on this cluster, from this machine's ledger."""
+        from dispatch.local.ledger import Ledger
+
+        ledger = Ledger(self.config.state_dir)
+        try:
+            record = ledger.peak(label, self.host.name)
+        finally:
+            ledger.close()
+        return record.max_peak if record is not None else None
+
+    def run(self) -> Outcome:
+        request, settings = self.request, self.host.settings
+        if not request.argv:
+            raise NotRunError("no command to run")
+        label = self._label()
+        cap, kind = job_mem(request.cap, self._worst_peak(label) if request.cap is None else None,
+                            settings.default_cap)
+        threads = request.threads or settings.heavy_threads or 1
+        max_runtime = request.max_runtime or settings.max_runtime
+        if self.extras.returns or self.extras.tree:
+            self.say(f"{self.where}: the job runs in this directory on the shared filesystem: "
+                     "--tree and --return have nothing to sync")
+        argv = srun_argv(request, self.host.options, label=label, token=self.token, cap=cap,
+                         threads=threads, max_runtime=max_runtime, cwd=os.getcwd(),
+                         stdin=self.extras.stdin)
+        env = job_environment(dict(request.env if request.env is not None else os.environ), threads,
+                              request.threads is not None)
+        outcome = Outcome(exit_code=0, outcome="exit", host=self.host.name, label=label,
+                          argv=list(request.argv), cap_bytes=cap, booking_kind=kind, booked_bytes=cap,
+                          backend="slurm")
+        guardian = SlurmGuardian.start(self.commands, self.token)
+        try:
+            started = time.monotonic()
+            srun_status, stderr_tail, interrupted, peak = self._srun(argv, env, guardian)
+            outcome.duration_s = time.monotonic() - started
+            judged = self._judge(srun_status, stderr_tail, interrupted, outcome)
+        finally:
+            guardian.dismiss()
+        outcome.exit_code, outcome.outcome, outcome.message = judged
+        if judged.exit_code == ExitCode.OWN_CAP:
+            outcome.hit_ceiling = True
+            outcome.counters = {"oom_kill": 1}
+            peak = max(peak or 0, outcome.cap_bytes or 0) or peak
+        outcome.peak_bytes = peak
+        if self.job_id is not None and not self.refused:
+            self._record(outcome, kind)
+        return outcome
+
+    def _srun(self, argv: list[str], env: dict[str, str], guardian: SlurmGuardian
+              ) -> tuple[int, bytes, int | None, int | None]:
+        """Run srun to its end: (its status, the end of the job's stderr, the signal that
+        interrupted it or None, the peak the wrapper reported or None)."""
+        with _Signals() as signals:  # before srun starts: a Ctrl-C now must still cancel the job
+            try:
+                proc = subprocess.Popen(argv, env=self.commands.environment(env), stderr=subprocess.PIPE,
+                                        stdin=None if self.extras.stdin else subprocess.DEVNULL,
+                                        start_new_session=True)  # a terminal's Ctrl-C is ours to pass
+            except FileNotFoundError:
+                raise NotRunError(f"{self.where}: srun not found: Slurm's client commands are not "
+                                  "installed here (or set ssh = a login node)") from None
+            try:
+                return self._follow(proc, signals, guardian)
+            finally:
+                if proc.poll() is None:  # left early (an error): srun gone, Slurm ends the step
+                    proc.kill()
+                    proc.wait()
+
+    def _follow(self, proc: subprocess.Popen[bytes], signals: _Signals, guardian: SlurmGuardian
+                ) -> tuple[int, bytes, int | None, int | None]:
+        """Forward srun's stderr (less the wrapper's line) and signals until srun ends."""
+        guardian.srun_started(proc.pid)
+        assert proc.stderr is not None
+        marker = MarkerFilter(self.token)
+        tail = b""
+        interrupted: int | None = None
+        cancel_at: float | None = None
+        fd = proc.stderr.fileno()
+        while True:
+            if signals.pending:
+                sig = signals.pending.pop(0)
+                if interrupted is None:
+                    interrupted = sig
+                    cancel_at = time.monotonic() + self.config.kill_grace
+                    self._signal_job(sig)
+                else:
+                    cancel_at = time.monotonic()
+            if cancel_at is not None and time.monotonic() >= cancel_at:
+                cancel_at = None
+                self._cancel()
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                data = os.read(fd, 65536)
+            except InterruptedError:
+                continue
+            if not data:
+                break
+            out = marker.feed(data)
+            if out:
+                _write_stderr(out)
+                tail = (tail + out)[-STDERR_TAIL:]
+        rest = marker.finish()
+        if rest:
+            _write_stderr(rest)
+            tail = (tail + rest)[-STDERR_TAIL:]
+        status = proc.wait()
+        proc.stderr.close()
+        job_id, peak = marker.reported()
+        self.job_id = job_id or self.job_id
+        self.ran = marker.line is not None
+        return status, tail, interrupted, peak
+
+    def _signal_job(self, sig: int) -> None:
+        """Hand ``sig`` to the job's tasks; a job not running yet is cancelled instead (``scancel
+        --signal`` on a pending job waits for it to start)."""
+        job_id = self._job_id()
+        if job_id is None:
+            return
+        name = signal.Signals(sig).name
+        try:
+            state = self.commands.run(["squeue", "--noheader", "--format=%T", "--jobs", job_id],
+                                      timeout=COMMAND_TIMEOUT).stdout.strip()
+            if state != "RUNNING":
+                self.say(f"{name}: cancelling Slurm job {job_id} on {self.where} "
+                         f"({state.lower() or 'ended'})")
+                self.commands.run(["scancel", job_id], timeout=COMMAND_TIMEOUT)
+                return
+            self.say(f"{name} to Slurm job {job_id} on {self.where}; cancelled in "
+                     f"{self.config.kill_grace:g} s unless it ends")
+            done = self.commands.run(["scancel", "--signal", name.removeprefix("SIG"), job_id],
+                                     timeout=COMMAND_TIMEOUT)
+            if done.returncode != 0:
+                self.commands.run(["scancel", job_id], timeout=COMMAND_TIMEOUT)
+        except HostrunError as exc:
+            self.say(f"warning: could not signal Slurm job {job_id}: {exc}")
+
+    def _cancel(self) -> None:
+        job_id = self._job_id()
+        if job_id is None:
+            return
+        try:
+            self.commands.run(["scancel", job_id], timeout=COMMAND_TIMEOUT)
+        except HostrunError as exc:
+            self.say(f"warning: could not cancel Slurm job {job_id}: {exc}")
+
+    def _job_id(self) -> str | None:
+        if self.job_id is None:
+            try:
+                self.job_id = find_job(self.commands, self.token)
+            except HostrunError as exc:
+                self.say(f"warning: could not find the Slurm job: {exc}")
+        return self.job_id
+
+    def _judge(self, srun_status: int, stderr_tail: bytes, interrupted: int | None,
+               outcome: Outcome) -> Verdict:
+        """hostrun's exit code from the job's end state (read from Slurm) and srun's status."""
+        if not self.ran and srun_status != 0 and interrupted is None:  # did Slurm refuse the job?
+            refused = submit_refusal(stderr_tail.decode(errors="replace"), self.where)
+            if refused is not None:
+                self.refused = True
+                return refused
+        if self.job_id is None:
+            try:
+                self.job_id = find_job(self.commands, self.token)
+            except HostrunError:
+                self.job_id = None
+        if self.job_id is None:
+            return verdict(None, srun_status, interrupted=interrupted, where=self.where)
+        try:
+            state, signal_number, record = end_state(self.commands, self.job_id)
+        except HostrunError as exc:
+            self.say(f"warning: could not read the end of Slurm job {self.job_id}: {exc}")
+            state, signal_number, record = None, 0, None
+        if record is not None:
+            if outcome.cap_bytes is None and record.memory:
+                outcome.cap_bytes = record.memory  # the cluster's own default --mem
+            if record.run_time is not None:  # whole seconds: a wait under 1 s is not told apart
+                wall = outcome.duration_s or 0.0
+                outcome.waited_s = max(0.0, wall - record.run_time - 1.0)
+                outcome.duration_s = wall - outcome.waited_s
+        return verdict(state, srun_status, signal_number, interrupted, self.where)
+
+    def _record(self, outcome: Outcome, kind: str | None) -> None:
+        from dispatch.local.ledger import Ledger
+        from dispatch.local.runner import record_outcome
+
+        try:
+            ledger = Ledger(self.config.state_dir)
+        except LedgerError as exc:
+            self.say(f"warning: the peak and history row of this run were not recorded: {exc}")
+            return
+        try:
+            record_outcome(self.config, ledger, outcome, self.request, outcome.cap_bytes, kind or "",
+                           self.say)
+        finally:
+            ledger.close()
+
+
+def _write_stderr(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(2, view)
+        except InterruptedError:
+            continue
+        view = view[written:]

@@ -1,0 +1,228 @@
+"""``hostrun --peer=CLUSTER -- CMD`` against a real private Slurm cluster (tests/slurmcluster.py):
+exit codes, streams, --mem from the recorded peak, Ctrl-C, a killed client, odd bytes.
+
+The cluster's jobs run here (one node, this machine), so the "shared filesystem" is this one. Each
+test's fixture teardown fails the test if a step process or a job cgroup is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dispatch.core.exitcodes import ExitCode
+from dispatch.hosts import slurmfacts as sf
+from tests.slurmcluster import SlurmCluster
+
+pytestmark = pytest.mark.system
+MiB = 1 << 20
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def config(tmp_path: Path, cluster: SlurmCluster, extra: str = "") -> Path:
+    path = tmp_path / "hosts.toml"
+    path.write_text(f"enable_across_machines = true\nstate_dir = '{tmp_path / 'state'}'\nkill_grace = '2s'\n"
+                    f"[hosts.farm]\nkind = 'slurm'\nslurm_conf = '{cluster.conf}'\n{extra}")
+    return path
+
+
+def hostrun_argv(cfg: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "dispatch", "--config", str(cfg), *args]
+
+
+def hostrun(cfg: Path, *args: str, **kw: object) -> subprocess.CompletedProcess[bytes]:
+    kw.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.run(hostrun_argv(cfg, *args), capture_output=True, timeout=120, check=False,
+                          cwd=kw.pop("cwd", ROOT), **kw)  # type: ignore[call-overload, no-any-return]
+
+
+def jobs(cluster: SlurmCluster) -> list[tuple[str, str, str]]:
+    """(id, name, state) of every job slurmctld keeps, oldest first."""
+    out = cluster.run(["squeue", "-h", "-t", "all", "-o", "%i|%j|%T"]).stdout
+    rows = [tuple(line.split("|")) for line in out.split()]
+    return sorted(rows, key=lambda r: int(r[0]))  # type: ignore[arg-type, return-value]
+
+
+def job(cluster: SlurmCluster, job_id: str) -> sf.JobRecord:
+    record = sf.parse_job(cluster.run(sf.job_command(job_id)).stdout)
+    assert record is not None
+    return record
+
+
+def history(cfg: Path) -> list[dict[str, object]]:
+    done = hostrun(cfg, "history", "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def wait_running(cluster: SlurmCluster, name: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for job_id, job_name, state in jobs(cluster):
+            if job_name == name and state == "RUNNING":
+                return job_id
+        time.sleep(0.1)
+    raise AssertionError(f"job {name} did not start: {jobs(cluster)}")
+
+
+def test_exit_status_and_streams_pass_through(slurm: SlurmCluster, tmp_path: Path) -> None:
+    cfg = config(tmp_path, slurm)
+    done = hostrun(cfg, "--peer=farm", "-l", "st", "--", "sh", "-c",
+                   "echo out; echo err >&2; printf 'no newline' >&2; exit 7")
+    assert done.returncode == 7, done.stderr
+    assert done.stdout == b"out\n"  # stdout untouched, stderr apart
+    assert done.stderr.startswith(b"err\nno newline")
+    assert b"\x1f" not in done.stderr and b"hostrun-peak" not in done.stderr
+    [(job_id, name, state)] = jobs(slurm)
+    assert (name, state) == ("st", "FAILED")
+    assert "hostrun:" in slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout  # its comment
+    [row] = history(cfg)
+    assert (row["host"], row["label"], row["exit_code"], row["outcome"]) == ("farm", "st", 7, "exit")
+    assert isinstance(row["peak_bytes"], int) and row["peak_bytes"] > 0  # the step cgroup's peak
+
+
+def test_argv_with_odd_bytes_reaches_the_job_unchanged(slurm: SlurmCluster, tmp_path: Path) -> None:
+    cfg = config(tmp_path, slurm)
+    odd = ["a b", "$(touch /tmp/x)", ";|&", "'\"", "new\nline", "\udcff\udcfe", "-c"]
+    script = "import os, sys; sys.stdout.buffer.write(repr([os.fsencode(a) for a in sys.argv[1:]]).encode())"
+    done = hostrun(cfg, "--peer=farm", "--", "python3", "-c", script, *odd)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode() == repr([os.fsencode(a) for a in odd])
+
+
+def test_stdin_only_when_asked_and_threads_become_cpus(slurm: SlurmCluster, tmp_path: Path) -> None:
+    cfg = config(tmp_path, slurm)
+    asked = hostrun(cfg, "--peer=farm", "--stdin", "--threads", "2", "--", "sh", "-c",
+                    'cat; echo "$MAKEFLAGS $SLURM_CPUS_PER_TASK"', input=b"piped\n", stdin=None)
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stdout == b"piped\n-j2 2\n"
+    unasked = hostrun(cfg, "--peer=farm", "--", "sh", "-c", "cat; echo done")
+    assert unasked.stdout == b"done\n"
+
+
+def test_over_its_mem_is_250_and_the_peak_sizes_the_next_run(slurm: SlurmCluster, tmp_path: Path) -> None:
+    cfg = config(tmp_path, slurm)
+    grow = ["python3", "-c", "x = bytearray(300 << 20)"]
+    done = hostrun(cfg, "--peer=farm", "-l", "grow", "-m", "64M", "--", *grow)
+    assert done.returncode == ExitCode.OWN_CAP, done.stderr
+    assert b"state OUT_OF_MEMORY" in done.stderr and b"exit 250 (own-cap)" in done.stderr
+    [first] = jobs(slurm)
+    assert job(slurm, first[0]).memory == 64 * MiB
+    # no -m now: twice the worst peak (the 64M it was killed at), rounded up to 512 MiB
+    again = hostrun(cfg, "--peer=farm", "-l", "grow", "--", *grow)
+    assert again.returncode == 0, again.stderr
+    second = jobs(slurm)[-1]
+    assert job(slurm, second[0]).memory == 512 * MiB
+    rows = history(cfg)
+    assert [(r["outcome"], r["cap_bytes"], r["booking_kind"], r["hit_ceiling"]) for r in rows] == [
+        ("own-cap", 64 * MiB, "cap", True), ("exit", 512 * MiB, "peak", False)]
+    assert rows[1]["peak_bytes"] >= 300 * MiB  # type: ignore[operator]
+    # the third run is sized from the worst peak of both (>= 300 MiB: 1 GiB)
+    third = hostrun(cfg, "--peer=farm", "-l", "grow", "--", "true")
+    assert third.returncode == 0
+    assert job(slurm, jobs(slurm)[-1][0]).memory == 1024 * MiB
+
+
+def test_a_mem_no_node_can_hold_is_243_and_nothing_is_recorded(slurm: SlurmCluster,
+                                                                tmp_path: Path) -> None:
+    cfg = config(tmp_path, slurm)
+    done = hostrun(cfg, "--peer=farm", "-m", "100T", "--", "true")
+    assert done.returncode == ExitCode.NEVER_FITS, done.stderr
+    assert b"no node of cluster farm could ever hold the job" in done.stderr
+    assert history(cfg) == []
+
+
+def test_a_bad_partition_is_a_configuration_error(slurm: SlurmCluster, tmp_path: Path) -> None:
+    cfg = config(tmp_path, slurm, "partition = 'nope'\n")
+    done = hostrun(cfg, "--peer=farm", "--", "true")
+    assert done.returncode == ExitCode.USAGE, done.stderr
+    assert b"cluster farm refused the job" in done.stderr and b"partition" in done.stderr
+
+
+def test_max_runtime_becomes_time_and_a_timeout_is_253(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """--max-runtime 1m gives the job --time=1 (read back from slurmctld). Waiting the minute out
+    costs 60-90 s (Slurm checks limits every 30 s), so the test then lowers the running job's limit
+    to 0 with scontrol: Slurm's own time-limit check ends it TIMEOUT at its next pass."""
+    cfg = config(tmp_path, slurm)
+    proc = subprocess.Popen(hostrun_argv(cfg, "--peer=farm", "-l", "slow", "--max-runtime", "1m", "--",
+                                         "sleep", "300"), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        job_id = wait_running(slurm, "slow")
+        assert "TimeLimit=00:01:00" in slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout
+        assert slurm.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=0"]).returncode == 0
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == ExitCode.MAX_RUNTIME, err
+    assert b"state TIMEOUT" in err
+    assert job(slurm, job_id).state == "TIMEOUT"
+
+
+def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, tmp_path: Path) -> None:
+    cfg = config(tmp_path, slurm)
+    proc = subprocess.Popen(hostrun_argv(cfg, "--peer=farm", "-l", "long", "--", "sleep", "300"),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=ROOT)
+    try:
+        job_id = wait_running(slurm, "long")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert job(slurm, job_id).state == "CANCELLED"
+    [row] = history(cfg)
+    assert row["exit_code"] == 130
+
+
+def test_a_pending_job_is_cancelled_on_ctrl_c(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A job that waits in Slurm's queue (the node's memory held) has no step to signal: Ctrl-C
+    cancels it at once."""
+    cfg = config(tmp_path, slurm)
+    node = sf.parse_nodes(slurm.run(sf.node_command()).stdout)[0]
+    held = slurm.run(["sbatch", "--parsable", f"--mem={node.real_memory // MiB - 100}M", "-J", "hold",
+                      "--wrap", "sleep 120"]).stdout.strip()
+    proc = subprocess.Popen(hostrun_argv(cfg, "--peer=farm", "-l", "queued", "-m", "200M", "--",
+                                         "true"), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(n == "queued" and s == "PENDING" for _, n, s in jobs(slurm)):
+            assert time.monotonic() < deadline, jobs(slurm)
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+        slurm.run(["scancel", held])
+    assert proc.returncode == 130, err
+    [queued] = [j for j in jobs(slurm) if j[1] == "queued"]
+    assert queued[2] == "CANCELLED"
+
+
+def test_a_killed_client_leaves_nothing_running(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """hostrun SIGKILLed: its guardian kills srun and cancels the job (measured here: the job has
+    left RUNNING within ~0.1 s; the bound below is generous)."""
+    cfg = config(tmp_path, slurm)
+    proc = subprocess.Popen(hostrun_argv(cfg, "--peer=farm", "-l", "orphan", "--", "sleep", "300"),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=ROOT)
+    job_id = wait_running(slurm, "orphan")
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while job(slurm, job_id).state in ("RUNNING", "COMPLETING") or slurm.step_pids():
+        assert time.monotonic() < deadline, job(slurm, job_id)
+        time.sleep(0.1)
+    assert job(slurm, job_id).state == "CANCELLED"
