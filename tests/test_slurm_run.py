@@ -180,7 +180,8 @@ def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     assert proc.returncode == 128 + signal.SIGINT, err
-    assert job(slurm, job_id).state == "CANCELLED"
+    # ended by the SIGINT handed to its task (FAILED) or by the cancel after it (CANCELLED)
+    assert job(slurm, job_id).state in ("FAILED", "CANCELLED")
     [row] = history(cfg)
     assert row["exit_code"] == 130
 

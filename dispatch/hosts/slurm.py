@@ -17,6 +17,7 @@ if MYPY:
     from dispatch.core.outcome import Outcome
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import HostSettings, Settings
+    from dispatch.hosts.slurmcommands import SlurmCommands
     from dispatch.placement.judgement import Job, Judgement
     from dispatch.placement.pending import HostPending
 
@@ -29,8 +30,12 @@ class SlurmHost(Host):
         super().__init__(config, settings)
         self.options = options_of(settings)
 
-    def commands(self) -> Any:
-        """Where its client commands run (``dispatch.hosts.slurmcommands``)."""
+    def commands(self) -> SlurmCommands:
+        """Where its client commands run: here, or on its login node (``ssh`` set)."""
+        if self.options.ssh:
+            from dispatch.hosts.slurmlogin import LoginCommands
+
+            return LoginCommands(self.name, self.options, self.settings, self.config)
         from dispatch.hosts.slurmcommands import SlurmCommands
 
         return SlurmCommands(self.name, self.options)

@@ -21,7 +21,10 @@ class Done(NamedTuple):
 
 
 class SlurmCommands:
-    """Runs ``scontrol``, ``squeue``, ``sacct``, ``scancel`` for one cluster, named ``name``."""
+    """Runs ``scontrol``, ``squeue``, ``sacct``, ``scancel`` and ``srun`` for one cluster, named
+    ``name``, on this machine (``dispatch.hosts.slurmlogin.LoginCommands``: on a login node)."""
+
+    remote = False  # the job's directory is this machine's own (a filesystem the nodes share)
 
     def __init__(self, name: str, options: SlurmOptions) -> None:
         self.name = name
@@ -51,3 +54,14 @@ class SlurmCommands:
                                        f"{timeout:g} s") from None
         return Done(done.returncode, done.stdout.decode(errors="replace"),
                     done.stderr.decode(errors="replace"))
+
+    def start(self, argv: Sequence[str], env: dict[str, str], directory: str | None,
+              stdin: bool) -> subprocess.Popen[bytes]:
+        """srun, started: its stdout is ours, its stderr piped to the caller; ``directory`` is
+        already in srun's ``--chdir``. Its own session: a terminal's Ctrl-C is the caller's to pass."""
+        try:
+            return subprocess.Popen(list(argv), env=self.environment(env), stderr=subprocess.PIPE,
+                                    stdin=None if stdin else subprocess.DEVNULL, start_new_session=True)
+        except FileNotFoundError:
+            raise NotRunError(f"{self.name}: {argv[0]} not found: Slurm's client commands are not "
+                              "installed here (or set ssh = a login node)") from None

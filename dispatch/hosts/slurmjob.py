@@ -70,11 +70,13 @@ def time_flag(seconds: float) -> str:
 
 
 def srun_argv(request: RunRequest, options: SlurmOptions, *, label: str, token: str, cap: int | None,
-              threads: int, max_runtime: float | None, cwd: str, stdin: bool) -> list[str]:
+              threads: int, max_runtime: float | None, cwd: str | None, stdin: bool) -> list[str]:
     """The whole command run on the submitting side: hostrun's flags, then the site's own
     (``srun_args``, which may override them), then the wrapper and the job's argv as they are."""
     argv = ["srun", f"--job-name={label}", f"--comment={COMMENT_PREFIX}{token}",
-            f"--cpus-per-task={threads}", f"--chdir={cwd}"]
+            f"--cpus-per-task={threads}"]
+    if cwd is not None:  # None: srun's own directory (a login node's session is started in it)
+        argv.append(f"--chdir={cwd}")
     if cap is not None:
         argv.append(mem_flag(cap))
     if max_runtime is not None:

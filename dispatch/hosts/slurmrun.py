@@ -21,7 +21,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from dispatch.core.errors import HostrunError, LedgerError, NotRunError
+from dispatch.core.errors import HostrunError, LedgerError, NotRunError, UsageError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.outcome import Outcome
 from dispatch.core.request import job_environment
@@ -43,12 +43,14 @@ if MYPY:
     from dispatch.hosts.base import RunExtras
     from dispatch.hosts.slurm import SlurmHost
     from dispatch.hosts.slurmcommands import SlurmCommands
+    from dispatch.hosts.slurmlogin import LoginCommands
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 UNFINISHED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
 END_STATE_WAIT = 10.0  # seconds to wait for a job's record to leave COMPLETING after srun ends
 COMMAND_TIMEOUT = 10.0  # each scontrol/squeue/scancel/sacct call
-STDERR_TAIL = 8192  # bytes of stderr kept to tell why Slurm refused a job
+STDERR_TAIL = 8192
+SSH_FAILED = 255  # bytes of stderr kept to tell why Slurm refused a job
 
 
 def find_job(commands: SlurmCommands, token: str) -> str | None:
@@ -193,6 +195,8 @@ class SlurmRun:
         self.job_id: str | None = None
         self.ran = False  # the wrapper reported: the job ran on a node
         self.refused = False  # Slurm refused the job at submission: nothing ran, nothing to record
+        self.directory = "."  # the job's directory (here, or on the login node)
+        self.tree = self.rel_cwd = self.remote_tree = ""  # login-node mode: what was synced where
 
     @property
     def where(self) -> str:
@@ -223,14 +227,20 @@ class SlurmRun:
                             settings.default_cap)
         threads = request.threads or settings.heavy_threads or 1
         max_runtime = request.max_runtime or settings.max_runtime
-        if self.extras.returns or self.extras.tree:
+        directory: str | None = os.getcwd()
+        if self.commands.remote:
+            directory = self._sync()
+        elif self.extras.returns or self.extras.tree:
             self.say(f"{self.where}: the job runs in this directory on the shared filesystem: "
                      "--tree and --return have nothing to sync")
         argv = srun_argv(request, self.host.options, label=label, token=self.token, cap=cap,
-                         threads=threads, max_runtime=max_runtime, cwd=os.getcwd(),
-                         stdin=self.extras.stdin)
-        env = job_environment(dict(request.env if request.env is not None else os.environ), threads,
-                              request.threads is not None)
+                         threads=threads, max_runtime=max_runtime,
+                         cwd=None if self.commands.remote else directory, stdin=self.extras.stdin)
+        # Here srun hands the job our environment; a login node's session has its own, so only
+        # hostrun's thread variables go along.
+        base = {} if self.commands.remote else (request.env if request.env is not None else os.environ)
+        env = job_environment(dict(base), threads, request.threads is not None or self.commands.remote)
+        self.directory = directory or "."
         outcome = Outcome(exit_code=0, outcome="exit", host=self.host.name, label=label,
                           argv=list(request.argv), cap_bytes=cap, booking_kind=kind, booked_bytes=cap,
                           backend="slurm")
@@ -250,20 +260,49 @@ class SlurmRun:
         outcome.peak_bytes = peak
         if self.job_id is not None and not self.refused:
             self._record(outcome, kind)
+            if self.commands.remote and self.extras.returns:
+                self._bring_back(outcome)
         return outcome
+
+    def _sync(self) -> str:
+        """Login-node mode: the tree to its work directory there; the job's directory in it."""
+        from dispatch.hosts.peerrun import source_tree, tree_id
+
+        self.tree = source_tree(self.extras.tree)
+        rel = os.path.relpath(os.getcwd(), self.tree)
+        if rel.startswith(".."):
+            raise UsageError(f"the current directory {os.getcwd()} is outside the tree {self.tree} "
+                             "(use --tree)")
+        self.rel_cwd = "" if rel == "." else rel
+        self.remote_tree = self._login().sync(self.tree, tree_id(self.tree), self.config.sync_excludes)
+        return os.path.join(self.remote_tree, self.rel_cwd)
+
+    def _login(self) -> LoginCommands:
+        from dispatch.hosts.slurmlogin import LoginCommands
+
+        assert isinstance(self.commands, LoginCommands)
+        return self.commands
+
+    def _bring_back(self, outcome: Outcome) -> None:
+        """``--return`` paths, even after a failed job; a failure after a success is 252."""
+        failed = False
+        for path in self.extras.returns:
+            try:
+                self._login().bring_back(os.path.join(self.remote_tree, self.rel_cwd),
+                                         os.path.join(self.tree, self.rel_cwd), path)
+            except HostrunError as exc:
+                self.say(f"error: {exc}")
+                failed = True
+        if failed and outcome.exit_code == 0:
+            outcome.exit_code, outcome.outcome = ExitCode.SYNC_FAILED, ExitCode.SYNC_FAILED.outcome
+            outcome.message = "the job succeeded but --return could not bring everything back"
 
     def _srun(self, argv: list[str], env: dict[str, str], guardian: SlurmGuardian
               ) -> tuple[int, bytes, int | None, int | None]:
         """Run srun to its end: (its status, the end of the job's stderr, the signal that
         interrupted it or None, the peak the wrapper reported or None)."""
         with _Signals() as signals:  # before srun starts: a Ctrl-C now must still cancel the job
-            try:
-                proc = subprocess.Popen(argv, env=self.commands.environment(env), stderr=subprocess.PIPE,
-                                        stdin=None if self.extras.stdin else subprocess.DEVNULL,
-                                        start_new_session=True)  # a terminal's Ctrl-C is ours to pass
-            except FileNotFoundError:
-                raise NotRunError(f"{self.where}: srun not found: Slurm's client commands are not "
-                                  "installed here (or set ssh = a login node)") from None
+            proc = self.commands.start(argv, env, self.directory, self.extras.stdin)
             try:
                 return self._follow(proc, signals, guardian)
             finally:
@@ -371,6 +410,11 @@ class SlurmRun:
                 self.job_id = find_job(self.commands, self.token)
             except HostrunError:
                 self.job_id = None
+        if self.commands.remote and srun_status == SSH_FAILED and not self.ran and interrupted is None:
+            self._cancel()  # the session to the login node broke: the job must not go on alone
+            return Verdict(ExitCode.CONNECTION_LOST, ExitCode.CONNECTION_LOST.outcome,
+                           f"the connection to {self.where}'s login node broke during the run; "
+                           "the job was cancelled")
         if self.job_id is None:
             return verdict(None, srun_status, interrupted=interrupted, where=self.where)
         try:

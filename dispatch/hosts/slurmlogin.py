@@ -1,0 +1,162 @@
+"""A cluster reached through a login node over SSH (``ssh`` set on a slurm host): Slurm's client
+commands run there through the peer's SSH transport (one ControlMaster, the user's ~/.ssh/config),
+and the tree is rsynced to ``work_root`` there over the same connection before the job.
+
+The job's argv never goes through the login node's shell: ssh's command line carries only a fixed
+Python one-liner (``SHIM``), which reads the environment, the directory and srun's argv as bytes from
+its stdin (length-prefixed, NUL-separated) and execs srun; whatever follows on stdin is the job's
+own (``--stdin``). Short fixed Slurm commands (``scontrol show job -o 12``) are quoted word by word
+for the login shell, as the transport does for a peer.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from collections.abc import Sequence
+
+from dispatch.core.errors import SyncFailedError
+from dispatch.hosts.slurmcommands import Done, SlurmCommands
+from dispatch.hosts.sync import PROTECT_ARGS, die_with_parent, protects_args, shell_unsafe
+
+MYPY = False
+if MYPY:
+    from dispatch.core.settings import HostSettings, Settings
+    from dispatch.hosts.slurmkeys import SlurmOptions
+
+DEFAULT_WORK_ROOT = "~/hostrun-work"
+RSYNC_TIMEOUT = 3600.0
+# Reads exactly its header from fd 0 (no buffered stdin: the rest stays for srun), then execs.
+SHIM = ("import os\n"
+        "def take(n):\n"
+        "    b = b''\n"
+        "    while len(b) < n:\n"
+        "        c = os.read(0, n - len(b))\n"
+        "        if not c: raise SystemExit(97)\n"
+        "        b += c\n"
+        "    return b\n"
+        "parts = take(int(take(10))).split(b'\\0')\n"
+        "n = int(parts[0])\n"
+        "for pair in parts[1:1 + n]:\n"
+        "    k, _, v = pair.partition(b'=')\n"
+        "    os.environb[k] = v\n"
+        "d = parts[1 + n]\n"
+        "os.makedirs(d, exist_ok=True)\n"
+        "os.chdir(d)\n"
+        "argv = parts[2 + n:]\n"
+        "os.execvp(argv[0], argv)\n")
+
+
+MAKE_DIR = ("import os, sys\n"
+            "d = os.path.abspath(os.path.expanduser(sys.argv[1]))\n"
+            "os.makedirs(d, mode=0o700, exist_ok=True)\n"
+            "print(d)\n")
+
+
+def header(env: dict[str, str], directory: str, argv: Sequence[str]) -> bytes:
+    """What ``SHIM`` reads: a 10-digit length, then the count of variables, the variables, the
+    directory (relative to the login home, or absolute) and the argv, NUL-separated, as bytes."""
+    fields = [str(len(env)).encode(), *(os.fsencode(f"{k}={v}") for k, v in env.items()),
+              os.fsencode(directory), *(os.fsencode(a) for a in argv)]
+    if any(b"\0" in f for f in fields):
+        raise ValueError("a NUL byte cannot be passed in an argument")
+    body = b"\0".join(fields)
+    return b"%010d" % len(body) + body
+
+
+class LoginCommands(SlurmCommands):
+    """The cluster's commands, run on its login node over SSH."""
+
+    remote = True
+
+    def __init__(self, name: str, options: SlurmOptions, host: HostSettings, config: Settings) -> None:
+        super().__init__(name, options)
+        from dispatch.hosts.transport import SshTransport
+
+        self.config = config
+        self.ssh = SshTransport(host, config.state_dir, config.report_timeout, config.control_persist)
+
+    def _with_conf(self, argv: Sequence[str]) -> list[str]:
+        conf = self.options.slurm_conf
+        return ["env", f"SLURM_CONF={conf}", *argv] if conf else list(argv)
+
+    def run(self, argv: Sequence[str], timeout: float) -> Done:
+        done = self.ssh.run(self._with_conf(argv), timeout=timeout)
+        return Done(done.returncode, done.stdout.decode(errors="replace"),
+                    done.stderr.decode(errors="replace"))
+
+    def start(self, argv: Sequence[str], env: dict[str, str], directory: str | None,
+              stdin: bool) -> subprocess.Popen[bytes]:
+        """srun on the login node: stdout straight back, stderr piped, our stdin after the header."""
+        self.ssh.ensure_control_dir()
+        python = self.options.python or "python3"
+        if self.options.slurm_conf:
+            env = {**env, "SLURM_CONF": self.options.slurm_conf}
+        proc = subprocess.Popen(self.ssh.argv([python, "-c", SHIM]), stdin=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        assert proc.stdin is not None
+        proc.stdin.write(header(env, directory or ".", argv))
+        proc.stdin.flush()
+        if stdin:
+            threading.Thread(target=_copy_stdin, args=(proc.stdin,), daemon=True).start()
+        else:
+            proc.stdin.close()
+        return proc
+
+    # -- the tree --
+    def sync(self, tree: str, tree_id: str, excludes: Sequence[str]) -> str:
+        """The tree to its work directory on the login node (``work_root``/``tree_id``, made private
+        there, ``~`` as that side's $HOME says, as a peer's agent reads it), as ``--peer`` syncs it;
+        returns the directory's absolute path there."""
+        wanted = f"{(self.options.work_root or DEFAULT_WORK_ROOT).rstrip('/')}/{tree_id}"
+        done = self.ssh.run([self.options.python or "python3", "-c", MAKE_DIR, wanted],
+                            timeout=self.config.report_timeout)
+        remote = done.stdout.decode(errors="replace").strip()
+        if done.returncode != 0 or not remote.startswith("/"):
+            why = done.stderr.decode(errors="replace").strip().splitlines() or [f"exit {done.returncode}"]
+            raise SyncFailedError(f"cannot make {wanted} on {self.name}'s login node: {why[-1]}")
+        self._rsync(["--delete", "--modify-window=-1", "--filter=:- .gitignore", "--exclude=/.git/",
+                     *(f"--exclude={p}" for p in excludes), f"{tree}/", f"{self.options.ssh}:{remote}/"],
+                    "sync")
+        return remote
+
+    def bring_back(self, remote_dir: str, local_dir: str, path: str) -> None:
+        self._rsync(["--relative", f"{self.options.ssh}:{remote_dir}/./{path}", f"{local_dir}/"],
+                    f"--return {path}")
+
+    def _rsync(self, args: list[str], what: str) -> None:
+        protect = protects_args(self.config.state_dir)
+        if not protect and any(shell_unsafe(a) for a in args if a.startswith(f"{self.options.ssh}:")):
+            raise SyncFailedError(f"{what}: the local rsync cannot protect a remote path from the "
+                                  "login node's shell (no -s): use a newer rsync")
+        argv = ["rsync", "-a", *([PROTECT_ARGS] if protect else []), "-e", self.ssh.rsync_rsh(), *args]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=RSYNC_TIMEOUT,
+                                  check=False, start_new_session=True, preexec_fn=die_with_parent())
+        except OSError as exc:
+            raise SyncFailedError(f"{what}: cannot run rsync: {exc.strerror}") from None
+        except subprocess.TimeoutExpired:
+            raise SyncFailedError(f"{what} with {self.name}: no end within {RSYNC_TIMEOUT:g} s") from None
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+            cause = next((line for line in lines if line.startswith("rsync:")), lines[-1])
+            raise SyncFailedError(f"{what} with {self.name} failed (rsync exit {done.returncode}): {cause}")
+
+
+def _copy_stdin(pipe: object) -> None:
+    """Our stdin to the session's, until EOF (then the job sees EOF too)."""
+    try:
+        while True:
+            data = os.read(0, 65536)
+            if not data:
+                break
+            pipe.write(data)  # type: ignore[attr-defined]
+            pipe.flush()  # type: ignore[attr-defined]
+    except (OSError, ValueError):
+        pass
+    finally:
+        try:
+            pipe.close()  # type: ignore[attr-defined]
+        except OSError:
+            pass

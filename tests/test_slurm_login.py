@@ -1,0 +1,95 @@
+"""A cluster reached through a login node over SSH: a real sshd (tests/sshd.py, root on 127.0.0.x with
+a home of its own) whose Slurm client commands talk to the private cluster (tests/slurmcluster.py).
+The tree is rsynced to the login node's work root, srun runs there, the job's argv travels as bytes
+on the session's stdin (never through the login shell), and ``--return`` brings files back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatch.core.exitcodes import ExitCode
+from tests.slurmcluster import SlurmCluster
+
+pytestmark = pytest.mark.system
+TOP = "enable_across_machines = true"
+
+
+def login_cluster(hostrun: Any, peers: Any, slurm: SlurmCluster, extra: str = "") -> Any:
+    peer = peers("login1", "127.0.0.2")
+    hostrun.configure(top=TOP, peers=(f'[hosts.farm]\nkind = "slurm"\nssh = "login1"\n'
+                                      f'ssh_config = "{peer.ssh_config}"\nslurm_conf = "{slurm.conf}"\n'
+                                      f"{extra}\n"))
+    return peer
+
+
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "proj"
+    (root / "sub").mkdir(parents=True)
+    (root / "data.txt").write_text("from the controller\n")
+    return root
+
+
+def test_the_tree_is_synced_and_the_job_runs_in_it(hostrun: Any, peers: Any, slurm: SlurmCluster,
+                                                     tmp_path: Path) -> None:
+    peer = login_cluster(hostrun, peers, slurm)
+    src = tree(tmp_path)
+    odd = ["a b", "$(touch x)", "'\";|&", "\udcff"]
+    script = ("import os, sys; print(open('../data.txt').read().strip()); print(os.getcwd()); "
+              "print(repr([os.fsencode(a) for a in sys.argv[1:]])); open('out.txt', 'w').write('made')")
+    done = hostrun.run("--peer=farm", "--tree", str(src), "--return", "out.txt", "-l", "lg", "--",
+                       "python3", "-c", script, *odd, cwd=src / "sub", stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "from the controller"
+    assert lines[1].startswith(str(peer.home / "hostrun-work")) and lines[1].endswith("/sub")
+    assert lines[2] == repr([os.fsencode(a) for a in odd])
+    assert not (peer.home / "x").exists() and not Path(lines[1], "x").exists()
+    assert (src / "sub" / "out.txt").read_text() == "made"  # --return
+    history = json.loads(hostrun.run("history", "--json").stdout)
+    assert [(r["host"], r["label"], r["exit_code"]) for r in history] == [("farm", "lg", 0)]
+    assert history[0]["peak_bytes"] > 0
+
+
+def test_codes_and_stdin_through_the_login_node(hostrun: Any, peers: Any, slurm: SlurmCluster,
+                                                tmp_path: Path) -> None:
+    login_cluster(hostrun, peers, slurm)
+    src = tree(tmp_path)
+    oom = hostrun.run("--peer=farm", "--tree", str(src), "-m", "64M", "--", "python3", "-c",
+                      "x = bytearray(300 << 20)", cwd=src, stdin=subprocess.DEVNULL)
+    assert oom.returncode == ExitCode.OWN_CAP, oom.stderr
+    never = hostrun.run("--peer=farm", "--tree", str(src), "-m", "100T", "--", "true", cwd=src,
+                        stdin=subprocess.DEVNULL)
+    assert never.returncode == ExitCode.NEVER_FITS, never.stderr
+    piped = hostrun.run("--peer=farm", "--tree", str(src), "--stdin", "--", "sh", "-c", "cat; exit 4",
+                        cwd=src, input="through ssh\n")
+    assert (piped.returncode, piped.stdout) == (4, "through ssh\n"), piped.stderr
+
+
+def test_ctrl_c_cancels_the_job_on_the_cluster(hostrun: Any, peers: Any, slurm: SlurmCluster,
+                                               tmp_path: Path) -> None:
+    login_cluster(hostrun, peers, slurm)
+    src = tree(tmp_path)
+    proc = hostrun.popen("--peer=farm", "--tree", str(src), "-l", "far", "--", "sleep", "300", cwd=src,
+                         stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while "RUNNING" not in slurm.run(["squeue", "-h", "-n", "far", "-o", "%T"]).stdout:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    # ended by the SIGINT handed to its task (FAILED) or by the cancel after it (CANCELLED)
+    [state] = slurm.run(["squeue", "-h", "-t", "all", "-n", "far", "-o", "%T"]).stdout.split()
+    assert state in ("FAILED", "CANCELLED")
