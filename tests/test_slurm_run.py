@@ -74,7 +74,7 @@ def wait_running(cluster: SlurmCluster, name: str, timeout: float = 30) -> str:
 
 def test_exit_status_and_streams_pass_through(slurm: SlurmCluster, tmp_path: Path) -> None:
     cfg = config(tmp_path, slurm)
-    done = hostrun(cfg, "--peer=farm", "-l", "st", "--", "sh", "-c",
+    done = hostrun(cfg, "--host", "farm", "-l", "st", "--", "sh", "-c",
                    "echo out; echo err >&2; printf 'no newline' >&2; exit 7")
     assert done.returncode == 7, done.stderr
     assert done.stdout == b"out\n"  # stdout untouched, stderr apart
@@ -115,6 +115,10 @@ def test_over_its_mem_is_250_and_the_peak_sizes_the_next_run(slurm: SlurmCluster
     assert b"state OUT_OF_MEMORY" in done.stderr and b"exit 250 (own-cap)" in done.stderr
     [first] = jobs(slurm)
     assert job(slurm, first[0]).memory == 64 * MiB
+    alerts = hostrun(cfg, "alerts", "--json")
+    assert alerts.returncode == 0, alerts.stderr
+    [alert] = json.loads(alerts.stdout)
+    assert alert["host"] == "farm" and "--peer=farm" in alert["action"] and "-m 512M" in alert["action"]
     # no -m now: twice the worst peak (the 64M it was killed at), rounded up to 512 MiB
     again = hostrun(cfg, "--peer=farm", "-l", "grow", "--", *grow)
     assert again.returncode == 0, again.stderr

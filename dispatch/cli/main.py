@@ -29,6 +29,7 @@ from dispatch.cli.options import (
 )
 from dispatch.core.errors import HostrunError, UsageError
 from dispatch.core.exitcodes import ExitCode, outcome_name
+from dispatch.core.settings import LOCAL
 
 MYPY = False
 if MYPY:
@@ -115,6 +116,11 @@ def cmd_run(argv: list[str]) -> int:
     opts = parse_run_options(options)
     if not command:
         raise UsageError(f"no command given (usage: {PROG} [OPTIONS] -- CMD [ARGS...])")
+    if opts.host is not None:
+        if opts.peer or opts.auto:
+            raise UsageError("--host NAME says where the job runs: not with --peer or --auto")
+        if opts.host != LOCAL:  # any other configured host is run on as --peer=NAME does
+            opts = opts._replace(peer=opts.host)
     if (opts.tree or opts.returns or opts.stdin) and not (opts.peer or opts.auto):
         raise UsageError("--tree, --return and --stdin go with --peer or --auto")
     request = RunRequest(

@@ -40,6 +40,7 @@ class RunOptions(NamedTuple):
     gpu_memory: int | None = None
     auto: bool = False
     peer: str | bool = False
+    host: str | None = None
     expect_duration: float | None = None
     long_job: str | bool = False
     tree: str | None = None
@@ -143,6 +144,8 @@ RUN_OPTIONS = (
     Option(("--auto",), "auto", "run where the dispatcher decides (see 'hostrun dispatch')"),
     Option(("--peer",), "peer", "run on a peer: --peer takes the first configured, --peer=NAME that one",
            optional_value=True),
+    Option(("--host",), "host", "run on the configured host NAME: a peer or a cluster (as --peer=NAME), "
+           "or local", "NAME"),
     Option(("--expect-duration",), "expect_duration", "how long the job is expected to run, for the "
            "long-job rule (default: its recorded durations)", "DUR", duration),
     Option(("--long-job",), "long_job", "declare the job long, exempt from the long-job rule: "

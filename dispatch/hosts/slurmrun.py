@@ -21,7 +21,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from dispatch.core.errors import HostrunError, LedgerError, NotRunError, UsageError
+from dispatch.core.errors import HostrunError, NotRunError, UsageError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.outcome import Outcome
 from dispatch.core.request import job_environment
@@ -260,9 +260,19 @@ class SlurmRun:
         outcome.peak_bytes = peak
         if self.job_id is not None and not self.refused:
             self._record(outcome, kind)
+            self._alert(outcome)
             if self.commands.remote and self.extras.returns:
                 self._bring_back(outcome)
         return outcome
+
+    def _alert(self, outcome: Outcome) -> None:
+        """A job killed at its --mem raises the alert a peer's would (the command again with the
+        cap the half rule suggests)."""
+        from dispatch.local import alertlog
+
+        record = alertlog.for_outcome(outcome, self.request.session, peer=self.host.name)
+        if record is not None:
+            alertlog.write(self.config.alerts_path, record, self.say)
 
     def _sync(self) -> str:
         """Login-node mode: the tree to its work directory there; the job's directory in it."""
@@ -437,7 +447,7 @@ class SlurmRun:
 
         try:
             ledger = Ledger(self.config.state_dir)
-        except LedgerError as exc:
+        except HostrunError as exc:  # the job has run: a ledger failure must not change its code
             self.say(f"warning: the peak and history row of this run were not recorded: {exc}")
             return
         try:
