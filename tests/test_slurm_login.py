@@ -93,3 +93,25 @@ def test_ctrl_c_cancels_the_job_on_the_cluster(hostrun: Any, peers: Any, slurm: 
     # ended by the SIGINT handed to its task (FAILED) or by the cancel after it (CANCELLED)
     [state] = slurm.run(["squeue", "-h", "-t", "all", "-n", "far", "-o", "%T"]).stdout.split()
     assert state in ("FAILED", "CANCELLED")
+
+
+def test_a_killed_client_leaves_nothing_running_on_the_cluster(hostrun: Any, peers: Any,
+                                                                 slurm: SlurmCluster, tmp_path: Path) -> None:
+    """hostrun SIGKILLed: its guardian kills the ssh session and cancels the job through the login
+    node (found by its token), so the job does not run on alone."""
+    login_cluster(hostrun, peers, slurm)
+    src = tree(tmp_path)
+    proc = hostrun.popen("--peer=farm", "--tree", str(src), "-l", "gone", "--", "sleep", "300", cwd=src,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while "RUNNING" not in slurm.run(["squeue", "-h", "-n", "gone", "-o", "%T"]).stdout:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while slurm.run(["squeue", "-h", "-n", "gone", "-o", "%T"]).stdout.strip():  # running/completing
+        assert time.monotonic() < deadline, slurm.run(["squeue", "-h", "-n", "gone", "-o", "%T"]).stdout
+        time.sleep(0.1)
+    [state] = slurm.run(["squeue", "-h", "-t", "all", "-n", "gone", "-o", "%T"]).stdout.split()
+    assert state in ("CANCELLED", "FAILED")
