@@ -148,6 +148,10 @@ def test_a_bad_partition_is_a_configuration_error(slurm: SlurmCluster, tmp_path:
     done = hostrun(cfg, "--peer=farm", "--", "true")
     assert done.returncode == ExitCode.USAGE, done.stderr
     assert b"cluster farm refused the job" in done.stderr and b"partition" in done.stderr
+    bad_flag = config(tmp_path, slurm, "srun_args = ['--bogus']\n")
+    done = hostrun(bad_flag, "--peer=farm", "--", "true")
+    assert done.returncode == ExitCode.USAGE, done.stderr
+    assert b"unrecognized option '--bogus'" in done.stderr
 
 
 def test_max_runtime_becomes_time_and_a_timeout_is_253(slurm: SlurmCluster, tmp_path: Path) -> None:
