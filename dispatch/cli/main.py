@@ -178,7 +178,7 @@ def _job(command: list[str], opts: RunOptions) -> Job:
 def _run_elsewhere(options: list[str], command: list[str], opts: RunOptions,
                    request: RunRequest) -> int:
     """``--auto`` (run where the dispatcher decides) and ``--peer``: the library places, we run."""
-    from dispatch.placement.auto import forget_sent, place, place_on_peer
+    from dispatch.placement.sent import forget_sent, place_on_peer
 
     settings = _settings(opts.config)
     if opts.peer:
@@ -187,6 +187,8 @@ def _run_elsewhere(options: list[str], command: list[str], opts: RunOptions,
         placed = place_on_peer(settings, opts.peer, request.label or default_label(command),
                                opts.memory_cap, opts.gpu_memory)
     else:
+        from dispatch.placement.auto import place
+
         placed = place(settings, _job(command, opts))
         for reason in placed.reasons:
             _say(f"dispatch: {reason}")

@@ -58,4 +58,4 @@ class SlurmHost(Host):
     def run(self, request: RunRequest, say: Callable[[str], None], extras: RunExtras) -> Outcome:
         from dispatch.hosts.slurmrun import SlurmRun
 
-        return SlurmRun(self, request, say, extras).run()
+        return SlurmRun(self, self.commands(), request, say, extras).run()

@@ -36,12 +36,12 @@ from dispatch.hosts.slurmjob import (
     submit_refusal,
     verdict,
 )
+from dispatch.hosts.slurmkeys import options_of
 
 MYPY = False
 if MYPY:
     from dispatch.core.request import RunRequest
-    from dispatch.hosts.base import RunExtras
-    from dispatch.hosts.slurm import SlurmHost
+    from dispatch.hosts.base import Host, RunExtras
     from dispatch.hosts.slurmcommands import SlurmCommands
     from dispatch.hosts.slurmlogin import LoginCommands
 
@@ -183,14 +183,15 @@ def _watch(read_fd: int, commands: SlurmCommands, token: str) -> None:  # pragma
 
 
 class SlurmRun:
-    def __init__(self, host: SlurmHost, request: RunRequest, say: Callable[[str], None],
-                 extras: RunExtras) -> None:
+    def __init__(self, host: Host, commands: SlurmCommands, request: RunRequest,
+                 say: Callable[[str], None], extras: RunExtras) -> None:
         self.host = host
+        self.options = options_of(host.settings)
         self.config = host.config
         self.request = request
         self.say = say
         self.extras = extras
-        self.commands = host.commands()
+        self.commands = commands
         self.token = new_token()
         self.job_id: str | None = None
         self.ran = False  # the wrapper reported: the job ran on a node
@@ -233,7 +234,7 @@ class SlurmRun:
         elif self.extras.returns or self.extras.tree:
             self.say(f"{self.where}: the job runs in this directory on the shared filesystem: "
                      "--tree and --return have nothing to sync")
-        argv = srun_argv(request, self.host.options, label=label, token=self.token, cap=cap,
+        argv = srun_argv(request, self.options, label=label, token=self.token, cap=cap,
                          threads=threads, max_runtime=max_runtime,
                          cwd=None if self.commands.remote else directory, stdin=self.extras.stdin)
         # Here srun hands the job our environment; a login node's session has its own, so only
@@ -442,8 +443,8 @@ class SlurmRun:
         return verdict(state, srun_status, signal_number, interrupted, self.where)
 
     def _record(self, outcome: Outcome, kind: str | None) -> None:
+        from dispatch.local.history import record_outcome
         from dispatch.local.ledger import Ledger
-        from dispatch.local.runner import record_outcome
 
         try:
             ledger = Ledger(self.config.state_dir)

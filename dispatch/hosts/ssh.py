@@ -9,7 +9,6 @@ from dispatch.core.errors import OverPeerCapError
 from dispatch.core.units import format_size
 from dispatch.hosts.base import Host, RunExtras
 from dispatch.hosts.sshkeys import SPEC, SSH, options_of
-from dispatch.local.booking import peer_cap
 
 MYPY = False
 if MYPY:
@@ -45,6 +44,8 @@ class SshPeer(Host):
 
     def job_cap(self, cap: int | None, default_cap: int | None) -> int | None:
         """What its agent will run the job under: ``booking.peer_cap``, bounded by ``peer_memory_cap``."""
+        from dispatch.local.booking import peer_cap
+
         return peer_cap(cap, default_cap, self.options.peer_memory_cap)
 
     def cap_problem(self, limit: int | None) -> str | None:

@@ -35,11 +35,11 @@ from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
 from dispatch.local.admission import wait_for_room
-from dispatch.local.booking import Plan, default_label, mark_event, plan_booking
+from dispatch.local.booking import Plan, default_label, plan_booking
 from dispatch.local.guardian import Guardian
+from dispatch.local.history import record_outcome
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.ledger import Admission, Ledger
-from dispatch.local.ledgerdb import run_row
 from dispatch.local.spawn import CGROUP_FAILED, PreparedChild
 
 MYPY = False
@@ -304,25 +304,6 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             guardian.dismiss()
         if old_mask is not None:  # last: a signal held back before the wait now acts as it would have
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-
-
-def record_outcome(settings: Settings, ledger: Ledger, outcome: Outcome, request: RunRequest,
-            cap: int | None, kind: str, say: Callable[[str], None]) -> None:
-    """The run's peak (when one was measured), its mark event and its history row, in one
-    transaction. The job has run: a ledger failure now must not change its exit status, so it is
-    one warning."""
-    run = run_row(outcome, request.session, request.argv)
-    try:
-        if outcome.peak_bytes is None:  # the command could not be started: nothing measured
-            ledger.record_run(run, settings.history_keep)
-        else:
-            event = mark_event(outcome.exit_code, kind, outcome.counters.get("oom_kill", 0) > 0)
-            ledger.record_peak(outcome.label, outcome.host, outcome.peak_bytes, outcome.hit_ceiling,
-                               outcome.duration_s, cap=cap, event=event,
-                               clear_after=settings.clear_mark_after, run=run,
-                               keep=settings.history_keep)
-    except LedgerError as exc:
-        say(f"warning: the peak and history row of this run were not recorded: {exc}")
 
 
 def _wait_alert(settings: Settings, host: str, label: str, request: RunRequest,

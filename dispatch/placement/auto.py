@@ -11,24 +11,24 @@ import shlex
 import threading
 from collections.abc import Callable, Sequence
 
-from dispatch.core.errors import AcrossDisabledError
-from dispatch.core.records import NamedTuple
 from dispatch.core.settings import Settings
 from dispatch.core.units import format_size
 from dispatch.guards.headers import read_headers
 from dispatch.guards.longjob import KEYS, from_headers, parse_spec
-from dispatch.hosts.base import Host
 from dispatch.hosts.kinds import host_for, hosts_of
-from dispatch.hosts.peers import choose_peer
 from dispatch.local.booking import default_label
 from dispatch.placement import alerts
 from dispatch.placement.dispatcher import Decision, Job, Judgement, decide, judge
 from dispatch.placement.pending import HostPending, Pending
 from dispatch.placement.reports import HostReading, read_reports
+from dispatch.placement.sent import Placement as Placement
+from dispatch.placement.sent import forget_sent as forget_sent
+from dispatch.placement.sent import note_sent
+from dispatch.placement.sent import place_on_peer as place_on_peer
 
 MYPY = False
 if MYPY:
-    from typing import Any, Optional
+    from typing import Any
 
 
 def make_job(argv: Sequence[str], *, label: str | None, cap: int | None, gpu_memory: int | None,
@@ -49,31 +49,6 @@ def consider(settings: Settings, job: Job) -> Decision:
         [h.name for h in hosts if not h.is_here] if settings.enable_across_machines else [])
     readings = read_reports(settings, names, job.label)
     return decide(settings, job, readings, pending_after(settings, readings))
-
-
-class Placement(NamedTuple):
-    """Where a ``--auto``/``--peer`` run goes, already noted as pending (``forget_sent(note)`` after).
-
-    ``host`` runs the job (``Host.run``); ``refused`` is the exit code when it runs nowhere (``host``
-    None then); ``reasons`` are the dispatcher's, for the caller to show.
-    """
-
-    host: Optional[Host] = None
-    refused: int | None = None
-    note: int | None = None
-    reasons: tuple[str, ...] = ()
-
-
-def place_on_peer(settings: Settings, wanted: str | bool, label: str, cap: int | None,
-                  gpu_memory: int | None) -> Placement:
-    """``--peer[=NAME]``: never a silent local run when peers are off (248); the cap is checked
-    against the peer's ``peer_memory_cap`` (249); the room it will take is noted as pending."""
-    if not settings.enable_across_machines:
-        raise AcrossDisabledError("--peer: enable_across_machines is off (set it in the config "
-                                  "or ENABLE_ACROSS_MACHINES=1); not running locally instead")
-    host = choose_peer(settings, wanted, cap)
-    note = note_sent(settings, host.name, label, host.pending_estimate(cap), gpu_memory)
-    return Placement(host=host, note=note)
 
 
 def place(settings: Settings, job: Job) -> Placement:
@@ -98,16 +73,6 @@ def pending_after(settings: Settings, readings: Sequence[HostReading]) -> dict[s
         pending.close()
 
 
-def note_sent(settings: Settings, host: str, label: str, need: int, gpu_bytes: int | None = None,
-              gpu_index: int | None = None) -> int:
-    """Record a pending booking for a job sent to ``host``; returns the note's id (``forget_sent``)."""
-    pending = Pending(settings.state_dir)
-    try:
-        return pending.add(host, label, need, gpu_bytes, gpu_index)
-    finally:
-        pending.close()
-
-
 def note_decision(settings: Settings, decision: Decision, job: Job) -> int | None:
     """``note_sent`` for the host a decision chose, with the booking and GPU it judged there."""
     judged = next((j for j in decision.judgements if j.host == decision.host), None)
@@ -115,17 +80,6 @@ def note_decision(settings: Settings, decision: Decision, job: Job) -> int | Non
         return None
     return note_sent(settings, decision.host, job.label, judged.need, job.gpu_memory,
                      judged.gpu_index)
-
-
-def forget_sent(settings: Settings, note: int | None) -> None:
-    """The run ended: its booking is released (or was never made), so its note is done."""
-    if note is None:
-        return
-    pending = Pending(settings.state_dir)
-    try:
-        pending.remove(note)
-    finally:
-        pending.close()
 
 
 def peer_command(options: Sequence[str], host: str, command: Sequence[str]) -> str:
