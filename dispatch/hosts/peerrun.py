@@ -47,6 +47,7 @@ from dispatch.hosts.sync import PROTECT_ARGS, die_with_parent, protects_args, sh
 from dispatch.hosts.transport import RETRIES, backoff, classify, is_transient
 from dispatch.local import alertlog
 from dispatch.local.booking import default_label
+from dispatch.local.signals import FORWARDED
 
 MYPY = False
 if MYPY:
@@ -61,7 +62,6 @@ if MYPY:
         def send_agent(self) -> None: ...
         def rsync_argv(self, options: list[str], args: list[str]) -> list[str]: ...
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 DEFAULT_WORK_ROOT = "~/hostrun-work"
 RETURN_TIMEOUT = 300.0
 # The peer refused or never started the job: nothing of this run to bring back.

@@ -37,6 +37,8 @@ from dispatch.hosts.slurmjob import (
     verdict,
 )
 from dispatch.hosts.slurmkeys import options_of
+from dispatch.local.guardian import Watcher
+from dispatch.local.signals import ForwardedSignals
 
 MYPY = False
 if MYPY:
@@ -45,7 +47,6 @@ if MYPY:
     from dispatch.hosts.slurmcommands import SlurmCommands
     from dispatch.hosts.slurmlogin import LoginCommands
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 UNFINISHED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
 END_STATE_WAIT = 10.0  # seconds to wait for a job's record to leave COMPLETING after srun ends
 COMMAND_TIMEOUT = 10.0  # each scontrol/squeue/scancel/sacct call
@@ -87,85 +88,20 @@ def end_state(commands: SlurmCommands, job_id: str) -> tuple[str | None, int, sf
     return steps[0].state, steps[0].exit_signal, None
 
 
-class _Signals:
-    """While srun runs: collect the forwarded signals; restore the old handlers afterwards."""
-
-    def __init__(self) -> None:
-        self.pending: list[int] = []
-        self._old: dict[int, object] = {}
-
-    def __enter__(self) -> _Signals:
-        for sig in FORWARDED:
-            self._old[sig] = signal.signal(sig, lambda signum, _frame: self.pending.append(signum))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-
-
-class SlurmGuardian:
-    """A forked watcher in its own session: when hostrun dies (the pipe closes without the byte
-    ``x``), it kills srun and cancels the job found by its token, so nothing is left running."""
-
-    def __init__(self, pid: int, write_fd: int) -> None:
-        self.pid = pid
-        self._write_fd = write_fd
+class SlurmGuardian(Watcher):
+    """A forked watcher (``dispatch.local.guardian.Watcher``): when hostrun dies it kills srun and
+    cancels the job found by its token, so nothing is left running."""
 
     @classmethod
     def start(cls, commands: SlurmCommands, token: str) -> SlurmGuardian:
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the forked child; tested end to end
-            status = 0
-            try:
-                os.close(write_fd)
-                os.setsid()
-                for sig in FORWARDED:
-                    signal.signal(sig, signal.SIG_IGN)
-                devnull = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(devnull, fd)
-                os.closerange(3, read_fd)
-                os.closerange(read_fd + 1, max(read_fd + 2, os.sysconf("SC_OPEN_MAX")))
-                _watch(read_fd, commands, token)
-            except BaseException:
-                status = 1
-            finally:
-                os._exit(status)
-        os.close(read_fd)
-        os.set_inheritable(write_fd, False)
-        return cls(pid, write_fd)
+        return cls(*cls.fork([], lambda lines: _cancel_left(lines, commands, token)))
 
     def srun_started(self, pid: int) -> None:
-        os.write(self._write_fd, f"P{pid}\n".encode())
-
-    def dismiss(self) -> None:
-        try:
-            os.write(self._write_fd, b"x")
-        except OSError:
-            pass
-        os.close(self._write_fd)
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        self.tell(f"P{pid}")
 
 
-def _watch(read_fd: int, commands: SlurmCommands, token: str) -> None:  # pragma: no cover - child
-    srun = None
-    pending = b""
-    while True:
-        data = os.read(read_fd, 64)
-        if not data:
-            break  # hostrun is gone
-        pending += data
-        if b"x" in pending:
-            return
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if line.startswith(b"P"):
-                srun = int(line[1:])
+def _cancel_left(lines: list[bytes], commands: SlurmCommands, token: str) -> None:  # pragma: no cover
+    srun = next((int(line[1:]) for line in lines if line.startswith(b"P")), None)
     if srun is not None:
         try:
             os.kill(srun, signal.SIGKILL)  # srun gone, Slurm ends the step at once
@@ -315,7 +251,7 @@ class SlurmRun:
               ) -> tuple[int, bytes, int | None, int | None]:
         """Run srun to its end: (its status, the end of the job's stderr, the signal that
         interrupted it or None, the peak the wrapper reported or None)."""
-        with _Signals() as signals:  # before srun starts: a Ctrl-C now must still cancel the job
+        with ForwardedSignals() as signals:  # before srun starts: a Ctrl-C now must still cancel the job
             proc = self.commands.start(argv, env, self.directory, self.extras.stdin)
             try:
                 return self._follow(proc, signals, guardian)
@@ -324,7 +260,7 @@ class SlurmRun:
                     proc.kill()
                     proc.wait()
 
-    def _follow(self, proc: subprocess.Popen[bytes], signals: _Signals, guardian: SlurmGuardian
+    def _follow(self, proc: subprocess.Popen[bytes], signals: ForwardedSignals, guardian: SlurmGuardian
                 ) -> tuple[int, bytes, int | None, int | None]:
         """Forward srun's stderr (less the wrapper's line) and signals until srun ends."""
         guardian.srun_started(proc.pid)

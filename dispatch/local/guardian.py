@@ -12,17 +12,24 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 from dispatch.capping.base import JobCgroup
 
 
-class Guardian:
+class Watcher:
+    """The hostrun side of a forked watcher: a pipe to tell it things, ``x`` to dismiss it."""
+
     def __init__(self, pid: int, write_fd: int) -> None:
         self.pid = pid
         self._write_fd = write_fd
 
-    @classmethod
-    def start(cls, state_dir: str, job: JobCgroup) -> Guardian:
+    @staticmethod
+    def fork(keep: list[int], act: Callable[[list[bytes]], None]) -> tuple[int, int]:
+        """Fork the watcher (its pid and the pipe's write end, for the constructor): in its own
+        session, signals ignored, stdio on /dev/null, holding nothing of hostrun's but the pipe and
+        ``keep``; when hostrun dies it calls ``act`` with the lines hostrun told it (hostrun's
+        ``dismiss`` ends it without acting)."""
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the forked child; tested end to end
@@ -38,24 +45,22 @@ class Guardian:
                 # Hold nothing of hostrun's but its pipe and the job's own descriptors: a copy of, say,
                 # the write end of the pipe that feeds the job's stdin (the peer agent's --stdin)
                 # would keep the job from ever seeing EOF, for as long as the guardian lives.
-                _close_all_but([read_fd, *job.held_fds()])
-                _watch(read_fd, state_dir, job)
+                _close_all_but([read_fd, *keep])
+                lines = _until_hostrun_ends(read_fd)
+                if lines is not None:
+                    act(lines)
             except BaseException:
                 status = 1
             finally:
                 os._exit(status)
         os.close(read_fd)
-        return cls(pid, write_fd)
+        return pid, write_fd
 
-    def booked(self, booking_id: int) -> None:
-        os.write(self._write_fd, f"B{booking_id}\n".encode())
-
-    def job_started(self, pid: int) -> None:
-        """Backends that track the job by its process (no cgroup) need the pid to stop it."""
-        os.write(self._write_fd, f"P{pid}\n".encode())
+    def tell(self, line: str) -> None:
+        os.write(self._write_fd, line.encode() + b"\n")
 
     def dismiss(self) -> None:
-        """hostrun finished its own clean-up: let the guardian exit without touching anything."""
+        """hostrun finished its own clean-up: let the watcher exit without touching anything."""
         try:
             os.write(self._write_fd, b"x")
         except OSError:
@@ -65,6 +70,19 @@ class Guardian:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
+
+
+class Guardian(Watcher):
+    @classmethod
+    def start(cls, state_dir: str, job: JobCgroup) -> Guardian:
+        return cls(*cls.fork(job.held_fds(), lambda lines: _clean_up(lines, state_dir, job)))
+
+    def booked(self, booking_id: int) -> None:
+        self.tell(f"B{booking_id}")
+
+    def job_started(self, pid: int) -> None:
+        """Backends that track the job by its process (no cgroup) need the pid to stop it."""
+        self.tell(f"P{pid}")
 
 
 def _close_all_but(keep: list[int]) -> None:  # pragma: no cover - child
@@ -77,22 +95,26 @@ def _close_all_but(keep: list[int]) -> None:  # pragma: no cover - child
     os.closerange(low, max(low, os.sysconf("SC_OPEN_MAX")))
 
 
-def _watch(read_fd: int, state_dir: str, job: JobCgroup) -> None:  # pragma: no cover - child
-    booking_id = None
+def _until_hostrun_ends(read_fd: int) -> list[bytes] | None:  # pragma: no cover - child
+    """The lines hostrun sent, once its end closes the pipe; None when it dismissed the watcher."""
     pending = b""
     while True:
         data = os.read(read_fd, 64)
         if not data:
-            break  # hostrun is gone
+            return [line for line in pending.split(b"\n") if line]
         pending += data
         if b"x" in pending:
-            return  # hostrun cleaned up itself
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if line.startswith(b"B"):
-                booking_id = int(line[1:])
-            elif line.startswith(b"P"):
-                job.started(int(line[1:]))
+            return None
+
+
+def _clean_up(lines: list[bytes], state_dir: str, job: JobCgroup) -> None:  # pragma: no cover - child
+    """hostrun is gone: kill every process in the job's cgroup, remove it, release the booking."""
+    booking_id = None
+    for line in lines:
+        if line.startswith(b"B"):
+            booking_id = int(line[1:])
+        elif line.startswith(b"P"):
+            job.started(int(line[1:]))
     job.kill_all()
     try:
         job.remove()

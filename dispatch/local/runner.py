@@ -40,6 +40,8 @@ from dispatch.local.guardian import Guardian
 from dispatch.local.history import record_outcome
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.ledger import Admission, Ledger
+from dispatch.local.signals import FORWARDED as FORWARDED
+from dispatch.local.signals import ForwardedSignals as _Signals
 from dispatch.local.spawn import CGROUP_FAILED, PreparedChild
 
 MYPY = False
@@ -51,26 +53,8 @@ if MYPY:
 SAMPLE_INTERVAL = 0.05
 FAST_SAMPLE_INTERVAL = 0.01  # short jobs are over before a 50 ms sample would see them
 FAST_SAMPLING_FOR = 1.0
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # They end a wait for room, as SIGINT does (KeyboardInterrupt).
 WAIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
-
-class _Signals:
-    """While the job runs: collect forwarded signals; restore the old handlers afterwards."""
-
-    def __init__(self) -> None:
-        self.pending: list[int] = []
-        self._old: dict[int, object] = {}
-
-    def __enter__(self) -> _Signals:
-        for sig in FORWARDED:
-            self._old[sig] = signal.signal(sig, lambda signum, _frame: self.pending.append(signum))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
 class _Foreground:
