@@ -28,11 +28,24 @@ from dispatch.placement.judgement import Judgement
 
 MYPY = False
 if MYPY:
-    from typing import Any
+    from typing import Any, Protocol
 
-    from dispatch.hosts.slurm import SlurmHost
+    from dispatch.core.settings import HostSettings, Settings
+    from dispatch.hosts.slurmkeys import SlurmOptions
     from dispatch.placement.judgement import Job
     from dispatch.placement.pending import HostPending
+
+    class SlurmHost(Protocol):
+        """What this module asks of ``dispatch.hosts.slurm.SlurmHost`` (which imports this module)."""
+
+        config: Settings
+        settings: HostSettings
+        options: SlurmOptions
+
+        @property
+        def name(self) -> str: ...
+
+        def commands(self) -> Any: ...
 
 
 def read(host: SlurmHost, argv: list[str]) -> str:
