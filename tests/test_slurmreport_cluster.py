@@ -102,6 +102,12 @@ def test_an_unreadable_cluster_is_one_line_and_local_is_still_shown(hostrun: Hos
     [line] = [ln for ln in done.stdout.splitlines() if ln.startswith("c:")]
     assert line == f"c: could not read: c: slurm_conf {slurm.root}/missing.conf: no such file"
     assert "host local" in done.stdout
+    doctor = hostrun.run("doctor", "--json")
+    assert doctor.returncode == 0, doctor.stderr
+    [entry] = json.loads(doctor.stdout)["peers"]
+    assert (entry["ok"], entry["problems"]) == (False, [line.removeprefix("c: ")])
+    shown = hostrun.run("doctor").stdout
+    assert "cluster c: could not read\n  problem: could not read: c: slurm_conf" in shown
     # a stopped controller: each command bounded by report_timeout, then the same one line
     use_cluster(hostrun, slurm)
     slurm.procs["slurmctld"].send_signal(signal.SIGTERM)

@@ -70,6 +70,8 @@ class SlurmHost(Host):
         try:
             done = self.commands().run(sf.version_command(), timeout=self.config.report_timeout)
             entry["slurm_version"] = sf.parse_version(done.stdout) if done.returncode == 0 else None
+            if done.returncode != 0:
+                entry["problems"].append(f"scontrol --version failed: {' '.join(done.stderr.split())}")
         except HostrunError as exc:
             entry["slurm_version"] = None
             entry["problems"].append(str(exc))
