@@ -41,7 +41,8 @@ def test_a_size_that_is_not_one_is_named() -> None:
 def test_idle_node() -> None:
     [node] = sf.parse_nodes(recorded("node_idle.txt"))
     assert node == sf.SlurmNode(name="vm", state="IDLE", real_memory=21695 * MiB, alloc_memory=0,
-                                free_memory=node.free_memory, cpus=2, cpus_alloc=0, gres=None, reason=None)
+                                free_memory=node.free_memory, cpus=2, cpus_alloc=0, gres=None, reason=None,
+                                partitions=("test",))
     assert node.free_memory is not None and node.free_memory > 0
     assert node.usable
 

@@ -121,6 +121,9 @@ def decision(d: Any) -> None:
 
 
 def report(data: dict[str, Any]) -> None:
+    if data.get("kind") == "slurm":
+        cluster(data)
+        return
     s = data["slice"]
     table = Table(title=f"host {_t(data['host'])} ({_t(data['hostname'])}), backend "
                         f"{_t(data['backend'])}, hostrun {_t(data.get('agent_version') or data['version'])}",
@@ -155,6 +158,36 @@ def report(data: dict[str, Any]) -> None:
         console.print(jobs)
 
 
+def cluster(data: dict[str, Any]) -> None:
+    """A Slurm cluster's report: its nodes (memory free to allocate is RealMemory less AllocMem) and
+    its jobs."""
+    t = data["totals"]
+    part = f", partition {_t(data['partition'])}" if data.get("partition") else ""
+    console.print(f"[bold]{_t(data['host'])}[/bold]: Slurm cluster {_t(data.get('hostname') or '?')} "
+                  f"(Slurm {_t(data.get('slurm_version') or '?')}){part}: {t['nodes_up']} of "
+                  f"{t['nodes']} nodes up; {format_size(t['memory_free'])} free to allocate of "
+                  f"{format_size(t['memory_total'])} ({format_size(t['memory_allocated'])} allocated)")
+    nodes = Table(title=f"nodes of {_t(data['host'])}")
+    for col in ("node", "state", "memory", "allocated", "free to allocate", "CPUs", "GPUs", "reason"):
+        nodes.add_column(col)
+    for n in data["nodes"]:
+        mem, cpus, gpus = n["memory"], n["cpus"], n["gpus"]
+        state = _t(n["state"]) if n["usable"] else f"[red]{_t(n['state'])}[/red]"
+        gpu = "-" if not gpus["total"] else (
+            f"{gpus['used']}/{gpus['total']} used" if gpus["used"] is not None else str(gpus["total"]))
+        nodes.add_row(_t(n["name"]), state, format_size(mem["total"]), format_size(mem["allocated"]),
+                      format_size(mem["free"]), f"{cpus['allocated']}/{cpus['total']} allocated", gpu,
+                      _t(n["reason"] or ""))
+    console.print(nodes if nodes.row_count else "nodes: none")
+    pending: dict[str, int] = {}
+    for job in data["queue"]:
+        reason = str(job.get("reason") or "none")
+        pending[reason] = pending.get(reason, 0) + 1
+    why = ", ".join(f"{count} {_t(reason)}" for reason, count in sorted(pending.items()))
+    console.print(f"jobs: {len(data['running'])} running, {data['queue_length']} pending"
+                  + (f" ({why})" if why else ""))
+
+
 def doctor(data: dict[str, Any]) -> None:
     console.print(f"hostrun {data['version']} (python {data['python']})")
     console.print(f"config:   {_t(data['config'])}")
@@ -175,6 +208,9 @@ def doctor(data: dict[str, Any]) -> None:
     for problem in data["problems"]:
         console.print(f"[red]problem:[/red] {_t(problem)}")
     for peer in data.get("peers", []):
+        if peer.get("kind") == "slurm":
+            _doctor_cluster(peer)
+            continue
         state = "[green]ok[/green]" if peer["ok"] and not peer["problems"] else (
             "[yellow]warnings[/yellow]" if peer["ok"] else "[red]unreachable[/red]")
         rt = f", {peer['round_trip_ms']} ms per command" if "round_trip_ms" in peer else ""
@@ -183,6 +219,19 @@ def doctor(data: dict[str, Any]) -> None:
         console.print(f"peer {_t(peer['host'])} ({_t(peer['ssh'])}): {state}{details}{rt}")
         for problem in peer["problems"]:
             console.print(f"  [red]problem:[/red] {_t(problem)}")
+
+
+def _doctor_cluster(entry: dict[str, Any]) -> None:
+    state = "[green]ok[/green]" if entry["ok"] and not entry["problems"] else (
+        "[yellow]warnings[/yellow]" if entry["ok"] else "[red]could not read[/red]")
+    details = ""
+    if entry["ok"]:
+        details = (f", Slurm {_t(entry.get('slurm_version') or '?')}, {entry['nodes_up']} of "
+                   f"{entry['nodes']} nodes usable")
+    part = f", partition {_t(entry['partition'])}" if entry.get("partition") else ""
+    console.print(f"cluster {_t(entry['host'])}{part}: {state}{details}")
+    for problem in entry["problems"]:
+        console.print(f"  [red]problem:[/red] {_t(problem)}")
 
 
 def capacity(hosts: Sequence[Any]) -> None:

@@ -41,6 +41,13 @@ def host_line(reading: HostReading) -> str:
     if reading.report is None:
         return f"- {reading.host}: could not read: {reading.error}"
     r = reading.report
+    if r.get("kind") == "slurm":  # a cluster: no load or slice of its own (dispatch.hosts.slurmreport)
+        t = r.get("totals") or {}
+        most = t.get("most_free_node") or {}
+        return (f"- {reading.host}: Slurm cluster, {t.get('nodes_up', '?')} of {t.get('nodes', '?')} "
+                f"nodes up, {format_size(t.get('memory_free'))} free to allocate (most on one node "
+                f"{format_size(most.get('memory'))}), {len(r.get('running') or [])} running, "
+                f"{r.get('queue_length', 0)} pending, {t.get('gpus_total', 0)} GPUs")
     load = r.get("load") or [0.0]
     slice_ = r.get("slice") or {}
     memory = r.get("memory") or {}

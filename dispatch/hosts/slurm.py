@@ -59,3 +59,35 @@ class SlurmHost(Host):
         from dispatch.hosts.slurmrun import SlurmRun
 
         return SlurmRun(self, self.commands(), request, say, extras).run()
+
+    def diagnose(self, reading: Any) -> dict[str, Any] | None:
+        """Can its commands be read, which Slurm answers (``scontrol --version``), how many nodes
+        take jobs; problems: none usable, or a ``partition`` the cluster does not have."""
+        from dispatch.core.errors import HostrunError
+        from dispatch.hosts import slurmfacts as sf
+
+        entry: dict[str, Any] = {"host": self.name, "kind": self.kind, "ok": reading.ok,
+                                 "partition": self.options.partition, "problems": []}
+        if reading.report is None:
+            entry["problems"].append(f"could not read: {reading.error}")
+            return entry
+        report = reading.report
+        try:
+            done = self.commands().run(sf.version_command(), timeout=self.config.report_timeout)
+            entry["slurm_version"] = sf.parse_version(done.stdout) if done.returncode == 0 else None
+            if done.returncode != 0:
+                entry["problems"].append(f"scontrol --version failed: {' '.join(done.stderr.split())}")
+        except HostrunError as exc:
+            entry["slurm_version"] = None
+            entry["problems"].append(str(exc))
+        totals = report["totals"]
+        entry.update(cluster=report.get("hostname"), nodes=totals["nodes"], nodes_up=totals["nodes_up"])
+        partition = self.options.partition
+        if partition is not None and partition not in report.get("partitions", []):
+            known = ", ".join(report.get("partitions") or []) or "none"
+            entry["problems"].append(f"partition {partition} is unknown to the cluster (its "
+                                     f"partitions: {known})")
+        elif not totals["nodes_up"]:
+            states = ", ".join(f"{n['name']} {n['state']}" for n in report["nodes"]) or "no nodes"
+            entry["problems"].append(f"no usable node: jobs would wait ({states})")
+        return entry

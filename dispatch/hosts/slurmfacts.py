@@ -15,6 +15,9 @@ _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 
 # squeue's fixed output: job id, state (long form), reason, minimum memory, node list; "|"-separated.
 SQUEUE_FORMAT = "%i|%T|%r|%m|%N"
+# The report's: the same, then submit time, start time, partition and the job's name (last: a name
+# may hold "|").
+NAMED_FORMAT = SQUEUE_FORMAT + "|%V|%S|%P|%j"
 # sacct's fields, in this order, -P (parsable, "|") and -n (no header).
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "MaxRSS", "ReqMem")
 # What sacct prints (on stderr, status 1) on a cluster without accounting storage (no slurmdbd).
@@ -33,6 +36,9 @@ class SlurmNode(NamedTuple):
     cpus_alloc: int
     gres: str | None
     reason: str | None  # why the node is down/drained, as set by the admin or Slurm
+    partitions: tuple[str, ...] = ()
+    gpus: int = 0  # GPUs in its Gres (``gpu:a100:4`` -> 4)
+    gpus_used: int | None = None  # from GresUsed (``scontrol -d``); None where not printed
 
     @property
     def base_state(self) -> str:
@@ -55,6 +61,20 @@ class QueuedJob(NamedTuple):
     reason: str | None  # None where squeue prints "None"
     memory: int | None
     nodes: str | None  # None while pending
+    # NAMED_FORMAT only (None from SQUEUE_FORMAT): when submitted and started (epoch seconds; a
+    # pending job's start is None), its partition and name (hostrun's job name is the label).
+    submitted: float | None = None
+    started: float | None = None
+    partition: str | None = None
+    name: str | None = None
+
+
+class DefaultMem(NamedTuple):
+    """The ``--mem`` a job gets without one (``scontrol show config``): per node or per CPU, bytes;
+    both None: a job without ``--mem`` gets the whole node's memory."""
+
+    per_node: int | None
+    per_cpu: int | None
 
 
 class JobRecord(NamedTuple):
@@ -163,23 +183,103 @@ def parse_nodes(text: str) -> list[SlurmNode]:
             free_memory=to_bytes(kv.get("FreeMem", "")),
             cpus=int(kv.get("CPUTot", "0")), cpus_alloc=int(kv.get("CPUAlloc", "0")),
             gres=_opt(kv.get("Gres")), reason=_opt(kv.get("Reason")),
+            partitions=tuple(p for p in (_opt(kv.get("Partitions")) or "").split(",") if p),
+            gpus=gpu_count(kv.get("Gres") or ""),
+            gpus_used=gpu_count(kv["GresUsed"]) if "GresUsed" in kv else None,
         ))
     return nodes
 
 
-def queue_command(user: str | None = None) -> list[str]:
-    """The queue (all users, or ``user``'s), without header, in :data:`SQUEUE_FORMAT`."""
-    argv = ["squeue", "--noheader", "--format", SQUEUE_FORMAT]
+def node_details_command() -> list[str]:
+    """:func:`node_command` with details: also ``GresUsed`` (the GPUs allocated), for the report."""
+    return ["scontrol", "-d", "show", "node", "-o"]
+
+
+def gpu_count(gres: str) -> int:
+    """The GPUs in a Gres string: ``gpu:a100:4(S:0-1),gpu:v100:2,mps:100`` -> 6; ``gpu`` alone is one;
+    ``(null)`` none. Also reads GresUsed (``gpu:a100:1(IDX:0)``)."""
+    total, depth, item = 0, 0, ""
+    for ch in gres + ",":
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts = item.split("(")[0].split(":")
+            if parts[0] == "gpu":
+                total += int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+            item = ""
+        else:
+            item += ch
+    return total
+
+
+def queue_command(user: str | None = None, named: bool = False) -> list[str]:
+    """The queue (all users, or ``user``'s), without header, in :data:`SQUEUE_FORMAT` (``named``:
+    :data:`NAMED_FORMAT`)."""
+    argv = ["squeue", "--noheader", "--format", NAMED_FORMAT if named else SQUEUE_FORMAT]
     return argv + (["--user", user] if user else [])
 
 
 def parse_queue(text: str) -> list[QueuedJob]:
-    """The jobs of ``squeue`` in :data:`SQUEUE_FORMAT`."""
+    """The jobs of ``squeue`` in :data:`SQUEUE_FORMAT` or :data:`NAMED_FORMAT`."""
     jobs = []
-    for fields in _rows(text, 5, "squeue"):
-        job_id, state, reason, memory, nodes = fields
-        jobs.append(QueuedJob(job_id, state, _opt(reason), to_bytes(memory), _opt(nodes)))
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|", 8)
+        if len(fields) not in (5, 9):
+            raise ValueError(f"squeue line has {len(fields)} fields, not 5 or 9: {line!r}")
+        job_id, state, reason, memory, nodes = fields[:5]
+        job = QueuedJob(job_id, state, _opt(reason), to_bytes(memory), _opt(nodes))
+        if len(fields) == 9:
+            submitted, started, partition, name = fields[5:]
+            job = job._replace(submitted=_when(submitted), started=_when(started),
+                               partition=_opt(partition), name=name)
+        jobs.append(job)
     return jobs
+
+
+def _when(text: str) -> float | None:
+    """A Slurm time (``2026-11-30T19:02:35``, this machine's local time) in epoch seconds; None for
+    ``N/A``, ``Unknown``, ``None``."""
+    import time
+
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def config_command() -> list[str]:
+    """The controller's configuration, ``Key = Value`` per line."""
+    return ["scontrol", "show", "config"]
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` as a dict (lines without `` = `` skipped)."""
+    pairs = {}
+    for line in text.splitlines():
+        key, eq, value = line.partition("=")
+        if eq and key.strip() and " " not in key.strip():
+            pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def default_mem(config: dict[str, str]) -> DefaultMem:
+    """The cluster's own default ``--mem`` from :func:`parse_config` (``UNLIMITED``: not set)."""
+    def size(key: str) -> int | None:
+        value = config.get(key, "")
+        return None if value in ("", "UNLIMITED", "0") else to_bytes(value)
+
+    return DefaultMem(size("DefMemPerNode"), size("DefMemPerCPU"))
+
+
+def version_command() -> list[str]:
+    return ["scontrol", "--version"]
+
+
+def parse_version(text: str) -> str | None:
+    """``slurm-wlm 22.05.8`` (or ``slurm 23.11.1``) -> ``22.05.8``."""
+    words = text.split()
+    return words[-1] if words else None
 
 
 def job_command(job_id: str) -> list[str]:
