@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,3 +240,17 @@ def test_a_killed_client_leaves_nothing_running(slurm: SlurmCluster, tmp_path: P
         assert time.monotonic() < deadline, job(slurm, job_id)
         time.sleep(0.1)
     assert job(slurm, job_id).state == "CANCELLED"
+
+
+def test_auto_sends_a_job_the_local_slice_cannot_hold_to_the_cluster(hostrun: Any,
+                                                                       slurm: SlurmCluster) -> None:
+    hostrun.configure(slice="300M", top="enable_across_machines = true",
+                      peers=f"[hosts.farm]\nkind = 'slurm'\nslurm_conf = '{slurm.conf}'\n")
+    done = hostrun.run("--auto", "-m", "1G", "-l", "big", "--", "sh", "-c", 'echo "job $SLURM_JOB_ID"',
+                       stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert "local does not fit; farm fits: node" in done.stderr
+    [(job_id, name, state)] = jobs(slurm)
+    assert (done.stdout, name, state) == (f"job {job_id}\n", "big", "COMPLETED")
+    assert job(slurm, job_id).memory == 1 << 30
+    assert hostrun.bookings() == []
