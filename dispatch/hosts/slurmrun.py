@@ -382,8 +382,8 @@ class SlurmRun:
         return verdict(state, srun_status, signal_number, interrupted, self.where)
 
     def _record(self, outcome: Outcome, kind: str | None) -> None:
-        from dispatch.local.history import record_outcome
         from dispatch.local.ledger import Ledger
+        from dispatch.local.ledgerdb import record_outcome
 
         try:
             ledger = Ledger(self.config.state_dir)

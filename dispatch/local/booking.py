@@ -19,12 +19,11 @@ import os
 from collections.abc import Sequence
 
 from dispatch.core.errors import NeverFitsError
-from dispatch.core.exitcodes import ExitCode
 from dispatch.core.fingerprint import short_hash
 from dispatch.core.records import NamedTuple
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
-from dispatch.local.ledgerdb import CLEAN, NO_EVENT, OOM_KILLED, SLICE_FULL, PeakRecord
+from dispatch.local.ledgerdb import PeakRecord
 
 OOM_SCORE_ADJ = {"cap": 0, "peak": 500, "gamble": 1000}
 
@@ -74,19 +73,6 @@ def plan_booking(
     else:
         kind, size = "gamble", min(gamble_size, slice_limit)
     return Plan(kind=kind, size=size, limit=limit, oom_score_adj=OOM_SCORE_ADJ[kind])
-
-
-def mark_event(exit_code: int, kind: str | None, oom_killed: bool) -> str:
-    """What a finished run does to its label's mark (``ledgerdb.record_fold``): 254 marks it; any
-    other OOM kill sets its clean count back to 0; exit 0 booked at its cap (``kind`` "cap") with
-    nothing OOM-killed counts as clean. A run that failed otherwise says nothing either way."""
-    if exit_code == ExitCode.SLICE_FULL:
-        return SLICE_FULL
-    if oom_killed:
-        return OOM_KILLED
-    if exit_code == 0 and kind == "cap":
-        return CLEAN
-    return NO_EVENT
 
 
 def _at(when: float) -> str:

@@ -22,7 +22,6 @@ if MYPY:
     from dispatch.core.outcome import Outcome
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import Settings
-    from dispatch.local.ledger import Ledger
     from dispatch.local.ledgerdb import RunRecord
 
 
@@ -72,26 +71,3 @@ def record_peer_run(settings: Settings, outcome: Outcome, request: RunRequest,
             ledger.close()
     except HostrunError as exc:  # the ledger failed, or the state dir is not one to trust
         say(f"warning: the history row of this run was not recorded here: {exc}")
-
-
-def record_outcome(settings: Settings, ledger: Ledger, outcome: Outcome, request: RunRequest,
-            cap: int | None, kind: str, say: Callable[[str], None]) -> None:
-    """The run's peak (when one was measured), its mark event and its history row, in one
-    transaction. The job has run: a ledger failure now must not change its exit status, so it is
-    one warning."""
-    from dispatch.core.errors import LedgerError
-    from dispatch.local.booking import mark_event
-    from dispatch.local.ledgerdb import run_row
-
-    run = run_row(outcome, request.session, request.argv)
-    try:
-        if outcome.peak_bytes is None:  # the command could not be started: nothing measured
-            ledger.record_run(run, settings.history_keep)
-        else:
-            event = mark_event(outcome.exit_code, kind, outcome.counters.get("oom_kill", 0) > 0)
-            ledger.record_peak(outcome.label, outcome.host, outcome.peak_bytes, outcome.hit_ceiling,
-                               outcome.duration_s, cap=cap, event=event,
-                               clear_after=settings.clear_mark_after, run=run,
-                               keep=settings.history_keep)
-    except LedgerError as exc:
-        say(f"warning: the peak and history row of this run were not recorded: {exc}")

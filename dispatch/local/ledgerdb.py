@@ -13,10 +13,12 @@ from dispatch.core.records import NamedTuple
 
 MYPY = False
 if MYPY:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any, Optional
 
     from dispatch.core.outcome import Outcome
+    from dispatch.core.request import RunRequest
+    from dispatch.core.settings import Settings
 
 SCHEMA_VERSION = 6  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle;
 # 5: peaks.ceiling_at, slice_full_at, clean_runs (the marks that book a label at its cap); 6: runs
@@ -109,7 +111,7 @@ ADDED_PEAK_COLUMNS = (("ceiling_at", "REAL"), ("slice_full_at", "REAL"),
                       ("clean_runs", "INTEGER NOT NULL DEFAULT 0"))
 PEAK_COLUMNS = ("label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration,"
                 " updated, ceiling_at, slice_full_at, clean_runs")
-# What a run says about its label's mark (``dispatch.local.booking.mark_event``), in record_fold and in the
+# What a run says about its label's mark (``mark_event``), in record_fold and in the
 # peak journal: killed with 254; OOM-killed otherwise; a clean run at its cap; nothing of that.
 SLICE_FULL, OOM_KILLED, CLEAN, NO_EVENT = "s", "o", "c", "-"
 CLEAR_MARK_AFTER = 3  # the default of ``clear_mark_after``
@@ -280,3 +282,39 @@ def run_row(outcome: Outcome, session: str | None, argv: Sequence[str]) -> RunRe
         peak=outcome.peak_bytes, exit_code=outcome.exit_code, outcome=storable(outcome.outcome),
         hit_ceiling=bool(outcome.hit_ceiling),
     )
+
+
+def record_outcome(settings: Settings, ledger: Any, outcome: Outcome, request: RunRequest,
+            cap: int | None, kind: str, say: Callable[[str], None]) -> None:
+    """The run's peak (when one was measured), its mark event and its history row, in one
+    transaction. The job has run: a ledger failure now must not change its exit status, so it is
+    one warning."""
+    from dispatch.core.errors import LedgerError
+
+    run = run_row(outcome, request.session, request.argv)
+    try:
+        if outcome.peak_bytes is None:  # the command could not be started: nothing measured
+            ledger.record_run(run, settings.history_keep)
+        else:
+            event = mark_event(outcome.exit_code, kind, outcome.counters.get("oom_kill", 0) > 0)
+            ledger.record_peak(outcome.label, outcome.host, outcome.peak_bytes, outcome.hit_ceiling,
+                               outcome.duration_s, cap=cap, event=event,
+                               clear_after=settings.clear_mark_after, run=run,
+                               keep=settings.history_keep)
+    except LedgerError as exc:
+        say(f"warning: the peak and history row of this run were not recorded: {exc}")
+
+
+def mark_event(exit_code: int, kind: str | None, oom_killed: bool) -> str:
+    """What a finished run does to its label's mark (``ledgerdb.record_fold``): 254 marks it; any
+    other OOM kill sets its clean count back to 0; exit 0 booked at its cap (``kind`` "cap") with
+    nothing OOM-killed counts as clean. A run that failed otherwise says nothing either way."""
+    from dispatch.core.exitcodes import ExitCode
+
+    if exit_code == ExitCode.SLICE_FULL:
+        return SLICE_FULL
+    if oom_killed:
+        return OOM_KILLED
+    if exit_code == 0 and kind == "cap":
+        return CLEAN
+    return NO_EVENT

@@ -37,9 +37,9 @@ from dispatch.core.units import format_size
 from dispatch.local.admission import wait_for_room
 from dispatch.local.booking import Plan, default_label, plan_booking
 from dispatch.local.guardian import Guardian
-from dispatch.local.history import record_outcome
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.ledger import Admission, Ledger
+from dispatch.local.ledgerdb import record_outcome
 from dispatch.local.signals import FORWARDED as FORWARDED
 from dispatch.local.signals import ForwardedSignals as _Signals
 from dispatch.local.spawn import CGROUP_FAILED, PreparedChild
