@@ -115,3 +115,14 @@ def test_a_killed_client_leaves_nothing_running_on_the_cluster(hostrun: Any, pee
         time.sleep(0.1)
     [state] = slurm.run(["squeue", "-h", "-t", "all", "-n", "gone", "-o", "%T"]).stdout.split()
     assert state in ("CANCELLED", "FAILED")
+
+
+def test_the_report_is_read_through_the_login_node(hostrun: Any, peers: Any, slurm: SlurmCluster) -> None:
+    login_cluster(hostrun, peers, slurm)
+    done = hostrun.run("report", "--json", "--host", "farm")
+    assert done.returncode == 0, done.stderr
+    [farm] = json.loads(done.stdout)["hosts"]
+    assert farm["ok"], farm["error"]
+    report = farm["report"]
+    assert report["kind"] == "slurm" and [n["name"] for n in report["nodes"]] == [slurm.node]
+    assert report["totals"]["nodes_up"] == 1
