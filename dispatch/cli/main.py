@@ -185,7 +185,7 @@ def _run_elsewhere(options: list[str], command: list[str], opts: RunOptions,
         from dispatch.local.booking import default_label
 
         placed = place_on_peer(settings, opts.peer, request.label or default_label(command),
-                               opts.memory_cap, opts.gpu_memory)
+                               opts.memory_cap, opts.gpu_memory, by_host=opts.host is not None)
     else:
         from dispatch.placement.auto import place
 

@@ -8,17 +8,19 @@ from dispatch.hosts.base import Host
 from dispatch.hosts.kinds import hosts_of
 
 
-def choose_peer(settings: Settings, wanted: str | bool, cap: int | None) -> Host:
-    """The peer named by ``--peer=NAME`` (or the first configured one for plain ``--peer``): a host
-    that is not this machine; its kind then checks the cap (``Host.check_cap``: 249)."""
+def choose_peer(settings: Settings, wanted: str | bool, cap: int | None, by_host: bool = False) -> Host:
+    """The peer named by ``--peer=NAME`` (or the first configured one for plain ``--peer``; with
+    ``by_host``, named by ``--host NAME``): a host that is not this machine; its kind then checks the
+    cap (``Host.check_cap``: 249)."""
     peers = [h for h in hosts_of(settings) if not h.is_here]
     if not peers:
         raise UsageError("--peer: no peer is configured (add a [hosts.NAME] table with ssh = ...)")
     if isinstance(wanted, str):
         chosen = next((h for h in peers if h.name == wanted), None)
         if chosen is None:
-            raise UsageError(f"--peer={wanted}: no such peer (configured: "
-                             f"{', '.join(h.name for h in peers)})")
+            said = f"--host {wanted}: no such host" if by_host else f"--peer={wanted}: no such peer"
+            names = list(settings.hosts) if by_host else [h.name for h in peers]
+            raise UsageError(f"{said} (configured: {', '.join(names)})")
     else:
         chosen = peers[0]
     chosen.check_cap(cap)

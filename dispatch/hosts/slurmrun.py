@@ -21,7 +21,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from dispatch.core.errors import HostrunError, NotRunError, UsageError
+from dispatch.core.errors import ConfigError, HostrunError, NotRunError, UsageError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.outcome import Outcome
 from dispatch.core.request import job_environment
@@ -159,6 +159,10 @@ class SlurmRun:
         request, settings = self.request, self.host.settings
         if not request.argv:
             raise NotRunError("no command to run")
+        conf = self.options.slurm_conf
+        if conf and not self.commands.remote and not os.path.isfile(conf):
+            # Slurm's clients retry a missing file for 60 s: say it now
+            raise ConfigError(f"hosts.{self.host.name}.slurm_conf: {conf}: no such file; nothing ran")
         label = self._label()
         cap, kind = job_mem(request.cap, self._worst_peak(label) if request.cap is None else None,
                             settings.default_cap)

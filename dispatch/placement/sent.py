@@ -33,13 +33,14 @@ class Placement(NamedTuple):
 
 
 def place_on_peer(settings: Settings, wanted: str | bool, label: str, cap: int | None,
-                  gpu_memory: int | None) -> Placement:
+                  gpu_memory: int | None, by_host: bool = False) -> Placement:
     """``--peer[=NAME]``: never a silent local run when peers are off (248); the cap is checked
     against the peer's ``peer_memory_cap`` (249); the room it will take is noted as pending."""
     if not settings.enable_across_machines:
-        raise AcrossDisabledError("--peer: enable_across_machines is off (set it in the config "
+        flag = f"--host {wanted}" if by_host else "--peer"
+        raise AcrossDisabledError(f"{flag}: enable_across_machines is off (set it in the config "
                                   "or ENABLE_ACROSS_MACHINES=1); not running locally instead")
-    host = choose_peer(settings, wanted, cap)
+    host = choose_peer(settings, wanted, cap, by_host)
     note = note_sent(settings, host.name, label, host.pending_estimate(cap), gpu_memory)
     return Placement(host=host, note=note)
 
