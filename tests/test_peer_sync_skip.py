@@ -1,0 +1,204 @@
+"""Skip-if-unchanged sync (dispatch/hosts/syncstate.py, dispatch/agent/treestate.py) on the fake peer:
+the real ``PeerRun``, the real agent-side copy check and manifest, the real rsync copying locally.
+
+rsync is skipped only when this tree AND the peer's copy are as the last sync left them; a change
+here of known files sends just them; anything else is the full rsync.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from dispatch.agent.frames import Frame
+from dispatch.agent.treestate import MANIFEST
+from tests.fakepeer import Script
+from tests.test_peer_phases import Driver
+
+
+@pytest.fixture
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A source tree; the job runs in its ``sub`` directory."""
+    top = tmp_path / "tree"
+    (top / "sub").mkdir(parents=True)
+    (top / "sub" / "main.c").write_text("int main(void) { return 0; }\n")
+    monkeypatch.chdir(top / "sub")
+    return top
+
+
+def run(tmp_path: Path, tree_dir: Path, script: Script | None = None) -> Driver:
+    drive = Driver(tmp_path, tree_dir, script or Script())
+    assert drive().exit_code == 0
+    return drive
+
+
+def how(drive: Driver) -> str:
+    """What the run did: "skip", "paths" (--files-from) or "full" (--delete)."""
+    if not drive.link.rsyncs:
+        return "skip"
+    (argv,) = drive.link.rsyncs
+    return "paths" if "--files-from=-" in argv else "full"
+
+
+def same(tree_dir: Path, copy: Path) -> None:
+    """The copy holds exactly the tree's files (what the sync manages: here, all of them)."""
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*")
+                if p.is_file() and not p.name.startswith(".hostrun-")}
+    assert files(copy) == files(tree_dir)
+
+
+def test_nothing_changed_on_either_side_skips_rsync(tmp_path: Path, tree: Path) -> None:
+    first = run(tmp_path, tree)
+    assert how(first) == "full"
+    second = run(tmp_path, tree)
+    assert how(second) == "skip"
+    # The fake's frame log is shared by both runs: the second go says nothing (no new sync).
+    first_go, second_go = [p for k, p in second.link.received() if k == Frame.GO]
+    assert json.loads(first_go)["token"] and second_go == b""
+    same(tree, second.peer_tree)
+    # The records are private: the peer's manifest, the controller's record in its 0700 directory.
+    manifest = os.lstat(second.peer_tree / MANIFEST)
+    assert stat.S_IMODE(manifest.st_mode) == 0o600
+    records = tmp_path / "state" / "peer-sync"
+    assert stat.S_IMODE(os.lstat(records).st_mode) == 0o700
+    (record,) = records.iterdir()
+    assert stat.S_IMODE(os.lstat(record).st_mode) == 0o600
+
+
+def test_a_job_that_edits_a_synced_file_on_the_peer_makes_the_next_run_sync_it(
+        tmp_path: Path, tree: Path) -> None:
+    run(tmp_path, tree)
+    edited = run(tmp_path, tree, Script(files={"main.c": "edited on the peer\n"}))
+    assert (edited.peer_tree / "sub" / "main.c").read_text() == "edited on the peer\n"
+    again = run(tmp_path, tree)
+    assert how(again) == "full"
+    same(tree, again.peer_tree)
+    assert how(run(tmp_path, tree)) == "skip"
+
+
+def test_a_job_that_adds_a_file_to_the_copy_makes_the_next_run_delete_it(
+        tmp_path: Path, tree: Path) -> None:
+    run(tmp_path, tree)
+    run(tmp_path, tree, Script(files={"stray.o": "new on the peer\n"}))
+    again = run(tmp_path, tree)
+    assert how(again) == "full"
+    assert not (again.peer_tree / "sub" / "stray.o").exists()
+
+
+def test_build_output_in_an_ignored_directory_on_the_peer_still_skips(
+        tmp_path: Path, tree: Path) -> None:
+    (tree / ".gitignore").write_text("target/\n*.log\n")
+    run(tmp_path, tree)
+    run(tmp_path, tree, Script(files={"target/app": "built\n", "build.log": "log\n"}))
+    again = run(tmp_path, tree)
+    assert how(again) == "skip"
+    assert (again.peer_tree / "sub" / "target" / "app").read_text() == "built\n"
+
+
+def test_files_changed_here_are_sent_alone_then_the_next_run_skips(tmp_path: Path, tree: Path) -> None:
+    run(tmp_path, tree)
+    (tree / "sub" / "main.c").write_text("int main(void) { return 1; }\n")
+    (tree / "sub" / "new.c").write_text("untracked, new\n")
+    changed = run(tmp_path, tree)
+    assert how(changed) == "paths"
+    same(tree, changed.peer_tree)
+    assert how(run(tmp_path, tree)) == "skip"
+
+
+def test_a_file_changed_here_during_the_run_is_synced_next_time(tmp_path: Path, tree: Path) -> None:
+    run(tmp_path, tree)
+    (tree / "sub" / "main.c").write_text("first edit\n")
+    drive = Driver(tmp_path, tree, Script())
+
+    def edit_again() -> None:  # after this tree's walk, as rsync starts
+        (tree / "sub" / "main.c").write_text("second edit, during the sync, longer\n")
+
+    drive.link.on_rsync = edit_again
+    assert drive().exit_code == 0
+    again = run(tmp_path, tree)
+    assert how(again) != "skip"
+    assert (again.peer_tree / "sub" / "main.c").read_text() == "second edit, during the sync, longer\n"
+
+
+def test_a_file_deleted_here_is_deleted_there(tmp_path: Path, tree: Path) -> None:
+    (tree / "sub" / "old.c").write_text("to be deleted\n")
+    run(tmp_path, tree)
+    (tree / "sub" / "old.c").unlink()
+    again = run(tmp_path, tree)
+    assert how(again) == "full"
+    assert not (again.peer_tree / "sub" / "old.c").exists()
+    same(tree, again.peer_tree)
+
+
+def test_a_gitignore_change_syncs_what_it_no_longer_ignores(tmp_path: Path, tree: Path) -> None:
+    (tree / ".gitignore").write_text("*.log\n")
+    (tree / "sub" / "build.log").write_text("was ignored\n")
+    first = run(tmp_path, tree)
+    assert not (first.peer_tree / "sub" / "build.log").exists()
+    (tree / ".gitignore").write_text("*.tmp\n")
+    again = run(tmp_path, tree)
+    assert how(again) == "full"
+    assert (again.peer_tree / "sub" / "build.log").read_text() == "was ignored\n"
+
+
+def test_a_change_to_an_ignored_file_here_still_skips(tmp_path: Path, tree: Path) -> None:
+    (tree / ".gitignore").write_text("target/\n")
+    (tree / "target").mkdir()
+    (tree / "target" / "out").write_text("1\n")
+    run(tmp_path, tree)
+    (tree / "target" / "out").write_text("2, built here\n")
+    assert how(run(tmp_path, tree)) == "skip"
+
+
+def test_a_damaged_or_foreign_manifest_on_the_peer_means_the_full_sync(tmp_path: Path, tree: Path) -> None:
+    first = run(tmp_path, tree)
+    manifest = first.peer_tree / MANIFEST
+    manifest.write_text("{not json")
+    assert how(run(tmp_path, tree)) == "full"
+    assert how(run(tmp_path, tree)) == "skip"
+    os.chmod(manifest, 0o644)  # writable by no one else, but readable: not private, not trusted
+    assert how(run(tmp_path, tree)) == "full"
+    record = json.loads((first.peer_tree / MANIFEST).read_text())
+    record["token"] = "someone-elses"
+    (first.peer_tree / MANIFEST).unlink()
+    (first.peer_tree / MANIFEST).write_text(json.dumps(record))
+    os.chmod(first.peer_tree / MANIFEST, 0o600)
+    assert how(run(tmp_path, tree)) == "full"  # not the controller's last sync
+
+
+def test_a_damaged_record_here_means_the_full_sync(tmp_path: Path, tree: Path) -> None:
+    run(tmp_path, tree)
+    (record,) = (tmp_path / "state" / "peer-sync").iterdir()
+    record.write_bytes(b"garbage")
+    assert how(run(tmp_path, tree)) == "full"
+    assert how(run(tmp_path, tree)) == "skip"
+
+
+def test_a_failed_sync_leaves_no_record(tmp_path: Path, tree: Path) -> None:
+    run(tmp_path, tree)
+    (tree / "sub" / "main.c").write_text("changed\n")
+    failing = Driver(tmp_path, tree, Script(sync_error="rsync: boom\n"))
+    try:
+        failing()
+    except Exception:
+        pass
+    assert list((tmp_path / "state" / "peer-sync").iterdir()) == []
+    assert how(run(tmp_path, tree)) == "full"
+
+
+def test_an_ignore_rule_the_walk_cannot_follow_never_sends_listed_paths(
+        tmp_path: Path, tree: Path) -> None:
+    """rsync's --files-from reads no .gitignore: with a rule the walk does not understand, a change
+    here is the full sync, which leaves the ignored file where it is."""
+    (tree / ".gitignore").write_text("sub/*.log\n")
+    (tree / "sub" / "build.log").write_text("1\n")
+    run(tmp_path, tree)
+    (tree / "sub" / "build.log").write_text("2, still ignored\n")
+    again = run(tmp_path, tree)
+    assert how(again) == "full"
+    assert not (again.peer_tree / "sub" / "build.log").exists()
