@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dispatch.agent.frames import Frame
 from dispatch.agent.treestate import MANIFEST
+from tests.conftest import Hostrun
 from tests.fakepeer import Script
 from tests.test_peer_phases import Driver
+from tests.test_peer_run import remote_tree, setup
 
 
 @pytest.fixture
@@ -202,3 +207,56 @@ def test_an_ignore_rule_the_walk_cannot_follow_never_sends_listed_paths(
     again = run(tmp_path, tree)
     assert how(again) == "full"
     assert not (again.peer_tree / "sub" / "build.log").exists()
+
+
+# -- the same over a real sshd peer, with the real agent (tests/test_peer_run.py's set-up) --
+
+def rsync_logger(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose ``rsync`` logs each argv (one JSON line) and runs the real one."""
+    real = shutil.which("rsync")
+    assert real is not None
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "rsync.jsonl"
+    wrapper = bin_dir / "rsync"
+    wrapper.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                       f"with open({str(log)!r}, 'a') as fh: fh.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                       f"os.execv({real!r}, [{real!r}, *sys.argv[1:]])\n")
+    wrapper.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
+
+
+def syncs(log: Path) -> list[str]:
+    """Each sync rsync started so far (the ones with ``-e``): "paths" or "full"."""
+    if not log.exists():
+        return []
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    return ["paths" if "--files-from=-" in argv else "full" for argv in runs if "-e" in argv]
+
+
+def test_real_peer_skips_resyncs_what_the_job_edited_and_sends_only_changed_files(
+        hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
+    peer, top = setup(hostrun, peers, tmp_path)
+    env, log = rsync_logger(tmp_path)
+
+    def peer_run(*argv: str) -> str:
+        proc = hostrun.run("--peer", "-m", "64M", "--", *argv, cwd=top, env=env)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    peer_run("true")
+    assert syncs(log) == ["full"]
+    copy = remote_tree(peer)
+    assert stat.S_IMODE(os.lstat(copy / MANIFEST).st_mode) == 0o600
+    peer_run("sh", "-c", "echo edited-on-the-peer > README")  # nothing changed: no rsync
+    assert syncs(log) == ["full"]
+    assert peer_run("cat", "README") == "readme v1\n"  # the copy was not clean: the full rsync
+    assert syncs(log) == ["full", "full"]
+    (top / "README").write_text("readme v2\n")
+    assert peer_run("cat", "README") == "readme v2\n"
+    assert syncs(log) == ["full", "full", "paths"]
+    (top / ".gitignore").write_text("target/\n")  # debug.log no longer ignored
+    assert peer_run("cat", "debug.log") == "ignored log\n"
+    assert syncs(log) == ["full", "full", "paths", "full"]
+    peer_run("true")
+    assert syncs(log) == ["full", "full", "paths", "full"]
