@@ -14,7 +14,8 @@ address (127.0.0.2 by default): its own sshd, keys, hostrun config, state dir, s
 sets ``toolchain_probes = ["rsync --version"]``, as the tests do; hostrun runs from inside the tree.
 
 Warm-up (not timed): ``hostrun --peer -- true`` twice (config validation, agent upload, ControlMaster
-start, the full first sync; then nothing to sync), the second time with ``ssh``/``rsync`` wrappers
+start, the full first sync; then, its sync record removed so that it rsyncs in full rather than skip
+the rsync, the same again), the second time with ``ssh``/``rsync`` wrappers
 first on its PATH that record the exact argv of every ssh and rsync it starts; then one by-hand run.
 hostrun's flow, which the recorded calls must show: ONE ssh session running the agent
 (``agent run``, its spec the first frame on stdin; the agent probes the toolchain and prepares the
@@ -25,9 +26,10 @@ too, told apart by having no ``-e``; it runs only when hostrun's cached probe ou
 
 The by-hand side is built from what hostrun really ran: the rsync is hostrun's own rsync argv
 (issue 4's ``-a --delete --modify-window=-1 --filter=':- .gitignore' --exclude=/.git/`` plus whatever
-hostrun adds, printed; its ``-e`` is checked against ``PeerClient(...).ssh.rsync_rsh()``), to the
-remote directory hostrun uses; the ssh is hostrun's own session argv (same options, same master) with
-``cd DIR && true`` as the command.
+hostrun adds, printed; its ``-e`` is checked against ``PeerClient(...).ssh.rsync_rsh()``), to a
+copy of its own beside hostrun's (``<hostrun's remote dir>-byhand``: an rsync into hostrun's copy
+would be a change there that hostrun's next run must repair with a full rsync); the ssh is
+hostrun's own session argv (same options, same master) with ``cd DIR && true`` as the command.
 
 Targets, four series interleaved (the order rotates every round, so all share the machine's noise),
 ``--runs`` (>= 10, default 15) each:

@@ -19,7 +19,7 @@ import pytest
 
 from dispatch.agent.frames import Frame
 from dispatch.agent.treestate import MANIFEST
-from tests.conftest import Hostrun
+from tests.conftest import Hostrun, OtherUser
 from tests.fakepeer import Script
 from tests.test_peer_phases import Driver
 from tests.test_peer_run import remote_tree, setup
@@ -260,3 +260,17 @@ def test_real_peer_skips_resyncs_what_the_job_edited_and_sends_only_changed_file
     assert syncs(log) == ["full", "full", "paths", "full"]
     peer_run("true")
     assert syncs(log) == ["full", "full", "paths", "full"]
+
+
+def test_a_manifest_or_record_another_user_owns_is_not_trusted(tmp_path: Path, tree: Path,
+                                                              other_user: OtherUser) -> None:
+    """0600 and well-formed, but not ours: as good as none (the full sync, then our own again)."""
+    first = run(tmp_path, tree)
+    other_user.chown(first.peer_tree / MANIFEST)
+    assert how(run(tmp_path, tree)) == "full"
+    assert os.lstat(first.peer_tree / MANIFEST).st_uid == os.getuid()  # replaced by ours
+    assert how(run(tmp_path, tree)) == "skip"
+    (record,) = (tmp_path / "state" / "peer-sync").iterdir()
+    other_user.chown(record)
+    assert how(run(tmp_path, tree)) == "full"
+    assert how(run(tmp_path, tree)) == "skip"

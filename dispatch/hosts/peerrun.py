@@ -2,7 +2,8 @@
 
 1. ``enable_across_machines`` must be on (248), 2. the cap within the peer's ``peer_memory_cap``
 (249) — both in ``dispatch.hosts.peers``; 3. the toolchain probes agree on both hosts (247); 4. the tree is
-rsynced to a stable per-tree directory under the peer's work root, over the same ControlMaster (252);
+rsynced to a stable per-tree directory under the peer's work root, over the same ControlMaster (252),
+unless neither the tree nor the peer's copy changed since the last sync (``dispatch.hosts.syncstate``);
 5-7. the agent books the job on the peer's own ledger, runs it under the peer's cap and reports the
 outcome; output is streamed live (stdout and stderr kept apart), signals are forwarded in-band (sshd
 refuses signal requests for root logins), heartbeats both ways detect a dead link (251), and
