@@ -1080,7 +1080,7 @@ def main() -> int:
             Series("git_top", "git rev-parse --show-toplevel (in the tree)",
                    [["git", "rev-parse", "--show-toplevel"]], env, tree.root),
             Series("rsync_changed", f"rsync --files-from=<the {TOUCHED} just touched> (no walk)",
-                   [rsync_changed], env, tree.root, before=touch_listed, after=arrived),
+                   [rsync_changed], env, tree.root, before=touch_listed, after=arrived_in(remote)),
             Series("git_status", "git status --porcelain (fingerprint candidate)",
                    [["git", "status", "--porcelain"]], env, tree.root),
             Series("walk", "python: scandir+stat walk of the tree (fingerprint candidate)",

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from dispatch.agent.frames import Frame
-from dispatch.agent.treestate import MANIFEST
+from dispatch.agent.treestate import MANIFEST, walk
 from tests.conftest import Hostrun, OtherUser
 from tests.fakepeer import Script
 from tests.test_peer_phases import Driver
@@ -274,3 +274,25 @@ def test_a_manifest_or_record_another_user_owns_is_not_trusted(tmp_path: Path, t
     other_user.chown(record)
     assert how(run(tmp_path, tree)) == "full"
     assert how(run(tmp_path, tree)) == "skip"
+
+
+def test_the_walk_excludes_only_what_rsync_surely_excludes(tmp_path: Path) -> None:
+    """Plain names (with * and ?), anchored (/x) or directories only (x/): excluded as rsync does;
+    anything else excludes nothing; a "!" line turns the .gitignore rules off."""
+    root = tmp_path / "t"
+    for rel in ("a.log", "src/b.log", "src/keep.c", "build/out", "src/build/out", "src/build2",
+                "top/x", "src/top/x", "deep/sub/y.tmp", "data/z", ".git/HEAD", ".hostrun-owner",
+                "weird/q"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+    (root / ".gitignore").write_text("*.log\nbuild/\n/top\n# comment\ndeep/sub\nwe?rd/\n")
+    (root / "src" / ".gitignore").write_text("build?\n")
+    walked = walk(str(root), ["/data/", "**/nothing"])
+    assert walked is not None
+    files = {rel for rel, entry in walked[0].items() if entry[0] == "f"}
+    assert files == {".gitignore", "src/.gitignore", "src/keep.c", "src/top/x", "deep/sub/y.tmp"}
+    assert walked[3] is False  # "deep/sub" and "**/nothing" are not understood
+    (root / "src" / ".gitignore").write_text("!keep.c\n")
+    unruled = walk(str(root), ["/data/"])
+    assert unruled is not None and "a.log" in unruled[0] and "data/z" not in unruled[0]
+    assert unruled[1] != walked[1]

@@ -45,20 +45,35 @@ def _rule(pattern: str) -> tuple[bool, bool, str] | None:
     return anchored, dir_only, name
 
 
+_COMPILED: dict[tuple[tuple[bool, str], ...], Any] = {}
+
+
 class _Rules:
-    """Exclude rules in force in one directory: inherited unanchored ones plus its own."""
+    """Exclude rules in force in one directory: inherited unanchored ones plus its own, compiled
+    into one regular expression for any entry and one for directories (once per set of rules)."""
 
     def __init__(self, inherited: list[tuple[bool, str]], here: list[tuple[bool, str]]) -> None:
         self.inherited = inherited  # (dir only, glob), unanchored: apply at every depth below
         self.here = here  # (dir only, glob): apply to this directory's entries only
+        key = tuple(sorted(set(here + inherited)))
+        compiled = _COMPILED.get(key)
+        if compiled is None:
+            compiled = _COMPILED[key] = (_compile([g for d, g in key if not d]),
+                                         _compile([g for _, g in key]))
+        self.any, self.dirs = compiled
 
     def excludes(self, name: str, is_dir: bool) -> bool:
-        from fnmatch import fnmatchcase
+        match = self.dirs if is_dir else self.any
+        return match is not None and match(name) is not None
 
-        for dir_only, glob in (*self.here, *self.inherited):
-            if (is_dir or not dir_only) and fnmatchcase(name, glob):
-                return True
-        return False
+
+def _compile(globs: list[str]) -> Any:
+    if not globs:
+        return None
+    import re
+    from fnmatch import translate
+
+    return re.compile("|".join(f"(?:{translate(glob)})" for glob in globs)).match
 
 
 def walk(root: str, patterns: list[str] | tuple[str, ...] = ()) -> Walked | None:
@@ -116,18 +131,22 @@ def walk(root: str, patterns: list[str] | tuple[str, ...] = ()) -> Walked | None
                 here = [*here, *anchored]
                 inherited = [*inherited, *loose]
             rules = _Rules(inherited, here)
+            match_any, match_dir = rules.any, rules.dirs  # hot loop: no method calls per entry
             for item in items:
-                st = item.stat(follow_symlinks=False)
-                mode = st.st_mode
-                is_dir = stat.S_ISDIR(mode)
                 name = item.name
-                if name != GITIGNORE and rules.excludes(name, is_dir):
-                    continue
-                key = rel + name
-                if is_dir:
+                if item.is_dir(follow_symlinks=False):  # d_type: no stat for a directory
+                    if match_dir is not None and match_dir(name) is not None:
+                        continue
+                    key = rel + name
                     entries[key] = ("d",)
                     stack.append((item.path, key + "/", inherited, []))
-                elif stat.S_ISREG(mode):
+                    continue
+                if match_any is not None and name != GITIGNORE and match_any(name) is not None:
+                    continue
+                st = item.stat(follow_symlinks=False)
+                mode = st.st_mode
+                key = rel + name
+                if stat.S_ISREG(mode):
                     entries[key] = ("f", st.st_size, st.st_mtime_ns, mode)
                 elif stat.S_ISLNK(mode):
                     entries[key] = ("l", os.readlink(item.path))
