@@ -296,3 +296,28 @@ def test_the_walk_excludes_only_what_rsync_surely_excludes(tmp_path: Path) -> No
     unruled = walk(str(root), ["/data/"])
     assert unruled is not None and "a.log" in unruled[0] and "data/z" not in unruled[0]
     assert unruled[1] != walked[1]
+
+
+def test_changed_paths_too_long_for_the_go_frame_mean_the_full_sync(tmp_path: Path) -> None:
+    from dispatch.agent.frames import MAX_PAYLOAD
+    from dispatch.hosts import syncstate
+
+    root = tmp_path / "t"
+    (root / ("d" * 200)).mkdir(parents=True)
+    names = [f"{'d' * 200}/{'n' * 200}{i:04d}" for i in range(900)]  # under MAX_PATHS, ~360 KB
+    for name in names:
+        (root / name).write_text("1")
+    before = walk(str(root))
+    assert before is not None
+    record = syncstate.record_path(str(tmp_path), "peer", "tree")
+    syncstate.save(record, "key", "token", before)
+    for name in names:
+        (root / name).write_text("22")
+    after = walk(str(root))
+    assert after is not None
+    assert syncstate.MAX_PATHS_BYTES < 900 * 400 and syncstate.MAX_PATHS_BYTES < MAX_PAYLOAD
+    clean = {"token": "token", "clean": True}
+    assert syncstate.plan(record, "key", after, clean) == ("full", [])
+    one_changed = dict(before[0], **{names[0]: after[0][names[0]]})
+    assert syncstate.plan(record, "key", (one_changed, "other digest", after[2], True), clean) \
+        == ("paths", [names[0]])

@@ -28,6 +28,7 @@ if MYPY:
     from dispatch.agent.treestate import Walked
 
 MAX_PATHS = 1000  # more changed paths than this: the full rsync (its walk is then worth it)
+MAX_PATHS_BYTES = 256 << 10  # the paths travel in the go frame (at most 1 MiB): well below it
 
 
 def record_path(state_dir: str, host: str, tree: str) -> str:
@@ -83,6 +84,8 @@ def plan(path: str, key: str, walked: Walked | None,
         if len(changed) > MAX_PATHS:
             return "full", []
     if any(rel not in entries for rel in before):
+        return "full", []
+    if sum(len(rel.encode("utf-8", "surrogateescape")) + 8 for rel in changed) > MAX_PATHS_BYTES:
         return "full", []
     return ("paths", changed) if changed else ("full", [])
 
