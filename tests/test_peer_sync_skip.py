@@ -73,6 +73,8 @@ def test_nothing_changed_on_either_side_skips_rsync(tmp_path: Path, tree: Path) 
     assert stat.S_IMODE(os.lstat(records).st_mode) == 0o700
     (record,) = records.iterdir()
     assert stat.S_IMODE(os.lstat(record).st_mode) == 0o600
+    # Writing the manifest left the copy's top directory as rsync made it (the tree's time).
+    assert os.stat(second.peer_tree).st_mtime_ns == os.stat(tree).st_mtime_ns
 
 
 def test_a_job_that_edits_a_synced_file_on_the_peer_makes_the_next_run_sync_it(

@@ -296,8 +296,12 @@ def save_after_go(workdir: str, patterns: list[str], walked: Walked | None,
             fresh = walk(workdir, patterns)
         if fresh is None:
             raise OSError("the copy could not be walked")
+        top = os.stat(workdir)
         write_private(path, json.dumps({"version": VERSION, "token": str(token),
                                         "digest": fresh[1]}).encode())
+        # The copy's top directory keeps the time rsync gave it (as the tree's): an rsync by hand
+        # to check the copy then finds nothing to do.
+        os.utime(workdir, ns=(top.st_atime_ns, top.st_mtime_ns))
     except (OSError, ValueError, TypeError):
         try:
             os.unlink(path)
