@@ -323,3 +323,14 @@ def test_changed_paths_too_long_for_the_go_frame_mean_the_full_sync(tmp_path: Pa
     one_changed = dict(before[0], **{names[0]: after[0][names[0]]})
     assert syncstate.plan(record, "key", (one_changed, "other digest", after[2], True), clean) \
         == ("paths", [names[0]])
+
+
+def test_a_record_that_parses_but_makes_no_sense_means_the_full_sync(tmp_path: Path, tree: Path) -> None:
+    run(tmp_path, tree)
+    (record,) = (tmp_path / "state" / "peer-sync").iterdir()
+    head = record.read_bytes().partition(b"\n")[0]
+    record.write_bytes(head + b'\n{"sub": ["d"], "sub/main.c": 2}')  # same token, nonsense entry
+    (tree / "sub" / "main.c").write_text("changed here\n")
+    again = run(tmp_path, tree)
+    assert how(again) == "full"
+    same(tree, again.peer_tree)

@@ -170,7 +170,11 @@ def run_job(spec: RunSpec) -> int:
         if isinstance(copy, dict) and "workdir" in prepared:  # is the copy as the last sync left it?
             from dispatch.agent.treestate import check_copy
 
-            prepared["copy"], walked = check_copy(prepared["workdir"], list(copy.get("excludes") or []))
+            try:
+                prepared["copy"], walked = check_copy(prepared["workdir"],
+                                                      list(copy.get("excludes") or []))
+            except Exception:  # any doubt about the copy: the controller then rsyncs in full
+                prepared["copy"] = {"token": None, "clean": False}
         writer.send(Frame.PROBE, json.dumps(prepared).encode())
         # While the controller compares and syncs: load what the run needs (off the critical path).
         from dispatch.agent.prepare import peer_settings

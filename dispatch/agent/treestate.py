@@ -302,7 +302,7 @@ def save_after_go(workdir: str, patterns: list[str], walked: Walked | None,
         # The copy's top directory keeps the time rsync gave it (as the tree's): an rsync by hand
         # to check the copy then finds nothing to do.
         os.utime(workdir, ns=(top.st_atime_ns, top.st_mtime_ns))
-    except (OSError, ValueError, TypeError):
+    except Exception:  # no manifest rather than a wrong one: the next run then syncs in full
         try:
             os.unlink(path)
         except OSError:

@@ -275,7 +275,10 @@ class PeerRun:
                                                        tree_id(self.tree))
         except OSError:
             record = None
-        how, paths = syncstate.plan(record, key, walked, self._copy) if record else ("full", [])
+        try:
+            how, paths = syncstate.plan(record, key, walked, self._copy) if record else ("full", [])
+        except Exception:  # a record that parses but makes no sense: any doubt is the full rsync
+            how, paths = "full", []
         self.sync_how = how
         if how == "skip":
             return
