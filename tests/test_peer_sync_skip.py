@@ -319,9 +319,9 @@ def test_changed_paths_too_long_for_the_go_frame_mean_the_full_sync(tmp_path: Pa
     assert after is not None
     assert syncstate.MAX_PATHS_BYTES < 900 * 400 and syncstate.MAX_PATHS_BYTES < MAX_PAYLOAD
     clean = {"token": "token", "clean": True}
-    assert syncstate.plan(record, "key", after, clean) == ("full", [])
-    one_changed = dict(before[0], **{names[0]: after[0][names[0]]})
-    assert syncstate.plan(record, "key", (one_changed, "other digest", after[2], True), clean) \
+    assert syncstate.plan(syncstate.load(record, after), "key", after, clean) == ("full", [])
+    one_changed = (dict(before[0], **{names[0]: after[0][names[0]]}), "other digest", after[2], True)
+    assert syncstate.plan(syncstate.load(record, one_changed), "key", one_changed, clean) \
         == ("paths", [names[0]])
 
 

@@ -57,6 +57,7 @@ if MYPY:
 
     from dispatch.agent.treestate import Walked
     from dispatch.core.request import RunRequest
+    from dispatch.hosts.syncstate import Loaded
 
     class PeerLink(Protocol):
         """What ``PeerRun`` does to its peer (``SshLink`` for real; tests/fakepeer.py for a fake)."""
@@ -151,7 +152,8 @@ class PeerRun:
         self._rsync_proc: subprocess.Popen[str] | None = None
         self.sync_mark = os.urandom(8).hex()
         self._walker: threading.Thread | None = None
-        self._walked: list[Walked | None] = []
+        self._walked: list[tuple[Walked | None, str | None, Loaded | None]] = []
+        self._saver: threading.Thread | None = None
         self._copy: dict[str, Any] | None = None
         self.go_payload = b""  # with G: the new sync's token (and paths) for the agent's manifest
         self.sync_how = ""  # "skip", "paths" or "full", once synced
@@ -252,11 +254,21 @@ class PeerRun:
                 f"--exclude=/{MANIFEST}*", *excludes]
 
     def _start_walk(self) -> None:
-        """This tree's walk, in a thread while the agent starts and checks its copy."""
+        """This tree's walk and the record of the last sync, read in a thread while the agent
+        starts and checks its copy."""
         if self._walker is None:
-            self._walker = threading.Thread(target=_capture_walk, args=(self.tree, self.settings,
-                                                                       self._walked), daemon=True)
+            self._walker = threading.Thread(target=self._walk_and_load, daemon=True)
             self._walker.start()
+
+    def _walk_and_load(self) -> None:
+        from dispatch.hosts import syncstate
+
+        try:
+            walked = walk(self.tree, list(self.settings.sync_excludes))
+            record = syncstate.record_path(self.settings.state_dir, self.host.name, tree_id(self.tree))
+            self._walked.append((walked, record, syncstate.load(record, walked)))
+        except Exception:  # any doubt: no walk, the full rsync
+            self._walked.append((None, None, None))
 
     def sync(self) -> None:
         """Step 4: no rsync when neither this tree nor the peer's copy changed since the last sync;
@@ -266,17 +278,12 @@ class PeerRun:
         self._start_walk()
         assert self._walker is not None
         self._walker.join()
-        walked = self._walked[0] if self._walked else None
+        walked, record, loaded = self._walked[0] if self._walked else (None, None, None)
         options = self._sync_options()
         key = json.dumps([self.host.name, self.options.ssh, self.remote_tree, self.protect_args,
                           options])
         try:
-            record: str | None = syncstate.record_path(self.settings.state_dir, self.host.name,
-                                                       tree_id(self.tree))
-        except OSError:
-            record = None
-        try:
-            how, paths = syncstate.plan(record, key, walked, self._copy) if record else ("full", [])
+            how, paths = syncstate.plan(loaded, key, walked, self._copy)
         except Exception:  # a record that parses but makes no sense: any doubt is the full rsync
             how, paths = "full", []
         self.sync_how = how
@@ -296,12 +303,12 @@ class PeerRun:
                          f"{self.tree}/", f"{self.options.ssh}:{self.remote_tree}/"], "sync")
         if record is None or walked is None:
             return
-        try:
-            syncstate.save(record, key, token, walked)
-        except OSError:
-            return
         self.go_payload = json.dumps({"token": token, "paths": paths if how == "paths" else None}
                                      ).encode()
+        # The record is written while the job starts (it is only for the next run); run() waits.
+        self._saver = threading.Thread(target=_save_record, args=(record, key, token, walked),
+                                       daemon=True)
+        self._saver.start()
 
     def bring_back(self) -> list[str]:
         """Copy ``--return`` paths back (relative to the job's directory); returns the failures."""
@@ -329,7 +336,11 @@ class PeerRun:
     def run(self) -> Outcome:
         try:
             try:
-                outcome = self._session()
+                try:
+                    outcome = self._session()
+                finally:
+                    if self._saver is not None:
+                        self._saver.join()
             except ConnectionLostError:
                 self._bring_back_and_say()  # best effort: the peer may still be reachable
                 raise
@@ -546,11 +557,13 @@ class PeerRun:
         return outcome_of(result, self.host.name, self.request)
 
 
-def _capture_walk(tree: str, settings: Settings, out: list[Walked | None]) -> None:
+def _save_record(record: str, key: str, token: str, walked: Walked) -> None:
+    from dispatch.hosts import syncstate
+
     try:
-        out.append(walk(tree, list(settings.sync_excludes)))
-    except Exception:  # any doubt: no walk, the full rsync
-        out.append(None)
+        syncstate.save(record, key, token, walked)
+    except OSError:
+        pass  # no record: the next run syncs in full
 
 
 def _capture(work: Callable[[], None], errors: list[BaseException]) -> None:

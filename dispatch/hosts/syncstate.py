@@ -27,6 +27,8 @@ if MYPY:
 
     from dispatch.agent.treestate import Walked
 
+    Loaded = tuple[dict[str, Any], "dict[str, Any] | None"]  # the header, the entries if read
+
 MAX_PATHS = 1000  # more changed paths than this: the full rsync (its walk is then worth it)
 MAX_PATHS_BYTES = 256 << 10  # the paths travel in the go frame (at most 1 MiB): well below it
 
@@ -44,29 +46,41 @@ def record_path(state_dir: str, host: str, tree: str) -> str:
     return os.path.join(directory, f"{host}-{tree}")
 
 
-def plan(path: str, key: str, walked: Walked | None,
-         copy: dict[str, Any] | None) -> tuple[str, list[str]]:
-    """``("skip", [])``, ``("paths", changed)`` or ``("full", [])``."""
-    if walked is None or not isinstance(copy, dict) or not copy.get("clean") or not copy.get("token"):
-        return "full", []
+def load(path: str, walked: Walked | None) -> Loaded | None:
+    """The record's header and, when this walk differs from it, its entries (read in the walk's
+    thread, off the critical path); None when there is no usable record."""
+    if walked is None:
+        return None
     data = read_private(path)
     if data is None:
-        return "full", []
+        return None
     head, _, body = data.partition(b"\n")
     try:
         record = json.loads(head)
-        if record.get("version") != VERSION or record.get("key") != key \
-                or record.get("token") != copy["token"]:
-            return "full", []
-        if record.get("digest") == walked[1]:
-            return "skip", []
-        if not walked[3]:  # a rule this walk cannot follow: --files-from could send an ignored file
-            return "full", []
-        before = json.loads(body)
-        if not isinstance(before, dict):
-            return "full", []
-    except (ValueError, AttributeError):
+        if not isinstance(record, dict):
+            return None
+        before = None
+        if record.get("digest") != walked[1] and walked[3]:
+            before = json.loads(body)
+    except ValueError:
+        return None
+    return record, before if isinstance(before, dict) else None
+
+
+def plan(loaded: Loaded | None, key: str, walked: Walked | None,
+         copy: dict[str, Any] | None) -> tuple[str, list[str]]:
+    """``("skip", [])``, ``("paths", changed)`` or ``("full", [])``."""
+    if walked is None or loaded is None or not isinstance(copy, dict) or not copy.get("clean") \
+            or not copy.get("token"):
         return "full", []
+    record, before = loaded
+    if record.get("version") != VERSION or record.get("key") != key \
+            or record.get("token") != copy["token"]:
+        return "full", []
+    if record.get("digest") == walked[1]:
+        return "skip", []
+    if not walked[3] or before is None:  # a rule the walk cannot follow: --files-from could send
+        return "full", []                # an ignored file (it reads no .gitignore)
     changed = []
     entries = walked[0]
     if len(entries) < len(before):
