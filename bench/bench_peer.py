@@ -14,7 +14,8 @@ address (127.0.0.2 by default): its own sshd, keys, hostrun config, state dir, s
 sets ``toolchain_probes = ["rsync --version"]``, as the tests do; hostrun runs from inside the tree.
 
 Warm-up (not timed): ``hostrun --peer -- true`` twice (config validation, agent upload, ControlMaster
-start, the full first sync; then nothing to sync), the second time with ``ssh``/``rsync`` wrappers
+start, the full first sync; then, its sync record removed so that it rsyncs in full rather than skip
+the rsync, the same again), the second time with ``ssh``/``rsync`` wrappers
 first on its PATH that record the exact argv of every ssh and rsync it starts; then one by-hand run.
 hostrun's flow, which the recorded calls must show: ONE ssh session running the agent
 (``agent run``, its spec the first frame on stdin; the agent probes the toolchain and prepares the
@@ -25,9 +26,10 @@ too, told apart by having no ``-e``; it runs only when hostrun's cached probe ou
 
 The by-hand side is built from what hostrun really ran: the rsync is hostrun's own rsync argv
 (issue 4's ``-a --delete --modify-window=-1 --filter=':- .gitignore' --exclude=/.git/`` plus whatever
-hostrun adds, printed; its ``-e`` is checked against ``PeerClient(...).ssh.rsync_rsh()``), to the
-remote directory hostrun uses; the ssh is hostrun's own session argv (same options, same master) with
-``cd DIR && true`` as the command.
+hostrun adds, printed; its ``-e`` is checked against ``PeerClient(...).ssh.rsync_rsh()``), to a
+copy of its own beside hostrun's (``<hostrun's remote dir>-byhand``: an rsync into hostrun's copy
+would be a change there that hostrun's next run must repair with a full rsync); the ssh is
+hostrun's own session argv (same options, same master) with ``cd DIR && true`` as the command.
 
 Targets, four series interleaved (the order rotates every round, so all share the machine's noise),
 ``--runs`` (>= 10, default 15) each:
@@ -864,7 +866,11 @@ def main() -> int:
         env_capture = dict(env, PATH=f"{capture_dir}{os.pathsep}{env.get('PATH', '')}")
         for i, (what, run_env) in enumerate((
                 ("config validation, agent upload, master start, first full sync", env),
-                ("nothing to sync; ssh and rsync recorded", env_capture))):
+                ("its sync record removed, so it rsyncs in full; ssh and rsync recorded", env_capture))):
+            if i == 1:  # hostrun would skip the rsync (nothing changed): make it run, to record it
+                records = os.path.join(state_dir, "peer-sync")
+                for name in os.listdir(records) if os.path.isdir(records) else []:
+                    os.unlink(os.path.join(records, name))
             t0 = time.perf_counter()
             proc = subprocess.run(hostrun_true, env=run_env, cwd=tree.root, capture_output=True, text=True)
             wall = time.perf_counter() - t0
@@ -909,11 +915,15 @@ def main() -> int:
                   f"{[(p, [*a[:3], '...', a[-1][:80]]) for p, a in calls]}; unexpected: {other}; "
                   f"spec keys: {sorted(spec)}", file=sys.stderr)
             return 1
-        rsync_args = syncs[0]
+        hostrun_rsync = ["rsync", *syncs[0]]
+        dest, _, hostrun_remote = syncs[0][-1].partition(":")
+        hostrun_remote = hostrun_remote.rstrip("/")
+        # By hand keeps its own copy beside hostrun's: an rsync into hostrun's copy would be a change
+        # there that hostrun's next run must (and does) repair with a full rsync.
+        remote = f"{hostrun_remote}-byhand"
+        rsync_args = [*syncs[0][:-1], f"{dest}:{remote}/"]
         rsync_cmd = ["rsync", *rsync_args]
         rsh = rsync_args[rsync_args.index("-e") + 1]
-        dest, _, remote = rsync_args[-1].partition(":")
-        remote = remote.rstrip("/")
         session_argv, (agent_rel, agent_py, agent_args) = sessions[0]
         session_cmd = ["ssh", *session_argv]
         prepare = spec["prepare"]
@@ -933,7 +943,7 @@ def main() -> int:
         missing = [f for f in SYNC_FLAGS if f not in rsync_args]
         extra = [a for a in rsync_args[:-2] if a not in SYNC_FLAGS and a not in ("-e", rsh)]
         agent_file = peer.home / agent_rel
-        if not (agent_file / "__main__.py").is_file() or not os.path.isdir(remote):
+        if not (agent_file / "__main__.py").is_file() or not os.path.isdir(hostrun_remote):
             print(f"bench: agent directory {agent_file} or remote dir {remote} missing after the warm-up",
                   file=sys.stderr)
             return 1
@@ -969,7 +979,7 @@ def main() -> int:
         print(f"rsync -e:     {rsh}\n              {same}")
         print(f"rsync flags:  hostrun's = issue 4's list {'+ ' + ' '.join(extra) if extra else '(exactly)'}"
               f"{'; MISSING ' + ' '.join(missing) if missing else ''} (the by-hand rsync uses hostrun's)")
-        print(f"remote dir:   {dest}:{remote}")
+        print(f"remote dir:   {dest}:{hostrun_remote} (hostrun's); by hand: {dest}:{remote}")
         print(f"agent:        {agent_file} ({agent_kind}), present before timing")
         print(f"master:       {master_before or 'NOT RUNNING'}")
         print(f"by hand:      {shlex.join(rsync_cmd)}\n              {shlex.join(ssh_cd)}")
@@ -981,13 +991,16 @@ def main() -> int:
         def touch() -> list[str]:
             return touch_files(tree, rng, lines, TOUCHED)
 
-        def arrived(token: object) -> str | None:
+        def arrived_in(copy: str) -> Callable[[object], str | None]:
+            return lambda token: arrived(token, copy)
+
+        def arrived(token: object, copy: str) -> str | None:
             stale = []
             for rel in token:  # type: ignore[attr-defined]
                 with open(os.path.join(tree.root, rel), "rb") as a:
                     ours = a.read()
                 try:
-                    with open(os.path.join(remote, rel), "rb") as b:
+                    with open(os.path.join(copy, rel), "rb") as b:
                         theirs: bytes | None = b.read()
                 except OSError:
                     theirs = None
@@ -1000,9 +1013,9 @@ def main() -> int:
             Series("b0", "no change: by hand (rsync; ssh 'cd DIR && true')", [rsync_cmd, ssh_cd], env,
                    tree.root),
             Series("h10", f"{TOUCHED} touched: hostrun --peer -- true", [hostrun_true], env, tree.root,
-                   before=touch, after=arrived),
+                   before=touch, after=arrived_in(hostrun_remote)),
             Series("b10", f"{TOUCHED} touched: by hand (rsync; ssh 'cd DIR && true')",
-                   [rsync_cmd, ssh_cd], env, tree.root, before=touch, after=arrived),
+                   [rsync_cmd, ssh_cd], env, tree.root, before=touch, after=arrived_in(remote)),
         ]
         run_phase(main_series, args.runs)
         med = print_table(f"TARGETS: {args.runs} runs each, interleaved, warm ControlMaster",
@@ -1067,7 +1080,7 @@ def main() -> int:
             Series("git_top", "git rev-parse --show-toplevel (in the tree)",
                    [["git", "rev-parse", "--show-toplevel"]], env, tree.root),
             Series("rsync_changed", f"rsync --files-from=<the {TOUCHED} just touched> (no walk)",
-                   [rsync_changed], env, tree.root, before=touch_listed, after=arrived),
+                   [rsync_changed], env, tree.root, before=touch_listed, after=arrived_in(remote)),
             Series("git_status", "git status --porcelain (fingerprint candidate)",
                    [["git", "status", "--porcelain"]], env, tree.root),
             Series("walk", "python: scandir+stat walk of the tree (fingerprint candidate)",
@@ -1266,7 +1279,7 @@ def main() -> int:
                 print("WARNING: dispatch/*.py changed while the bench ran: the runs measured different "
                       "code; rerun on a quiet tree or with --snapshot")
                 ok = False
-        check = subprocess.run([*rsync_cmd[:1], "--dry-run", "--itemize-changes", *rsync_cmd[1:]],
+        check = subprocess.run([*hostrun_rsync[:1], "--dry-run", "--itemize-changes", *hostrun_rsync[1:]],
                                capture_output=True, text=True)
         differs = [line for line in check.stdout.splitlines() if line.strip()]
         print(f"peer copy identical to the tree (rsync --dry-run): "

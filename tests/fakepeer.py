@@ -133,6 +133,7 @@ class _Control:
         self.log = log
         self.decided = threading.Event()
         self.go = False
+        self.go_payload = b""
         self.signals: list[int] = []
         self.signalled = threading.Event()
         self.closed = threading.Event()
@@ -153,6 +154,7 @@ class _Control:
                 self.record(kind, payload)
                 if kind == Frame.GO:
                     self.go = True
+                    self.go_payload = payload
                     self.decided.set()
                 elif kind == Frame.ABORT:
                     self.decided.set()
@@ -189,11 +191,20 @@ def _agent(mode: str, script_path: str, log: str) -> int:
         from dispatch.guards.toolchain import probe_here
 
         probes = probe_here(spec.prepare["probes"], os.path.dirname(log), workdir)
-    writer.send(Frame.PROBE, json.dumps({"probes": probes, "workdir": workdir}).encode())
+    prepared: dict[str, Any] = {"probes": probes, "workdir": workdir}
+    copy = spec.prepare.get("copy")
+    walked = None
+    if isinstance(copy, dict):  # the real agent's check of its copy and its manifest after go
+        from dispatch.agent.treestate import check_copy, save_after_go
+
+        prepared["copy"], walked = check_copy(workdir, list(copy.get("excludes") or []))
+    writer.send(Frame.PROBE, json.dumps(prepared).encode())
     control.decided.wait()
     if not control.go:  # aborted, or the controller went away: keep logging until it closes
         control.closed.wait(30)
         return 0
+    if isinstance(copy, dict) and control.go_payload:
+        save_after_go(workdir, list(copy.get("excludes") or []), walked, json.loads(control.go_payload))
     if script.after_go == "die":
         sys.stderr.write(LOST_MESSAGE + "\n")
         sys.stderr.flush()

@@ -36,7 +36,7 @@ class Frame:
     ERR = b"E"  # agent: job stderr
     MSG = b"M"  # agent: a hostrun message line
     RESULT = b"R"  # agent, last: the result (JSON)
-    GO = b"G"  # controller: the sync is done, start the job
+    GO = b"G"  # controller: the sync is done, start the job (JSON after a sync: treestate)
     ABORT = b"X"  # controller: abort before the job started (nothing runs)
     SIGNAL = b"S"  # controller: forward a signal (payload: its number)
     DATA = b"D"  # controller: stdin data

@@ -34,6 +34,7 @@ class _Link:
         self.lost = threading.Event()
         self.decided = threading.Event()  # the controller said go (G) or abort (X), or went away
         self.go = False
+        self.go_payload = b""  # what the controller says with go (``treestate.save_after_go``)
 
     def read_loop(self) -> None:
         reader = FrameReader()
@@ -50,6 +51,7 @@ class _Link:
             for kind, payload in reader.feed(data):
                 if kind == Frame.GO:
                     self.go = True
+                    self.go_payload = payload
                     self.decided.set()
                 elif kind == Frame.ABORT:
                     self.decided.set()
@@ -162,7 +164,18 @@ def run_job(spec: RunSpec) -> int:
         # controller compares and syncs (it keeps beating), for go or abort.
         from dispatch.agent.prepare import probe
 
-        writer.send(Frame.PROBE, json.dumps(probe(prepare)).encode())
+        prepared = probe(prepare)
+        walked = None
+        copy = prepare.get("copy")
+        if isinstance(copy, dict) and "workdir" in prepared:  # is the copy as the last sync left it?
+            from dispatch.agent.treestate import check_copy
+
+            try:
+                prepared["copy"], walked = check_copy(prepared["workdir"],
+                                                      list(copy.get("excludes") or []))
+            except Exception:  # any doubt about the copy: the controller then rsyncs in full
+                prepared["copy"] = {"token": None, "clean": False}
+        writer.send(Frame.PROBE, json.dumps(prepared).encode())
         # While the controller compares and syncs: load what the run needs (off the critical path).
         from dispatch.agent.prepare import peer_settings
         from dispatch.local.runner import run_local
@@ -175,6 +188,16 @@ def run_job(spec: RunSpec) -> int:
             done.set()
             _stop_sync(str(prepare.get("sync_mark") or ""))
             return 0  # aborted (toolchain, sync, Ctrl-C) or the controller went away: nothing ran
+        if isinstance(copy, dict) and "workdir" in prepared and link.go_payload:
+            from dispatch.agent.treestate import save_after_go
+
+            try:
+                go = json.loads(link.go_payload)
+            except ValueError:
+                go = {}
+            # Before the job runs: the manifest describes the copy as the sync left it.
+            save_after_go(prepared["workdir"], list(copy.get("excludes") or []), walked,
+                          go if isinstance(go, dict) else {})
 
     from dispatch.agent.prepare import peer_settings
     from dispatch.local.booking import peer_cap

@@ -2,7 +2,8 @@
 
 1. ``enable_across_machines`` must be on (248), 2. the cap within the peer's ``peer_memory_cap``
 (249) — both in ``dispatch.hosts.peers``; 3. the toolchain probes agree on both hosts (247); 4. the tree is
-rsynced to a stable per-tree directory under the peer's work root, over the same ControlMaster (252);
+rsynced to a stable per-tree directory under the peer's work root, over the same ControlMaster (252),
+unless neither the tree nor the peer's copy changed since the last sync (``dispatch.hosts.syncstate``);
 5-7. the agent books the job on the peer's own ledger, runs it under the peer's cap and reports the
 outcome; output is streamed live (stdout and stderr kept apart), signals are forwarded in-band (sshd
 refuses signal requests for root logins), heartbeats both ways detect a dead link (251), and
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from dispatch.agent.frames import HEARTBEAT, SILENCE_LIMIT, SYNC_MARK, Frame, FrameReader, encode
+from dispatch.agent.treestate import MANIFEST, walk
 from dispatch.agent.wire import RunSpec, outcome_of
 from dispatch.core.errors import (
     ConnectionLostError,
@@ -53,7 +55,9 @@ MYPY = False
 if MYPY:
     from typing import Any, Protocol
 
+    from dispatch.agent.treestate import Walked
     from dispatch.core.request import RunRequest
+    from dispatch.hosts.syncstate import Loaded
 
     class PeerLink(Protocol):
         """What ``PeerRun`` does to its peer (``SshLink`` for real; tests/fakepeer.py for a fake)."""
@@ -147,6 +151,12 @@ class PeerRun:
         self.remote_tree = ""
         self._rsync_proc: subprocess.Popen[str] | None = None
         self.sync_mark = os.urandom(8).hex()
+        self._walker: threading.Thread | None = None
+        self._walked: list[tuple[Walked | None, str | None, Loaded | None]] = []
+        self._saver: threading.Thread | None = None
+        self._copy: dict[str, Any] | None = None
+        self.go_payload = b""  # with G: the new sync's token (and paths) for the agent's manifest
+        self.sync_how = ""  # "skip", "paths" or "full", once synced
         # Without -s the peer's shell would read the remote paths: refuse what it would interpret.
         self.protect_args = protects_args(settings.state_dir)
         if not self.protect_args:
@@ -171,7 +181,9 @@ class PeerRun:
 
         return {"probes": list(self.settings.toolchain_probes), "workdir": self.remote_tree_spec,
                 "owner": owner, "job_dir": self.rel_cwd,
-                "toolchain_files": selector_files(self.tree, self.rel_cwd)}
+                "toolchain_files": selector_files(self.tree, self.rel_cwd),
+                # The agent checks its copy against the manifest of the last sync (hosts/syncstate).
+                "copy": {"excludes": list(self.settings.sync_excludes)}}
 
     def check_prepared(self, remote: dict[str, Any]) -> None:
         """Step 3 (toolchain, 247) and the start of step 4 (work directory, 252)."""
@@ -191,9 +203,10 @@ class PeerRun:
             self._check_unprotected(remote["workdir"], f"the work directory {remote['workdir']!r} on "
                                                        f"{self.host.name}")
         self.remote_tree = remote["workdir"]
+        self._copy = remote.get("copy")
 
     # -- step 4: sync --
-    def _rsync(self, args: list[str], what: str) -> None:
+    def _rsync(self, args: list[str], what: str, stdin: bytes | None = None) -> None:
         show_progress = os.isatty(2) and what == "sync"
         options = ["-a", *(["--info=progress2"] if show_progress else []),
                    *([PROTECT_ARGS] if self.protect_args else [])]
@@ -202,12 +215,15 @@ class PeerRun:
             # Its own session (a Ctrl-C for hostrun must not cut it mid-file), but killed with us.
             proc = subprocess.Popen(argv, stdout=None if show_progress else subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                    stdin=None if stdin is None else subprocess.PIPE,
                                     preexec_fn=die_with_parent())
         except OSError as exc:
             raise SyncFailedError(f"{what}: cannot run rsync: {exc.strerror}") from None
         self._rsync_proc = proc
         try:
-            _, stderr = proc.communicate(timeout=None if what == "sync" else RETURN_TIMEOUT)
+            _, stderr = proc.communicate(
+                None if stdin is None else stdin.decode("utf-8", "surrogateescape"),
+                timeout=None if what == "sync" else RETURN_TIMEOUT)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -227,17 +243,72 @@ class PeerRun:
         if proc is not None and proc.poll() is None:
             proc.kill()
 
-    def sync(self) -> None:
+    def _sync_options(self) -> list[str]:
         excludes = [f"--exclude={pattern}" for pattern in self.settings.sync_excludes]
         # --modify-window=-1: compare mtimes to the nanosecond. The default (whole seconds) misses an
         # edit that keeps the size within the same second, which an agent's quick edits often do.
-        # The owner file and lock files at the top are the peer's own: never sent, never deleted.
+        # The owner file, lock files and the copy's manifest at the top are the peer's own: never
+        # sent, never deleted.
+        return ["--modify-window=-1", "--filter=:- .gitignore", "--exclude=/.git/",
+                "--exclude=/.hostrun-owner*", "--exclude=/.hostrun-lock*",
+                f"--exclude=/{MANIFEST}*", *excludes]
+
+    def _start_walk(self) -> None:
+        """This tree's walk and the record of the last sync, read in a thread while the agent
+        starts and checks its copy."""
+        if self._walker is None:
+            self._walker = threading.Thread(target=self._walk_and_load, daemon=True)
+            self._walker.start()
+
+    def _walk_and_load(self) -> None:
+        from dispatch.hosts import syncstate
+
+        try:
+            walked = walk(self.tree, list(self.settings.sync_excludes))
+            record = syncstate.record_path(self.settings.state_dir, self.host.name, tree_id(self.tree))
+            self._walked.append((walked, record, syncstate.load(record, walked)))
+        except Exception:  # any doubt: no walk, the full rsync
+            self._walked.append((None, None, None))
+
+    def sync(self) -> None:
+        """Step 4: no rsync when neither this tree nor the peer's copy changed since the last sync;
+        only the changed files when just they changed here; else the full rsync."""
+        from dispatch.hosts import syncstate
+
+        self._start_walk()
+        assert self._walker is not None
+        self._walker.join()
+        walked, record, loaded = self._walked[0] if self._walked else (None, None, None)
+        options = self._sync_options()
+        key = json.dumps([self.host.name, self.options.ssh, self.remote_tree, self.protect_args,
+                          options])
+        try:
+            how, paths = syncstate.plan(loaded, key, walked, self._copy)
+        except Exception:  # a record that parses but makes no sense: any doubt is the full rsync
+            how, paths = "full", []
+        self.sync_how = how
+        if how == "skip":
+            return
+        token = os.urandom(8).hex()
+        if record is not None:
+            syncstate.forget(record)  # a sync that fails leaves no record: the next one is full
         # The mark in the remote rsync's environment lets the agent stop it if the session drops.
-        self._rsync([f"--rsync-path=env {SYNC_MARK}={self.sync_mark} rsync",
-                     "--delete", "--modify-window=-1", "--filter=:- .gitignore", "--exclude=/.git/",
-                     "--exclude=/.hostrun-owner*", "--exclude=/.hostrun-lock*",
-                     *excludes,
-                     f"{self.tree}/", f"{self.options.ssh}:{self.remote_tree}/"], "sync")
+        mark = f"--rsync-path=env {SYNC_MARK}={self.sync_mark} rsync"
+        if how == "paths":
+            self._rsync([mark, "--files-from=-", "--from0", *options,
+                         f"{self.tree}/", f"{self.options.ssh}:{self.remote_tree}/"], "sync",
+                        stdin="\0".join(paths).encode("utf-8", "surrogateescape"))
+        else:
+            self._rsync([mark, "--delete", *options,
+                         f"{self.tree}/", f"{self.options.ssh}:{self.remote_tree}/"], "sync")
+        if record is None or walked is None:
+            return
+        self.go_payload = json.dumps({"token": token, "paths": paths if how == "paths" else None}
+                                     ).encode()
+        # The record is written while the job starts (it is only for the next run); run() waits.
+        self._saver = threading.Thread(target=_save_record, args=(record, key, token, walked),
+                                       daemon=True)
+        self._saver.start()
 
     def bring_back(self) -> list[str]:
         """Copy ``--return`` paths back (relative to the job's directory); returns the failures."""
@@ -265,7 +336,11 @@ class PeerRun:
     def run(self) -> Outcome:
         try:
             try:
-                outcome = self._session()
+                try:
+                    outcome = self._session()
+                finally:
+                    if self._saver is not None:
+                        self._saver.join()
             except ConnectionLostError:
                 self._bring_back_and_say()  # best effort: the peer may still be reachable
                 raise
@@ -327,6 +402,7 @@ class PeerRun:
 
     def _session_once(self) -> Outcome:
         proc = self.link.open_agent()
+        self._start_walk()
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         pending: list[int] = []
         old = {sig: signal.signal(sig, lambda s, _f: pending.append(s)) for sig in FORWARDED}
@@ -422,7 +498,7 @@ class PeerRun:
                     if sync_error:
                         send(Frame.ABORT)
                         raise sync_error[0]
-                    send(Frame.GO)
+                    send(Frame.GO, self.go_payload)
                     phase = "run"
                     if self.forward_stdin:
                         threading.Thread(target=_forward_stdin, args=(send,), daemon=True).start()
@@ -479,6 +555,15 @@ class PeerRun:
             raise PeerUnreachableError(f"peer {self.host.name}: the agent ended without a result "
                                        f"(exit {proc.returncode}): {why[0]}")
         return outcome_of(result, self.host.name, self.request)
+
+
+def _save_record(record: str, key: str, token: str, walked: Walked) -> None:
+    from dispatch.hosts import syncstate
+
+    try:
+        syncstate.save(record, key, token, walked)
+    except OSError:
+        pass  # no record: the next run syncs in full
 
 
 def _capture(work: Callable[[], None], errors: list[BaseException]) -> None:
