@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from dispatch.agent.frames import HEARTBEAT, SILENCE_LIMIT, SYNC_MARK, Frame, FrameReader, encode
-from dispatch.agent.treestate import MANIFEST, walk
+from dispatch.agent.treestate import walk
 from dispatch.agent.wire import RunSpec, outcome_of
 from dispatch.core.errors import (
     ConnectionLostError,
@@ -45,7 +45,7 @@ from dispatch.guards.toolchain import compare, probe_here
 from dispatch.hosts import bundle as agent
 from dispatch.hosts.peer import _RUN, AGENT_MISSING, PeerClient
 from dispatch.hosts.sshkeys import options_of
-from dispatch.hosts.sync import PROTECT_ARGS, die_with_parent, protects_args, shell_unsafe
+from dispatch.hosts.sync import PROTECT_ARGS, die_with_parent, protects_args, shell_unsafe, tree_sync_options
 from dispatch.hosts.transport import RETRIES, backoff, classify, is_transient
 from dispatch.local import alertlog
 from dispatch.local.booking import default_label
@@ -244,14 +244,7 @@ class PeerRun:
             proc.kill()
 
     def _sync_options(self) -> list[str]:
-        excludes = [f"--exclude={pattern}" for pattern in self.settings.sync_excludes]
-        # --modify-window=-1: compare mtimes to the nanosecond. The default (whole seconds) misses an
-        # edit that keeps the size within the same second, which an agent's quick edits often do.
-        # The owner file, lock files and the copy's manifest at the top are the peer's own: never
-        # sent, never deleted.
-        return ["--modify-window=-1", "--filter=:- .gitignore", "--exclude=/.git/",
-                "--exclude=/.hostrun-owner*", "--exclude=/.hostrun-lock*",
-                f"--exclude=/{MANIFEST}*", *excludes]
+        return tree_sync_options(self.settings.sync_excludes)
 
     def _start_walk(self) -> None:
         """This tree's walk and the record of the last sync, read in a thread while the agent

@@ -18,7 +18,13 @@ from collections.abc import Sequence
 
 from dispatch.core.errors import SyncFailedError
 from dispatch.hosts.slurmcommands import Done, SlurmCommands
-from dispatch.hosts.sync import PROTECT_ARGS, die_with_parent, protects_args, shell_unsafe
+from dispatch.hosts.sync import (
+    PROTECT_ARGS,
+    die_with_parent,
+    protects_args,
+    shell_unsafe,
+    tree_sync_options,
+)
 
 MYPY = False
 if MYPY:
@@ -116,8 +122,7 @@ class LoginCommands(SlurmCommands):
         if done.returncode != 0 or not remote.startswith("/"):
             why = done.stderr.decode(errors="replace").strip().splitlines() or [f"exit {done.returncode}"]
             raise SyncFailedError(f"cannot make {wanted} on {self.name}'s login node: {why[-1]}")
-        self._rsync(["--delete", "--modify-window=-1", "--filter=:- .gitignore", "--exclude=/.git/",
-                     *(f"--exclude={p}" for p in excludes), f"{tree}/", f"{self.options.ssh}:{remote}/"],
+        self._rsync(["--delete", *tree_sync_options(excludes), f"{tree}/", f"{self.options.ssh}:{remote}/"],
                     "sync")
         return remote
 

@@ -20,7 +20,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from dispatch.core.atomicfile import write_atomic
 
@@ -85,3 +85,17 @@ def die_with_parent() -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return preexec
+
+
+def tree_sync_options(sync_excludes: Sequence[str]) -> list[str]:
+    """rsync's options for a tree sent to a work directory (``--peer``, a cluster's login node).
+
+    ``--modify-window=-1``: compare mtimes to the nanosecond. The default (whole seconds) misses an
+    edit that keeps the size within the same second, which an agent's quick edits often do. The owner
+    file, lock files and the copy's manifest at the top are the peer's own: never sent, never deleted.
+    """
+    from dispatch.agent.treestate import MANIFEST
+
+    return ["--modify-window=-1", "--filter=:- .gitignore", "--exclude=/.git/",
+            "--exclude=/.hostrun-owner*", "--exclude=/.hostrun-lock*", f"--exclude=/{MANIFEST}*",
+            *(f"--exclude={pattern}" for pattern in sync_excludes)]
