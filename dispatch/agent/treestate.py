@@ -143,15 +143,7 @@ def walk(root: str, patterns: list[str] | tuple[str, ...] = ()) -> Walked | None
                     continue
                 if match_any is not None and name != GITIGNORE and match_any(name) is not None:
                     continue
-                st = item.stat(follow_symlinks=False)
-                mode = st.st_mode
-                key = rel + name
-                if stat.S_ISREG(mode):
-                    entries[key] = ("f", st.st_size, st.st_mtime_ns, mode)
-                elif stat.S_ISLNK(mode):
-                    entries[key] = ("l", os.readlink(item.path))
-                else:
-                    entries[key] = ("o", mode)
+                entries[rel + name] = _entry(item.path, item.stat(follow_symlinks=False))
     except OSError:
         return None
     if not use_gitignore[0]:  # a "!" line: this walk cannot follow rsync there; walk it all
@@ -178,16 +170,22 @@ def _walk_all(root: str, top: list[tuple[bool, str]], anywhere: list[tuple[bool,
                     if is_dir:
                         entries[key] = ("d",)
                         stack.append((item.path, key + "/", _Rules(anywhere, [])))
-                    elif stat.S_ISREG(mode):
-                        entries[key] = ("f", st.st_size, st.st_mtime_ns, mode)
-                    elif stat.S_ISLNK(mode):
-                        entries[key] = ("l", os.readlink(item.path))
                     else:
-                        entries[key] = ("o", mode)
+                        entries[key] = _entry(item.path, st)
     except OSError:
         return None
     ignores = ["!", *ignores]
     return entries, digest_of(entries, ignores), ignores, False
+
+
+def _entry(path: str, st: os.stat_result) -> tuple[Any, ...]:
+    """What a walk keeps of a file that is not a directory: a regular file's size, mtime and mode;
+    a link's target; anything else's mode."""
+    if stat.S_ISREG(st.st_mode):
+        return ("f", st.st_size, st.st_mtime_ns, st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        return ("l", os.readlink(path))
+    return ("o", st.st_mode)
 
 
 def digest_of(entries: Entries, ignores: list[str]) -> str:
