@@ -8,7 +8,8 @@ once on a private slice of exactly ``--parallel`` (5) x ``--cap-mib`` (100 MiB) 
 fit at a time. Each job writes its own start and end timestamp (``date +%s.%N``) to its own file.
 
 * wall time from the first launch to the last exit, against the ideal ``jobs / parallel x sleep``
-  (50 / 5 x 0.2 s = 2.0 s): target ratio <= 1.5x;
+  (50 / 5 x 0.2 s = 2.0 s): target ratio <= 1.2x; ``--large``: 100 jobs x 0.3 s on a slice of 10
+  (ideal 3.0 s), target <= 1.3x;
 * overbooking, two independent ways; both must hold:
   - from the jobs' own timestamps, the maximum number of jobs running at once (<= parallel);
   - by polling the ledger (``state_dir/ledger.sqlite3``, table ``bookings``, ``state='running'``)
@@ -58,7 +59,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from _common import find_hostrun, leftovers, private_env, remove_slice, write_config
 
-TARGET_RATIO = 1.5
+TARGET_RATIO = 1.2  # issue 13: 50 x 0.2 s on a slice of 5
+LARGE = {"jobs": 100, "parallel": 10, "sleep": 0.3, "target": 1.3}  # issue 13: --large, on 2 cores
 MEMORY_MOUNT = "/sys/fs/cgroup/memory"
 MIB = 1 << 20
 
@@ -198,11 +200,16 @@ def run_baseline(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=50, help="concurrent hostrun jobs (default 50)")
-    ap.add_argument("--parallel", type=int, default=5,
-                    help="how many jobs the slice fits: slice = parallel x cap (default 5)")
+    ap.add_argument("--jobs", type=int, help="concurrent hostrun jobs (default 50; --large 100)")
+    ap.add_argument("--parallel", type=int,
+                    help="how many jobs the slice fits: slice = parallel x cap (default 5; --large 10)")
     ap.add_argument("--cap-mib", type=int, default=100, help="each job's cap in MiB (default 100)")
-    ap.add_argument("--sleep", type=float, default=0.2, help="each job's sleep in seconds (default 0.2)")
+    ap.add_argument("--sleep", type=float,
+                    help="each job's sleep in seconds (default 0.2; --large 0.3)")
+    ap.add_argument("--target", type=float,
+                    help=f"wall / ideal target (default {TARGET_RATIO}; --large {LARGE['target']})")
+    ap.add_argument("--large", action="store_true",
+                    help="100 jobs x 0.3 s on a slice of 10, target 1.3x (issue 13's second case)")
     ap.add_argument("--poll-ms", type=float, default=10.0, help="ledger poll interval (default 10 ms)")
     ap.add_argument("--timeout", type=float, default=120.0,
                     help="give up on the hostrun jobs after this many seconds (default 120)")
@@ -215,6 +222,10 @@ def main() -> int:
                          "PYTHONDONTWRITEBYTECODE unset), as where its .pyc files exist")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, timestamps)")
     args = ap.parse_args()
+    preset = LARGE if args.large else {"jobs": 50, "parallel": 5, "sleep": 0.2, "target": TARGET_RATIO}
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
 
     hostrun = find_hostrun(args.hostrun)
     slice_bytes = args.parallel * args.cap_mib * MIB
@@ -309,9 +320,9 @@ def main() -> int:
         print(f"\nhostrun: {args.jobs} jobs launched in {launched * 1000:.0f} ms, "
               f"all exited after {wall:.3f} s")
         ratio = wall / ideal
-        wall_ok = ratio <= TARGET_RATIO
+        wall_ok = ratio <= args.target
         print(f"  wall time:   {wall:.3f} s vs ideal {ideal:.3f} s ({args.jobs}/{args.parallel} x "
-              f"{args.sleep} s) = {ratio:.2f}x   target <= {TARGET_RATIO}x -> "
+              f"{args.sleep} s) = {ratio:.2f}x   target <= {args.target}x -> "
               f"{'PASS' if wall_ok else 'FAIL'}")
         print(f"  vs baseline: {wall / base_wall:.2f}x the no-hostrun wall time ({base_wall:.3f} s)")
         if intervals:

@@ -196,7 +196,6 @@ class Ledger:
                  live_jobs: LiveJobs | None = None) -> None:
         self.state_dir = state_dir
         self.path = os.path.join(state_dir, "ledger.sqlite3")
-        self.tick_path = os.path.join(state_dir, "ledger.tick")
         self.log_path = os.path.join(state_dir, "queue.log")
         self.journal_path = os.path.join(state_dir, "peaks.journal")
         self.say = say or _stderr
@@ -350,23 +349,25 @@ class Ledger:
             detail = f"{cause.strerror} ({name})" + ("" if cause is exc else f"; SQLite: {exc}")
         return LedgerError(f"state dir {self.state_dir}: {detail} (ledger {self.path})")
 
-    # -- change notification: waiters stat this file instead of querying the store in a loop --
-    def touch(self) -> None:
-        """Append one byte: size and mtime change on every call, so no wake-up is ever lost."""
-        fd = os.open(self.tick_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            if os.fstat(fd).st_size > 1 << 16:
-                os.ftruncate(fd, 0)
-            os.write(fd, b".")
-        finally:
-            os.close(fd)
+    # -- wake-ups: a change that may free room rings the waiter that can use it (local/wakeup.py) --
+    def wake_next(self, host: str, after: int = 0) -> None:
+        """Ring the first waiter of ``host`` after booking ``after`` (0: the head) that listens.
 
-    def tick(self) -> tuple[int, int, int]:
+        Called after a release (from the head), an admission (from the one admitted: the room left
+        may fit the next too) and a reclaim; a woken waiter that cannot get in passes it on only while
+        those behind it still could (admission.wait_for_room). Never raises: the waiters' safety poll
+        covers a ring that fails.
+        """
+        from dispatch.local import wakeup
+
         try:
-            st = os.stat(self.tick_path)
-        except FileNotFoundError:
-            return (0, 0, 0)
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
+            rows = self.db.execute("SELECT id FROM bookings WHERE host = ? AND state = 'waiting'"
+                                   " AND id > ? ORDER BY id", (host, after)).fetchall()
+        except sqlite3.Error:
+            return
+        for (waiter,) in rows:
+            if wakeup.ring(self.state_dir, waiter):
+                return
 
     # -- bookings --
     def _rows(self, where: str, params: tuple[object, ...]) -> list[Booking]:
@@ -473,8 +474,14 @@ class Ledger:
         except BaseException:
             _rollback(self.db)
             raise
-        if adm.admitted or reclaimed:
-            self.touch()
+        if reclaimed:
+            from dispatch.local import wakeup
+
+            for b in reclaimed:
+                wakeup.remove(self.state_dir, b.id)
+            self.wake_next(host)
+        elif adm.admitted:
+            self.wake_next(host, booking_id)
         if skipped:
             self.log(skipped)
         return adm._replace(reclaimed=reclaimed)
@@ -507,9 +514,16 @@ class Ledger:
 
     @_guarded
     def release(self, booking_id: int) -> None:
+        """Delete the booking (running or waiting), then ring the head of its host's queue."""
+        row = self.db.execute("SELECT host, state FROM bookings WHERE id = ?", (booking_id,)).fetchone()
         self.db.execute("DELETE FROM bookings WHERE id = ?", (booking_id,))
         self._mine.pop(booking_id, None)
-        self.touch()
+        if row is not None:
+            if row[1] == "waiting":
+                from dispatch.local import wakeup
+
+                wakeup.remove(self.state_dir, booking_id)
+            self.wake_next(row[0])
 
     @_guarded
     def booking(self, booking_id: int) -> Booking | None:
