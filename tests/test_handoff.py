@@ -101,7 +101,7 @@ def test_a_fifo_another_user_made_is_refused(hostrun: Hostrun, tmp_path: Path,
     assert [b[1] for b in hostrun.bookings()] == ["holder"]
     reader = os.open(planted, os.O_RDWR | os.O_NONBLOCK)  # someone listens: still not ours to ring
     try:
-        assert wakeup.ring(str(hostrun.state_dir), 3) is False
+        assert wakeup.ring(str(hostrun.state_dir), 3) == wakeup.ABSENT
         try:
             assert os.read(reader, 16) == b""
         except BlockingIOError:

@@ -6,8 +6,9 @@ blocks on its own doorbell FIFO (``dispatch.local.wakeup``): a release rings the
 an admission rings the next waiter, and a woken waiter that cannot get in rings the next only while
 those behind it still could (it is held by a queue policy, or only VRAM blocks it); one that lacks
 memory stops the chain, as every later waiter reserves its memory too. So a freed slot is taken at
-once and a release wakes one or two waiters, not all. A rung waiter tries under the write lock (which
-also reclaims stale bookings, e.g. a killed waiter ahead of it). A safety retry, locked, comes every
+once and a release wakes one or two waiters, not all. A rung waiter reads the ledger and takes the
+write lock only if it could get in, or when the ring says a waiter ahead of it is dead (its FIFO had
+no reader): that locked try reclaims the dead one's booking. A safety retry, locked, comes every
 second for the head of the queue and less often further back (usage can fall without a release; a
 releaser may die before it rings). Every ``status_interval`` a waiter prints one line naming who holds
 the room. ``HOSTRUN_WAIT_RECHECK`` (seconds; a test hook) replaces the safety retry's period.
@@ -167,15 +168,18 @@ def wait_for_room(
     gpu_room = gpu_room_function(backend, gpu) if gpu is not None else None
     started = time.monotonic()
     last_locked = last_status = 0.0
-    last_reason = ""
     recheck = base
     bell: Doorbell | None = None  # made only once the job must wait: none on the path of most runs
-    now_try = True  # try under the lock at once: the first pass, and right after the bell is made
-    rung = False  # this pass was rung
+    first = True  # the first try is under the lock (it reclaims stale bookings)
+    rung = ""  # the rings that woke this pass ("R": a waiter ahead is dead, try under the lock)
+
+    def why(adm: Admission) -> str:
+        return wait_reason(adm, gpu.error if gpu is not None else None)
+
     try:
         while True:
             now = time.monotonic()
-            due = now_try or rung or now - last_locked >= recheck
+            due = first or "R" in rung or now - last_locked >= recheck
             if gpu is not None:  # outside the write lock; at most once a second
                 gpu.refresh(lambda: any(b.gpu_index is not None for b in ledger.bookings(host)))
             if not due:  # a plain read; the write lock only if it could get in
@@ -183,14 +187,10 @@ def wait_for_room(
                 due = adm.admitted
             if due:
                 last_locked = now
-                adm = ledger.try_admit(booking_id, host, room, gpu_room, groups)
+                adm = ledger.try_admit(booking_id, host, room, gpu_room, groups, why)
                 stop_reclaimed(backend, adm.reclaimed)
                 if adm.admitted:  # try_admit rang the next waiter
                     return time.monotonic() - started
-                reason = wait_reason(adm, gpu.error if gpu is not None else None)
-                if reason != last_reason:
-                    ledger.set_reason(booking_id, reason)
-                    last_reason = reason
             recheck = min(max(base, RECHECK_MAX), base * (1 + adm.position))
             if rung and (adm.policy is not None or adm.memory_ok):
                 ledger.wake_next(host, booking_id)  # those behind may still fit: pass the ring on
@@ -199,14 +199,15 @@ def wait_for_room(
                 last_status = now
                 if on_wait is not None:
                     on_wait(adm)
-            if bell is None:  # then try once more: a ring before the bell existed went elsewhere
+            first = False
+            if bell is None:  # then look once more: a ring before the bell existed went elsewhere
                 from dispatch.local.wakeup import Doorbell
 
                 bell = Doorbell(ledger.state_dir, booking_id)
-                now_try, rung = True, False
+                rung = ""
                 continue
             wake_at = min(last_locked + recheck, last_status + status_interval)
-            now_try, rung = False, bell.wait(wake_at - time.monotonic())
+            rung = bell.wait(wake_at - time.monotonic())
     finally:
         if bell is not None:
             bell.close()

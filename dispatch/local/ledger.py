@@ -365,9 +365,12 @@ class Ledger:
                                    " AND id > ? ORDER BY id", (host, after)).fetchall()
         except sqlite3.Error:
             return
+        deaf = False
         for (waiter,) in rows:
-            if wakeup.ring(self.state_dir, waiter):
+            answer = wakeup.ring(self.state_dir, waiter, reclaim=deaf)
+            if answer == wakeup.RUNG:
                 return
+            deaf = deaf or answer == wakeup.DEAF
 
     # -- bookings --
     def _rows(self, where: str, params: tuple[object, ...]) -> list[Booking]:
@@ -444,8 +447,8 @@ class Ledger:
 
     @_guarded
     def try_admit(self, booking_id: int, host: str, room: Callable[[int], int],
-                  gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None
-                  ) -> Admission:
+                  gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
+                  reason: Callable[[Admission], str] | None = None) -> Admission:
         """Admit ``booking_id`` if ``room(booked)`` minus what earlier waiters need covers its size.
 
         ``room`` gets the bytes booked by running jobs and returns the free room in the slice (slice
@@ -456,6 +459,9 @@ class Ledger:
         A booking with ``gpu_bytes`` also needs a GPU: ``gpu_room`` gets the running bookings and
         returns the VRAM room per device index (see ``choose_gpu``); the device chosen is recorded
         in ``gpu_index`` in the same transaction.
+
+        ``reason``: when not admitted, the waiting reason to store (``hostrun ledger`` shows it),
+        written in the same transaction: one write lock per try, which matters when many arrive.
         """
         self.db.execute("BEGIN IMMEDIATE")
         try:
@@ -470,6 +476,9 @@ class Ledger:
                 )
                 if booking_id in self._mine:
                     self._track(booking_id)
+            elif reason is not None:
+                self.db.execute("UPDATE bookings SET reason = ? WHERE id = ? AND reason IS NOT ?",
+                                (reason(adm), booking_id, reason(adm)))
             self.db.execute("COMMIT")
         except BaseException:
             _rollback(self.db)
@@ -507,10 +516,6 @@ class Ledger:
             os.write(fd, data)
         finally:
             os.close(fd)
-
-    @_guarded
-    def set_reason(self, booking_id: int, reason: str) -> None:
-        self.db.execute("UPDATE bookings SET reason = ? WHERE id = ?", (reason, booking_id))
 
     @_guarded
     def release(self, booking_id: int) -> None:

@@ -15,6 +15,7 @@ of its own user, opened without following links and without blocking.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -33,24 +34,31 @@ def _ours(st: os.stat_result) -> bool:
     return stat.S_ISFIFO(st.st_mode) and st.st_uid == os.geteuid()
 
 
-def ring(state_dir: str, booking_id: int) -> bool:
-    """Wake the waiter of ``booking_id``; False when nobody listens there (not waiting yet, gone, or
-    the path is not a FIFO of ours), so the caller can ring the next one."""
+RUNG, ABSENT, DEAF = "rung", "absent", "deaf"
+
+
+def ring(state_dir: str, booking_id: int, reclaim: bool = False) -> str:
+    """Wake the waiter of ``booking_id``: RUNG; ABSENT when it has no FIFO (not waiting yet, or the
+    path is not a FIFO of ours), DEAF when nobody reads its FIFO (killed): the caller rings the next.
+
+    ``reclaim``: a waiter ahead was DEAF, so the one rung should try under the write lock, which
+    reclaims the dead one's booking (a plain read would still count it ahead).
+    """
     try:
         fd = os.open(bell_path(state_dir, booking_id),
                      os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:  # ENOENT: no bell; ENXIO: no reader (dead or not listening yet); ELOOP: a link
-        return False
+    except OSError as exc:  # ENOENT: no bell; ENXIO: no reader; ELOOP: a link
+        return DEAF if exc.errno == errno.ENXIO else ABSENT
     try:
         if not _ours(os.fstat(fd)):
-            return False
+            return ABSENT
         try:
-            os.write(fd, b"!")
+            os.write(fd, b"R" if reclaim else b"!")
         except BlockingIOError:  # the pipe is full of unread rings: it will wake anyway
             pass
-        return True
+        return RUNG
     except OSError:
-        return False
+        return ABSENT
     finally:
         os.close(fd)
 
@@ -95,19 +103,20 @@ class Doorbell:
             os.close(self.fd)
             raise UntrustedPathError(f"refusing wake-up FIFO {self.path}: replaced as it was made")
 
-    def wait(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds; True if rung (all pending rings are consumed)."""
+    def wait(self, timeout: float) -> str:
+        """Block up to ``timeout`` seconds; the rings read (all pending ones), ``""`` if none:
+        ``"R"`` in it asks for a locked try (see ``ring``)."""
         import select
 
         ready, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
-        if not ready:
-            return False
-        try:
-            while os.read(self.fd, 512):
+        got = b""
+        if ready:
+            try:
+                while chunk := os.read(self.fd, 512):
+                    got += chunk
+            except BlockingIOError:
                 pass
-        except BlockingIOError:
-            pass
-        return True
+        return got.decode("ascii", "replace")
 
     def close(self) -> None:
         os.close(self.fd)
