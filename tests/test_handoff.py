@@ -1,8 +1,9 @@
 """Slot hand-off without polling: a release rings the waiter that can use the room through its own
 FIFO (dispatch.local.wakeup). Real cgroups, ledger, FIFOs, processes and a real second user.
 
-The waiters here run with ``HOSTRUN_WAIT_RECHECK=3600``: their safety retry is off, so they can only
-get in by being rung (a generous timeout bounds each wait; nothing is timed)."""
+The waiters here run with ``HOSTRUN_WAIT_RECHECK=3600`` and an hourly waiting line: their safety
+retry is off, so they can only get in by being rung (a generous timeout bounds each wait; nothing is
+timed)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ from dispatch.local import wakeup
 from tests.conftest import Hostrun, OtherUser, wait_for
 
 NO_POLL = {**os.environ, "HOSTRUN_WAIT_RECHECK": "3600"}
+
+
+def _no_status(hostrun: Hostrun, **settings: str) -> None:
+    """Configure, with the waiting line (and the plain read that comes with it) once an hour."""
+    hostrun.configure(**settings)
+    text = hostrun.config_path.read_text()
+    hostrun.config_path.write_text(text.replace('status_interval = "1s"', 'status_interval = "1h"'))
 
 
 def _waiting_id(hostrun: Hostrun, label: str) -> int | None:
@@ -35,17 +43,19 @@ def _bell(hostrun: Hostrun, label: str) -> Path | None:
     return path
 
 
-def _holder(hostrun: Hostrun, tmp_path: Path, size: str) -> tuple[subprocess.Popen[str], Path]:
-    started, go = tmp_path / "started", tmp_path / "go"
-    holder = hostrun.popen("-m", size, "--label", "holder", "--", "sh", "-c",
+def _holder(hostrun: Hostrun, tmp_path: Path, size: str, name: str = "holder", *more: str
+            ) -> tuple[subprocess.Popen[str], Path]:
+    started, go = tmp_path / f"{name}.started", tmp_path / f"{name}.go"
+    holder = hostrun.popen("-m", size, "--label", name, *more, "--", "sh", "-c",
                            f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done")
-    wait_for(started.exists)
+    wait_for(started.exists, timeout=30)
     return holder, go
 
 
 def test_a_release_rings_the_head_and_each_admission_the_next(hostrun: Hostrun, tmp_path: Path) -> None:
     """One 300M release lets three 100M waiters in: the head is rung, each admitted one rings the
     next; all three run at once (each waits for the others' marks)."""
+    _no_status(hostrun)
     holder, go = _holder(hostrun, tmp_path, "300M")
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -64,9 +74,30 @@ def test_a_release_rings_the_head_and_each_admission_the_next(hostrun: Hostrun, 
     assert list((hostrun.state_dir / "wake").iterdir()) == []  # each waiter removed its FIFO
 
 
+def test_a_head_held_by_its_group_passes_the_ring_on(hostrun: Hostrun, tmp_path: Path) -> None:
+    """The head waits for its group's cap, which reserves no memory: a release it cannot use is
+    passed on to the waiter behind it, which gets in."""
+    _no_status(hostrun, peers="[groups.build]\nmax_running = 1\n")
+    build, build_go = _holder(hostrun, tmp_path, "100M", "build-holder", "--group", "build")
+    other, other_go = _holder(hostrun, tmp_path, "200M", "other-holder")
+    head = hostrun.popen("-m", "100M", "--group", "build", "--label", "head", "--", "true", env=NO_POLL)
+    wait_for(lambda: _bell(hostrun, "head"), timeout=30)
+    behind = hostrun.popen("-m", "100M", "--label", "behind", "--", "true", env=NO_POLL)
+    wait_for(lambda: _bell(hostrun, "behind"), timeout=30)
+    other_go.touch()  # frees 200M: the head is still held by its group; the one behind fits
+    assert other.wait(timeout=30) == 0
+    assert behind.wait(timeout=60) == 0, behind.stderr.read() if behind.stderr else ""
+    assert head.poll() is None and _waiting_id(hostrun, "head") is not None
+    build_go.touch()
+    assert build.wait(timeout=30) == 0
+    assert head.wait(timeout=60) == 0, head.stderr.read() if head.stderr else ""
+    assert hostrun.bookings() == []
+
+
 def test_a_killed_head_waiter_passes_the_ring_to_the_next(hostrun: Hostrun, tmp_path: Path) -> None:
     """The head waiter is SIGKILLed: its FIFO has no reader, so the ring goes on to the next waiter,
     which reclaims the dead one's booking and its FIFO."""
+    _no_status(hostrun)
     holder, go = _holder(hostrun, tmp_path, "250M")
     first = hostrun.popen("-m", "250M", "--label", "first", "--", "true", env=NO_POLL)
     dead_bell = wait_for(lambda: _bell(hostrun, "first"), timeout=30)

@@ -358,13 +358,15 @@ class Ledger:
         those behind it still could (admission.wait_for_room). Never raises: the waiters' safety poll
         covers a ring that fails.
         """
-        from dispatch.local import wakeup
-
         try:
             rows = self.db.execute("SELECT id FROM bookings WHERE host = ? AND state = 'waiting'"
                                    " AND id > ? ORDER BY id", (host, after)).fetchall()
         except sqlite3.Error:
             return
+        if not rows:  # the usual case: nobody waits (and wakeup is not even imported)
+            return
+        from dispatch.local import wakeup
+
         deaf = False
         for (waiter,) in rows:
             answer = wakeup.ring(self.state_dir, waiter, reclaim=deaf)
@@ -477,8 +479,9 @@ class Ledger:
                 if booking_id in self._mine:
                     self._track(booking_id)
             elif reason is not None:
+                text = reason(adm)
                 self.db.execute("UPDATE bookings SET reason = ? WHERE id = ? AND reason IS NOT ?",
-                                (reason(adm), booking_id, reason(adm)))
+                                (text, booking_id, text))
             self.db.execute("COMMIT")
         except BaseException:
             _rollback(self.db)
