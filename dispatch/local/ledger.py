@@ -267,8 +267,8 @@ class Ledger:
             peakjournal.write_snapshot(self.journal_path, self._peaks(), self._peak_runs())
 
     def _locked(self, fn: Callable[[], None]) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        try:  # BEGIN inside: a signal's exception raised right after it must still roll back
+            self.db.execute("BEGIN IMMEDIATE")
             fn()
             self.db.execute("COMMIT")
         except BaseException:
@@ -465,8 +465,8 @@ class Ledger:
         ``reason``: when not admitted, the waiting reason to store (``hostrun ledger`` shows it),
         written in the same transaction: one write lock per try, which matters when many arrive.
         """
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        try:  # BEGIN inside: a signal's exception raised right after it must still roll back
+            self.db.execute("BEGIN IMMEDIATE")
             reclaimed = self._reclaim_locked(host)
             adm = self._evaluate(booking_id, host, room, gpu_room, groups)
             skipped = self._passed_over(booking_id, host, adm, groups) if adm.admitted else []
@@ -522,7 +522,13 @@ class Ledger:
 
     @_guarded
     def release(self, booking_id: int) -> None:
-        """Delete the booking (running or waiting), then ring the head of its host's queue."""
+        """Delete the booking (running or waiting), then ring the head of its host's queue.
+
+        A transaction left open (an exception between BEGIN and its handler) is rolled back first:
+        else the delete would go into it and be lost with it, leaving the row to be reclaimed.
+        """
+        if self.db.in_transaction:
+            _rollback(self.db)
         row = self.db.execute("SELECT host, state FROM bookings WHERE id = ?", (booking_id,)).fetchone()
         self.db.execute("DELETE FROM bookings WHERE id = ?", (booking_id,))
         self._mine.pop(booking_id, None)
