@@ -299,7 +299,7 @@ def test_heavy_thread_environment(hostrun: Hostrun) -> None:
 def test_state_files_are_private(hostrun: Hostrun) -> None:
     assert hostrun.run("-m", "64M", "--", "true").returncode == 0
     assert (hostrun.state_dir.stat().st_mode & 0o777) == 0o700
-    for name in ("ledger.sqlite3", "ledger.sqlite3-wal", "ledger.tick"):
+    for name in ("ledger.sqlite3", "ledger.sqlite3-wal", "wake"):
         path = hostrun.state_dir / name
         if path.exists():
             assert (path.stat().st_mode & 0o077) == 0, name

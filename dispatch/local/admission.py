@@ -1,13 +1,17 @@
 """Admission: wait in FIFO order until the slice has room for a booking (docs/design.md, "A local
 run"; docs/admission.md).
 
-Room = slice limit - bookings of running jobs - cache-free usage above those bookings. Waiters watch
-the ledger's tick file (a stat every 20 ms) and retry as soon as anything is released, plus once a
-second regardless (usage can fall without a release). Only a waiter that could get in takes the write
-lock; the others just read. The periodic locked retry, which also reclaims stale bookings, comes every
-second for the head of the queue and less often further back, so a long queue does not keep the lock
-busy. Every ``status_interval`` a waiter prints one
-line naming who holds the room.
+Room = slice limit - bookings of running jobs - cache-free usage above those bookings. A waiter
+blocks on its own doorbell FIFO (``dispatch.local.wakeup``): a release rings the head of the queue,
+an admission rings the next waiter, and a woken waiter that cannot get in rings the next only while
+those behind it still could (it is held by a queue policy, or only VRAM blocks it); one that lacks
+memory stops the chain, as every later waiter reserves its memory too. So a freed slot is taken at
+once and a release wakes one or two waiters, not all. A rung waiter reads the ledger and takes the
+write lock only if it could get in, or when the ring says a waiter ahead of it is dead (its FIFO had
+no reader): that locked try reclaims the dead one's booking. A safety retry, locked, comes every
+second for the head of the queue and less often further back (usage can fall without a release; a
+releaser may die before it rings). Every ``status_interval`` a waiter prints one line naming who holds
+the room. ``HOSTRUN_WAIT_RECHECK`` (seconds; a test hook) replaces the safety retry's period.
 
 A job with ``--gpu-memory`` also needs a GPU whose room (free VRAM now, less what running GPU
 bookings on it have yet to allocate) covers its request. nvidia-smi is read before each attempt,
@@ -16,6 +20,7 @@ never inside the ledger's write lock, and at most once a second (``dispatch.loca
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -27,10 +32,11 @@ from dispatch.local.ledgerdb import Booking
 MYPY = False
 if MYPY:
     from dispatch.local.gpu import GpuSnapshot
+    from dispatch.local.wakeup import Doorbell
 
-POLL = 0.02
 RECHECK = 1.0
 RECHECK_MAX = 10.0
+RECHECK_ENV = "HOSTRUN_WAIT_RECHECK"  # test hook: the safety retry's period, to show the rings alone
 
 
 USAGE_SLACK = 32 << 20
@@ -157,36 +163,51 @@ def wait_for_room(
     booking's ``gpu_index`` afterwards. ``on_wait`` gets each status line's figures (at once, then
     every ``status_interval``): the peer alert watch hooks in there.
     """
+    base = float(os.environ.get(RECHECK_ENV) or RECHECK)
     room = room_function(backend, limit)
     gpu_room = gpu_room_function(backend, gpu) if gpu is not None else None
     started = time.monotonic()
-    last_tick: tuple[int, int, int] | None = None
     last_locked = last_status = 0.0
-    last_reason = ""
-    recheck = RECHECK
-    while True:
-        tick = ledger.tick()
-        now = time.monotonic()
-        due = now - last_locked >= recheck
-        if tick != last_tick or due:
-            last_tick = tick
+    recheck = base
+    bell: Doorbell | None = None  # made only once the job must wait: none on the path of most runs
+    first = True  # the first try is under the lock (it reclaims stale bookings)
+    rung = ""  # the rings that woke this pass ("R": a waiter ahead is dead, try under the lock)
+
+    def why(adm: Admission) -> str:
+        return wait_reason(adm, gpu.error if gpu is not None else None)
+
+    try:
+        while True:
+            now = time.monotonic()
+            due = first or "R" in rung or now - last_locked >= recheck
             if gpu is not None:  # outside the write lock; at most once a second
                 gpu.refresh(lambda: any(b.gpu_index is not None for b in ledger.bookings(host)))
-            adm = ledger.peek(booking_id, host, room, gpu_room, groups)
-            recheck = min(RECHECK_MAX, RECHECK * (1 + adm.position))
-            if adm.admitted or due:
+            if not due:  # a plain read; the write lock only if it could get in
+                adm = ledger.peek(booking_id, host, room, gpu_room, groups)
+                due = adm.admitted
+            if due:
                 last_locked = now
-                adm = ledger.try_admit(booking_id, host, room, gpu_room, groups)
+                adm = ledger.try_admit(booking_id, host, room, gpu_room, groups, why)
                 stop_reclaimed(backend, adm.reclaimed)
-                if adm.admitted:
+                if adm.admitted:  # try_admit rang the next waiter
                     return time.monotonic() - started
-                reason = wait_reason(adm, gpu.error if gpu is not None else None)
-                if reason != last_reason:  # a write: only on the once-a-second path
-                    ledger.set_reason(booking_id, reason)
-                    last_reason = reason
+            recheck = min(max(base, RECHECK_MAX), base * (1 + adm.position))
+            if rung and (adm.policy is not None or adm.memory_ok):
+                ledger.wake_next(host, booking_id)  # those behind may still fit: pass the ring on
             if last_status == 0.0 or now - last_status >= status_interval:
                 say(status_line(adm, gpu_error=gpu.error if gpu is not None else None))
                 last_status = now
                 if on_wait is not None:
                     on_wait(adm)
-        time.sleep(POLL)
+            first = False
+            if bell is None:  # then look once more: a ring before the bell existed went elsewhere
+                from dispatch.local.wakeup import Doorbell
+
+                bell = Doorbell(ledger.state_dir, booking_id)
+                rung = ""
+                continue
+            wake_at = min(last_locked + recheck, last_status + status_interval)
+            rung = bell.wait(wake_at - time.monotonic())
+    finally:
+        if bell is not None:
+            bell.close()

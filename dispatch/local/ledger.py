@@ -196,7 +196,6 @@ class Ledger:
                  live_jobs: LiveJobs | None = None) -> None:
         self.state_dir = state_dir
         self.path = os.path.join(state_dir, "ledger.sqlite3")
-        self.tick_path = os.path.join(state_dir, "ledger.tick")
         self.log_path = os.path.join(state_dir, "queue.log")
         self.journal_path = os.path.join(state_dir, "peaks.journal")
         self.say = say or _stderr
@@ -268,8 +267,8 @@ class Ledger:
             peakjournal.write_snapshot(self.journal_path, self._peaks(), self._peak_runs())
 
     def _locked(self, fn: Callable[[], None]) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        try:  # BEGIN inside: a signal's exception raised right after it must still roll back
+            self.db.execute("BEGIN IMMEDIATE")
             fn()
             self.db.execute("COMMIT")
         except BaseException:
@@ -350,23 +349,30 @@ class Ledger:
             detail = f"{cause.strerror} ({name})" + ("" if cause is exc else f"; SQLite: {exc}")
         return LedgerError(f"state dir {self.state_dir}: {detail} (ledger {self.path})")
 
-    # -- change notification: waiters stat this file instead of querying the store in a loop --
-    def touch(self) -> None:
-        """Append one byte: size and mtime change on every call, so no wake-up is ever lost."""
-        fd = os.open(self.tick_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            if os.fstat(fd).st_size > 1 << 16:
-                os.ftruncate(fd, 0)
-            os.write(fd, b".")
-        finally:
-            os.close(fd)
+    # -- wake-ups: a change that may free room rings the waiter that can use it (local/wakeup.py) --
+    def wake_next(self, host: str, after: int = 0) -> None:
+        """Ring the first waiter of ``host`` after booking ``after`` (0: the head) that listens.
 
-    def tick(self) -> tuple[int, int, int]:
+        Called after a release (from the head), an admission (from the one admitted: the room left
+        may fit the next too) and a reclaim; a woken waiter that cannot get in passes it on only while
+        those behind it still could (admission.wait_for_room). Never raises: the waiters' safety poll
+        covers a ring that fails.
+        """
         try:
-            st = os.stat(self.tick_path)
-        except FileNotFoundError:
-            return (0, 0, 0)
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
+            rows = self.db.execute("SELECT id FROM bookings WHERE host = ? AND state = 'waiting'"
+                                   " AND id > ? ORDER BY id", (host, after)).fetchall()
+        except sqlite3.Error:
+            return
+        if not rows:  # the usual case: nobody waits (and wakeup is not even imported)
+            return
+        from dispatch.local import wakeup
+
+        deaf = False
+        for (waiter,) in rows:
+            answer = wakeup.ring(self.state_dir, waiter, reclaim=deaf)
+            if answer == wakeup.RUNG:
+                return
+            deaf = deaf or answer == wakeup.DEAF
 
     # -- bookings --
     def _rows(self, where: str, params: tuple[object, ...]) -> list[Booking]:
@@ -443,8 +449,8 @@ class Ledger:
 
     @_guarded
     def try_admit(self, booking_id: int, host: str, room: Callable[[int], int],
-                  gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None
-                  ) -> Admission:
+                  gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
+                  reason: Callable[[Admission], str] | None = None) -> Admission:
         """Admit ``booking_id`` if ``room(booked)`` minus what earlier waiters need covers its size.
 
         ``room`` gets the bytes booked by running jobs and returns the free room in the slice (slice
@@ -455,9 +461,12 @@ class Ledger:
         A booking with ``gpu_bytes`` also needs a GPU: ``gpu_room`` gets the running bookings and
         returns the VRAM room per device index (see ``choose_gpu``); the device chosen is recorded
         in ``gpu_index`` in the same transaction.
+
+        ``reason``: when not admitted, the waiting reason to store (``hostrun ledger`` shows it),
+        written in the same transaction: one write lock per try, which matters when many arrive.
         """
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        try:  # BEGIN inside: a signal's exception raised right after it must still roll back
+            self.db.execute("BEGIN IMMEDIATE")
             reclaimed = self._reclaim_locked(host)
             adm = self._evaluate(booking_id, host, room, gpu_room, groups)
             skipped = self._passed_over(booking_id, host, adm, groups) if adm.admitted else []
@@ -469,12 +478,22 @@ class Ledger:
                 )
                 if booking_id in self._mine:
                     self._track(booking_id)
+            elif reason is not None:
+                text = reason(adm)
+                self.db.execute("UPDATE bookings SET reason = ? WHERE id = ? AND reason IS NOT ?",
+                                (text, booking_id, text))
             self.db.execute("COMMIT")
         except BaseException:
             _rollback(self.db)
             raise
-        if adm.admitted or reclaimed:
-            self.touch()
+        if reclaimed:
+            from dispatch.local import wakeup
+
+            for b in reclaimed:
+                wakeup.remove(self.state_dir, b.id)
+            self.wake_next(host)
+        elif adm.admitted:
+            self.wake_next(host, booking_id)
         if skipped:
             self.log(skipped)
         return adm._replace(reclaimed=reclaimed)
@@ -502,14 +521,23 @@ class Ledger:
             os.close(fd)
 
     @_guarded
-    def set_reason(self, booking_id: int, reason: str) -> None:
-        self.db.execute("UPDATE bookings SET reason = ? WHERE id = ?", (reason, booking_id))
-
-    @_guarded
     def release(self, booking_id: int) -> None:
+        """Delete the booking (running or waiting), then ring the head of its host's queue.
+
+        A transaction left open (an exception between BEGIN and its handler) is rolled back first:
+        else the delete would go into it and be lost with it, leaving the row to be reclaimed.
+        """
+        if self.db.in_transaction:
+            _rollback(self.db)
+        row = self.db.execute("SELECT host, state FROM bookings WHERE id = ?", (booking_id,)).fetchone()
         self.db.execute("DELETE FROM bookings WHERE id = ?", (booking_id,))
         self._mine.pop(booking_id, None)
-        self.touch()
+        if row is not None:
+            if row[1] == "waiting":
+                from dispatch.local import wakeup
+
+                wakeup.remove(self.state_dir, booking_id)
+            self.wake_next(row[0])
 
     @_guarded
     def booking(self, booking_id: int) -> Booking | None:
