@@ -22,7 +22,6 @@ if MYPY:
     from collections.abc import Sequence
 
 LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+:")
-HALF_RULE_STEP = 512 << 20
 
 
 def project_root(cwd: str) -> str:
@@ -69,7 +68,9 @@ def half_rule_cap(worst_peak: int, slice_limit: int | None) -> int | None:
     history or it would not fit the slice (hostrun then books as it always does)."""
     if worst_peak <= 0:
         return None
-    cap = max(HALF_RULE_STEP, -(-2 * worst_peak // HALF_RULE_STEP) * HALF_RULE_STEP)
+    from dispatch.local.capacity import half_rule_cap as rule  # the one rule, docs/capacity.md
+
+    cap = rule(worst_peak)
     if slice_limit is not None and cap > slice_limit:
         return None
     return cap
