@@ -126,3 +126,33 @@ def test_the_report_is_read_through_the_login_node(hostrun: Any, peers: Any, slu
     report = farm["report"]
     assert report["kind"] == "slurm" and [n["name"] for n in report["nodes"]] == [slurm.node]
     assert report["totals"]["nodes_up"] == 1
+
+
+def test_a_connection_lost_mid_run_is_251_and_the_job_is_cancelled(
+        hostrun: Any, peers: Any, slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The login node's sshd sessions die under a running job (its listener stays): srun's session
+    ends with ssh's 255, hostrun says 251 and cancels the job over a new connection."""
+    peer = login_cluster(hostrun, peers, slurm)
+    src = tree(tmp_path)
+    proc = hostrun.popen("--peer=farm", "--tree", str(src), "-l", "cut", "--", "sleep", "300", cwd=src,
+                         stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while "RUNNING" not in slurm.run(["squeue", "-h", "-n", "cut", "-o", "%T"]).stdout:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+            time.sleep(0.1)
+        for pid in peer.pids()[1:]:  # every connection's sshd, not the listener
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == ExitCode.CONNECTION_LOST, err
+    assert "login node broke during the run" in err
+    deadline = time.monotonic() + 30
+    while slurm.run(["squeue", "-h", "-n", "cut", "-o", "%T"]).stdout.strip():
+        assert time.monotonic() < deadline, slurm.run(["squeue", "-h", "-n", "cut", "-o", "%T"]).stdout
+        time.sleep(0.1)
