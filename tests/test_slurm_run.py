@@ -254,3 +254,27 @@ def test_auto_sends_a_job_the_local_slice_cannot_hold_to_the_cluster(hostrun: An
     assert (done.stdout, name, state) == (f"job {job_id}\n", "big", "COMPLETED")
     assert job(slurm, job_id).memory == 1 << 30
     assert hostrun.bookings() == []
+
+
+def test_a_scripts_preflight_is_checked_here_before_the_cluster(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A script's admission (its inputs, this tree's) is checked here: unchanged inputs skip the
+    second run (78) with nothing submitted; a run-condition about the machine (a command on PATH)
+    cannot be checked on a node before the job starts, so it refuses (78), nothing submitted."""
+    cfg = config(tmp_path, slurm)
+    (tmp_path / "input.txt").write_text("v1\n")
+    job = tmp_path / "job.sh"
+    job.write_text("#!/bin/sh\n# admission: inputs-changed input.txt\necho ran\n")
+    job.chmod(0o755)
+    first = hostrun(cfg, "--peer=farm", "--", str(job), cwd=tmp_path)
+    assert (first.returncode, first.stdout) == (0, b"ran\n"), first.stderr
+    again = hostrun(cfg, "--peer=farm", "--", str(job), cwd=tmp_path)
+    assert again.returncode == ExitCode.NOT_RUN and b"nothing to do" in again.stderr, again.stderr
+    assert len(jobs(slurm)) == 1
+    tool = tmp_path / "tool.sh"
+    tool.write_text("#!/bin/sh\n# run-condition: command sh\necho ran\n")
+    tool.chmod(0o755)
+    refused = hostrun(cfg, "--peer=farm", "--", str(tool), cwd=tmp_path)
+    assert refused.returncode == ExitCode.NOT_RUN, refused.stderr
+    assert (b"tool.sh:2: run-condition command is about the machine the job runs on, a node of "
+            b"cluster farm") in refused.stderr
+    assert len(jobs(slurm)) == 1

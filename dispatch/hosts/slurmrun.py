@@ -156,6 +156,17 @@ class SlurmRun:
         return record.max_peak if record is not None else None
 
     def run(self) -> Outcome:
+        """The job, after the script's preflight headers where it declares any (checked here: the
+        tree's admission and single-instance lock; conditions about the node refuse, 78)."""
+        from dispatch.guards.headers import declares_preflight
+
+        if declares_preflight(self.request.argv):
+            from dispatch.local.runner import with_preflight
+
+            return with_preflight(self.config, self.request, self.say, self._run, elsewhere=self.where)
+        return self._run()
+
+    def _run(self) -> Outcome:
         request, settings = self.request, self.host.settings
         if not request.argv:
             raise NotRunError("no command to run")

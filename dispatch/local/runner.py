@@ -143,11 +143,15 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
 
 
 def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str], None],
-                   run: Callable[[], Outcome]) -> Outcome:
+                   run: Callable[[], Outcome], elsewhere: str | None = None) -> Outcome:
     """``run()``, unless the script ``request.argv`` runs declares preflight conditions
     (``# admission:``, ``# run-condition:``; ``dispatch.guards.preflight``) that are unmet: then print each
     unmet one and return exit 78 with nothing created, booked or run. A single-instance lock is held
     for the whole run; the inputs' fingerprint is recorded only when the job exited 0.
+
+    ``elsewhere`` names a host whose node the job will run on, out of reach until it starts (a
+    cluster): the admission and the single-instance lock are this tree's and are checked here; a
+    condition about the machine (command, device, min-free) cannot be, and refuses the run (78).
     """
     from dispatch.guards.headers import declares_preflight
 
@@ -158,14 +162,24 @@ def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str],
     script = declared(request.argv)  # malformed: UsageError (2)
     if script is None:
         return run()
+    host = elsewhere or settings.local.name
+    label = request.label or default_label(request.argv)
+    if elsewhere is not None:
+        machine = [c for c in script.conditions if c.kind in ("command", "device", "min-free")]
+        if machine:
+            first = machine[0]
+            return Outcome(exit_code=int(ExitCode.NOT_RUN), outcome=ExitCode.NOT_RUN.outcome,
+                           host=host, label=label, argv=list(request.argv),
+                           message=f"{script.path}:{first.line}: run-condition {first.kind} is about "
+                                   f"the machine the job runs on, a node of {elsewhere} that cannot "
+                                   "be checked before the job starts; nothing ran")
     environ = os.environ if request.env is None else request.env
     verdict, guard = check(settings, script, environ, force=request.force, hold=True)
     if guard is None:
         for line in [] if verdict.nothing_to_do else verdict.unmet_lines():
             say(line)  # a skip (inputs unchanged) is said in one line: the summary
         return Outcome(exit_code=int(ExitCode.NOT_RUN), outcome=ExitCode.NOT_RUN.outcome,
-                       host=settings.local.name, label=request.label or default_label(request.argv),
-                       argv=list(request.argv), message=verdict.summary())
+                       host=host, label=label, argv=list(request.argv), message=verdict.summary())
     if verdict.unmet:  # only the admission, overridden by --force
         say(verdict.summary())
     try:
