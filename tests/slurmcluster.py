@@ -189,6 +189,22 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout,
                               check=False, **kw)  # type: ignore[call-overload, no-any-return]
 
+    def jobs(self) -> list[tuple[str, str, str]]:
+        """(id, name, state) of every job slurmctld keeps, ended ones too, oldest first."""
+        out = self.run(["squeue", "-h", "-t", "all", "-o", "%i|%j|%T"]).stdout
+        rows = [line.split("|") for line in out.split()]
+        return sorted(((r[0], r[1], r[2]) for r in rows), key=lambda r: int(r[0]))
+
+    def wait_for(self, name: str, state: str = "RUNNING", timeout: float = 30) -> str:
+        """The id of job ``name`` once it is in ``state`` (a bounded wait: AssertionError after)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for job_id, job_name, job_state in self.jobs():
+                if job_name == name and job_state == state:
+                    return job_id
+            time.sleep(0.1)
+        raise AssertionError(f"job {name} not {state} within {timeout:g} s: {self.jobs()}")
+
     def slurm_cgroups(self) -> list[Path]:
         """The top cgroup slurmd makes for this node in each v1 hierarchy (``slurm_NODE``, or ``slurm``)."""
         names = ("slurm", f"slurm_{self.node}")

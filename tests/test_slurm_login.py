@@ -80,10 +80,7 @@ def test_ctrl_c_cancels_the_job_on_the_cluster(hostrun: Any, peers: Any, slurm: 
     proc = hostrun.popen("--peer=farm", "--tree", str(src), "-l", "far", "--", "sleep", "300", cwd=src,
                          stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while "RUNNING" not in slurm.run(["squeue", "-h", "-n", "far", "-o", "%T"]).stdout:
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
-            time.sleep(0.1)
+        slurm.wait_for("far")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -103,10 +100,7 @@ def test_a_killed_client_leaves_nothing_running_on_the_cluster(hostrun: Any, pee
     src = tree(tmp_path)
     proc = hostrun.popen("--peer=farm", "--tree", str(src), "-l", "gone", "--", "sleep", "300", cwd=src,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while "RUNNING" not in slurm.run(["squeue", "-h", "-n", "gone", "-o", "%T"]).stdout:
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.1)
+    slurm.wait_for("gone")
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 30
@@ -137,10 +131,7 @@ def test_a_connection_lost_mid_run_is_251_and_the_job_is_cancelled(
     proc = hostrun.popen("--peer=farm", "--tree", str(src), "-l", "cut", "--", "sleep", "300", cwd=src,
                          stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while "RUNNING" not in slurm.run(["squeue", "-h", "-n", "cut", "-o", "%T"]).stdout:
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
-            time.sleep(0.1)
+        slurm.wait_for("cut")
         for pid in peer.pids()[1:]:  # every connection's sshd, not the listener
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -45,13 +45,6 @@ def hostrun(cfg: Path, *args: str, **kw: object) -> subprocess.CompletedProcess[
                           cwd=kw.pop("cwd", ROOT), **kw)  # type: ignore[call-overload, no-any-return]
 
 
-def jobs(cluster: SlurmCluster) -> list[tuple[str, str, str]]:
-    """(id, name, state) of every job slurmctld keeps, oldest first."""
-    out = cluster.run(["squeue", "-h", "-t", "all", "-o", "%i|%j|%T"]).stdout
-    rows = [tuple(line.split("|")) for line in out.split()]
-    return sorted(rows, key=lambda r: int(r[0]))  # type: ignore[arg-type, return-value]
-
-
 def job(cluster: SlurmCluster, job_id: str) -> sf.JobRecord:
     record = sf.parse_job(cluster.run(sf.job_command(job_id)).stdout)
     assert record is not None
@@ -62,16 +55,6 @@ def history(cfg: Path) -> list[dict[str, object]]:
     done = hostrun(cfg, "history", "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)  # type: ignore[no-any-return]
-
-
-def wait_running(cluster: SlurmCluster, name: str, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for job_id, job_name, state in jobs(cluster):
-            if job_name == name and state == "RUNNING":
-                return job_id
-        time.sleep(0.1)
-    raise AssertionError(f"job {name} did not start: {jobs(cluster)}")
 
 
 def test_exit_status_and_streams_pass_through(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -85,7 +68,7 @@ def test_exit_status_and_streams_pass_through(slurm: SlurmCluster, tmp_path: Pat
     job_err = re.sub(rb"srun: error: [^\n]*task 0: Exited with exit code 7\n", b"", done.stderr)
     assert job_err == b"err\nno newline"
     assert b"\x1f" not in done.stderr and b"hostrun-peak" not in done.stderr
-    [(job_id, name, state)] = jobs(slurm)
+    [(job_id, name, state)] = slurm.jobs()
     assert (name, state) == ("st", "FAILED")
     assert "hostrun:" in slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout  # its comment
     [row] = history(cfg)
@@ -118,7 +101,7 @@ def test_over_its_mem_is_250_and_the_peak_sizes_the_next_run(slurm: SlurmCluster
     done = hostrun(cfg, "--peer=farm", "-l", "grow", "-m", "64M", "--", *grow)
     assert done.returncode == ExitCode.OWN_CAP, done.stderr
     assert b"state OUT_OF_MEMORY" in done.stderr and b"exit 250 (own-cap)" in done.stderr
-    [first] = jobs(slurm)
+    [first] = slurm.jobs()
     assert job(slurm, first[0]).memory == 64 * MiB
     alerts = hostrun(cfg, "alerts", "--json")
     assert alerts.returncode == 0, alerts.stderr
@@ -127,7 +110,7 @@ def test_over_its_mem_is_250_and_the_peak_sizes_the_next_run(slurm: SlurmCluster
     # no -m now: twice the worst peak (the 64M it was killed at), rounded up to 512 MiB
     again = hostrun(cfg, "--peer=farm", "-l", "grow", "--", *grow)
     assert again.returncode == 0, again.stderr
-    second = jobs(slurm)[-1]
+    second = slurm.jobs()[-1]
     assert job(slurm, second[0]).memory == 512 * MiB
     rows = history(cfg)
     assert [(r["outcome"], r["cap_bytes"], r["booking_kind"], r["hit_ceiling"]) for r in rows] == [
@@ -136,7 +119,7 @@ def test_over_its_mem_is_250_and_the_peak_sizes_the_next_run(slurm: SlurmCluster
     # the third run is sized from the worst peak of both (>= 300 MiB: 1 GiB)
     third = hostrun(cfg, "--peer=farm", "-l", "grow", "--", "true")
     assert third.returncode == 0
-    assert job(slurm, jobs(slurm)[-1][0]).memory == 1024 * MiB
+    assert job(slurm, slurm.jobs()[-1][0]).memory == 1024 * MiB
 
 
 def test_a_mem_no_node_can_hold_is_243_and_nothing_is_recorded(slurm: SlurmCluster,
@@ -168,7 +151,7 @@ def test_max_runtime_becomes_time_and_a_timeout_is_253(slurm: SlurmCluster, tmp_
                                          "sleep", "300"), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     try:
-        job_id = wait_running(slurm, "slow")
+        job_id = slurm.wait_for("slow")
         assert "TimeLimit=00:01:00" in slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout
         assert slurm.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=0"]).returncode == 0
         _, err = proc.communicate(timeout=90)
@@ -186,7 +169,7 @@ def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, tmp_path: Path) -> None:
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=ROOT)
     try:
-        job_id = wait_running(slurm, "long")
+        job_id = slurm.wait_for("long")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -210,10 +193,7 @@ def test_a_pending_job_is_cancelled_on_ctrl_c(slurm: SlurmCluster, tmp_path: Pat
                                          "true"), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd=ROOT)
     try:
-        deadline = time.monotonic() + 30
-        while not any(n == "queued" and s == "PENDING" for _, n, s in jobs(slurm)):
-            assert time.monotonic() < deadline, jobs(slurm)
-            time.sleep(0.1)
+        slurm.wait_for("queued", "PENDING")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -221,7 +201,7 @@ def test_a_pending_job_is_cancelled_on_ctrl_c(slurm: SlurmCluster, tmp_path: Pat
         proc.wait()
         slurm.run(["scancel", held])
     assert proc.returncode == 130, err
-    [queued] = [j for j in jobs(slurm) if j[1] == "queued"]
+    [queued] = [j for j in slurm.jobs() if j[1] == "queued"]
     assert queued[2] == "CANCELLED"
 
 
@@ -232,7 +212,7 @@ def test_a_killed_client_leaves_nothing_running(slurm: SlurmCluster, tmp_path: P
     proc = subprocess.Popen(hostrun_argv(cfg, "--peer=farm", "-l", "orphan", "--", "sleep", "300"),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, cwd=ROOT)
-    job_id = wait_running(slurm, "orphan")
+    job_id = slurm.wait_for("orphan")
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 30
@@ -250,7 +230,7 @@ def test_auto_sends_a_job_the_local_slice_cannot_hold_to_the_cluster(hostrun: An
                        stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
     assert "local does not fit; farm fits: node" in done.stderr
-    [(job_id, name, state)] = jobs(slurm)
+    [(job_id, name, state)] = slurm.jobs()
     assert (done.stdout, name, state) == (f"job {job_id}\n", "big", "COMPLETED")
     assert job(slurm, job_id).memory == 1 << 30
     assert hostrun.bookings() == []
@@ -269,7 +249,7 @@ def test_a_scripts_preflight_is_checked_here_before_the_cluster(slurm: SlurmClus
     assert (first.returncode, first.stdout) == (0, b"ran\n"), first.stderr
     again = hostrun(cfg, "--peer=farm", "--", str(job), cwd=tmp_path)
     assert again.returncode == ExitCode.NOT_RUN and b"nothing to do" in again.stderr, again.stderr
-    assert len(jobs(slurm)) == 1
+    assert len(slurm.jobs()) == 1
     tool = tmp_path / "tool.sh"
     tool.write_text("#!/bin/sh\n# run-condition: command sh\necho ran\n")
     tool.chmod(0o755)
@@ -277,4 +257,4 @@ def test_a_scripts_preflight_is_checked_here_before_the_cluster(slurm: SlurmClus
     assert refused.returncode == ExitCode.NOT_RUN, refused.stderr
     assert (b"tool.sh:2: run-condition command is about the machine the job runs on, a node of "
             b"cluster farm") in refused.stderr
-    assert len(jobs(slurm)) == 1
+    assert len(slurm.jobs()) == 1
