@@ -15,24 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from dispatch.agent.frames import Frame
 from dispatch.agent.treestate import MANIFEST, walk
 from tests.conftest import Hostrun, OtherUser
 from tests.fakepeer import Script
 from tests.test_peer_phases import Driver
+from tests.test_peer_phases import tree as tree  # the same source tree fixture
 from tests.test_peer_run import remote_tree, setup
-
-
-@pytest.fixture
-def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A source tree; the job runs in its ``sub`` directory."""
-    top = tmp_path / "tree"
-    (top / "sub").mkdir(parents=True)
-    (top / "sub" / "main.c").write_text("int main(void) { return 0; }\n")
-    monkeypatch.chdir(top / "sub")
-    return top
 
 
 def run(tmp_path: Path, tree_dir: Path, script: Script | None = None) -> Driver:
