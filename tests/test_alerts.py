@@ -17,7 +17,7 @@ from typing import Any
 
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.settings import Settings
-from dispatch.local.alertlog import FIELDS, append, record
+from dispatch.local.alertlog import FIELDS, append, checked_figures, record
 from dispatch.local.capacity import half_rule_cap
 from dispatch.placement import alerts
 from tests.conftest import Hostrun, wait_for
@@ -313,3 +313,47 @@ def test_watch_exec_that_fails_is_a_warning_and_watch_goes_on(hostrun: Hostrun, 
 def test_watch_bad_exec_is_usage_error(hostrun: Hostrun) -> None:
     proc = hostrun.run("watch", "--exec", "sh -c 'unclosed")
     assert proc.returncode == 2 and "--exec" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_long_wait_on_the_peer_is_alerted_by_the_controller(hostrun: Hostrun, peers: Any,
+                                                              tmp_path: Path) -> None:
+    """The wait happens in the peer's ledger; the alert is the controller's (its session's file)."""
+    peer, tree = setup(hostrun, peers, tmp_path, slice="300M")
+    hostrun.configure(top='enable_across_machines = true\ntoolchain_probes = ["rsync --version"]\n'
+                          'alert_wait_after = "1s"', peers=peer.host_table())
+    started, release = tmp_path / "started", tmp_path / "release"
+    holder = hostrun.popen("--peer", "-m", "200M", "--label", "holder", "--session", "builder", "--",
+                           "sh", "-c", f"touch {started}; while [ ! -e {release} ]; do sleep 0.1; done",
+                           cwd=tree)
+    try:
+        wait_for(started.exists, timeout=30)
+        waiter = hostrun.popen("--peer", "-m", "200M", "--label", "waiter", "--session", "agent", "--",
+                               "true", cwd=tree)
+        wait_for(lambda: any(a["kind"] == "waiting" for a in alert_records(hostrun)), timeout=30)
+    finally:
+        release.touch()
+        holder.wait(timeout=60)
+    _, err = waiter.communicate(timeout=60)
+    assert waiter.returncode == 0 and holder.returncode == 0, err
+    (item,) = [a for a in alert_records(hostrun) if a["kind"] == "waiting"]  # once per wait
+    assert_common(item)
+    assert item["host"] == "peer1" and item["label"] == "waiter" and item["session"] == "agent"
+    assert item["pid"] == waiter.pid and item["need"] == 200 * MiB and item["position"] == 0
+    assert [(h["label"], h["session"], h["size"]) for h in item["holders"]] == [
+        ("holder", "builder", 200 * MiB)]
+    assert "on peer1" in item["message"] and "held by holder (builder, 200 MiB)" in item["message"]
+    assert item["action"].endswith("hostrun --label waiter --session agent -- true")  # run it here
+    assert "alert: job waiter has waited" in err and "on peer1" in err
+    assert not (peer.state_dir / "alerts.jsonl").exists()  # the peer's agent does not alert
+
+
+def test_wait_figures_from_a_peer_are_checked_before_use() -> None:
+    good = {"waited_s": 61.5, "need": 5, "free": 1, "position": 2, "policy": None,
+            "holders": [{"label": "x" * 500, "session": None, "size": 5, "pid": 9}]}
+    checked = checked_figures(good)
+    assert checked is not None and checked["holders"][0]["label"] == "x" * 200  # cut, kept
+    assert checked["waited_s"] == 61.5 and checked["position"] == 2
+    for bad in ([], "text", {**good, "need": "5"}, {**good, "free": True}, {**good, "holders": {}},
+                {**good, "holders": [{"label": 1, "size": 5, "pid": 9}]},
+                {k: v for k, v in good.items() if k != "position"}):
+        assert checked_figures(bad) is None, bad

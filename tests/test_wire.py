@@ -28,7 +28,8 @@ def _full_spec() -> RunSpec:
                          when_idle=True)
     return RunSpec(request=request, cwd="~/hostrun-work/tree-abc/sub", cap_if_none=4 << 30, stdin=True,
                    fallback={"slice_limit": "8GiB"}, prepare={"probes": ["cc --version"],
-                                                              "sync_mark": "0123"})
+                                                              "sync_mark": "0123"},
+                   alert_wait_after=600.0, status_interval=30.0)
 
 
 def test_spec_round_trips_through_json_with_non_utf8_arguments() -> None:
@@ -36,6 +37,7 @@ def test_spec_round_trips_through_json_with_non_utf8_arguments() -> None:
     text = json.dumps(spec.to_dict())  # would raise on a lone surrogate if argv went as text
     back = RunSpec.from_dict(json.loads(text))
     assert back == spec
+    assert all(getattr(spec, name) != default for name, default in RunSpec._field_defaults.items())
     assert [os.fsencode(arg) for arg in back.request.argv][:2] == [b"caf\xe9", b"\xff\xfe"]
 
 
@@ -57,7 +59,8 @@ def test_spec_keeps_its_json_shape() -> None:
     """The keys an agent of this tree reads: a rename shows here, not as a peer-run failure."""
     assert set(_full_spec().to_dict()) == {
         "argv_b64", "cwd", "label", "cap", "cap_if_none", "max_runtime", "threads", "no_cap",
-        "session", "gpu_memory", "stdin", "force", "group", "when_idle", "fallback", "prepare"}
+        "session", "gpu_memory", "stdin", "force", "group", "when_idle", "fallback", "prepare",
+        "alert_wait_after", "status_interval"}
 
 
 def test_result_round_trips_with_host_and_argv_from_the_controller() -> None:

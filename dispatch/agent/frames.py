@@ -35,6 +35,7 @@ class Frame:
     OUT = b"O"  # agent: job stdout
     ERR = b"E"  # agent: job stderr
     MSG = b"M"  # agent: a hostrun message line
+    ALERT = b"A"  # agent: the job has waited long there (JSON: ``alertlog.wait_figures``)
     RESULT = b"R"  # agent, last: the result (JSON)
     GO = b"G"  # controller: the sync is done, start the job (JSON after a sync: treestate)
     ABORT = b"X"  # controller: abort before the job started (nothing runs)

@@ -158,6 +158,12 @@ def run_job(spec: RunSpec) -> int:
         except OSError:
             pass
 
+    def alert(figures: dict[str, Any]) -> None:
+        try:
+            writer.send(Frame.ALERT, json.dumps(figures).encode())
+        except OSError:
+            pass
+
     prepare = spec.prepare
     if prepare is not None:
         # Steps 3-4 in this same session: report probes and the work directory, then wait while the
@@ -212,7 +218,11 @@ def run_job(spec: RunSpec) -> int:
         # the controller set for this peer ("cap_if_none"): the rule the controller checked.
         request = spec.request._replace(
             cap=peer_cap(spec.request.cap, settings.local.default_cap, spec.cap_if_none))
-        result = result_of(run_local(settings, request, say, alerts=False))  # the controller alerts
+        # The controller alerts: from the outcome, and on a long wait here from the figures sent.
+        # The waiting lines are shown there too: the controller's interval, when it sent one.
+        settings = settings._replace(alert_wait_after=spec.alert_wait_after,
+                                     status_interval=spec.status_interval or settings.status_interval)
+        result = result_of(run_local(settings, request, say, alerts=False, wait_alert=alert))
     except Exception as exc:
         result = error_result(exc)
     finally:

@@ -36,13 +36,16 @@ class RunSpec(NamedTuple):
     stdin: bool = False  # --stdin: the controller forwards its stdin (D and Z frames)
     fallback: Optional[dict[str, Any]] = None  # the controller's [hosts.NAME] values, for unset keys
     prepare: Optional[dict[str, Any]] = None  # probes and work directory first (a P frame), then wait
+    alert_wait_after: float = 0.0  # the controller's: a wait this long sends an A frame (0: never)
+    status_interval: float = 0.0  # the controller's (its user reads the waiting lines); 0: the peer's
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "argv_b64": [base64.b64encode(os.fsencode(arg)).decode() for arg in self.request.argv]}
         data.update((name, getattr(self.request, name)) for name in CARRIED)
         data.update(cwd=self.cwd, cap_if_none=self.cap_if_none, stdin=self.stdin,
-                    fallback=self.fallback, prepare=self.prepare)
+                    fallback=self.fallback, prepare=self.prepare,
+                    alert_wait_after=self.alert_wait_after, status_interval=self.status_interval)
         return data
 
     @classmethod
@@ -54,7 +57,9 @@ class RunSpec(NamedTuple):
                              **carried)
         return cls(request=request, cwd=str(data["cwd"]), cap_if_none=data.get("cap_if_none"),
                    stdin=bool(data.get("stdin")), fallback=data.get("fallback"),
-                   prepare=data.get("prepare"))
+                   prepare=data.get("prepare"),
+                   alert_wait_after=float(data.get("alert_wait_after") or 0.0),
+                   status_interval=float(data.get("status_interval") or 0.0))
 
 
 def result_of(outcome: Outcome) -> dict[str, Any]:

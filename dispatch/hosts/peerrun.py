@@ -323,7 +323,9 @@ class PeerRun:
         prepare["sync_mark"] = self.sync_mark
         spec = RunSpec(request=self.request, cwd=os.path.join(self.remote_tree_spec, self.rel_cwd),
                        cap_if_none=self.options.peer_memory_cap, stdin=self.forward_stdin,
-                       fallback=json.loads(self.client.fallback()), prepare=prepare)
+                       fallback=json.loads(self.client.fallback()), prepare=prepare,
+                       alert_wait_after=self.settings.alert_wait_after,
+                       status_interval=self.settings.status_interval)
         return json.dumps(spec.to_dict()).encode()
 
     def run(self) -> Outcome:
@@ -356,6 +358,21 @@ class PeerRun:
 
             record_peer_run(self.settings, outcome, self.request, self.say)
         return outcome
+
+    def _wait_alert(self, payload: bytes) -> None:
+        """The job has waited long in the peer's queue: the alert is ours to say and file."""
+        try:
+            figures = alertlog.checked_figures(json.loads(payload))
+        except ValueError:
+            figures = None
+        if figures is None:
+            self.say(f"warning: {self.host.name} sent a wait alert that is not one; ignored")
+            return
+        record = alertlog.for_wait(
+            figures, host=self.host.name, label=self.request.label or default_label(self.request.argv),
+            session=self.request.session, argv=self.request.argv, peer=True)
+        self.say(f"alert: {record['message']}")
+        self._alert(record)
 
     def _alert(self, record: dict[str, Any] | None) -> None:
         if record is not None:
@@ -469,6 +486,8 @@ class PeerRun:
                             _write_all(2, payload)
                         elif kind == Frame.MSG:
                             self.say(f"{self.host.name}: {payload.decode(errors='replace')}")
+                        elif kind == Frame.ALERT:
+                            self._wait_alert(payload)
                         elif kind == Frame.RESULT:
                             result = json.loads(payload)
                         elif kind == Frame.PROBE and phase == "prepare":

@@ -148,14 +148,77 @@ def for_unreachable(host: str, label: str, session: str | None, argv: Sequence[s
                           f"{host}'): {action}")
 
 
+def wait_figures(adm: Admission, waited: float) -> dict[str, Any]:
+    """What a waiting job knows about its wait: the fields of a ``waiting`` alert of its own, and
+    what a peer's agent sends its controller (``Frame.ALERT``), which writes the alert."""
+    return {"waited_s": round(waited, 1), "need": adm.need, "free": adm.free,
+            "position": adm.position, "policy": adm.policy,
+            "holders": [{"label": b.label, "session": b.session, "size": b.size, "pid": b.pid}
+                        for b in adm.holders]}
+
+
+def checked_figures(data: object) -> dict[str, Any] | None:
+    """``wait_figures`` as read from a peer: every field of the right type (a text too long is
+    cut), else None. What a peer sends is data to show, never to act on."""
+    def text(value: object) -> str | None:
+        return value[:200] if isinstance(value, str) else None
+
+    def number(value: object) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    if not isinstance(data, dict) or not all(number(data.get(k)) for k in
+                                             ("waited_s", "need", "free", "position")):
+        return None
+    holders = data.get("holders")
+    if not isinstance(holders, list) or len(holders) > 1000 or not all(
+            isinstance(h, dict) and isinstance(h.get("label"), str) and number(h.get("size"))
+            and number(h.get("pid")) for h in holders):
+        return None
+    policy = data.get("policy")
+    return {"waited_s": float(data["waited_s"]), "need": int(data["need"]),
+            "free": int(data["free"]), "position": int(data["position"]),
+            "policy": text(policy),
+            "holders": [{"label": text(h["label"]), "session": text(h.get("session")),
+                         "size": int(h["size"]), "pid": int(h["pid"])} for h in holders]}
+
+
+def for_wait(figures: dict[str, Any], *, host: str, label: str, session: str | None,
+             argv: Sequence[str], peer: bool = False, pid: int | None = None) -> dict[str, Any]:
+    """The ``waiting`` alert from ``wait_figures``; ``peer``: the job waits on ``host``, a peer,
+    so "elsewhere" is here (else it is a peer, named ``NAME`` in the action)."""
+    import shlex
+
+    from dispatch.core.units import format_duration, format_size
+
+    held = ", ".join(f"{h['label']} ({h['session'] or 'no session'}, {format_size(h['size'])})"
+                     for h in figures["holders"]) or "nobody (other waiters ahead, or a queue policy)"
+    why = f"; {figures['policy']}" if figures.get("policy") else ""
+    message = (f"job {label} has waited {format_duration(figures['waited_s'])} on {host} for "
+               f"{format_size(figures['need'])} (free {format_size(figures['free'])}, "
+               f"{figures['position']} ahead{why}); the room is held by {held}")
+    if peer:
+        elsewhere = f"here: {hostrun_command(argv, label, session)}"
+        queue = f"'hostrun ledger' on {host}"
+    else:
+        elsewhere = f"elsewhere: {hostrun_command(argv, label, session, peer='NAME')}"
+        queue = "'hostrun ledger'"
+    action = (f"wait (it starts when room frees), or see the queue with {queue}, or stop it and run "
+              f"it {elsewhere}")
+    fields = {k: v for k, v in figures.items() if k != "policy"}
+    return record(WAITING, host=host, label=label, session=session, command=shlex.join(argv),
+                  action=action, message=message, pid=pid, **fields)
+
+
 class WaitAlert:
     """The admission wait loop's ``on_wait``: one alert when a job has waited ``after`` seconds,
     naming who holds the room (the running bookings' labels, sessions and sizes). Chains to ``then``
-    (the peer watch), so both keep working."""
+    (the peer watch), so both keep working. ``deliver``: a peer's agent hands the figures to its
+    controller instead (``Frame.ALERT``), which says and files the alert as its own."""
 
     def __init__(self, path: str, after: float, host: str, label: str, session: str | None,
                  argv: Sequence[str], say: Callable[[str], None],
-                 then: Callable[[Admission], None] | None = None, started: float | None = None) -> None:
+                 then: Callable[[Admission], None] | None = None, started: float | None = None,
+                 deliver: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = path
         self.after = after
         self.host = host
@@ -165,6 +228,7 @@ class WaitAlert:
         self.say = say
         self.then = then
         self.started = time.monotonic() if started is None else started
+        self.deliver = deliver
         self.alerted = False
 
     def __call__(self, adm: Admission) -> None:
@@ -174,23 +238,11 @@ class WaitAlert:
         if self.alerted or waited < self.after:
             return
         self.alerted = True
-        from dispatch.core.units import format_duration, format_size
-
-        holders: list[dict[str, Any]] = [
-            {"label": b.label, "session": b.session, "size": b.size, "pid": b.pid} for b in adm.holders]
-        held = ", ".join(f"{h['label']} ({h['session'] or 'no session'}, {format_size(h['size'])})"
-                         for h in holders) or "nobody (other waiters ahead, or a queue policy)"
-        why = f"; {adm.policy}" if adm.policy else ""
-        message = (f"job {self.label} has waited {format_duration(waited)} on {self.host} for "
-                   f"{format_size(adm.need)} (free {format_size(adm.free)}, {adm.position} ahead"
-                   f"{why}); the room is held by {held}")
-        import shlex
-
-        elsewhere = hostrun_command(self.argv, self.label, self.session, peer="NAME")
-        action = ("wait (it starts when room frees), or see the queue with 'hostrun ledger', or stop "
-                  f"it and run it elsewhere: {elsewhere}")
-        self.say(f"alert: {message}")
-        write(self.path, record(WAITING, host=self.host, label=self.label, session=self.session,
-                                command=shlex.join(self.argv), action=action, message=message,
-                                waited_s=round(waited, 1), need=adm.need, free=adm.free,
-                                position=adm.position, holders=holders), self.say)
+        figures = wait_figures(adm, waited)
+        if self.deliver is not None:
+            self.deliver(figures)
+            return
+        alert = for_wait(figures, host=self.host, label=self.label, session=self.session,
+                         argv=self.argv)
+        self.say(f"alert: {alert['message']}")
+        write(self.path, alert, self.say)

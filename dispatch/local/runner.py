@@ -46,6 +46,7 @@ from dispatch.local.spawn import CGROUP_FAILED, PreparedChild
 
 MYPY = False
 if MYPY:
+    from typing import Any
 
     from dispatch.local.gpu import GpuRun
     from dispatch.local.kernlog import KernelWatch
@@ -130,16 +131,18 @@ def _raise_interrupted(signum: int, _frame: object) -> None:
 
 
 def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
-              on_wait: Callable[[Admission], None] | None = None, alerts: bool = True) -> Outcome:
+              on_wait: Callable[[Admission], None] | None = None, alerts: bool = True,
+              wait_alert: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
     """Book, wait, run and judge one job on this host; the Outcome carries the exit code.
 
     A script declaring preflight conditions is checked first (``with_preflight``). With ``alerts``
     (a run for a controller on this host; a peer's agent passes False, its controller alerts from the
     outcome), a long wait, an own-cap kill (250) and a slice-full kill (254) are alerted
-    (``dispatch.local.alertlog``).
+    (``dispatch.local.alertlog``). ``wait_alert``: a peer's agent gets a long wait's figures there,
+    for its controller to alert.
     """
     return with_preflight(settings, request, say,
-                          lambda: _run_local(settings, request, say, on_wait, alerts))
+                          lambda: _run_local(settings, request, say, on_wait, alerts, wait_alert))
 
 
 def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str], None],
@@ -195,7 +198,8 @@ def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str],
 
 
 def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
-               on_wait: Callable[[Admission], None] | None = None, alerts: bool = False) -> Outcome:
+               on_wait: Callable[[Admission], None] | None = None, alerts: bool = False,
+               wait_alert: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
     if not request.argv:
         raise UsageError("no command given (usage: hostrun [OPTIONS] -- CMD [ARGS...])")
     here = LocalSlice(settings)
@@ -256,8 +260,8 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             when_idle=request.when_idle,
         )
         guardian.booked(booking_id)
-        if alerts and settings.alert_wait_after > 0:
-            on_wait = _wait_alert(settings, host.name, label, request, say, on_wait)
+        if (alerts or wait_alert is not None) and settings.alert_wait_after > 0:
+            on_wait = _wait_alert(settings, host.name, label, request, say, on_wait, wait_alert)
         waited, signum = _wait(settings, ledger, backend, host, booking_id, limit, say, gpu, on_wait)
         if waited is None:
             child.cancel()
@@ -305,7 +309,8 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
 
 
 def _wait_alert(settings: Settings, host: str, label: str, request: RunRequest,
-                say: Callable[[str], None], then: Callable[[Admission], None] | None
+                say: Callable[[str], None], then: Callable[[Admission], None] | None,
+                deliver: Callable[[dict[str, Any]], None] | None = None
                 ) -> Callable[[Admission], None]:
     """The wait's callback that raises ``alertlog.WaitAlert`` once the job has waited
     ``alert_wait_after``; the alert code is imported only then (most jobs never wait that long)."""
@@ -317,7 +322,8 @@ def _wait_alert(settings: Settings, host: str, label: str, request: RunRequest,
             from dispatch.local.alertlog import WaitAlert
 
             alert.append(WaitAlert(settings.alerts_path, settings.alert_wait_after, host, label,
-                                   request.session, request.argv, say, then, started=started))
+                                   request.session, request.argv, say, then, started=started,
+                                   deliver=deliver))
         if alert:
             alert[0](adm)
         elif then is not None:
