@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from dispatch.core.exitcodes import ExitCode
+from dispatch.guards.workdirs import owner_path, read_owner
 from tests.slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.system
@@ -44,7 +45,8 @@ def test_the_tree_is_synced_and_the_job_runs_in_it(hostrun: Any, peers: Any, slu
     odd = ["a b", "$(touch x)", "'\";|&", "\udcff"]
     script = ("import os, sys; print(open('../data.txt').read().strip()); print(os.getcwd()); "
               "print(repr([os.fsencode(a) for a in sys.argv[1:]])); open('out.txt', 'w').write('made')")
-    done = hostrun.run("--peer=farm", "--tree", str(src), "--return", "out.txt", "-l", "lg", "--",
+    done = hostrun.run("--peer=farm", "--tree", str(src), "--return", "out.txt", "-l", "lg",
+                       "--session", "lg-session", "--",
                        "python3", "-c", script, *odd, cwd=src / "sub", stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -56,6 +58,11 @@ def test_the_tree_is_synced_and_the_job_runs_in_it(hostrun: Any, peers: Any, slu
     history = json.loads(hostrun.run("history", "--json").stdout)
     assert [(r["host"], r["label"], r["exit_code"]) for r in history] == [("farm", "lg", 0)]
     assert history[0]["peak_bytes"] > 0
+    # The work directory there is claimed for the session, as a peer's agent claims its copy, so
+    # 'hostrun workdir list|clean' on the login node knows whose it is.
+    owner = read_owner(str(Path(lines[1]).parent))
+    assert owner is not None and owner.session == "lg-session" and str(src) in owner.purpose
+    assert Path(owner_path(str(Path(lines[1]).parent))).stat().st_mode & 0o777 == 0o644
 
 
 def test_codes_and_stdin_through_the_login_node(hostrun: Any, peers: Any, slurm: SlurmCluster,

@@ -54,9 +54,25 @@ SHIM = ("import os\n"
         "os.execvp(argv[0], argv)\n")
 
 
-MAKE_DIR = ("import os, sys\n"
+# Makes the work directory (private) and claims it for the session unless claimed already: the
+# owner file of ``dispatch.guards.workdirs`` (same fields, 0644, never over a link or another's).
+MAKE_DIR = ("import json, os, pwd, socket, sys, time\n"
             "d = os.path.abspath(os.path.expanduser(sys.argv[1]))\n"
             "os.makedirs(d, mode=0o700, exist_ok=True)\n"
+            "try:\n"
+            "    fd = os.open(os.path.join(d, '.hostrun-owner'),"
+            " os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)\n"
+            "except OSError:\n"
+            "    fd = -1\n"
+            "if fd >= 0:\n"
+            "    now = time.time()\n"
+            "    owner = {'session': sys.argv[2], 'purpose': sys.argv[3], 'created': now,\n"
+            "             'created_at': time.strftime('%Y-%m-%dT%H:%M:%S%z', time.localtime(now)),\n"
+            "             'host': socket.gethostname(), 'user': pwd.getpwuid(os.getuid()).pw_name,\n"
+            "             'pid': os.getppid()}\n"
+            "    os.fchmod(fd, 0o644)\n"
+            "    os.write(fd, (json.dumps(owner, indent=2, sort_keys=True) + '\\n').encode())\n"
+            "    os.close(fd)\n"
             "print(d)\n")
 
 
@@ -111,12 +127,16 @@ class LoginCommands(SlurmCommands):
         return proc
 
     # -- the tree --
-    def sync(self, tree: str, tree_id: str, excludes: Sequence[str]) -> str:
+    def sync(self, tree: str, tree_id: str, excludes: Sequence[str], session: str) -> str:
         """The tree to its work directory on the login node (``work_root``/``tree_id``, made private
-        there, ``~`` as that side's $HOME says, as a peer's agent reads it), as ``--peer`` syncs it;
-        returns the directory's absolute path there."""
+        there, ``~`` as that side's $HOME says, as a peer's agent reads it, and claimed for
+        ``session`` unless claimed already), as ``--peer`` syncs it; returns the directory's absolute
+        path there."""
+        import socket
+
         wanted = f"{(self.options.work_root or DEFAULT_WORK_ROOT).rstrip('/')}/{tree_id}"
-        done = self.ssh.run([self.options.python or "python3", "-c", MAKE_DIR, wanted],
+        purpose = f"hostrun --peer sync target of {socket.gethostname()}:{tree}"
+        done = self.ssh.run([self.options.python or "python3", "-c", MAKE_DIR, wanted, session, purpose],
                             timeout=self.config.report_timeout)
         remote = done.stdout.decode(errors="replace").strip()
         if done.returncode != 0 or not remote.startswith("/"):

@@ -239,7 +239,10 @@ class SlurmRun:
             raise UsageError(f"the current directory {os.getcwd()} is outside the tree {self.tree} "
                              "(use --tree)")
         self.rel_cwd = "" if rel == "." else rel
-        self.remote_tree = self._login().sync(self.tree, tree_id(self.tree), self.config.sync_excludes)
+        from dispatch.guards.workdirs import fallback_session
+
+        self.remote_tree = self._login().sync(self.tree, tree_id(self.tree), self.config.sync_excludes,
+                                              self.request.session or fallback_session())
         return os.path.join(self.remote_tree, self.rel_cwd)
 
     def _login(self) -> LoginCommands:
