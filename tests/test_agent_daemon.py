@@ -65,7 +65,7 @@ def client(hostrun: Hostrun) -> PeerClient:
 
 def direct(hostrun: Hostrun) -> dict[str, Any]:
     """One request straight to the local forwarded socket, as hostrun makes it."""
-    return ask(local_socket(client(hostrun)), {"agent": bundle.name(), "command": "report",
+    return ask(local_socket(client(hostrun).ssh), {"agent": bundle.name(), "command": "report",
                                                "fallback": {}, "label": None, "peaks": False},
                time.monotonic() + 30)
 
@@ -93,7 +93,7 @@ def test_warm_reports_go_through_the_daemon(hostrun: Hostrun, peers: Any) -> Non
     assert pid not in peer.pids()[:1] and (peer.home / ".cache/hostrun").stat().st_mode & 0o777 == 0o700
     for path in [*peer.daemon_sockets(), *peer.daemon_locks()]:
         assert path.lstat().st_uid == os.geteuid() and path.lstat().st_mode & 0o077 == 0, path
-    forwarded = Path(local_socket(client(hostrun)))
+    forwarded = Path(local_socket(client(hostrun).ssh))
     assert forwarded.lstat().st_mode & 0o777 == 0o600
 
 
@@ -134,7 +134,7 @@ def test_stale_local_socket_of_a_gone_master_is_replaced(hostrun: Hostrun, peers
     peer = setup(hostrun, peers)
     report(hostrun)
     (pid,) = peer.daemon_pids()
-    path = local_socket(client(hostrun))
+    path = local_socket(client(hostrun).ssh)
     _stop_masters(hostrun.state_dir)
     wait_until(lambda: subprocess.run(["pgrep", "-f", path], capture_output=True).returncode != 0,
                "the master gone")
@@ -150,7 +150,7 @@ def test_stale_local_socket_of_a_gone_master_is_replaced(hostrun: Hostrun, peers
 def test_local_socket_of_another_user_is_not_used(hostrun: Hostrun, peers: Any, other_user: Any) -> None:
     peer = setup(hostrun, peers)
     report(hostrun)
-    path = local_socket(client(hostrun))
+    path = local_socket(client(hostrun).ssh)
     os.chown(path, other_user.uid, other_user.gid)
     assert report(hostrun)["slice"]["limit"] == 400 * MiB
     # Not used (it still led to the daemon): replaced by a forward of ours.
@@ -174,7 +174,7 @@ def test_agent_idle_zero_means_per_call(hostrun: Hostrun, peers: Any) -> None:
     report(hostrun)
     assert starts(peer) == ["send", "report", "report"]
     assert not peer.daemon_leftovers()
-    assert not os.path.exists(local_socket(client(hostrun)))
+    assert not os.path.exists(local_socket(client(hostrun).ssh))
 
 
 def test_another_user_gets_no_answer(hostrun: Hostrun, peers: Any, other_user: Any) -> None:

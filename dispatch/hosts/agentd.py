@@ -26,9 +26,10 @@ from dispatch.hosts import bundle as agent
 
 MYPY = False
 if MYPY:
+    from collections.abc import Callable
     from typing import Any
 
-    from dispatch.hosts.peer import PeerClient
+    from dispatch.hosts.transport import RemoteResult, SshTransport
 
 RETRY_AFTER = 300.0
 MAX_ANSWER = 64 << 20
@@ -38,9 +39,8 @@ class Gone(Exception):
     """The daemon path did not answer; the message says why (for tests and debugging)."""
 
 
-def local_socket(client: PeerClient) -> str:
+def local_socket(ssh: SshTransport) -> str:
     """``<control dir>/a-<hash>.sock``: per destination, ssh options and agent version."""
-    ssh = client.ssh
     key = "\0".join([ssh.destination, str(ssh.options.port), ssh.options.ssh_config or "",
                      ssh.options.identity_file or "", agent.name()])
     return os.path.join(ssh.ctl_dir, f"a-{short_hash(key.encode(), 16)}.sock")
@@ -93,9 +93,11 @@ class DaemonPath:
     """Reports through the daemon for one peer; ``report`` returns None where the per-call agent
     must answer this call instead."""
 
-    def __init__(self, client: PeerClient) -> None:
-        self.client = client
-        self.path = local_socket(client)
+    def __init__(self, ssh: SshTransport, idle: float,
+                 run_agent: Callable[[list[str], float], RemoteResult]) -> None:
+        """``run_agent``: runs the agent over ssh, sending it first if missing (``PeerClient``)."""
+        self.ssh, self.idle, self.run_agent = ssh, idle, run_agent
+        self.path = local_socket(ssh)
         self.marker = self.path + ".off"
 
     def skipped(self) -> bool:
@@ -112,7 +114,7 @@ class DaemonPath:
     def report(self, request: dict[str, Any], deadline: float) -> dict[str, Any] | None:
         if self.skipped():
             return None
-        request = {"agent": agent.name(), "idle": self.client.settings.agent_idle, **request}
+        request = {"agent": agent.name(), "idle": self.idle, **request}
         reply = None
         try:
             reply = ask(self.path, request, deadline)
@@ -133,11 +135,10 @@ class DaemonPath:
 
     def replace(self, deadline: float) -> None:
         """Start the daemon (a no-op if it runs) and forward our socket to it again."""
-        client = self.client
         left = deadline - time.monotonic()
         if left <= 0:
             raise Gone("no time left")
-        result = client.run_agent(["serve", "--idle", repr(float(client.settings.agent_idle))], left)
+        result = self.run_agent(["serve", "--idle", repr(float(self.idle))], left)
         if result.returncode != 0:
             raise Gone(f"serve: exit {result.returncode}: {result.stderr.decode(errors='replace')}")
         try:
@@ -159,7 +160,7 @@ class DaemonPath:
     def _control(self, command: str, spec: str, deadline: float, check: bool = False) -> None:
         import subprocess
 
-        ssh = self.client.ssh
+        ssh = self.ssh
         argv = [*ssh.base_argv(master="no"), "-O", command, "-L", spec, ssh.destination]
         try:
             done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,

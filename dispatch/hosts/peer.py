@@ -131,7 +131,8 @@ class PeerClient:
 
             request = {"command": "report", "fallback": self.fallback_values(), "label": label,
                        "peaks": peaks}
-            data = DaemonPath(self).report(request, started + timeout / 2)
+            data = DaemonPath(self.ssh, self.settings.agent_idle, self.run_agent).report(
+                request, started + timeout / 2)
         if data is None:
             args = ["report", "--fallback", self.fallback()]
             if label:
