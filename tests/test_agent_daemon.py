@@ -226,3 +226,36 @@ def test_forwarding_refused_by_the_peer_falls_back_per_call(hostrun: Hostrun, pe
     # The daemon started once; the refused forward is remembered, so the second call goes per call
     # straight away, without retrying.
     assert starts(peer) == ["send", "serve", "report", "report"]
+
+
+def test_concurrent_cold_reports_share_one_daemon(hostrun: Hostrun, peers: Any) -> None:
+    peer = setup(hostrun, peers)
+    report(hostrun)  # the agent is sent; then everything the daemon path made is taken away
+    (pid,) = peer.daemon_pids()
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not peer.daemon_leftovers(), "the daemon stopped")
+    _stop_masters(hostrun.state_dir)
+    procs = [hostrun.popen("report", "--json", "--host", "peer1")
+             for _ in range(4)]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and json.loads(out)["hosts"][0]["ok"], out
+    assert len(peer.daemon_pids()) == 1
+    path = local_socket(client(hostrun).ssh)
+    assert not os.path.exists(path + ".off")  # none of them gave up on the daemon
+    assert direct(hostrun)["served"] == 5  # all four went through it
+
+
+def test_stuck_daemon_costs_at_most_half_the_report_timeout(hostrun: Hostrun, peers: Any) -> None:
+    peer = setup(hostrun, peers)
+    hostrun.configure(top='agent_idle = "30s"\nreport_timeout = "4s"',
+                      peers=peer.host_table(f'python = "{peer.root / "py"}"'))
+    report(hostrun)
+    (pid,) = peer.daemon_pids()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert report(hostrun)["slice"]["limit"] == 400 * MiB  # per call, after 2 s
+        assert report(hostrun)["slice"]["limit"] == 400 * MiB  # per call straight away
+        assert starts(peer) == ["send", "serve", "report", "report"]
+    finally:
+        os.kill(pid, signal.SIGCONT)

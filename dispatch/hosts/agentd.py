@@ -21,6 +21,7 @@ import stat
 import struct
 import time
 
+from dispatch.core.errors import HostrunError
 from dispatch.core.fingerprint import short_hash
 from dispatch.hosts import bundle as agent
 
@@ -115,14 +116,14 @@ class DaemonPath:
         if self.skipped():
             return None
         request = {"agent": agent.name(), "idle": self.idle, **request}
-        reply = None
         try:
             reply = ask(self.path, request, deadline)
         except Gone:
             try:
-                self.replace(deadline)
-                reply = ask(self.path, request, deadline)
-            except Gone:
+                reply = self.replace(request, deadline)
+            except HostrunError:  # ssh itself failed: the per-call agent says how, in what is left
+                return None
+            except (Gone, OSError):
                 self.skip_for_a_while()
                 return None
         except OSError:  # timed out: maybe a frozen peer, maybe a stuck daemon; try per call
@@ -133,8 +134,32 @@ class DaemonPath:
         data: dict[str, Any] = reply["report"]
         return data
 
-    def replace(self, deadline: float) -> None:
-        """Start the daemon (a no-op if it runs) and forward our socket to it again."""
+    def replace(self, request: dict[str, Any], deadline: float) -> dict[str, Any]:
+        """Start the daemon (a no-op if it runs), forward our socket to it again, and ask. One
+        controller at a time (a lock next to the socket), and each asks again first: the one before
+        may have replaced it already (else two would undo each other's forwards)."""
+        import fcntl
+
+        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise Gone("another hostrun is replacing it") from None
+                    time.sleep(0.01)
+            try:
+                return ask(self.path, request, deadline)
+            except Gone:
+                pass
+            self._start_and_forward(deadline)
+            return ask(self.path, request, deadline)
+        finally:
+            os.close(fd)
+
+    def _start_and_forward(self, deadline: float) -> None:
         left = deadline - time.monotonic()
         if left <= 0:
             raise Gone("no time left")
