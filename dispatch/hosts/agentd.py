@@ -171,11 +171,9 @@ class DaemonPath:
         except (ValueError, KeyError, TypeError):
             raise Gone("serve said no socket") from None
         spec = f"{self.path}:{remote}"
-        self._control("cancel", spec, deadline)  # a forward of this name the master may still hold
-        try:
+        if os.path.lexists(self.path):
+            self._control("cancel", spec, deadline)  # a forward of this name the master may hold
             os.unlink(self.path)  # our private directory: a stale file here is ours to remove
-        except FileNotFoundError:
-            pass
         self._control("forward", spec, deadline, check=True)
         st = os.lstat(self.path)
         if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid() \
