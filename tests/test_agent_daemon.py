@@ -191,9 +191,9 @@ def test_another_user_gets_no_answer(hostrun: Hostrun, peers: Any, other_user: A
                  "s.connect(sys.argv[1])\nprint('connected')\n"
                  "b = json.dumps({'agent': sys.argv[2], 'command': 'report'}).encode()\n"
                  "try:\n    s.sendall(struct.pack('>I', len(b)) + b)\n    print(repr(s.recv(100)))\n"
-                 "except ConnectionResetError:\n    print(repr(b''))\n")
+                 "except (BrokenPipeError, ConnectionResetError):\n    print(repr(b''))\n")
         done = other_user.run(["/usr/bin/python3", "-I", "-c", probe, str(link), bundle.name()])
-        # Connected, and closed without a word (or reset: the request was left unread).
+        # Connected, and closed without a word (or reset/broken: the request was left unread).
         assert done.stdout.split() == ["connected", "b''"], done
         os.chmod(remote, 0o600)
         theirs = ask(str(link), {"agent": bundle.name(), "command": "report", "fallback": {}},
@@ -259,3 +259,13 @@ def test_stuck_daemon_costs_at_most_half_the_report_timeout(hostrun: Hostrun, pe
         assert starts(peer) == ["send", "serve", "report", "report"]
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def test_daemon_exits_when_its_socket_is_removed(hostrun: Hostrun, peers: Any) -> None:
+    peer = setup(hostrun, peers)
+    report(hostrun)
+    (remote,) = peer.daemon_sockets()
+    remote.unlink()  # "to stop it now: remove its socket"
+    wait_until(lambda: not peer.daemon_leftovers(), "the daemon exited, its lock removed")
+    assert report(hostrun)["slice"]["limit"] == 400 * MiB  # replaced on the next report
+    assert starts(peer) == ["send", "serve", "serve"]
