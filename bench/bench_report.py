@@ -22,8 +22,13 @@ Warm (a ControlMaster is up; hostrun's own, at ``dispatch.hosts.transport.contro
   through the master (their sum is the least any Python controller + per-call Python agent can cost)
   and ``python -c 'import asyncio'`` (for reference: the report path no longer imports it).
 
-Target: median of ``report --json`` <= 3x the median of the warm ``ssh peer1 true`` (issue 3: "the
-report is one round trip plus local reads"). ``--target-on rich`` judges the rendered form instead.
+Warm, ``report --json`` goes through the peer's report daemon (``agent serve``, reached over a socket
+the master forwards; started in the warm-up); the same with ``agent_idle = 0`` (a second config, the
+same state dir and master) is the per-call agent over ssh, the "before" series.
+
+Target: median of ``report --json`` <= 5x the median of the warm ``ssh peer1 true`` (issue 13;
+issue 3 had asked for 3x, below the ~3.5x floor of any per-call Python agent).
+``--target-on rich`` judges the rendered form instead.
 
 Cold (the master is stopped with ``ssh -O exit`` before every run of both series, and the bench waits
 until no process with hostrun's ControlPath is left):
@@ -49,7 +54,8 @@ dispatch.local.report"``).
 Isolation: a private temporary directory with the controller's config (own ``state_dir``, own slice
 cgroup ``<this process's memory cgroup>/hostrun-bench-<pid>``, own ``XDG_CACHE_HOME``) and the peer
 (its slice cgroup ``<this process's memory cgroup>/hostrun-bench-peer1-<pid>``). In a ``finally``
-block: the ControlMaster is stopped (``ssh -O exit``, then any process still carrying this run's
+block: the report daemon is stopped and checked gone (no process, socket or lock; anything left is
+a failure), the ControlMaster is stopped (``ssh -O exit``, then any process still carrying this run's
 ControlPath is killed by pid), sshd and everything below it is stopped, both slice cgroups and the
 directory are removed. Bookings, job cgroups or processes left behind are reported first as a failure.
 
@@ -94,7 +100,7 @@ from _common import (  # noqa: E402 - after the sys.path set-up above
 from dispatch.hosts.transport import control_dir, remote_command  # noqa: E402
 from tests.sshd import SshdPeer  # noqa: E402
 
-WARM_TARGET = 3.0
+WARM_TARGET = 5.0  # issue 13: warm two-host report --json <= 5x a warm ssh true
 COLD_TARGET = 1.5
 MEMORY_MOUNT = "/sys/fs/cgroup/memory"
 PEER = "peer1"
@@ -160,6 +166,16 @@ def stop_master(ssh_base: list[str], ctl_dir: str, kill: bool = False) -> None:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+
+
+def stop_daemons(peer: SshdPeer) -> list[str]:
+    """SIGTERM the peer's report daemons; what they leave (process, socket, lock) is a failure."""
+    for pid in peer.daemon_pids():
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while peer.daemon_leftovers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [f"{PEER}: report daemon left {item}" for item in peer.daemon_leftovers()]
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -318,9 +334,11 @@ def main() -> int:
         peer = SshdPeer(root, PEER, args.address, peer_rel, slice="300M")
         peer.start()
         config = os.path.join(tmp, "hosts.toml")
-        with open(config, "w", encoding="utf-8") as fh:
-            fh.write(f'state_dir = "{state_dir}"\n\n[hosts.local]\nslice = "300M"\n'
-                     f'cgroup = "{slice_rel}"\n\n{peer.host_table()}')
+        per_call_config = os.path.join(tmp, "hosts-per-call.toml")
+        for path, extra in ((config, ""), (per_call_config, "agent_idle = 0\n")):
+            with open(path, "w", encoding="utf-8") as fh:  # the same state_dir: the same master
+                fh.write(f'state_dir = "{state_dir}"\n{extra}\n[hosts.local]\nslice = "300M"\n'
+                         f'cgroup = "{slice_rel}"\n\n{peer.host_table()}')
         env = private_env(tmp)
         code_root = REPO
         if args.snapshot:  # hostrun imports this copy of dispatch/ (PYTHONPATH comes before the .pth)
@@ -364,6 +382,8 @@ def main() -> int:
 
         report_json = [hostrun, "--config", config, "report", "--json"]
         report_rich = [hostrun, "--config", config, "report"]
+        report_per_call = [hostrun, "--config", per_call_config, "report", "--json"]
+        subprocess.run(report_per_call, env=env, capture_output=True)  # caches that config too
         for i in range(2):  # validates + caches the config, sends the agent, starts the master
             t0 = time.perf_counter()
             proc = subprocess.run(report_json, env=env, capture_output=True, text=True)
@@ -379,7 +399,13 @@ def main() -> int:
             return 1
         agent_mtime = agent_file.stat().st_mtime_ns
         agent_dir = peer.home / ".cache" / "hostrun"
-        agents_before = sorted(p.name for p in agent_dir.glob("agent-*"))
+        agents_before = sorted(p.name for p in agent_dir.glob("agent-*") if p.is_dir())
+        daemons = peer.daemon_pids()
+        print(f"daemon:       {'pid ' + str(daemons[0]) if daemons else 'NOT RUNNING'} "
+              f"(sockets {', '.join(map(str, peer.daemon_sockets())) or 'none'})")
+        if not daemons:
+            print("bench: no report daemon on the peer after the warm-up", file=sys.stderr)
+            return 1
         tree_before = sources_digest(REPO)
         for _ in range(3):  # fill the private bytecode cache
             subprocess.run(report_json, env=env_cached, capture_output=True)
@@ -392,10 +418,14 @@ def main() -> int:
                                     "report", "--fallback", "{}"])
         warm = [
             Series("json", "hostrun report --json (local + peer1)", report_json, env, parse_json=True),
+            Series("json_per_call", "report --json, agent_idle = 0 (per-call agent)", report_per_call,
+                   env, parse_json=True),
             Series("rich", "hostrun report (rich; local + peer1)", report_rich, env),
             Series("ssh", "ssh peer1 true (warm master) [baseline]", [*ssh_base, PEER, "true"], env),
             Series("peer", "hostrun report --json --host peer1", [*report_json, "--host", PEER], env,
                    parse_json=True),
+            Series("peer_per_call", "report --json --host peer1, agent_idle = 0",
+                   [*report_per_call, "--host", PEER], env, parse_json=True),
             Series("local", "hostrun report --json --host local", [*report_json, "--host", "local"], env,
                    parse_json=True),
             Series("agent_ssh", "ssh peer1 <hostrun's agent command> (warm)",
@@ -419,6 +449,10 @@ def main() -> int:
         print(f"\n  ratio of medians, report --json / ssh true: {med['json'] / med['ssh']:.2f}x; "
               f"report (rich) / ssh true: {med['rich'] / med['ssh']:.2f}x; "
               f"rich rendering costs {(med['rich'] - med['json']) * 1000:.1f} ms over --json")
+        print(f"  before/after: per-call agent (agent_idle = 0) {med['json_per_call'] * 1000:.1f} ms = "
+              f"{med['json_per_call'] / med['ssh']:.2f}x; report daemon {med['json'] * 1000:.1f} ms = "
+              f"{med['json'] / med['ssh']:.2f}x (peer only: {med['peer_per_call'] * 1000:.1f} -> "
+              f"{med['peer'] * 1000:.1f} ms)")
         print(f"  where the report's time goes (medians): local-only report {med['local'] * 1000:.1f} ms, "
               f"peer-only report {med['peer'] * 1000:.1f} ms; the agent command over ssh "
               f"{med['agent_ssh'] * 1000:.1f} ms (= ssh true + "
@@ -449,6 +483,8 @@ def main() -> int:
             Series("json", "hostrun report --json (local + peer1), no master", report_json, env,
                    before=cold, parse_json=True),
             Series("rich", "hostrun report (rich), no master", report_rich, env, before=cold),
+            Series("json_per_call", "report --json, agent_idle = 0, no master", report_per_call, env,
+                   before=cold, parse_json=True),
             Series("ssh", "ssh -o ControlMaster=no -o ControlPath=none peer1 true",
                    ["ssh", "-F", ssh_cfg, "-o", "ControlMaster=no", "-o", "ControlPath=none", PEER,
                     "true"], env, before=cold),
@@ -458,6 +494,8 @@ def main() -> int:
         cmed = print_table(f"COLD: {args.runs} runs each, interleaved, master stopped before every run",
                            cold_series)
         cold_ratio = cmed[target_key] / cmed["ssh"]
+        print(f"\n  before/after, cold: per-call agent {cmed['json_per_call'] / cmed['ssh']:.2f}x, report "
+              f"daemon {cmed['json'] / cmed['ssh']:.2f}x (its socket forwarded again, the daemon still up)")
         print(f"\n  ratio of medians, report --json / cold ssh true: {cmed['json'] / cmed['ssh']:.2f}x; "
               f"report (rich) / cold ssh true: {cmed['rich'] / cmed['ssh']:.2f}x")
         verdict = "PASS" if cold_ratio <= COLD_TARGET else "FAIL"
@@ -471,7 +509,7 @@ def main() -> int:
             print(f"\n  {len(failures)} run(s) failed:")
             for line in failures[:10]:
                 print(f"    {line}")
-        agents = sorted(p.name for p in agent_dir.glob("agent-*"))
+        agents = sorted(p.name for p in agent_dir.glob("agent-*") if p.is_dir())
         resent = agent_file.stat().st_mtime_ns != agent_mtime or agents != agents_before
         print(f"\n  agent on the peer: {', '.join(agents)}; sent during timing: "
               f"{'YES (an upload was timed)' if resent else 'no'}")
@@ -493,6 +531,7 @@ def main() -> int:
                            "the report path's modules imported in one thread", env, args.top)
 
         left = ledger_leftovers(state_dir, "local") + ledger_leftovers(str(peer.state_dir), PEER)
+        left += stop_daemons(peer)
         left += cgroup_leftovers(slice_dir, "local") + cgroup_leftovers(peer_slice_dir, PEER)
         print("\nleftovers after all runs: " + ("none" if not left else ""))
         for line in left:

@@ -246,6 +246,7 @@ def peers(hostrun: Hostrun, tmp_path: Path) -> Iterator[Any]:
         for peer in made:
             peer.stop()
         for peer in made:
+            assert not peer.daemon_leftovers(), f"{peer.name}: report daemon left {peer.daemon_leftovers()}"
             slice_dir = Path(mount + peer.cgroup)
             leftovers = [p for f in slice_dir.rglob("cgroup.procs") for p in f.read_text().split()] \
                 if slice_dir.exists() else []

@@ -116,10 +116,45 @@ class SshdPeer:
                            f"{(self.root / 'sshd.log').read_text()}")
 
     def pids(self) -> list[int]:
-        """The listener and every process below it (per-connection sshd, sessions, agents)."""
+        """The listener and every process below it (per-connection sshd, sessions, agents), and the
+        report daemons started there (detached, so found by their lock files)."""
         if self.process is None:
             return []
-        return [self.process.pid, *descendants(self.process.pid)]
+        return [self.process.pid, *descendants(self.process.pid), *self.daemon_pids()]
+
+    def daemon_locks(self) -> list[Path]:
+        return sorted((self.home / ".cache" / "hostrun").glob("agent-*.lock"))
+
+    def daemon_pids(self) -> list[int]:
+        """Live report daemons (``agent serve``) of this peer, from the pid in their lock files."""
+        found = []
+        for lock in self.daemon_locks():
+            try:
+                pid = int(lock.read_text().split()[0])
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if b"serve" in fh.read():
+                        found.append(pid)
+            except (OSError, IndexError, ValueError):
+                continue  # not written yet, or that daemon is gone
+        return found
+
+    def daemon_sockets(self) -> list[Path]:
+        """Report daemon sockets (in the cache dir, or the short /tmp dir for long homes)."""
+        directories = (self.home / ".cache" / "hostrun", Path(self._short_socket_dir()))
+        return sorted(p for d in directories if d.is_dir() for p in d.glob("*.sock"))
+
+    def _short_socket_dir(self) -> str:
+        from dispatch.agent.serve import paths
+
+        old = os.environ.get("HOME")
+        os.environ["HOME"] = str(self.home)
+        try:
+            return os.path.dirname(paths(str(self.home / ("x" * 120)))[0])
+        finally:
+            if old is None:
+                del os.environ["HOME"]
+            else:
+                os.environ["HOME"] = old
 
     def _signal_all(self, sig: int) -> None:
         for pid in self.pids():
@@ -146,6 +181,19 @@ class SshdPeer:
                 self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+        deadline = time.monotonic() + 10
+        while self.daemon_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)  # a report daemon removes its socket and lock on SIGTERM
+        for pid in self.daemon_pids():
+            os.kill(pid, signal.SIGKILL)
+        short = self._short_socket_dir()
+        if os.path.isdir(short) and not os.listdir(short):
+            os.rmdir(short)
+
+    def daemon_leftovers(self) -> list[str]:
+        """What report daemons left: processes, sockets, locks (the teardown's leak check)."""
+        return [*(f"pid {p}" for p in self.daemon_pids()), *map(str, self.daemon_sockets()),
+                *map(str, self.daemon_locks())]
 
     def host_table(self, extra: str = "") -> str:
         """The controller's [hosts.NAME] table for this peer."""

@@ -28,7 +28,7 @@ def test_the_example_validates_and_changes_no_default(tmp_path: Path,
     settings = validate_file(str(EXAMPLE))
     default = Settings.default()
     for field in ("long_job_threshold", "pending_window", "report_timeout", "report_deadline",
-                  "gamble_size", "status_interval", "kill_grace", "control_persist",
+                  "gamble_size", "status_interval", "kill_grace", "control_persist", "agent_idle",
                   "alert_wait_after", "clear_mark_after", "history_days", "history_rows", "agents"):
         assert getattr(settings, field) == getattr(default, field), field
 

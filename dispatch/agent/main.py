@@ -6,7 +6,9 @@ Commands:
 - ``probe --spec JSON``: the job's work directory made ready (and, with ``owner`` in the spec,
   claimed for the controller's session unless already claimed), the tree's toolchain files seeded
   into it, and the toolchain probe outputs taken in the job's directory there;
-- ``run``: run one job here, framed; its spec is the first frame on stdin (see ``dispatch.agent.run``).
+- ``run``: run one job here, framed; its spec is the first frame on stdin (see ``dispatch.agent.run``);
+- ``serve [--idle SECONDS]``: start the report daemon, detached, unless one runs; print where its
+  socket is (``dispatch.agent.serve``).
 
 The peer's own configuration (``$HOSTRUN_CONFIG``, ``./hosts.toml`` or
 ``~/.config/hostrun/hosts.toml``) decides its slice; the controller's ``[hosts.NAME]`` values, passed
@@ -53,6 +55,10 @@ def main(argv: list[str]) -> int:
             print(f"agent: no run spec: {exc}", file=sys.stderr)
             return 2
         return run_job(spec)
+    if command == "serve":
+        from dispatch.agent.serve import serve
+
+        return serve(sys.argv[0], float(_option(argv, "--idle") or 600))
     if command == "probe":
         json.dump(probe(json.loads(_option(argv, "--spec") or "{}")), sys.stdout)
         return 0

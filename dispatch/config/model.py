@@ -176,6 +176,7 @@ class _ConfigBase(_Strict):
     alert_wait_after: Duration = DEFAULTS["alert_wait_after"]
     kill_grace: Duration = DEFAULTS["kill_grace"]
     control_persist: Duration = DEFAULTS["control_persist"]
+    agent_idle: Duration = DEFAULTS["agent_idle"]
     toolchain_probes: list[str] = Field(default_factory=lambda: list(DEFAULTS["toolchain_probes"]))
     sync_excludes: list[str] = Field(default_factory=lambda: list(DEFAULTS["sync_excludes"]))
     groups: dict[str, GroupModel] = Field(default_factory=dict)  # Settings: no groups either

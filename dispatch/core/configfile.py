@@ -35,7 +35,7 @@ if MYPY:
     from dispatch.core.hostkeys import Key, KindSpec
 
 _TOP_DURATIONS = ("long_job_threshold", "pending_window", "report_timeout", "report_deadline",
-                  "status_interval", "kill_grace", "control_persist", "alert_wait_after")
+                  "status_interval", "kill_grace", "control_persist", "alert_wait_after", "agent_idle")
 # What the agent on a peer knows: hostrun's own runner there, i.e. this machine (``local``).
 AGENT_KINDS: dict[str, KindSpec] = {LOCAL: LOCAL_KIND}
 

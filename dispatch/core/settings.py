@@ -128,6 +128,7 @@ class Settings(NamedTuple):
     alert_wait_after: float = 600.0  # a job waiting this long raises one alert; 0: never
     kill_grace: float = 10.0
     control_persist: float = 600.0
+    agent_idle: float = 600.0  # a peer's report daemon exits this long after its last request; 0: none
     toolchain_probes: tuple[str, ...] = ("rustc -Vv", "cargo -V")
     sync_excludes: tuple[str, ...] = ()
     groups: Mapping[str, int] = {}

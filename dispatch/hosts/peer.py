@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from dispatch.core.errors import PeerUnreachableError
 from dispatch.core.exitcodes import NOT_FOUND
@@ -10,7 +11,7 @@ from dispatch.core.hostkeys import FALLBACK_FIELDS
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.hosts import bundle as agent
 from dispatch.hosts.sshkeys import options_of
-from dispatch.hosts.transport import SshTransport
+from dispatch.hosts.transport import RemoteResult, SshTransport
 
 MYPY = False
 if MYPY:
@@ -73,11 +74,14 @@ class PeerClient:
     def python(self) -> str:
         return options_of(self.host).python or "python3"
 
-    def fallback(self) -> str:
+    def fallback_values(self) -> dict[str, Any]:
         """The controller's ``[hosts.NAME]`` values of the fallback keys (``hostkeys.COMMON``), for
         what the peer's own config leaves unset."""
         values = {key: getattr(self.host, key) for key in FALLBACK_FIELDS}
-        return json.dumps({k: v for k, v in values.items() if v is not None})
+        return {k: v for k, v in values.items() if v is not None}
+
+    def fallback(self) -> str:
+        return json.dumps(self.fallback_values())
 
     def send_agent(self, timeout: float | None = None) -> None:
         """Send this version of the agent; the peer unpacks and byte-compiles it."""
@@ -88,16 +92,22 @@ class PeerClient:
             raise PeerUnreachableError(f"peer {self.host.name}: could not install the agent "
                                        f"(exit {result.returncode}): {last[0]}")
 
-    def agent_json(self, args: list[str], timeout: float) -> dict[str, Any]:
+    def run_agent(self, args: list[str], timeout: float) -> RemoteResult:
+        """Run the agent with ``args`` over ssh, sending it first if the peer lacks this version."""
         path = agent.remote_path()
         command = ["sh", "-c", _RUN, "hostrun-agent", path, self.python, *args]
+        started = time.monotonic()
         result = self.ssh.run(command, timeout=timeout)
         if result.returncode == AGENT_MISSING:
             self.send_agent(timeout)
-            result = self.ssh.run(command, timeout=timeout)
+            result = self.ssh.run(command, timeout=max(0.001, timeout - (time.monotonic() - started)))
         if result.returncode == NOT_FOUND:  # the remote shell did not find the interpreter
             raise PeerUnreachableError(f"peer {self.host.name}: {self.python!r} not found there "
                                        f"(set hosts.{self.host.name}.python)")
+        return result
+
+    def agent_json(self, args: list[str], timeout: float) -> dict[str, Any]:
+        result = self.run_agent(args, timeout)
         if result.returncode != 0:
             last = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
             raise PeerUnreachableError(
@@ -109,13 +119,27 @@ class PeerClient:
         return data
 
     def report(self, label: str | None = None, timeout: float | None = None,
-                     peaks: bool = False) -> dict[str, Any]:
-        args = ["report", "--fallback", self.fallback()]
-        if label:
-            args += ["--label", label]
-        if peaks:
-            args.append("--peaks")
-        data = self.agent_json(args, timeout or self.settings.report_timeout)
+               peaks: bool = False) -> dict[str, Any]:
+        """The peer's report: from its daemon when ``agent_idle`` > 0 (within half of ``timeout``,
+        starting or replacing it as needed: ``dispatch.hosts.agentd``), else, or when that fails,
+        from a per-call agent over ssh within what is left. The same JSON either way."""
+        timeout = timeout or self.settings.report_timeout
+        started = time.monotonic()
+        data = None
+        if self.settings.agent_idle > 0:
+            from dispatch.hosts.agentd import DaemonPath
+
+            request = {"command": "report", "fallback": self.fallback_values(), "label": label,
+                       "peaks": peaks}
+            data = DaemonPath(self.ssh, self.settings.agent_idle, self.run_agent).report(
+                request, started + timeout / 2)
+        if data is None:
+            args = ["report", "--fallback", self.fallback()]
+            if label:
+                args += ["--label", label]
+            if peaks:
+                args.append("--peaks")
+            data = self.agent_json(args, max(0.001, timeout - (time.monotonic() - started)))
         if data.get("agent_version") is None:
             raise PeerUnreachableError(f"peer {self.host.name}: unexpected answer from the agent")
         data["host"] = self.host.name

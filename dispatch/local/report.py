@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
 from dispatch import __version__
 from dispatch.core.hostfacts import cores, read_loadavg
@@ -15,6 +14,10 @@ from dispatch.core.settings import Settings
 from dispatch.local.admission import slice_room
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.ledger import Ledger
+
+MYPY = False
+if MYPY:  # typing stays off the report path (a report is asked before every heavy command)
+    from typing import Any
 
 
 def local_report(settings: Settings, label: str | None = None, peaks: bool = False) -> dict[str, Any]:
