@@ -113,6 +113,9 @@ class DaemonPath:
         os.utime(self.marker)
 
     def report(self, request: dict[str, Any], deadline: float) -> dict[str, Any] | None:
+        # The socket's directory must be ours alone before anything in it is trusted (else another
+        # user could swap the socket between its check and the connect), as before any ssh.
+        self.ssh.ensure_control_dir()
         if self.skipped():
             return None
         request = {"agent": agent.name(), "idle": self.idle, **request}
