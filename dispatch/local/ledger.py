@@ -455,11 +455,9 @@ class Ledger:
         labels' recorded durations read in the same transaction."""
         from dispatch.local import backfill
 
-        labels = sorted({b.label for b in [*running, *earlier, me, *later]})
-        marks = ",".join("?" * len(labels))
         durations = {label: d for label, d in self.db.execute(
-            f"SELECT label, max_duration FROM peaks WHERE host = ? AND label IN ({marks})"
-            " AND max_duration IS NOT NULL", (host, *labels))}
+            "SELECT label, max_duration FROM peaks WHERE host = ? AND max_duration IS NOT NULL"
+            " AND label IN (SELECT label FROM bookings WHERE host = ?)", (host, host))}
         now = time.time()
         verdict = backfill.decide(me, earlier, running, free, durations, now)
         pass_on = not verdict.admit and any(not b.gpu_bytes and b.label in durations and b.size <= free
