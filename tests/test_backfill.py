@@ -8,6 +8,10 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from dispatch.core.configfile import settings_from_dict
+from dispatch.core.errors import ConfigError
 from dispatch.local.backfill import INF, Shadow, decide, estimate, expected_end, jump, shadow
 from dispatch.local.ledger import Ledger
 from dispatch.local.ledgerdb import Booking
@@ -235,3 +239,11 @@ def test_a_blocked_head_passes_the_ring_to_a_job_that_may_jump_it(hostrun: Hostr
     go1.touch()
     for p in (h1, h2, big):
         assert p.wait(timeout=60) == 0
+
+
+def test_the_agents_parser_checks_queue_policy_as_pydantic_does() -> None:
+    """A peer's agent builds its settings without pydantic: the same check, the same default."""
+    assert settings_from_dict({}, "x.toml").queue_policy == "backfill"
+    assert settings_from_dict({"queue_policy": "fifo"}, "x.toml").queue_policy == "fifo"
+    with pytest.raises(ConfigError, match="queue_policy: must be one of backfill, fifo, not 'lifo'"):
+        settings_from_dict({"queue_policy": "lifo"}, "x.toml")
