@@ -460,8 +460,8 @@ class Ledger:
             " AND label IN (SELECT label FROM bookings WHERE host = ?)", (host, host))}
         now = time.time()
         verdict = backfill.decide(me, earlier, running, free, durations, now)
-        pass_on = not verdict.admit and any(not b.gpu_bytes and b.label in durations and b.size <= free
-                                  for b in later)
+        pass_on = not verdict.admit and any(
+            not b.gpu_bytes and b.label in durations and b.size <= free for b in later)
         out: dict[str, Any] = {"admit": verdict.admit, "pass_on": pass_on}
         head, sh = verdict.head, verdict.shadow
         if head is None or sh is None:
@@ -475,9 +475,13 @@ class Ledger:
             out["backfill"] = (f"BACKFILL {me.label} (booking {me.id}, need {format_size(me.size)}, "
                                f"est {backfill.estimate(duration):.0f}s) ahead of {named}: {rule}")
         elif me.size <= verdict.room:  # it would fit now: only the head's reservation holds it
-            why = ("a GPU job does not jump" if me.gpu_bytes else "no recorded duration"
-                   if duration is None else f"est {backfill.estimate(duration):.0f}s outlasts it and "
-                   f"{format_size(sh.extra)} is left beside it")
+            if me.gpu_bytes:
+                why = "a GPU job does not jump"
+            elif duration is None:
+                why = "no recorded duration"
+            else:
+                why = (f"est {backfill.estimate(duration):.0f}s outlasts it and "
+                       f"{format_size(sh.extra)} is left beside it")
             out["head"] = f"waiting for {named}: {why}"
         return out
 
