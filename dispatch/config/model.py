@@ -15,7 +15,7 @@ from typing import Annotated, Any, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
 from dispatch.core import hostkeys
-from dispatch.core.configfile import settings_from_dict
+from dispatch.core.configfile import queue_policy_problem, settings_from_dict
 from dispatch.core.errors import ConfigError
 from dispatch.core.hostkeys import COMMON, Key, KindSpec, inferred_kind, kind_problem
 from dispatch.core.settings import AGENT_MODES, AgentSettings, Settings
@@ -130,6 +130,13 @@ def _agent_mode(value: Any) -> str:
     return str(value)
 
 
+def _queue_policy(value: Any) -> str:
+    problem = queue_policy_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return str(value)
+
+
 def _patterns(value: Any) -> list[str]:
     """Patterns (``dispatch.hooks.rules``): a list of non-blank strings."""
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -181,6 +188,7 @@ class _ConfigBase(_Strict):
     sync_excludes: list[str] = Field(default_factory=lambda: list(DEFAULTS["sync_excludes"]))
     groups: dict[str, GroupModel] = Field(default_factory=dict)  # Settings: no groups either
     clear_mark_after: int = Field(default=DEFAULTS["clear_mark_after"], ge=1, le=1000)
+    queue_policy: Annotated[str, BeforeValidator(_queue_policy)] = DEFAULTS["queue_policy"]
     history_days: Number = Field(default=DEFAULTS["history_days"], gt=0)
     history_rows: Count = Field(default=DEFAULTS["history_rows"], ge=1)
     agents: AgentsModel = Field(default_factory=AgentsModel)

@@ -24,7 +24,13 @@ from dispatch.core.hostkeys import (
     inferred_kind,
     kind_problem,
 )
-from dispatch.core.settings import AgentSettings, HostSettings, Settings, cgroup_path_problem
+from dispatch.core.settings import (
+    QUEUE_POLICIES,
+    AgentSettings,
+    HostSettings,
+    Settings,
+    cgroup_path_problem,
+)
 from dispatch.core.units import parse_duration, parse_size
 
 MYPY = False
@@ -60,6 +66,13 @@ def _value(key: Key, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}.{key.key}: {problem}")
         return value.rstrip("/")
     return value
+
+
+def queue_policy_problem(value: Any) -> str | None:
+    """Why a ``queue_policy`` value is refused, or None (both parsers use this one check)."""
+    if value not in QUEUE_POLICIES:
+        return f"must be one of {', '.join(QUEUE_POLICIES)}, not {value!r}"
+    return None
 
 
 def host_kind(name: str, table: Mapping[str, Any], source: str = "") -> str:
@@ -122,6 +135,11 @@ def settings_from_dict(raw: Mapping[str, Any], source: str,
     for key in ("toolchain_probes", "sync_excludes"):
         if raw.get(key) is not None:
             values[key] = tuple(str(item) for item in raw[key])
+    if raw.get("queue_policy") is not None:  # checked here too: the agent's path has no pydantic
+        problem = queue_policy_problem(raw["queue_policy"])
+        if problem is not None:
+            raise ConfigError(f"{source}: queue_policy: {problem}")
+        values["queue_policy"] = raw["queue_policy"]
     if raw.get("clear_mark_after") is not None:
         values["clear_mark_after"] = max(1, int(raw["clear_mark_after"]))
     if raw.get("history_days") is not None:

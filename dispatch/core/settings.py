@@ -94,6 +94,9 @@ class HostSettings(NamedTuple):
 
 
 AGENT_MODES = ("remind", "wrap", "guard")
+# ``queue_policy``: "backfill" lets a job with a recorded duration start ahead of a memory-blocked
+# head when it cannot delay it (docs/admission.md, "Backfill"); "fifo" is strict arrival order.
+QUEUE_POLICIES = ("backfill", "fifo")
 ESCAPE_ENV = "HOSTRUN_DIRECT"
 
 
@@ -132,6 +135,7 @@ class Settings(NamedTuple):
     toolchain_probes: tuple[str, ...] = ("rustc -Vv", "cargo -V")
     sync_excludes: tuple[str, ...] = ()
     groups: Mapping[str, int] = {}
+    queue_policy: str = "backfill"  # one of QUEUE_POLICIES
     clear_mark_after: int = 3  # clean runs at its cap that clear a label's slice-full mark
     history_days: float = 90.0  # the run history keeps rows this many days ...
     history_rows: int = 100_000  # ... and at most this many

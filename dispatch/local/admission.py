@@ -4,8 +4,10 @@ run"; docs/admission.md).
 Room = slice limit - bookings of running jobs - cache-free usage above those bookings. A waiter
 blocks on its own doorbell FIFO (``dispatch.local.wakeup``): a release rings the head of the queue,
 an admission rings the next waiter, and a woken waiter that cannot get in rings the next only while
-those behind it still could (it is held by a queue policy, or only VRAM blocks it); one that lacks
-memory stops the chain, as every later waiter reserves its memory too. So a freed slot is taken at
+those behind it still could (it is held by a queue policy, or only VRAM blocks it, or, with
+``queue_policy = "backfill"``, a later waiter with a recorded duration fits the room now and may jump
+it); otherwise one that lacks memory stops the chain, as every later waiter reserves its memory
+too. So a freed slot is taken at
 once and a release wakes one or two waiters, not all. A rung waiter reads the ledger and takes the
 write lock only if it could get in, or when the ring says a waiter ahead of it is dead (its FIFO had
 no reader): that locked try reclaims the dead one's booking. A safety retry, locked, comes every
@@ -115,6 +117,8 @@ def status_line(adm: Admission, now: float | None = None, gpu_error: str | None 
     else:
         ahead = f", {format_size(adm.ahead)} queued ahead" if adm.ahead else ""
         parts.append(f"{format_size(adm.need)} needed, {format_size(max(0, adm.free))} free{ahead}")
+        if adm.head:
+            parts.append(adm.head)
     if not adm.gpu_ok:
         if gpu_error:
             parts.append(f"{format_size(adm.gpu_need)} VRAM needed; cannot read the GPUs: {gpu_error}")
@@ -136,6 +140,8 @@ def wait_reason(adm: Admission, gpu_error: str | None = None) -> str:
     reasons = []
     if not (adm.memory_ok and not adm.gpu_ok):  # memory is short (or all there is to wait for)
         reasons.append(f"memory: need {format_size(adm.need)}, free {format_size(max(0, adm.free))}")
+        if adm.head:
+            reasons.append(adm.head)
     if not adm.gpu_ok:
         if gpu_error or adm.gpu_device is None:
             reasons.append(f"vram: need {format_size(adm.gpu_need)}, {gpu_error or 'no GPU room known'}")
@@ -156,12 +162,14 @@ def wait_for_room(
     gpu: GpuSnapshot | None = None,
     on_wait: Callable[[Admission], None] | None = None,
     groups: Mapping[str, int] | None = None,
+    backfill: bool = False,
 ) -> float:
     """Block until admitted; returns the seconds waited.
 
     With ``gpu`` (a ``--gpu-memory`` booking) a GPU must have room too; the device chosen is in the
     booking's ``gpu_index`` afterwards. ``on_wait`` gets each status line's figures (at once, then
-    every ``status_interval``): the peer alert watch hooks in there.
+    every ``status_interval``): the peer alert watch hooks in there. ``backfill``: queue_policy
+    "backfill" (``Ledger.try_admit``).
     """
     base = float(os.environ.get(RECHECK_ENV) or RECHECK)
     room = room_function(backend, limit)
@@ -183,16 +191,16 @@ def wait_for_room(
             if gpu is not None:  # outside the write lock; at most once a second
                 gpu.refresh(lambda: any(b.gpu_index is not None for b in ledger.bookings(host)))
             if not due:  # a plain read; the write lock only if it could get in
-                adm = ledger.peek(booking_id, host, room, gpu_room, groups)
+                adm = ledger.peek(booking_id, host, room, gpu_room, groups, backfill)
                 due = adm.admitted
             if due:
                 last_locked = now
-                adm = ledger.try_admit(booking_id, host, room, gpu_room, groups, why)
+                adm = ledger.try_admit(booking_id, host, room, gpu_room, groups, why, backfill)
                 stop_reclaimed(backend, adm.reclaimed)
                 if adm.admitted:  # try_admit rang the next waiter
                     return time.monotonic() - started
             recheck = min(max(base, RECHECK_MAX), base * (1 + adm.position))
-            if rung and (adm.policy is not None or adm.memory_ok):
+            if rung and (adm.policy is not None or adm.memory_ok or adm.pass_on):
                 ledger.wake_next(host, booking_id)  # those behind may still fit: pass the ring on
             if last_status == 0.0 or now - last_status >= status_interval:
                 say(status_line(adm, gpu_error=gpu.error if gpu is not None else None))

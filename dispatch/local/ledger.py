@@ -55,7 +55,7 @@ from dispatch.local.ledgerdb import (
 
 MYPY = False
 if MYPY:
-    from typing import Optional, ParamSpec, TypeVar
+    from typing import Any, Optional, ParamSpec, TypeVar
 
     GpuRoom = Callable[[list["Booking"]], dict[int, int]]  # running bookings -> room per GPU index
     LiveJobs = Callable[[], list["Booking"]]  # running jobs found outside the ledger (their cgroups)
@@ -104,6 +104,12 @@ class Admission(NamedTuple):
     memory_ok: bool = True
     gpu_ok: bool = True
     policy: Optional[str] = None  # a queue policy holding it: "group-cap build 2/2", "when-idle ..."
+    # Backfill (queue_policy "backfill"): what holds it behind a memory-blocked head that it would
+    # fit in front of ("waiting for head ..."); the BACKFILL line when it jumped the head; whether a
+    # waiter behind it might jump now (a woken waiter then passes the ring on).
+    head: Optional[str] = None
+    backfill: Optional[str] = None
+    pass_on: bool = False
 
 
 def policy_block(b: Booking, running: Sequence[Booking], groups: Mapping[str, int] | None
@@ -409,8 +415,8 @@ class Ledger:
         return stale
 
     def _evaluate(self, booking_id: int, host: str, room: Callable[[int], int],
-                  gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None
-                  ) -> Admission:
+                  gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
+                  backfill: bool = False) -> Admission:
         rows = self._rows("host = ?", (host,))
         running = [b for b in rows if b.state == "running"]
         me = next((b for b in rows if b.id == booking_id), None)
@@ -427,30 +433,74 @@ class Ledger:
                              gpu_need=me.gpu_bytes or 0, gpu_device=me.gpu_index)
         policy = policy_block(me, running, groups)
         memory_ok = free - ahead >= me.size
+        extra: dict[str, Any] = {}
+        if backfill and not memory_ok:  # FIFO would hold it: may it jump a blocked head (EASY)?
+            later = [b for b in rows if b.state == "waiting" and b.id > booking_id
+                     and policy_block(b, running, groups) is None]
+            extra = self._easy(me, [b for b in earlier if b.id not in held], later, running, free, host)
+            memory_ok = extra.pop("admit")
         if not me.gpu_bytes:
             return Admission(memory_ok and policy is None, me.size, free, ahead, len(earlier), running,
-                             [], memory_ok=memory_ok, policy=policy)
+                             [], memory_ok=memory_ok, policy=policy, **extra)
         rooms = gpu_room(running) if gpu_room is not None else {}
         device, gpu_free, gpu_ahead, gpu_ok = choose_gpu(rooms, [b.gpu_bytes for b in earlier
                                                                  if b.gpu_bytes], me.gpu_bytes)
         return Admission(memory_ok and gpu_ok and policy is None, me.size, free, ahead, len(earlier),
                          running, [], gpu_need=me.gpu_bytes, gpu_device=device, gpu_free=gpu_free,
-                         gpu_ahead=gpu_ahead, memory_ok=memory_ok, gpu_ok=gpu_ok, policy=policy)
+                         gpu_ahead=gpu_ahead, memory_ok=memory_ok, gpu_ok=gpu_ok, policy=policy, **extra)
+
+    def _easy(self, me: Booking, earlier: list[Booking], later: list[Booking], running: list[Booking],
+              free: int, host: str) -> dict[str, Any]:
+        """The backfill verdict (``dispatch.local.backfill.decide``) as Admission fields, with the
+        labels' recorded durations read in the same transaction."""
+        from dispatch.local import backfill
+
+        durations = {label: d for label, d in self.db.execute(
+            "SELECT label, max_duration FROM peaks WHERE host = ? AND max_duration IS NOT NULL"
+            " AND label IN (SELECT label FROM bookings WHERE host = ?)", (host, host))}
+        now = time.time()
+        verdict = backfill.decide(me, earlier, running, free, durations, now)
+        pass_on = not verdict.admit and any(
+            not b.gpu_bytes and b.label in durations and b.size <= free for b in later)
+        out: dict[str, Any] = {"admit": verdict.admit, "pass_on": pass_on}
+        head, sh = verdict.head, verdict.shadow
+        if head is None or sh is None:
+            return out
+        start = "never by the estimates" if sh.at == backfill.INF else f"in ~{max(0.0, sh.at - now):.0f}s"
+        named = f"head {head.label} (booking {head.id}, need {format_size(head.size)}, room {start})"
+        duration = durations.get(me.label)
+        if verdict.admit and duration is not None:
+            rule = ("ends before it" if verdict.how == "ends"
+                    else f"fits the {format_size(sh.extra)} left beside it")
+            out["backfill"] = (f"BACKFILL {me.label} (booking {me.id}, need {format_size(me.size)}, "
+                               f"est {backfill.estimate(duration):.0f}s) ahead of {named}: {rule}")
+        elif me.size <= verdict.room:  # it would fit now: only the head's reservation holds it
+            if me.gpu_bytes:
+                why = "a GPU job does not jump"
+            elif duration is None:
+                why = "no recorded duration"
+            else:
+                why = (f"est {backfill.estimate(duration):.0f}s outlasts it and "
+                       f"{format_size(sh.extra)} is left beside it")
+            out["head"] = f"waiting for {named}: {why}"
+        return out
 
     @_guarded
     def peek(self, booking_id: int, host: str, room: Callable[[int], int],
-             gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None) -> Admission:
+             gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
+             backfill: bool = False) -> Admission:
         """Would ``try_admit`` admit now? A plain read: takes no lock and changes nothing.
 
         Waiters peek on every change and lock only when they could get in (or once a second, to
         reclaim stale bookings), so a release does not send every waiter into the write lock.
         """
-        return self._evaluate(booking_id, host, room, gpu_room, groups)
+        return self._evaluate(booking_id, host, room, gpu_room, groups, backfill)
 
     @_guarded
     def try_admit(self, booking_id: int, host: str, room: Callable[[int], int],
                   gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
-                  reason: Callable[[Admission], str] | None = None) -> Admission:
+                  reason: Callable[[Admission], str] | None = None, backfill: bool = False
+                  ) -> Admission:
         """Admit ``booking_id`` if ``room(booked)`` minus what earlier waiters need covers its size.
 
         ``room`` gets the bytes booked by running jobs and returns the free room in the slice (slice
@@ -462,14 +512,20 @@ class Ledger:
         returns the VRAM room per device index (see ``choose_gpu``); the device chosen is recorded
         in ``gpu_index`` in the same transaction.
 
+        ``backfill`` (queue_policy "backfill"): a job FIFO holds may still start ahead of a blocked
+        head when its recorded duration says it cannot delay it (``dispatch.local.backfill``); the
+        queue log gets a ``BACKFILL`` line.
+
         ``reason``: when not admitted, the waiting reason to store (``hostrun ledger`` shows it),
         written in the same transaction: one write lock per try, which matters when many arrive.
         """
         try:  # BEGIN inside: a signal's exception raised right after it must still roll back
             self.db.execute("BEGIN IMMEDIATE")
             reclaimed = self._reclaim_locked(host)
-            adm = self._evaluate(booking_id, host, room, gpu_room, groups)
+            adm = self._evaluate(booking_id, host, room, gpu_room, groups, backfill)
             skipped = self._passed_over(booking_id, host, adm, groups) if adm.admitted else []
+            if adm.admitted and adm.backfill:
+                skipped.append(adm.backfill)
             if adm.admitted:
                 self.db.execute(
                     "UPDATE bookings SET state = 'running', since = ?, reason = NULL,"

@@ -342,7 +342,7 @@ def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSet
         signal.pthread_sigmask(signal.SIG_UNBLOCK, WAIT_SIGNALS)  # one held back since enqueue: now
         return wait_for_room(ledger, backend, host.name, booking_id, limit, settings.status_interval,
                              say, gpu.snapshot if gpu is not None else None, on_wait,
-                             settings.groups), 0
+                             settings.groups, settings.queue_policy == "backfill"), 0
     except KeyboardInterrupt:
         return None, signal.SIGINT
     except _Interrupted as exc:

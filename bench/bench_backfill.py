@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""Mixed-memory jobs on a slice far smaller than their sum: strict FIFO, backfill, xargs -P N and
+GNU parallel's --memfree rule.
+
+What is measured
+----------------
+``--jobs`` (20) jobs, each ``python3 job.py PEAK RAMP HOLD``: it allocates and touches PEAK MiB in 8
+steps over RAMP seconds, then holds it HOLD seconds (peaks 50-400 MiB, durations 1-6 s, drawn from a
+fixed seed so every run has the same mix), on a slice of ``--slice-mib`` (600 MiB), far smaller than
+the sum of the peaks. Series, each started with all jobs at once, in list order:
+
+* ``hostrun fifo`` / ``hostrun backfill``: ``hostrun --label jobN -- python3 job.py ...`` with
+  ``queue_policy`` set, no ``-m``: each is booked at its label's recorded peak. One untimed warm-up
+  pass first (each job once, with ``-m`` its peak + 64 MiB) records every label's peak and duration.
+  Jobs are launched in order, each once the previous one is booked (so the queue order is the list's).
+* ``xargs -P N`` (N = 2, 4, 8): the same commands run by ``xargs`` inside a cgroup of its own capped
+  at the slice size: an over-commit gets jobs OOM-killed (counted from their exit statuses).
+* ``memfree``: GNU parallel's ``--memfree`` rule, emulated here against the same capped cgroup (GNU
+  parallel reads the machine's MemAvailable, which inside a slice says nothing about the slice's room):
+  at most ``--memfree-jobs`` (8) at once, the next job starts only while the cgroup's free room
+  (limit - usage) is at least ``--memfree-mib`` (300 MiB), and the youngest job is killed and put back
+  on the queue when the free room falls below half of that. Its kills are reported apart from the
+  kernel's OOM kills. Where ``parallel`` is installed, the real ``parallel --memfree`` runs too, in
+  the same cgroup (it sees the machine's free memory, not the slice's).
+
+Per series: the makespan (first launch to last exit), its ratio to the lower bound
+max(sum(peak x duration) / slice, longest job) (nominal peaks and durations), the jobs killed, and
+for hostrun the number of backfilled starts (``BACKFILL`` lines in the queue log). Targets: hostrun
+kills no job; backfill's makespan is below FIFO's. Standard library only; root; cgroup v1. About
+4 minutes. Isolation as the other benchmarks (``bench/README.md``)::
+
+    .venv/bin/python bench/bench_backfill.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+
+from _common import (
+    MEMORY_MOUNT,
+    find_hostrun,
+    leftovers,
+    own_memory_cgroup,
+    private_env,
+    remove_slice,
+    write_config,
+)
+
+MIB = 1 << 20
+SEED = 13
+JOB_PY = """import sys, time
+peak, ramp, hold = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+chunks = []
+for _ in range(8):
+    chunks.append(bytearray(b"\\1") * (peak * 1048576 // 8))  # touched: really charged
+    time.sleep(ramp / 8)
+time.sleep(hold)
+"""
+
+
+def job_mix(count: int) -> list[tuple[int, float, float]]:
+    """(peak MiB, ramp s, hold s) per job: peaks 50-400 MiB, durations 1-6 s, fixed seed."""
+    rng = random.Random(SEED)
+    jobs = []
+    for _ in range(count):
+        peak = rng.choice([50, 75, 100, 150, 200, 250, 300, 350, 400])
+        duration = round(rng.uniform(1.0, 6.0), 1)
+        ramp = round(min(2.0, duration / 2), 2)
+        jobs.append((peak, ramp, round(duration - ramp, 2)))
+    return jobs
+
+
+def lower_bound(jobs: list[tuple[int, float, float]], slice_mib: int) -> float:
+    area = sum(peak * (ramp + hold) for peak, ramp, hold in jobs)
+    return max(area / slice_mib, max(ramp + hold for _, ramp, hold in jobs))
+
+
+def command(python: str, script: str, job: tuple[int, float, float]) -> list[str]:
+    return [python, script, str(job[0]), str(job[1]), str(job[2])]
+
+
+# ---------------------------------------------------------------- hostrun
+def set_policy(config: str, policy: str) -> None:
+    with open(config, encoding="utf-8") as fh:
+        lines = [line for line in fh.read().splitlines() if not line.startswith("queue_policy")]
+    with open(config, "w", encoding="utf-8") as fh:
+        fh.write(f'queue_policy = "{policy}"\n' + "\n".join(lines) + "\n")
+
+
+def booked(state_dir: str, label: str) -> bool:
+    db = os.path.join(state_dir, "ledger.sqlite3")
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            return conn.execute("SELECT 1 FROM bookings WHERE label = ?", (label,)).fetchone() is not None
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+
+
+def run_hostrun(hostrun: str, config: str, env: dict[str, str], state_dir: str, python: str,
+                script: str, jobs: list[tuple[int, float, float]], caps: bool = False
+                ) -> tuple[float, list[int]]:
+    """All jobs through hostrun, launched in order (each once the previous is booked or done)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    t0 = time.monotonic()
+    for i, job in enumerate(jobs):
+        cap = ["-m", f"{job[0] + 64}M"] if caps else []
+        procs.append(subprocess.Popen([hostrun, "--config", config, *cap, "--label", f"job{i}", "--",
+                                       *command(python, script, job)], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 10
+        while (not booked(state_dir, f"job{i}") and procs[-1].poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.005)
+    codes = [p.wait() for p in procs]
+    return time.monotonic() - t0, codes
+
+
+def count_backfills(log: str, offset: int) -> int:
+    try:
+        with open(log, encoding="utf-8") as fh:
+            fh.seek(offset)
+            return sum(1 for line in fh if " BACKFILL " in line)
+    except OSError:
+        return 0
+
+
+def log_size(log: str) -> int:
+    try:
+        return os.path.getsize(log)
+    except OSError:
+        return 0
+
+
+# ---------------------------------------------------------------- a capped cgroup for the others
+class Capped:
+    """A memory cgroup of its own, capped at the slice size (no swap to escape to)."""
+
+    def __init__(self, limit: int) -> None:
+        own = own_memory_cgroup() or "/"
+        self.path = f"{MEMORY_MOUNT}{own.rstrip('/')}/hostrun-bench-{os.getpid()}-capped"
+        os.mkdir(self.path)
+        self.write("memory.limit_in_bytes", str(limit))
+        if os.path.exists(os.path.join(self.path, "memory.memsw.limit_in_bytes")):
+            self.write("memory.memsw.limit_in_bytes", str(limit))
+        self.limit = limit
+
+    def write(self, name: str, value: str) -> None:
+        with open(os.path.join(self.path, name), "w", encoding="utf-8") as fh:
+            fh.write(value)
+
+    def free(self) -> int:
+        with open(os.path.join(self.path, "memory.usage_in_bytes"), encoding="utf-8") as fh:
+            return self.limit - int(fh.read())
+
+    def prefix(self) -> list[str]:
+        """argv prefix that moves the command into this cgroup before it runs."""
+        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "capped"]
+
+    def close(self) -> None:
+        deadline = time.monotonic() + 10
+        while True:
+            with open(os.path.join(self.path, "cgroup.procs"), encoding="utf-8") as fh:
+                pids = [int(p) for p in fh.read().split()]
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+def wrapper(python: str, script: str, statuses: str) -> str:
+    """A shell script ``I PEAK RAMP HOLD`` -> runs the job, its exit status to statuses/I (a job
+    killed by a signal would otherwise stop xargs)."""
+    os.mkdir(statuses)
+    path = statuses + ".sh"
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(f'{python} {script} "$2" "$3" "$4"; echo $? > {statuses}/"$1"\n')
+    return path
+
+
+def run_xargs(capped: Capped, parallel: int, python: str, script: str,
+              jobs: list[tuple[int, float, float]], tmp: str) -> tuple[float, int]:
+    """xargs -P N in the capped cgroup."""
+    statuses = os.path.join(tmp, f"xargs-{parallel}")
+    run1 = wrapper(python, script, statuses)
+    lines = "".join(f"{i} {p} {r} {h}\n" for i, (p, r, h) in enumerate(jobs))
+    t0 = time.monotonic()
+    subprocess.run([*capped.prefix(), "xargs", "-P", str(parallel), "-L", "1", "sh", run1],
+                   input=lines.encode(), check=True, stderr=subprocess.DEVNULL)  # sh's "Killed"
+    wall = time.monotonic() - t0
+    return wall, _killed(statuses, len(jobs))
+
+
+def run_gnu_parallel(capped: Capped, slots: int, memfree_mib: int, python: str, script: str,
+                     jobs: list[tuple[int, float, float]], tmp: str) -> tuple[float, int]:
+    """The real GNU parallel --memfree in the capped cgroup (it reads the machine's MemAvailable)."""
+    statuses = os.path.join(tmp, "gnu-parallel")
+    run1 = wrapper(python, script, statuses)
+    lines = "".join(f"{i} {p} {r} {h}\n" for i, (p, r, h) in enumerate(jobs))
+    t0 = time.monotonic()
+    subprocess.run([*capped.prefix(), "parallel", "--will-cite", "--memfree", f"{memfree_mib}M",
+                    "-j", str(slots), "--colsep", " ", "sh", run1, "{1}", "{2}", "{3}", "{4}"],
+                   input=lines.encode(), check=False, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    wall = time.monotonic() - t0
+    return wall, _killed(statuses, len(jobs))
+
+
+def _killed(statuses: str, count: int) -> int:
+    killed = 0
+    for i in range(count):
+        try:
+            with open(os.path.join(statuses, str(i)), encoding="utf-8") as fh:
+                killed += fh.read().strip() != "0"
+        except FileNotFoundError:  # its wrapper was killed too
+            killed += 1
+    return killed
+
+
+def run_memfree(capped: Capped, slots: int, memfree: int, python: str, script: str,
+                jobs: list[tuple[int, float, float]]) -> tuple[float, int, int]:
+    """GNU parallel's --memfree rule against the capped cgroup: (makespan, OOM kills, rule kills)."""
+    queue = list(range(len(jobs)))
+    running: dict[int, tuple[subprocess.Popen[bytes], float]] = {}
+    rule_killed: set[int] = set()  # the pids this loop killed: not the kernel's
+    oom = kills = 0
+    t0 = time.monotonic()
+    while queue or running:
+        for i, (proc, _) in list(running.items()):
+            if proc.poll() is not None:
+                del running[i]
+                if proc.returncode != 0 and proc.pid not in rule_killed:
+                    oom += 1
+        if running and capped.free() < memfree // 2:
+            i = max(running, key=lambda k: running[k][1])  # the youngest
+            proc = running.pop(i)[0]
+            rule_killed.add(proc.pid)
+            proc.kill()
+            proc.wait()
+            kills += 1
+            queue.insert(0, i)
+        while queue and len(running) < slots and capped.free() >= memfree:
+            i = queue.pop(0)
+            proc = subprocess.Popen([*capped.prefix(), *command(python, script, jobs[i])])
+            running[i] = (proc, time.monotonic())
+        time.sleep(0.05)
+    return time.monotonic() - t0, oom, kills
+
+
+# ---------------------------------------------------------------- main
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    ap.add_argument("--hostrun")
+    ap.add_argument("--jobs", type=int, default=20)
+    ap.add_argument("--slice-mib", type=int, default=600)
+    ap.add_argument("--memfree-mib", type=int, default=300)
+    ap.add_argument("--memfree-jobs", type=int, default=8)
+    ap.add_argument("--xargs", default="2,4,8")
+    args = ap.parse_args()
+    hostrun = find_hostrun(args.hostrun)
+    python = sys.executable
+    jobs = job_mix(args.jobs)
+    bound = lower_bound(jobs, args.slice_mib)
+    tmp = tempfile.mkdtemp(prefix="hostrun-bench-backfill-")
+    config, slice_dir = write_config(tmp, f"{args.slice_mib}M")
+    state_dir = os.path.join(tmp, "state")
+    env = private_env(tmp)
+    script = os.path.join(tmp, "job.py")
+    with open(script, "w", encoding="utf-8") as fh:
+        fh.write(JOB_PY)
+    log = os.path.join(state_dir, "queue.log")
+    rows: list[tuple[str, float, int, str]] = []
+    problems: list[str] = []
+    capped: Capped | None = None
+    print(f"{len(jobs)} jobs, sum of peaks {sum(j[0] for j in jobs)} MiB on a {args.slice_mib} MiB "
+          f"slice; lower bound {bound:.1f} s")
+    print("jobs (peak MiB, ramp s, hold s): " + ", ".join(f"{p}/{r}/{h}" for p, r, h in jobs))
+    try:
+        set_policy(config, "fifo")
+        subprocess.run([hostrun, "--config", config, "--", "true"], env=env, check=True)
+        wall, codes = run_hostrun(hostrun, config, env, state_dir, python, script, jobs, caps=True)
+        print(f"warm-up (with caps, untimed): {wall:.1f} s, exit codes {sorted(set(codes))}")
+        for policy in ("fifo", "backfill"):
+            set_policy(config, policy)
+            subprocess.run([hostrun, "--config", config, "--", "true"], env=env, check=True)
+            offset = log_size(log)
+            wall, codes = run_hostrun(hostrun, config, env, state_dir, python, script, jobs)
+            rows.append((f"hostrun {policy}", wall, sum(c != 0 for c in codes),
+                         str(count_backfills(log, offset))))
+            print(f"  {rows[-1][0]}: {wall:.1f} s")
+        problems += leftovers(state_dir, slice_dir)
+        capped = Capped(args.slice_mib * MIB)
+        for n in (int(x) for x in args.xargs.split(",")):
+            wall, killed = run_xargs(capped, n, python, script, jobs, tmp)
+            rows.append((f"xargs -P {n}", wall, killed, "-"))
+            print(f"  {rows[-1][0]}: {wall:.1f} s")
+        wall, oom, kills = run_memfree(capped, args.memfree_jobs, args.memfree_mib * MIB, python,
+                                       script, jobs)
+        rows.append((f"memfree rule {args.memfree_mib}M -j{args.memfree_jobs} (emulated)", wall, oom,
+                     f"- ({kills} killed by the rule and rerun)"))
+        print(f"  {rows[-1][0]}: {wall:.1f} s")
+        if shutil.which("parallel"):
+            wall, killed = run_gnu_parallel(capped, args.memfree_jobs, args.memfree_mib, python,
+                                            script, jobs, tmp)
+            rows.append((f"GNU parallel --memfree {args.memfree_mib}M -j{args.memfree_jobs}", wall,
+                         killed, "-"))
+            print(f"  {rows[-1][0]}: {wall:.1f} s")
+    finally:
+        if capped is not None:
+            capped.close()
+        remove_slice(slice_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\n| series | makespan s | / bound ({bound:.1f} s) | jobs killed | backfilled |")
+    print("|---|---|---|---|---|")
+    for name, wall, killed, extra in rows:
+        print(f"| {name} | {wall:.1f} | {wall / bound:.2f}x | {killed} | {extra} |")
+    fifo, backfill = rows[0], rows[1]
+    ok = fifo[2] == 0 and backfill[2] == 0 and backfill[1] < fifo[1] and not problems
+    for line in problems:
+        print(f"LEFT BEHIND: {line}")
+    print(f"\ntarget: hostrun kills no job, backfill's makespan < FIFO's: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
