@@ -30,6 +30,7 @@ import threading
 import time
 
 from dispatch.agent.prepare import peer_settings
+from dispatch.agent.socketframes import frame, read_frame
 
 MYPY = False
 if MYPY:
@@ -69,29 +70,6 @@ def private_dir_problem(directory: str, create: bool) -> str | None:
         return (f"refusing {directory}: owned by uid {st.st_uid}, mode {mode:04o}"
                 f"{' (a symlink)' if stat.S_ISLNK(st.st_mode) else ''}, not a private directory of ours")
     return None
-
-
-def read_frame(conn: socket.socket) -> bytes:
-    head = _exactly(conn, 4)
-    (size,) = struct.unpack(">I", head)
-    if size > MAX_REQUEST:
-        raise ValueError(f"frame of {size} bytes")
-    return _exactly(conn, size)
-
-
-def _exactly(conn: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = conn.recv(size - len(data))
-        if not chunk:
-            raise EOFError("connection closed")
-        data += chunk
-    return data
-
-
-def frame(payload: dict[str, Any]) -> bytes:
-    body = json.dumps(payload).encode()
-    return struct.pack(">I", len(body)) + body
 
 
 def answer(request: dict[str, Any], name: str) -> dict[str, Any]:
@@ -148,7 +126,7 @@ class Daemon:
                 return  # another user: closed without a word
             conn.settimeout(CONNECTION_TIMEOUT)
             try:
-                request = json.loads(read_frame(conn))
+                request = json.loads(read_frame(conn, MAX_REQUEST))
                 idle = request.get("idle")
                 if isinstance(idle, (int, float)) and idle > 0:
                     self.idle = float(idle)  # the latest controller's agent_idle

@@ -477,7 +477,7 @@ def _ensure_private_dir(path: str) -> None:
 def _lock(state: str, script: Script, hold: bool) -> tuple[int | None, str]:
     """(fd holding the lock, detail), or (None, who holds it). Without ``hold`` (a dry run) the
     holder's record is left alone: the caller lets go at once."""
-    import fcntl
+    from dispatch.core.flocking import flock_by
 
     path = _state_path(state, script, ".lock", with_args=False)
     try:
@@ -485,20 +485,15 @@ def _lock(state: str, script: Script, hold: bool) -> tuple[int | None, str]:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         return None, f"cannot open the lock file {path}: {exc.strerror}"
-    deadline = time.monotonic() + LOCK_PATIENCE
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                holder = _holder(fd)
-                os.close(fd)
-                return None, holder
-            time.sleep(0.02)
-        except BaseException:
-            os.close(fd)
-            raise
+    try:
+        locked = flock_by(fd, time.monotonic() + LOCK_PATIENCE, step=0.02)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not locked:
+        holder = _holder(fd)
+        os.close(fd)
+        return None, holder
     if not hold:
         return fd, "no other instance running"
     from dispatch.core.procinfo import start_time

@@ -18,9 +18,9 @@ import json
 import os
 import socket
 import stat
-import struct
 import time
 
+from dispatch.agent.socketframes import frame, read_frame
 from dispatch.core.errors import HostrunError
 from dispatch.core.fingerprint import short_hash
 from dispatch.hosts import bundle as agent
@@ -47,16 +47,6 @@ def local_socket(ssh: SshTransport) -> str:
     return os.path.join(ssh.ctl_dir, f"a-{short_hash(key.encode(), 16)}.sock")
 
 
-def _exactly(conn: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = conn.recv(size - len(data))
-        if not chunk:
-            raise Gone("the connection closed before the answer")
-        data += chunk
-    return data
-
-
 def ask(path: str, request: dict[str, Any], deadline: float) -> dict[str, Any]:
     """One request over the local socket; ``Gone`` for anything that is not a daemon's answer.
     ``socket.timeout`` (an OSError) passes through: the peer may be frozen."""
@@ -66,7 +56,6 @@ def ask(path: str, request: dict[str, Any], deadline: float) -> dict[str, Any]:
         raise Gone("no socket") from None
     if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
         raise Gone(f"{path} is not a private socket of ours")  # never connected to
-    body = json.dumps(request).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(max(0.001, deadline - time.monotonic()))
         try:
@@ -74,13 +63,12 @@ def ask(path: str, request: dict[str, Any], deadline: float) -> dict[str, Any]:
         except (ConnectionRefusedError, FileNotFoundError) as exc:
             raise Gone(f"connect: {exc.strerror}") from None
         try:
-            conn.sendall(struct.pack(">I", len(body)) + body)
-            (size,) = struct.unpack(">I", _exactly(conn, 4))
-            if size > MAX_ANSWER:
-                raise Gone(f"an answer of {size} bytes")
-            raw = _exactly(conn, size)
+            conn.sendall(frame(request))
+            raw = read_frame(conn, MAX_ANSWER)
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise Gone(f"connection: {exc.strerror}") from None
+        except (EOFError, ValueError) as exc:
+            raise Gone(str(exc)) from None
     try:
         reply: dict[str, Any] = json.loads(raw)
     except ValueError:
@@ -141,18 +129,12 @@ class DaemonPath:
         """Start the daemon (a no-op if it runs), forward our socket to it again, and ask. One
         controller at a time (a lock next to the socket), and each asks again first: the one before
         may have replaced it already (else two would undo each other's forwards)."""
-        import fcntl
+        from dispatch.core.flocking import flock_by
 
         fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise Gone("another hostrun is replacing it") from None
-                    time.sleep(0.01)
+            if not flock_by(fd, deadline):
+                raise Gone("another hostrun is replacing it")
             try:
                 return ask(self.path, request, deadline)
             except Gone:
