@@ -8,6 +8,7 @@ cleans up anyway.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sqlite3
@@ -74,15 +75,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.system)
 
 
-def _kill_tree(directory: Path) -> None:
-    for procs in directory.rglob("cgroup.procs"):
-        for pid in procs.read_text().split():
+def cgroup_pids(directory: Path) -> list[int]:
+    """Every pid in ``directory``'s cgroup tree. Job cgroups vanish while hostrun cleans up, so a
+    directory or ``cgroup.procs`` that disappears mid-walk counts as empty (os.walk skips vanished
+    directories; pathlib's rglob raises on them)."""
+    pids = []
+    for parent, _, files in os.walk(directory):
+        if "cgroup.procs" in files:
             try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+                pids += [int(p) for p in Path(parent, "cgroup.procs").read_text().split()]
+            except OSError as exc:  # removed between the listing and the read
+                if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                    raise
+    return pids
+
+
+def _kill_tree(directory: Path) -> None:
+    for pid in cgroup_pids(directory):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     time.sleep(0.05)
-    for sub in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+    for sub in sorted((Path(d) for d, _, _ in os.walk(directory)), key=lambda p: -len(p.parts)):
         try:
             sub.rmdir()
         except OSError:
@@ -148,9 +163,7 @@ class Hostrun:
         return sorted(self.slice_dir.glob("job-*")) if self.slice_dir.exists() else []
 
     def slice_pids(self) -> list[int]:
-        if not self.slice_dir.exists():
-            return []
-        return [int(p) for f in self.slice_dir.rglob("cgroup.procs") for p in f.read_text().split()]
+        return cgroup_pids(self.slice_dir)
 
 
 @pytest.fixture
@@ -248,8 +261,7 @@ def peers(hostrun: Hostrun, tmp_path: Path) -> Iterator[Any]:
         for peer in made:
             assert not peer.daemon_leftovers(), f"{peer.name}: report daemon left {peer.daemon_leftovers()}"
             slice_dir = Path(mount + peer.cgroup)
-            leftovers = [p for f in slice_dir.rglob("cgroup.procs") for p in f.read_text().split()] \
-                if slice_dir.exists() else []
+            leftovers = cgroup_pids(slice_dir)
             _kill_tree(slice_dir)
             assert not leftovers, f"processes left in {peer.name}'s slice: {leftovers}"
 

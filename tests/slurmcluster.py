@@ -12,6 +12,7 @@ or cgroup, so a test that leaks fails.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import signal
@@ -212,14 +213,18 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 
     def job_cgroups(self) -> list[Path]:
         """Job cgroups left under those (``uid_*/job_*``)."""
-        return [p for top in self.slurm_cgroups() for p in top.glob("uid_*/job_*") if p.is_dir()]
+        # glob.glob, not Path.glob: slurmd removes these while the walk runs, and only glob.glob
+        # treats a directory that vanished mid-walk as empty
+        patterns = [f"{glob.escape(str(top))}/uid_*/job_*/" for top in self.slurm_cgroups()]
+        return [Path(p) for pattern in patterns for p in glob.glob(pattern)]
 
     def remove_empty_cgroups(self) -> None:
         """rmdir what slurmd made under the hierarchies it created (rmdir only ever removes empty ones)."""
         for top in self.slurm_cgroups():
             if top in self.had_cgroups:
                 continue
-            for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            below = (Path(d) for d, _, _ in os.walk(top) if d != str(top))  # skips vanished directories
+            for path in sorted(below, key=lambda p: -len(p.parts)):
                 with contextlib.suppress(OSError):  # still busy: the leak check has said so
                     path.rmdir()
             with contextlib.suppress(OSError):
@@ -279,8 +284,10 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         for _ in range(50):
             pids = set(self.step_pids())
             for cgroup in self.job_cgroups():
-                for tasks in cgroup.rglob("tasks"):
-                    pids.update(int(p) for p in tasks.read_text().split())
+                for parent, _, files in os.walk(cgroup):  # skips directories removed mid-walk
+                    if "tasks" in files:
+                        with contextlib.suppress(FileNotFoundError):
+                            pids.update(int(p) for p in Path(parent, "tasks").read_text().split())
             if not pids:
                 return
             for pid in pids:
