@@ -184,6 +184,19 @@ def test_parse_mountinfo_unescapes_the_mount_point() -> None:
     assert parse_mountinfo(text) == {"cgroup2": "/mnt/my cgroups\\v2"}
 
 
+@pytest.mark.parametrize("point", [
+    "/plain", "/a\\040b", "/\\134\\040", "/x\\0400", "/end\\04", "/end\\", "/\\89x", "/\\\\040",
+    "/tab\\011nl\\012", "/\\0", "/\\1234",
+])
+def test_parse_mountinfo_unescapes_as_the_octal_rule_says(point: str) -> None:
+    """The hand-written decoder (no ``re`` on every job's path) agrees with the rule it replaced:
+    each backslash followed by three octal digits, left to right, is one character."""
+    import re
+
+    expected = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)
+    assert parse_mountinfo(f"35 31 0:32 / {point} rw - cgroup2 cgroup2 rw\n") == {"cgroup2": expected}
+
+
 def test_parse_mountinfo_first_mount_wins() -> None:
     text = HERE_MOUNTINFO + "99 31 0:39 / /elsewhere rw - cgroup cgroup rw,memory\n"
     assert parse_mountinfo(text)["memory"] == "/sys/fs/cgroup/memory"

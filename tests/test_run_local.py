@@ -340,6 +340,30 @@ def test_script_without_interpreter_line_is_126(hostrun: Hostrun, tmp_path: Path
     assert "cannot run" in proc.stderr
 
 
+def test_command_is_searched_on_the_jobs_path_as_execvp_does(hostrun: Hostrun, tmp_path: Path) -> None:
+    """hostrun's own PATH search (the child no longer calls os.execvpe): entries in order, a
+    non-executable file or a directory of that name is passed over, a name with a slash is run as
+    given; "not executable" (126) wins over "not found" (127) when nothing runs."""
+    first, second, third = (tmp_path / d for d in ("first", "second", "third"))
+    for d in (first, second, third):
+        d.mkdir()
+    (first / "tool").write_text("#!/bin/sh\necho wrong\n")  # not executable
+    (second / "tool").mkdir()
+    (third / "tool").write_text("#!/bin/sh\necho right \"$@\"\n")
+    (third / "tool").chmod(0o755)
+    search = os.pathsep.join(str(d) for d in (first, second, third))
+    env = dict(os.environ, PATH=f"{search}{os.pathsep}{os.environ['PATH']}")
+    proc = hostrun.run("-m", "64M", "--", "tool", "a b", env=env)
+    assert (proc.returncode, proc.stdout) == (0, "right a b\n"), proc.stderr
+    only_first = dict(env, PATH=f"{first}{os.pathsep}{os.environ['PATH']}")
+    proc = hostrun.run("-m", "64M", "--", "tool", env=only_first)
+    assert proc.returncode == 126 and "Permission denied" in proc.stderr
+    proc = hostrun.run("-m", "64M", "--", "no-such-tool-here", env=env)
+    assert proc.returncode == 127 and "No such file or directory" in proc.stderr
+    proc = hostrun.run("-m", "64M", "--", str(third / "tool"), "x", env=dict(env, PATH=os.defpath))
+    assert (proc.returncode, proc.stdout) == (0, "right x\n")
+
+
 def test_nested_hostrun_runs_inside_the_enclosing_job(hostrun: Hostrun, tmp_path: Path) -> None:
     """An inner hostrun does not book again nor leave the outer cap: it runs in the outer cgroup."""
     inner_out = tmp_path / "inner.json"

@@ -13,7 +13,19 @@ from dispatch.core.settings import HostSettings
 ORDER = ("systemd", "cgroup2", "cgroup1")
 
 
-def _probe(name: str, host: HostSettings) -> tuple[Probe, CapBackend | None]:
+def _self_files() -> tuple[str, str] | None:
+    """/proc/self/cgroup and mountinfo, read once for all the probes (None: each probe reports why
+    it cannot read them)."""
+    from dispatch.capping.cgroupfs import read_self_files
+
+    try:
+        return read_self_files()
+    except OSError:
+        return None
+
+
+def _probe(name: str, host: HostSettings,
+           files: tuple[str, str] | None = None) -> tuple[Probe, CapBackend | None]:
     if host.cgroup is not None:  # checked at load too; this catches values that skipped the load
         from dispatch.core.settings import cgroup_path_problem  # (a controller's fallback on a peer)
 
@@ -23,18 +35,19 @@ def _probe(name: str, host: HostSettings) -> tuple[Probe, CapBackend | None]:
     if name == "systemd":
         from dispatch.capping.systemd import SystemdBackend
 
-        return SystemdBackend.probe(host.cgroup)
+        return SystemdBackend.probe(host.cgroup, files=files)
     if name == "cgroup2":
         from dispatch.capping.cgroup2 import Cgroup2Backend
 
-        return Cgroup2Backend.probe(host.cgroup)
+        return Cgroup2Backend.probe(host.cgroup, files)
     from dispatch.capping.cgroup1 import Cgroup1Backend
 
-    return Cgroup1Backend.probe(host.cgroup)
+    return Cgroup1Backend.probe(host.cgroup, files)
 
 
 def probe_all(host: HostSettings) -> list[tuple[str, Probe]]:
-    return [(name, _probe(name, host)[0]) for name in ORDER]
+    files = _self_files()
+    return [(name, _probe(name, host, files)[0]) for name in ORDER]
 
 
 def select_backend(host: HostSettings, mem_total: int) -> CapBackend:
@@ -45,8 +58,9 @@ def select_backend(host: HostSettings, mem_total: int) -> CapBackend:
         return NoCapBackend(mem_total)
     names = (host.backend,) if host.backend else ORDER
     reasons = []
+    files = _self_files()
     for name in names:
-        probe, backend = _probe(name, host)
+        probe, backend = _probe(name, host, files)
         if backend is not None:
             return backend
         reasons.append(f"{name}: {probe.detail}")

@@ -60,7 +60,7 @@ def parse_flat_keyed(text: str) -> dict[str, int]:
 
 
 def read_text(path: str) -> str:
-    with open(path, encoding="ascii") as fh:
+    with open(path, encoding="utf-8") as fh:
         return fh.read()
 
 
@@ -77,7 +77,7 @@ def read_keyed(path: str) -> dict[str, int]:
 
 
 def write_text(path: str, value: str) -> None:
-    with open(path, "w", encoding="ascii") as fh:
+    with open(path, "w", encoding="utf-8") as fh:
         fh.write(value)
 
 

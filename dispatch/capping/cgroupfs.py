@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
-import re
-
 SLICE_NAME = "hostrun"
-
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+_OCTAL = frozenset("01234567")
 
 
 def _unescape(field: str) -> str:
-    """The kernel writes space, tab, newline and backslash in mountinfo paths as ``\\040`` etc."""
-    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+    """The kernel writes space, tab, newline and backslash in mountinfo paths as ``\\040`` etc.
+
+    Decoded by hand, not with ``re``: this runs on every job's path, and importing ``re`` costs ~2 ms.
+    """
+    if "\\" not in field:
+        return field
+    out, i = [], 0
+    while i < len(field):
+        digits = field[i + 1 : i + 4]
+        if field[i] == "\\" and len(digits) == 3 and set(digits) <= _OCTAL:
+            out.append(chr(int(digits, 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
 
 
 def parse_proc_cgroup(text: str) -> dict[str, str]:

@@ -14,7 +14,7 @@ from dispatch.capping.base import CapBackend, JobCgroup, OomVerdict, SliceUsage
 
 def _rss(pid: int) -> int:
     try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) * 1024

@@ -57,9 +57,9 @@ class SystemdBackend(Cgroup2Backend):
     ) -> tuple[Probe, SystemdBackend | None]:
         if not _pid1_is_systemd(proc_root):
             return Probe(False, "systemd is not PID 1"), None
-        import shutil
+        from dispatch.core.pathsearch import which
 
-        run, ctl = shutil.which("systemd-run"), shutil.which("systemctl")
+        run, ctl = which("systemd-run"), which("systemctl")
         if not run or not ctl:
             return Probe(False, "systemd-run or systemctl not on PATH"), None
         try:

@@ -23,7 +23,7 @@ def parse_meminfo(text: str) -> MemInfo:
 
 
 def read_meminfo() -> MemInfo:
-    with open("/proc/meminfo", encoding="ascii") as fh:
+    with open("/proc/meminfo", encoding="utf-8") as fh:
         return parse_meminfo(fh.read())
 
 
@@ -33,7 +33,7 @@ def parse_loadavg(text: str) -> tuple[float, float, float]:
 
 
 def read_loadavg() -> tuple[float, float, float]:
-    with open("/proc/loadavg", encoding="ascii") as fh:
+    with open("/proc/loadavg", encoding="utf-8") as fh:
         return parse_loadavg(fh.read())
 
 

@@ -16,12 +16,12 @@ import base64
 import json
 import os
 import shlex
-import shutil
 import stat
 import subprocess
 
 from dispatch.core.atomicfile import write_atomic
 from dispatch.core.fingerprint import short_hash
+from dispatch.core.pathsearch import which
 from dispatch.guards.trust import own_file_ok, private_dir_ok
 
 MYPY = False
@@ -103,7 +103,7 @@ def probe_here(probes: list[str], cache_dir: str, cwd: str | None = None,
     changed = False
     for probe in probes:
         argv = shlex.split(probe)
-        binary = shutil.which(argv[0], path=env.get("PATH")) if argv else None
+        binary = which(argv[0], path=env.get("PATH")) if argv else None
         if binary is None:
             results[probe] = {"found": False, "output": None}
             continue

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Sequence
 
 from dispatch.core.atomicfile import write_atomic
+from dispatch.core.pathsearch import which
 
 PROTECT_ARGS = "-s"
 SYNC_MARK = "HOSTRUN_SYNC"  # in the remote rsync's environment: which run's sync it is
@@ -36,7 +36,7 @@ PR_SET_PDEATHSIG = 1
 def protects_args(state_dir: str) -> bool:
     """Whether the local rsync has ``-s``: its ``--help`` read once per rsync binary (path, size,
     mtime), then cached in ``<state_dir>/rsync-caps.json`` (0600)."""
-    binary = shutil.which("rsync")
+    binary = which("rsync")
     if binary is None:
         return True  # no rsync: running it fails on its own, with a clear 252
     st = os.stat(binary)

@@ -131,12 +131,13 @@ def parse_apps(text: str) -> list[GpuApp]:
 # ------------------------------------------------------------------------------------------ reading
 def _smi(args: Sequence[str], timeout: float) -> str | None:
     """nvidia-smi's stdout; None when it is not on PATH; GpuError when it fails or hangs."""
-    import shutil
-    import subprocess
+    from dispatch.core.pathsearch import which
 
-    exe = shutil.which("nvidia-smi")
+    exe = which("nvidia-smi")
     if exe is None:
         return None
+    import subprocess
+
     try:
         proc = subprocess.Popen([exe, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
@@ -220,9 +221,9 @@ def preflight(need: int, environ: Mapping[str, str], timeout: float = SMI_TIMEOU
 
 
 def _has_smi() -> bool:
-    import shutil
+    from dispatch.core.pathsearch import which
 
-    return shutil.which("nvidia-smi") is not None
+    return which("nvidia-smi") is not None
 
 
 def gpu_rooms(gpus: Sequence[Gpu], held: Sequence[tuple[int, int, Sequence[int]]],

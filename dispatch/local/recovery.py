@@ -180,7 +180,7 @@ def _parse_job_name(name: str) -> tuple[int, int] | None:
 def _limit(directory: str) -> int | None:
     for name in ("memory.limit_in_bytes", "memory.max"):
         try:
-            with open(os.path.join(directory, name), encoding="ascii") as fh:
+            with open(os.path.join(directory, name), encoding="utf-8") as fh:
                 text = fh.read().strip()
         except OSError:
             continue
@@ -190,7 +190,7 @@ def _limit(directory: str) -> int | None:
 
 def _pids(directory: str) -> list[int]:
     try:
-        with open(os.path.join(directory, "cgroup.procs"), encoding="ascii") as fh:
+        with open(os.path.join(directory, "cgroup.procs"), encoding="utf-8") as fh:
             return [int(p) for p in fh.read().split()]
     except (OSError, ValueError):
         return []

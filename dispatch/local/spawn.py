@@ -26,6 +26,27 @@ CGROUP_FAILED = -1
 _DEFAULTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, *_RESTORE)
 
 
+def _exec_searching_path(argv: list[str], env: dict[str, str]) -> None:
+    """``os.execvpe`` without its cost: the parent waits for this exec, and ``os.get_exec_path``
+    imports ``warnings`` (~1.5 ms) in the child first. The same search: a name with a slash is run as
+    is; else each entry of the job's ``PATH`` (``os.defpath`` when unset) in turn, and the first error
+    that is not "no such file" is the one reported."""
+    name = argv[0]
+    if "/" in name:
+        os.execve(name, argv, env)
+    first_other: OSError | None = None
+    last: OSError | None = None
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        try:
+            os.execve(os.path.join(directory, name), argv, env)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            last = exc
+        except OSError as exc:
+            last = exc
+            first_other = first_other or exc
+    raise first_other or last or FileNotFoundError(2, "No such file or directory", name)
+
+
 class PreparedChild:
     def __init__(self, pid: int, go_fd: int, err_fd: int) -> None:
         self.pid = pid
@@ -64,13 +85,14 @@ class PreparedChild:
                 if not order.startswith(b"go "):
                     os._exit(0)  # hostrun gave up or died: run nothing
                 header, _, extra = order.partition(b"\n")
-                with open("/proc/self/oom_score_adj", "w", encoding="ascii") as fh:
-                    fh.write(header[3:].decode().strip())
+                adj = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+                os.write(adj, header[3:].strip())
+                os.close(adj)
                 for item in extra.split(b"\0"):
                     name, eq, value = item.partition(b"=")
                     if eq:
                         env[name.decode(errors="surrogateescape")] = value.decode(errors="surrogateescape")
-                os.execvpe(exec_argv[0], exec_argv, env)
+                _exec_searching_path(exec_argv, env)
             except (OSError, ValueError) as exc:  # ValueError: an empty command name
                 code, reason = exec_failure(exc)
                 os.write(err_w, f"{code} {reason}".encode())
