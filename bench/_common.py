@@ -33,6 +33,24 @@ def interpreter_of(script: str) -> str:
     return sys.executable
 
 
+def startup_hooks(python: str) -> str:
+    """The ``.pth`` files in ``python``'s site-packages that run code at every start (a plain
+    ``pip install -e`` adds an import-hook finder: ~20 ms here, paid by ``python -c pass`` too, so it
+    shrinks every ratio against that baseline; ``scripts/setup`` installs in compat mode, without one)."""
+    import subprocess
+
+    code = ("import site, os\n"
+            "for d in site.getsitepackages():\n"
+            "    for n in sorted(os.listdir(d)) if os.path.isdir(d) else []:\n"
+            "        if n.endswith('.pth') and n != 'distutils-precedence.pth':\n"
+            "            lines = open(os.path.join(d, n)).read().splitlines()\n"
+            "            if any(l.startswith('import') for l in lines): print(n)\n")
+    found = subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.split()
+    if not found:
+        return "none (baseline is a bare interpreter start)"
+    return f"{', '.join(found)} -- WARNING: they run in every start, baseline included; ratios are flattered"
+
+
 def own_memory_cgroup() -> str | None:
     with open("/proc/self/cgroup", encoding="utf-8") as fh:
         for line in fh:

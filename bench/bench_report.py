@@ -95,6 +95,7 @@ from _common import (  # noqa: E402 - after the sys.path set-up above
     private_env,
     remove_slice,
     sources_digest,
+    startup_hooks,
 )
 
 from dispatch.hosts.transport import control_dir, remote_command  # noqa: E402
@@ -376,6 +377,7 @@ def main() -> int:
               f"agent runs on {peer_python} (Python {peer_version})")
         print(f"control path: {ctl_dir}/%C  ({ssh_version})")
         print(f"machine:      {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+        print(f"start hooks:  {startup_hooks(python)}")
         print(f"environment:  PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}")
         print(f"code:         {code_root}/dispatch"
               f"{' (snapshot of the tree, on PYTHONPATH)' if args.snapshot else ''}")

@@ -53,6 +53,7 @@ from _common import (
     leftovers,
     private_env,
     remove_slice,
+    startup_hooks,
     write_config,
 )
 
@@ -223,6 +224,7 @@ def main() -> int:
         print(f"machine:      {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
         print(f"NVIDIA GPUs:  {'yes' if has_gpus else 'no'} (/proc/driver/nvidia/gpus); kernel log: "
               f"{env.get('HOSTRUN_KERNEL_LOG') or '/dev/kmsg'}")
+        print(f"start hooks:  {startup_hooks(python)}")
         print(f"environment:  PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}; "
               f"dispatch bytecode: {bytecode_state(python, env)}")
 

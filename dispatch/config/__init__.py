@@ -24,7 +24,7 @@ import sys
 from collections.abc import Mapping
 
 from dispatch import __version__
-from dispatch.core.configpath import find_config
+from dispatch.core.configpath import cache_dir, find_config
 from dispatch.core.errors import ConfigError
 from dispatch.core.fingerprint import short_hash
 from dispatch.core.settings import Settings
@@ -34,9 +34,7 @@ CACHE_FORMAT = 4
 
 
 def _cache_dir(environ: Mapping[str, str]) -> str:
-    home = environ.get("HOME") or os.path.expanduser("~")
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
-    return os.path.join(base, "hostrun", "config")
+    return cache_dir(environ, "config")
 
 
 def _cache_key(path: str, st: os.stat_result | None = None) -> list[object]:

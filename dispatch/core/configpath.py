@@ -34,3 +34,10 @@ def find_config(explicit: str | None, environ: Mapping[str, str]) -> str | None:
         if os.path.isfile(candidate):
             return candidate
     return None
+
+
+def cache_dir(environ: Mapping[str, str], part: str) -> str:
+    """``$XDG_CACHE_HOME/hostrun/<part>`` (``~/.cache/hostrun/<part>``): hostrun's per-user caches."""
+    home = environ.get("HOME") or os.path.expanduser("~")
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    return os.path.join(base, "hostrun", part)
