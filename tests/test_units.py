@@ -25,7 +25,7 @@ from dispatch.core.errors import (
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import check_name, storable
-from dispatch.core.units import format_duration
+from dispatch.core.units import format_duration, parse_duration, parse_size
 from dispatch.guards.longjob import KEYS, from_headers, missing, parse_spec
 from dispatch.hosts import transport as ssh
 from dispatch.hosts.kinds import host_for
@@ -486,3 +486,47 @@ def test_a_default_cap_above_peer_memory_cap_is_bounded_not_refused() -> None:
     assert host_for(s, PEER).pending_estimate(None) == 2 * GiB
     with pytest.raises(OverPeerCapError):
         choose_peer(s, PEER, 3 * GiB)
+
+
+# The parsers were regular expressions; they are now written by hand (no ``re`` on the path of
+# ``hostrun -m 8G``). They must accept and refuse exactly what the expressions did.
+_OLD_SIZE = r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*$"
+_OLD_DUR = r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$"
+_OLD_SIZE_MULT = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+_OLD_DUR_MULT = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _old(kind: str, text: str) -> float | None:
+    import re
+
+    m = re.match(_OLD_SIZE if kind == "size" else _OLD_DUR, text, re.IGNORECASE)
+    if not m:
+        return None
+    if kind == "size":
+        return int(float(m.group(1)) * _OLD_SIZE_MULT[m.group(2).lower()])
+    return float(m.group(1)) * _OLD_DUR_MULT[(m.group(2) or "").lower()]
+
+
+def _new(kind: str, text: str) -> float | None:
+    try:
+        return parse_size(text) if kind == "size" else parse_duration(text)
+    except ValueError:
+        return None
+
+
+def _samples() -> list[str]:
+    import random
+
+    rng = random.Random(13)
+    alphabet = list("0123456789.. \tkKmMgGtTpPiIbBsShHdDn-x\u0663\u00a0")
+    fixed = ["8G", "1.5GiB", " 512 mb ", "1024", "5b", "5ib", "5.", ".5", "5..0", "1.5.2", "5 k b",
+             "2h", "250ms", "1.5m", "10min", "3 d", "4MS", "\u0663G", "1\u00a0G", "", " ", "G", "-1G",
+             "1e3", "+5", "5 ", "5\n", "0", "00.10k"]
+    return fixed + ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 7))) for _ in range(4000)]
+
+
+@pytest.mark.parametrize("kind", ["size", "duration"])
+def test_hand_written_parsers_agree_with_the_expressions_they_replaced(kind: str) -> None:
+    differ = [(text, _old(kind, text), _new(kind, text)) for text in _samples()
+              if _old(kind, text) != _new(kind, text)]
+    assert differ == []

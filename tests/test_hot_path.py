@@ -1,0 +1,46 @@
+"""The modules the per-call commands must not load (docs/design.md, "The hot path stays light"),
+observed on real runs with ``-X importtime`` (each process lists every module it imported). A
+regression here costs every ``hostrun`` call milliseconds, and nothing else would notice it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import Hostrun
+
+HEAVY = {"pydantic", "rich", "asyncio", "typing", "argparse"}
+# Light enough alone, but each pulls in more (shutil: bz2, lzma, fnmatch; random: hashlib bits;
+# warnings; re and json: their compilers and scanners; subprocess: selectors, threading).
+RUN_PATH_AVOIDS = HEAVY | {"json", "re", "shutil", "warnings", "random", "subprocess", "gettext",
+                           "locale", "hashlib", "dispatch.local.gpu", "dispatch.local.kernlog"}
+REPORT_PATH_AVOIDS = HEAVY | {"shutil", "gettext", "random", "hashlib", "dispatch.config.model"}
+
+
+# What the console script does (pip's ``hostrun`` imports sys and calls entry); ``python -m
+# dispatch`` would add runpy's own imports (warnings, contextlib) to the profile.
+CONSOLE_SCRIPT = "from dispatch.cli.entry import entry; entry()"
+
+
+def imported(hostrun: Hostrun, *args: str) -> set[str]:
+    argv = [sys.executable, "-X", "importtime", "-c", CONSOLE_SCRIPT, *hostrun.argv(*args)[3:]]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+             if line.startswith("import time:") and "|" in line}
+    assert "dispatch.cli.main" in names  # the profile was read: the command's own modules are in it
+    return names
+
+
+def test_a_plain_run_loads_none_of_the_heavy_modules(hostrun: Hostrun) -> None:
+    hostrun.run("-m", "8M", "--", "true")  # the config cache is warm from here on
+    assert imported(hostrun, "--", "true") & RUN_PATH_AVOIDS == set()
+    # a size, a duration and a label, as most calls have
+    typical = ("-m", "8M", "--max-runtime", "10m", "--label", "hot-path", "--", "true")
+    assert imported(hostrun, *typical) & RUN_PATH_AVOIDS == set()
+
+
+def test_a_json_report_loads_none_of_the_heavy_modules(hostrun: Hostrun) -> None:
+    hostrun.run("report", "--json")
+    assert imported(hostrun, "report", "--json") & REPORT_PATH_AVOIDS == set()
+    assert imported(hostrun, "report", "--json", "--host", "local") & REPORT_PATH_AVOIDS == set()
