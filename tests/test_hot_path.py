@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 from tests.conftest import Hostrun
+from tests.test_peer_run import setup as peer_setup
 
 HEAVY = {"pydantic", "rich", "asyncio", "typing", "argparse"}
 # Light enough alone, but each pulls in more (shutil: bz2, lzma, fnmatch; random: hashlib bits;
@@ -15,6 +18,7 @@ HEAVY = {"pydantic", "rich", "asyncio", "typing", "argparse"}
 RUN_PATH_AVOIDS = HEAVY | {"json", "re", "shutil", "warnings", "random", "subprocess", "gettext",
                            "locale", "hashlib", "dispatch.local.gpu", "dispatch.local.kernlog"}
 REPORT_PATH_AVOIDS = HEAVY | {"shutil", "gettext", "random", "hashlib", "dispatch.config.model"}
+PEER_RUN_AVOIDS = HEAVY | {"shutil", "gettext", "random", "hashlib"}
 
 
 # What the console script does (pip's ``hostrun`` imports sys and calls entry); ``python -m
@@ -22,9 +26,9 @@ REPORT_PATH_AVOIDS = HEAVY | {"shutil", "gettext", "random", "hashlib", "dispatc
 CONSOLE_SCRIPT = "from dispatch.cli.entry import entry; entry()"
 
 
-def imported(hostrun: Hostrun, *args: str) -> set[str]:
+def imported(hostrun: Hostrun, *args: str, **kw: Any) -> set[str]:
     argv = [sys.executable, "-X", "importtime", "-c", CONSOLE_SCRIPT, *hostrun.argv(*args)[3:]]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, **kw)
     assert proc.returncode == 0, proc.stderr[-2000:]
     names = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
              if line.startswith("import time:") and "|" in line}
@@ -44,3 +48,11 @@ def test_a_json_report_loads_none_of_the_heavy_modules(hostrun: Hostrun) -> None
     hostrun.run("report", "--json")
     assert imported(hostrun, "report", "--json") & REPORT_PATH_AVOIDS == set()
     assert imported(hostrun, "report", "--json", "--host", "local") & REPORT_PATH_AVOIDS == set()
+
+
+def test_a_peer_run_loads_none_of_the_heavy_modules(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
+    _, tree = peer_setup(hostrun, peers, tmp_path)
+    assert hostrun.run("--peer", "-m", "64M", "--", "true", cwd=tree / "src").returncode == 0
+    names = imported(hostrun, "--peer", "-m", "64M", "--", "true", cwd=tree / "src")
+    assert "dispatch.hosts.peerrun" in names
+    assert names & PEER_RUN_AVOIDS == set()

@@ -191,11 +191,11 @@ def _entry(path: str, st: os.stat_result) -> tuple[Any, ...]:
 def digest_of(entries: Entries, ignores: list[str]) -> str:
     """One hash of the sorted entries and the ``.gitignore`` contents read (order-free: a walk's
     order may change without anything changing)."""
-    import hashlib
+    from dispatch.core.fingerprint import sha256  # not hashlib: it loads OpenSSL (~2-3 ms)
 
     text = "\n".join(f"{key}\0{value!r}" for key, value in sorted(entries.items()))
-    return hashlib.sha256("\n".join([text, *sorted(ignores)]).encode("utf-8", "surrogateescape")
-                          ).hexdigest()
+    return str(sha256("\n".join([text, *sorted(ignores)]).encode("utf-8", "surrogateescape")
+                      ).hexdigest())
 
 
 def entry_of(root: str, rel: str) -> tuple[Any, ...] | None:

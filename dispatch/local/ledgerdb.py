@@ -7,12 +7,11 @@ the same tables without needing the ledger.
 
 from __future__ import annotations
 
-import sqlite3
-
 from dispatch.core.records import NamedTuple
 
 MYPY = False
 if MYPY:
+    import sqlite3  # annotations only: the peer driver reads these records without opening a ledger
     from collections.abc import Callable, Sequence
     from typing import Any, Optional
 
