@@ -66,6 +66,7 @@ def peer_settings(fallback: dict[str, Any]) -> tuple[Settings, dict[str, Any]]:
 def probe(spec: dict[str, Any]) -> dict[str, Any]:
     """The job's work directory made ready (and claimed), then the toolchain probe outputs, taken in
     the job's directory there with the tree's toolchain files seeded first (the sync comes later)."""
+    from dispatch.core.configpath import cache_dir
     from dispatch.guards.toolchain import probe_here, seed
 
     workdir = spec.get("workdir")
@@ -89,7 +90,7 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
         if "workdir" in data:
             seed(path, spec.get("toolchain_files") or {})
             where = _job_dir(path, str(spec.get("job_dir") or ""))
-    data["probes"] = probe_here(spec.get("probes", []), _cache_dir(), where)
+    data["probes"] = probe_here(spec.get("probes", []), cache_dir(os.environ), where)
     return data
 
 
@@ -113,7 +114,3 @@ def _job_dir(workdir: str, rel: str) -> str:
     path = os.path.join(workdir, *parts)
     return path if os.path.isdir(path) else workdir
 
-
-def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "hostrun")

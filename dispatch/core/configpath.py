@@ -36,8 +36,8 @@ def find_config(explicit: str | None, environ: Mapping[str, str]) -> str | None:
     return None
 
 
-def cache_dir(environ: Mapping[str, str], part: str) -> str:
-    """``$XDG_CACHE_HOME/hostrun/<part>`` (``~/.cache/hostrun/<part>``): hostrun's per-user caches."""
+def cache_dir(environ: Mapping[str, str], *parts: str) -> str:
+    """``$XDG_CACHE_HOME/hostrun[/<parts>]`` (``~/.cache/hostrun``): hostrun's per-user caches."""
     home = environ.get("HOME") or os.path.expanduser("~")
     base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
-    return os.path.join(base, "hostrun", part)
+    return os.path.join(base, "hostrun", *parts)
