@@ -13,7 +13,7 @@ import signal
 import stat
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from dispatch.core.records import NamedTuple
 
@@ -199,12 +199,12 @@ class JobCgroup(ABC):
     path: str
     cap: int
 
-    def wrap_argv(self, argv: Sequence[str]) -> list[str]:
-        """The argv to exec; systemd wraps it in ``systemd-run --scope``, direct backends do not."""
-        return list(argv)
-
     def preexec(self) -> None:  # noqa: B027 - optional hook
         """Runs in the child between fork and exec (direct backends move the child in here)."""
+
+    def adopt(self, pid: int) -> None:  # noqa: B027 - optional hook
+        """Runs in hostrun right after the fork, while the child waits: a backend that cannot move
+        the child itself (systemd) has it moved here. Raises BackendError when it cannot."""
 
     def started(self, pid: int) -> None:  # noqa: B027 - optional hook
         """The job's main process is running as ``pid`` (also its process-group id)."""
@@ -253,6 +253,9 @@ class JobCgroup(ABC):
 class CapBackend(ABC):
     name: str = ""
     slice_dir: str = ""  # "" when there is no slice (the ``none`` backend)
+    # SIGTERM → SIGKILL when the backend itself stops a job (systemd's TimeoutStopSec after an OOM
+    # kill); the host's kill_grace, set by whoever opens the slice.
+    kill_grace: float = 10.0
     job_affixes: tuple[str, str] = (JOB_PREFIX, "")  # what a job cgroup's name starts and ends with
 
     @abstractmethod

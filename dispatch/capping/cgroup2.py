@@ -5,8 +5,8 @@ cgroup whose limit was hit, ``oom_kill`` on the victim's cgroup. Job killed and 
 cap; killed, own ``oom`` 0 and the slice's ``memory.events.local`` ``oom`` rose → slice full.
 ``memory.oom.group`` is never set on the slice (it would kill every job when one overflows it).
 
-Not exercised against a real v2 memory controller on these machines (it is bound to v1 here); the tests
-run it against a faithful fake cgroupfs.
+Tested against a faithful fake cgroupfs here (these machines bind memory to v1), and against a real
+kernel with cgroup v2 in the test VM (tests/test_vm_*.py).
 """
 
 from __future__ import annotations
@@ -56,21 +56,13 @@ def _blocks_children(directory: str) -> bool:
 class Cgroup2Job(DirectJob):
     memfiles = FILES
 
-    def __init__(self, directory: str, cap: int, slice_dir: str, wrapper: list[str] | None = None):
+    def __init__(self, directory: str, cap: int, slice_dir: str):
         super().__init__(directory, cap)
         self.slice_dir = slice_dir
-        self._wrapper = wrapper
         self._slice_oom_before = self._slice_oom()
 
     def _slice_oom(self) -> int:
         return read_keyed(os.path.join(self.slice_dir, "memory.events.local")).get("oom", 0)
-
-    def wrap_argv(self, argv: list[str] | tuple[str, ...]) -> list[str]:  # type: ignore[override]
-        return [*self._wrapper, "--", *argv] if self._wrapper else list(argv)
-
-    def preexec(self) -> None:
-        if self._wrapper is None:  # systemd-run moves the job into its scope itself
-            super().preexec()
 
     def kill_all(self) -> bool:
         kill_file = os.path.join(self.path, "cgroup.kill")
@@ -110,6 +102,28 @@ class Cgroup2Backend(DirectBackend):
                     f"the memory controller (no-internal-process rule); set hosts.*.cgroup to a "
                     f"slice outside it")
         return None
+
+    @classmethod
+    def move_problem(cls, mount: str, own: str, slice_path: str) -> str | None:
+        """cgroup v2 moves a process only by a write to the ``cgroup.procs`` of the nearest cgroup
+        above both its old and its new cgroup. A normal user's login shell sits in
+        ``session-N.scope`` (root's), so the nearest common cgroup of it and the user's delegated
+        subtree is root's too: every job would fail with "Permission denied" (and ``doctor`` used to
+        call the backend usable)."""
+        own_parts = [p for p in own.split("/") if p]
+        slice_parts = [p for p in slice_path.split("/") if p]
+        common: list[str] = []
+        for a, b in zip(own_parts, slice_parts):
+            if a != b:
+                break
+            common.append(a)
+        procs = os.path.join(mount.rstrip("/"), *common, "cgroup.procs")
+        if os.access(procs, os.W_OK):
+            return None
+        return (f"cannot move a job from {own} into {slice_path}: {procs} is not writable (cgroup v2 "
+                "moves a process only within a subtree delegated to you); start hostrun inside that "
+                "subtree (e.g. under 'systemd-run --user --scope -p Delegate=yes'), or use the "
+                "systemd backend")
 
     def limit_is(self, directory: str, limit: int) -> bool:
         swap = os.path.join(directory, "memory.swap.max")

@@ -146,11 +146,20 @@ class DirectBackend(CapBackend):
             return Probe(False, problem), None
         if not os.access(parent, os.W_OK):
             return Probe(False, f"cannot create cgroups under {parent} (need write access)"), None
+        problem = cls.move_problem(mount, own, slice_path)
+        if problem is not None:
+            return Probe(False, problem), None
         return Probe(True, f"{cls.found} at {mount}"), cls(mount, slice_path)
 
     @classmethod
     def parent_problem(cls, mount: str, parent: str) -> str | None:
         """Why the slice cannot be made under ``parent`` (checked before write access), or None."""
+        return None
+
+    @classmethod
+    def move_problem(cls, mount: str, own: str, slice_path: str) -> str | None:
+        """Why a job's process could not move from hostrun's own cgroup ``own`` into the slice, or
+        None (checked last, once the slice could be made)."""
         return None
 
     @staticmethod

@@ -31,6 +31,7 @@ class LocalSlice:
         self.host: HostSettings = settings.local
         self.mem: MemInfo = read_meminfo()
         self.backend: CapBackend = select_backend(self.host, self.mem.total)
+        self.backend.kill_grace = settings.kill_grace
         self._limit: int | None = None
 
     @property

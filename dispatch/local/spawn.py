@@ -56,7 +56,7 @@ class PreparedChild:
     @classmethod
     def fork(cls, job: JobCgroup, argv: Sequence[str], env: dict[str, str],
              outputs: tuple[int, int] | None = None) -> PreparedChild:
-        exec_argv = job.wrap_argv(list(argv))
+        exec_argv = list(argv)
         go_r, go_w = os.pipe()
         err_r, err_w = os.pipe()
         pid = os.fork()
@@ -104,8 +104,14 @@ class PreparedChild:
             os.setpgid(pid, pid)  # also here, so it holds before either side goes on
         except OSError:
             pass
+        child = cls(pid, go_w, err_r)
+        try:
+            job.adopt(pid)
+        except BaseException:
+            child.cancel()
+            raise
         job.started(pid)
-        return cls(pid, go_w, err_r)
+        return child
 
     def go(self, oom_score_adj: int, extra_env: dict[str, str] | None = None) -> tuple[int, str] | None:
         """Let the child exec; returns (exit code, reason) if it could not, else None.
