@@ -65,14 +65,34 @@ def require_real_cgroups() -> tuple[str, str]:
 
 # Fixtures that need root, real cgroups, sshd or a second local user: a test using any of them (directly
 # or through another fixture) is a "system" test, so `pytest -m "not system"` runs the pure ones alone.
-SYSTEM_FIXTURES = frozenset({"hostrun", "peers", "other_user", "other_user_account", "slurm"})
+SYSTEM_FIXTURES = frozenset({"hostrun", "peers", "other_user", "other_user_account", "slurm", "vm"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses a system fixture ``system`` (the fixture closure is transitive)."""
+    """Mark every test that uses a system fixture ``system`` (the fixture closure is transitive), and
+    every test that boots the VM ``vm`` as well."""
     for item in items:
-        if SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())):
+        names = set(getattr(item, "fixturenames", ()))
+        if SYSTEM_FIXTURES & names:
             item.add_marker(pytest.mark.system)
+        if "vm" in names:
+            item.add_marker(pytest.mark.vm)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """With VM tests selected: run them last, and build (or find) the image and boot the VM in the
+    background now, while the rest of the suite runs (an emulated boot takes ~40 s, a fresh image
+    ~2 min). The ``vm`` fixture waits for it."""
+    items = session.items
+    vm_items = [item for item in items if "vm" in getattr(item, "fixturenames", ())]
+    if not vm_items or session.config.option.collectonly:
+        return
+    items[:] = [item for item in items if item not in vm_items] + vm_items
+    from tests.vm import missing_tools
+
+    if missing_tools() is None:
+        _VM_START.start()
 
 
 def cgroup_pids(directory: Path) -> list[int]:
@@ -366,3 +386,105 @@ def slurm() -> Iterator[Any]:
         leaks = cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
     assert not leaks, f"left behind by the Slurm cluster: {leaks}"
+
+
+def _unavailable(problem: str) -> None:
+    if ON_CI:
+        pytest.fail(f"CI=true but {problem}")
+    pytest.skip(problem)  # only off CI: with CI=true the line above fails instead
+
+
+class _VmStart:
+    """The VM's image, boot and hostrun install, done in a thread started at collection."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.thread: threading.Thread | None = None
+        self.machine: Any = None
+        self.error: BaseException | None = None
+        self.workdir: Path | None = None
+
+    def start(self) -> None:
+        import tempfile
+        import threading
+
+        if self.thread is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="hostrun-vm-"))
+            self.thread = threading.Thread(target=self._run, name="vm-start", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        from tests.vm import VM, ensure_image, install_hostrun
+
+        assert self.workdir is not None
+        try:
+            image = ensure_image(self.workdir / "build.log")
+            self.machine = VM(image, self.workdir)
+            self.machine.boot()
+            install_hostrun(self.machine, Path(__file__).resolve().parent.parent)
+        except BaseException as exc:
+            self.error = exc
+
+    def wait(self) -> Any:
+        self.start()
+        assert self.thread is not None
+        self.thread.join()
+        return self.machine
+
+
+_VM_START = _VmStart()
+
+
+@pytest.fixture(scope="session")
+def vm() -> Iterator[Any]:
+    """A real Debian 12 machine (systemd as PID 1, cgroup v2) in qemu, booted once per session with
+    hostrun installed (tests/vm.py), started in the background at collection. Teardown: qemu gone and
+    its overlay removed."""
+    import shutil
+
+    from tests.vm import VmError, missing_tools
+
+    problem = missing_tools()
+    if problem:
+        _unavailable(problem)
+    machine = _VM_START.wait()
+    try:
+        if isinstance(_VM_START.error, VmError) and machine is None:
+            _unavailable(f"no VM image: {_VM_START.error}")
+        if _VM_START.error is not None:
+            raise _VM_START.error
+        yield machine
+    finally:
+        if machine is not None:
+            qemu = machine.qemu
+            machine.destroy()
+            assert qemu is None or qemu.poll() is not None, "qemu still running"
+            assert not machine.overlay.exists(), "VM overlay left behind"
+        if _VM_START.workdir is not None:
+            shutil.rmtree(_VM_START.workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def guest(vm: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A factory of hostrun set-ups inside the VM: ``guest("dev")`` (a normal user) or
+    ``guest("root")``, each with its own directory, config, state and slice unit. Teardown is a leak
+    check: no job scope, no scope keeper, no booking left, for every set-up made."""
+    from tests.vmguest import Guest
+
+    made: list[Guest] = []
+
+    def make(user: str = "dev", slice: str = "300M", extra: str = "") -> Guest:
+        g = Guest(vm, user, f"{request.node.name[:40]}-{len(made)}")
+        g.configure(slice=slice, extra=extra)
+        made.append(g)
+        return g
+
+    try:
+        yield make
+    finally:
+        problems = []
+        for g in made:
+            problems += [f"{g.user}: {leak}" for leak in g.leaks()]
+            g.clean_up()
+        assert not problems, f"left behind in the VM: {problems}"

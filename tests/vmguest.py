@@ -1,0 +1,89 @@
+"""One hostrun set-up inside the test VM (tests/vm.py), as root or as a normal user.
+
+Each has its own directory under /tmp/hostrun-tests (owned by that user, so the trust rules accept
+its config), a state directory in it and its own slice unit (``hostrun-t<hex>.slice``, inside
+``hostrun.slice``), so tests neither share bookings nor counters. ``leaks`` is the teardown's check.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+import uuid
+from typing import Any
+
+from tests.vm import VM
+
+ROOT = "/tmp/hostrun-tests"
+
+
+class Guest:
+    def __init__(self, vm: VM, user: str, name: str) -> None:
+        self.vm = vm
+        self.user = user
+        tag = uuid.uuid4().hex[:8]
+        self.dir = f"{ROOT}/{user}-{tag}"
+        self.config = f"{self.dir}/hosts.toml"
+        self.state = f"{self.dir}/state"
+        self.slice_unit = f"hostrun-t{tag}.slice"
+        self.name = name
+        self.systemctl = "systemctl" if user == "root" else "systemctl --user"
+        vm.ssh("root", f"mkdir -p -m 1777 {ROOT}")
+        self.sh(f"mkdir -m 700 {self.dir}")
+
+    def configure(self, slice: str = "300M", extra: str = "", host: str = "") -> None:
+        text = (f'state_dir = "{self.state}"\nkill_grace = "2s"\nstatus_interval = "1s"\n'
+                f'gamble_size = "50M"\n{extra}\n[hosts.local]\nslice = "{slice}"\n'
+                f'cgroup = "/{self.slice_unit}"\n{host}\n')
+        self.sh(f"cat > {self.config}", input=text)
+
+    def sh(self, script: str, timeout: float = 300, check: bool = True,
+           input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """A shell script run in the guest as this user, in its directory (``cd`` is a command of its
+        own: ``cd X && A & B`` would put ``cd X && A`` in a subshell, and ``$!`` would not be A)."""
+        return self.vm.ssh(self.user, f"cd {ROOT} || exit 99\n{script}", timeout=timeout, check=check,
+                           input=input)
+
+    def hostrun_cmd(self, *args: str) -> str:
+        return shlex.join(["hostrun", "--config", self.config, *args])
+
+    def run(self, *args: str, timeout: float = 300,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.sh(self.hostrun_cmd(*args), timeout=timeout, check=False, input=input)
+
+    def result(self, path: str) -> dict[str, Any]:
+        return json.loads(self.sh(f"cat {path}").stdout)  # type: ignore[no-any-return]
+
+    def ledger(self) -> dict[str, Any]:
+        done = self.run("ledger", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+    def slice_dir(self) -> str:
+        root = "" if self.user == "root" else (
+            f"/user.slice/user-{self.uid}.slice/user@{self.uid}.service")
+        return f"/sys/fs/cgroup{root}/hostrun.slice/{self.slice_unit}"
+
+    @property
+    def uid(self) -> int:
+        return 0 if self.user == "root" else int(self.sh("id -u").stdout)
+
+    def leaks(self, settle: float = 15.0) -> list[str]:
+        """Job scopes in this slice, keeper processes of this user, bookings in this ledger."""
+        script = (
+            f"ls -d {self.slice_dir()}/hostrun-job-* 2>/dev/null | sed 's/^/scope /'; "
+            f"pgrep -u {self.user} -f '^hostrun-scope-keeper' | sed 's/^/keeper pid /'; "
+            f"{self.hostrun_cmd('ledger', '--json')} 2>/dev/null | python3 -c \""
+            "import json, sys; d = json.load(sys.stdin); "
+            "[print('booking', b['id'], b['label'], b['state']) for b in d['running'] + d['queue']]\"")
+        deadline = time.monotonic() + settle
+        while True:
+            found = [line for line in self.sh(script, check=False).stdout.splitlines() if line.strip()]
+            if not found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.5)
+
+    def clean_up(self) -> None:
+        self.sh(f"{self.systemctl} stop {self.slice_unit} 2>/dev/null; rm -rf {self.dir}", check=False)
