@@ -53,7 +53,7 @@ from dispatch.local.gpu import (
     read_gpus,
     visible,
 )
-from dispatch.local.ledger import Admission, Ledger, choose_gpu
+from dispatch.local.ledger import Admission, Ledger, Room, choose_gpu
 from dispatch.local.ledgerdb import SCHEMA_VERSION, Booking
 from tests.conftest import Hostrun, wait_for
 
@@ -699,8 +699,8 @@ def test_try_admit_records_the_chosen_gpu_in_the_same_transaction(tmp_path: Path
         return ledger.enqueue(host="local", label=label, pid=me, pid_start=mine, size=MiB, cap=MiB,
                               kind="cap", command=label, session=None, gpu_bytes=gpu)
 
-    def room(booked: int) -> int:
-        return GiB - booked
+    def room(running: list[Booking]) -> Room:
+        return Room(GiB - sum(b.size for b in running))
 
     def gpu_room(running: list[Booking]) -> dict[int, int]:
         rooms = {0: 4 * GiB, 1: 10 * GiB}

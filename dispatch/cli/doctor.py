@@ -39,6 +39,13 @@ def diagnose(settings: Settings) -> dict[str, Any]:
     if kernel_log is not None and not kernel_log["ok"]:
         problems.append(f"this host has NVIDIA GPUs, but {kernel_log['detail']}: jobs are not watched "
                         "for NV_ERR_NO_MEMORY (245 then comes only from a --gpu-memory job's output)")
+    from dispatch.core.errors import NotRunError
+
+    try:
+        slice_limit: int | None = host.slice_limit(mem.total)
+    except NotRunError as exc:  # the default reserve leaves no slice on this machine
+        slice_limit = None
+        problems.append(str(exc))
     return {
         "version": __version__,
         "python": sys.version.split()[0],
@@ -49,7 +56,7 @@ def diagnose(settings: Settings) -> dict[str, Any]:
         "backend": active,
         "forced_backend": host.backend,
         "slice": slice_path,
-        "slice_limit": host.slice_limit(mem.total),
+        "slice_limit": slice_limit,
         "memory_total": mem.total,
         "heavy_threads": host.threads(),
         "probes": [{"backend": name, "ok": p.ok, "detail": p.detail} for name, p in probe_all(host)],

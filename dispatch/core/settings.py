@@ -29,6 +29,9 @@ def inferred_kind(name: str) -> str:
 
 
 GIB = 1 << 30
+# Below this the default reserve leaves no slice worth having: say so (78) instead of a 0 B slice in
+# which every job "could never be admitted" (243).
+MIN_DEFAULT_SLICE = 256 << 20
 
 
 def default_state_dir(environ: Mapping[str, str] | None = None) -> str:
@@ -81,6 +84,17 @@ class HostSettings(NamedTuple):
 
             raise ConfigError(f"hosts.{self.name}.reserve {format_size(reserve)} leaves no slice: "
                               f"this machine has {format_size(mem_total)} of RAM")
+        if self.reserve_bytes is None and mem_total - reserve < MIN_DEFAULT_SLICE:
+            from dispatch.core.errors import NotRunError
+            from dispatch.core.units import format_size
+
+            half = max(256 << 20, (mem_total // 2) >> 28 << 28)  # half the RAM, in 256 MiB steps
+            suggest = f"{half >> 30}G" if half % GIB == 0 else f"{half >> 20}M"
+            raise NotRunError(
+                f"this machine has {format_size(mem_total)} of RAM and the default reserve "
+                f"(max(2 GiB, RAM/5) = {format_size(reserve)}, kept for everything outside hostrun's "
+                f"jobs) leaves no slice for them: set hosts.{self.name}.slice (e.g. slice = "
+                f"\"{suggest}\") or a smaller hosts.{self.name}.reserve")
         return max(0, mem_total - reserve)
 
     def threads(self) -> int:
@@ -132,7 +146,10 @@ class Settings(NamedTuple):
     kill_grace: float = 10.0
     control_persist: float = 600.0
     agent_idle: float = 600.0  # a peer's report daemon exits this long after its last request; 0: none
-    toolchain_probes: tuple[str, ...] = ("rustc -Vv", "cargo -V")
+    # Probes compared for every --peer job, besides those of the programs it runs (guards/toolchain).
+    toolchain_probes: tuple[str, ...] = ()
+    # Program name -> its probes: adds programs to the built-in table or replaces their probes.
+    toolchain_programs: Mapping[str, tuple[str, ...]] = {}
     sync_excludes: tuple[str, ...] = ()
     groups: Mapping[str, int] = {}
     queue_policy: str = "backfill"  # one of QUEUE_POLICIES

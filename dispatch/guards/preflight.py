@@ -329,8 +329,8 @@ def _gpu(condition: Condition, environ: Mapping[str, str]) -> Check:
 
 
 def slice_room(settings: Settings) -> int:
-    """This host's slice room now, as admission computes it: limit - running bookings - usage above
-    them (``dispatch.local.admission.room_function``)."""
+    """This host's room now, as admission computes it: limit - running bookings - usage above them,
+    or the machine's available memory when less (``dispatch.local.admission.room_function``)."""
     from dispatch.local.admission import room_function
     from dispatch.local.hostslice import LocalSlice
     from dispatch.local.ledger import Ledger
@@ -339,10 +339,10 @@ def slice_room(settings: Settings) -> int:
     limit = here.limit
     ledger = Ledger(settings.state_dir, live_jobs=here.live_jobs)
     try:
-        booked = sum(b.size for b in ledger.bookings(here.host.name) if b.state == "running")
+        running = [b for b in ledger.bookings(here.host.name) if b.state == "running"]
     finally:
         ledger.close()
-    return room_function(here.backend, limit)(booked)
+    return room_function(here.backend, limit)(running).free
 
 
 def _min_free(condition: Condition, settings: Settings) -> Check:

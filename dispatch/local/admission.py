@@ -27,8 +27,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.capping.base import CapBackend
+from dispatch.core.hostfacts import MemInfo, read_meminfo
 from dispatch.core.units import format_duration, format_size
-from dispatch.local.ledger import Admission, Ledger
+from dispatch.local.ledger import Admission, Ledger, Room
 from dispatch.local.ledgerdb import Booking
 
 MYPY = False
@@ -44,17 +45,46 @@ RECHECK_ENV = "HOSTRUN_WAIT_RECHECK"  # test hook: the safety retry's period, to
 USAGE_SLACK = 32 << 20
 
 
-def room_function(backend: CapBackend, limit: int) -> Callable[[int], int]:
-    """Room = limit - booked - usage above the bookings, ignoring the first ``USAGE_SLACK`` of it.
+def room_function(backend: CapBackend, limit: int,
+                  meminfo: Callable[[], MemInfo] = read_meminfo) -> Callable[[list[Booking]], Room]:
+    """Room = the slice's room, or the machine's when that is less (``Room.note`` then says so).
 
+    The slice's: limit - booked - usage above the bookings, ignoring the first ``USAGE_SLACK`` of it.
     The slack absorbs what is in the slice without being a running job's: each waiting job's forked,
     not yet exec'd process sits in its own cgroup (a few KiB to a few MiB), and kernel memory is
     charged in page-sized steps. Without it a booking as large as the slice could never start.
+
+    The machine's: MemAvailable less what running bookings have yet to use (``not_at_peak``). The
+    slice only bounds hostrun's jobs; memory used outside it (a desktop, a browser, a model server, a
+    reserve set too small) can leave the machine short while the slice looks empty, and a job admitted
+    then would start into a machine-wide OOM.
     """
-    def room(booked: int) -> int:
-        return slice_room(limit, booked, backend.slice_usage().used)
+    def room(running: list[Booking]) -> Room:
+        booked = sum(b.size for b in running)
+        in_slice = slice_room(limit, booked, backend.slice_usage().used)
+        try:
+            mem = meminfo()
+        except OSError:
+            return Room(in_slice)
+        yet = not_at_peak(backend, running)
+        on_machine = mem.available - yet
+        if on_machine >= in_slice:
+            return Room(in_slice)
+        return Room(on_machine, f"the machine has {format_size(max(0, on_machine))} available "
+                                f"(MemAvailable {format_size(mem.available)} less {format_size(yet)} "
+                                "booked by running jobs and not yet used): memory used outside the "
+                                "slice holds it")
 
     return room
+
+
+def not_at_peak(backend: CapBackend, running: Sequence[Booking]) -> int:
+    """What running bookings have yet to use: each booking less its job's memory in use now."""
+    total = 0
+    for b in running:
+        job = backend.job_at(b.cgroup) if b.cgroup else None
+        total += max(0, b.size - (job.sample() if job is not None else 0))
+    return total
 
 
 def slice_room(limit: int, booked: int, used: int) -> int:
@@ -117,6 +147,8 @@ def status_line(adm: Admission, now: float | None = None, gpu_error: str | None 
     else:
         ahead = f", {format_size(adm.ahead)} queued ahead" if adm.ahead else ""
         parts.append(f"{format_size(adm.need)} needed, {format_size(max(0, adm.free))} free{ahead}")
+        if adm.machine:
+            parts.append(adm.machine)
         if adm.head:
             parts.append(adm.head)
     if not adm.gpu_ok:
@@ -140,6 +172,8 @@ def wait_reason(adm: Admission, gpu_error: str | None = None) -> str:
     reasons = []
     if not (adm.memory_ok and not adm.gpu_ok):  # memory is short (or all there is to wait for)
         reasons.append(f"memory: need {format_size(adm.need)}, free {format_size(max(0, adm.free))}")
+        if adm.machine:
+            reasons.append(adm.machine)
         if adm.head:
             reasons.append(adm.head)
     if not adm.gpu_ok:

@@ -58,6 +58,7 @@ if MYPY:
     from typing import Any, Optional, ParamSpec, TypeVar
 
     GpuRoom = Callable[[list["Booking"]], dict[int, int]]  # running bookings -> room per GPU index
+    RoomFunction = Callable[[list["Booking"]], "Room"]  # running bookings -> room for a new booking
     LiveJobs = Callable[[], list["Booking"]]  # running jobs found outside the ledger (their cgroups)
     P = ParamSpec("P")
     R = TypeVar("R")
@@ -85,6 +86,14 @@ def choose_gpu(rooms: dict[int, int], earlier: list[int], need: int
     return (device if fits else best), rooms[best], sum(earlier), fits
 
 
+class Room(NamedTuple):
+    """Room for a new booking on a host now: the slice's room, or less when the machine's available
+    memory is shorter (``note`` then says so, for the status line and the queue reason)."""
+
+    free: int
+    note: Optional[str] = None
+
+
 class Admission(NamedTuple):
     """One admission attempt: whether it got in, and the figures a status line needs."""
 
@@ -110,6 +119,7 @@ class Admission(NamedTuple):
     head: Optional[str] = None
     backfill: Optional[str] = None
     pass_on: bool = False
+    machine: Optional[str] = None  # the machine's available memory, when it is what holds the room
 
 
 def policy_block(b: Booking, running: Sequence[Booking], groups: Mapping[str, int] | None
@@ -414,7 +424,7 @@ class Ledger:
             self.db.executemany("DELETE FROM bookings WHERE id = ?", [(b.id,) for b in stale])
         return stale
 
-    def _evaluate(self, booking_id: int, host: str, room: Callable[[int], int],
+    def _evaluate(self, booking_id: int, host: str, room: RoomFunction,
                   gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
                   backfill: bool = False) -> Admission:
         rows = self._rows("host = ?", (host,))
@@ -427,13 +437,13 @@ class Ledger:
         # of other groups behind it may start. Within a group FIFO holds, as the cap holds them all.
         held = {b.id for b in earlier if policy_block(b, running, groups) is not None}
         ahead = sum(b.size for b in earlier if b.id not in held)
-        free = room(sum(b.size for b in running))
+        free, machine = room(running)
         if me.state == "running":
             return Admission(True, me.size, free, ahead, len(earlier), running, [],
                              gpu_need=me.gpu_bytes or 0, gpu_device=me.gpu_index)
         policy = policy_block(me, running, groups)
         memory_ok = free - ahead >= me.size
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"machine": machine}
         if backfill and not memory_ok:  # FIFO would hold it: may it jump a blocked head (EASY)?
             later = [b for b in rows if b.state == "waiting" and b.id > booking_id
                      and policy_block(b, running, groups) is None]
@@ -486,7 +496,7 @@ class Ledger:
         return out
 
     @_guarded
-    def peek(self, booking_id: int, host: str, room: Callable[[int], int],
+    def peek(self, booking_id: int, host: str, room: RoomFunction,
              gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
              backfill: bool = False) -> Admission:
         """Would ``try_admit`` admit now? A plain read: takes no lock and changes nothing.
@@ -497,14 +507,15 @@ class Ledger:
         return self._evaluate(booking_id, host, room, gpu_room, groups, backfill)
 
     @_guarded
-    def try_admit(self, booking_id: int, host: str, room: Callable[[int], int],
+    def try_admit(self, booking_id: int, host: str, room: RoomFunction,
                   gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
                   reason: Callable[[Admission], str] | None = None, backfill: bool = False
                   ) -> Admission:
-        """Admit ``booking_id`` if ``room(booked)`` minus what earlier waiters need covers its size.
+        """Admit ``booking_id`` if ``room(running)`` minus what earlier waiters need covers its size.
 
-        ``room`` gets the bytes booked by running jobs and returns the free room in the slice (slice
-        limit - booked - cache-free usage above the bookings). Reserving room for every earlier waiter
+        ``room`` gets the running bookings and returns the room for a new one (``Room``: the slice's
+        limit - booked - cache-free usage above the bookings, or the machine's available memory less
+        what running bookings have yet to use, whichever is less). Reserving room for every earlier waiter
         keeps FIFO: a later job can only start when it cannot delay an earlier one. Stale bookings are
         reclaimed first, in the same transaction.
 

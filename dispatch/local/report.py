@@ -42,11 +42,11 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
     waiting = [b for b in bookings if b.state == "waiting"]
     now = time.time()
     jobs = []
-    not_at_peak = 0
+    yet = 0
     for b in running:
         job = backend.job_at(b.cgroup) if b.cgroup else None
         in_use = job.sample() if job is not None else 0
-        not_at_peak += max(0, b.size - in_use)
+        yet += max(0, b.size - in_use)  # as admission.not_at_peak, with each job's use kept
         jobs.append({
             "id": b.id, "label": b.label, "pid": b.pid, "kind": b.kind, "booked": b.size,
             "cap": b.cap, "in_use": in_use, "age_s": round(now - (b.since or now), 1),
@@ -63,14 +63,14 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
         "backend": backend.name,
         "slice_path": backend.describe(),
         "memory": {"total": mem.total, "available": mem.available,
-                   "available_for_jobs": max(0, mem.available - not_at_peak)},
+                   "available_for_jobs": max(0, mem.available - yet)},
         "slice": {
             "limit": limit,
             "used": usage.used,
             "usage_with_cache": usage.usage,
             "reclaimable": max(0, usage.usage - usage.held),
             "booked": booked,
-            "booked_not_at_peak": not_at_peak,
+            "booked_not_at_peak": yet,
             "queued": sum(b.size for b in waiting),
             "free": slice_room(limit, booked, usage.used),
         },

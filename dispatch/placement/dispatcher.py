@@ -101,6 +101,13 @@ def judge(host: Host, job: Job, reading: HostReading, waiting: HostPending | Non
     waiting = waiting or HostPending(0, {}, ())
     pending = waiting.memory
     free = int(s["free"]) - int(s.get("queued", 0)) - pending
+    # The machine, not just the slice: memory used outside it can leave less than the slice's room.
+    available = report.get("memory", {}).get("available_for_jobs")  # an older agent lacks it
+    on_machine = None if available is None else int(available) - int(s.get("queued", 0)) - pending
+    machine_short = on_machine is not None and on_machine < free
+    if machine_short:
+        assert on_machine is not None
+        free = on_machine
     refused = host.cap_problem(plan.limit)
     if refused is not None:
         return Judgement(reading.host, False, False, plan.size, free, refused)
@@ -120,6 +127,8 @@ def judge(host: Host, job: Job, reading: HostReading, waiting: HostPending | Non
     else:
         gpu_index = None
     pend = f" (after {format_size(pending)} pending)" if pending else ""
+    if machine_short:
+        pend += " on the machine (less available than in its slice)"
     if free >= plan.size:
         return Judgement(reading.host, True, True, plan.size, free, f"fits: {plan.kind} booking "
                          f"{format_size(plan.size)}, {format_size(free)} free{pend}", gpu_index)
