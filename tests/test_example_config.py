@@ -35,9 +35,11 @@ def test_the_example_validates_and_changes_no_default(tmp_path: Path,
 
 def test_the_example_names_every_key() -> None:
     named = _named_keys()
-    top = set(_ConfigBase.model_fields) - {"agents", "groups"}
+    top = set(_ConfigBase.model_fields) - {"agents", "groups", "toolchain_programs"}
     agents = set(AgentsModel.model_fields)
     kinds = specs().values()
     hosts = {key.key for key in COMMON} | {key.key for spec in kinds for key in spec.keys} | {"kind"}
     missing = sorted((top | agents | hosts | {"max_running"}) - named)
     assert missing == [], f"hosts.example.toml does not mention: {missing}"
+    tables = set(re.findall(r"^#?\[([a-z_]+)[.\]]", EXAMPLE.read_text(), re.M))
+    assert {"agents", "groups", "toolchain_programs", "hosts"} <= tables

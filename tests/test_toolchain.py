@@ -1,5 +1,6 @@
-"""The toolchain probe's cache and the toolchain files seeded on the peer, on this machine only (the
-end-to-end checks with real sshd peers are in test_peer_run.py). Uses the FAKE rustup of
+"""Which probes a job needs, the toolchain probe's cache and the toolchain files seeded on the peer, on
+this machine only (the end-to-end checks with real sshd peers are in test_peer_run.py and, against a
+peer without Rust, test_vm_peer.py). Uses the FAKE rustup of
 tests/fakerustup.py: a proxy file that never changes while the toolchain behind it does."""
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dispatch.core.fingerprint import short_hash
-from dispatch.guards.toolchain import _key, probe_here, seed, selector_files
+from dispatch.guards.toolchain import _key, probe_here, probes_for, seed, selector_files
 from tests.fakerustup import FakeRustup
 
 STABLE, BETA, NIGHTLY = "rustc 1.80.0 (fake)", "rustc 1.81.0-beta (fake)", "rustc 1.83.0-nightly (fake)"
@@ -97,3 +100,44 @@ def test_probe_cache_planted_by_another_user_is_not_believed(tmp_path: Path, oth
         assert str(result["output"]).splitlines()[0] == STABLE, cache
     assert json.loads((theirs / "toolchain-probes.json").read_text()) == forged
     assert (theirs / "toolchain-probes.json").stat().st_uid == other_user.uid
+
+
+# ------------------------------------------------------------------------------------ probes by program
+@pytest.mark.parametrize(("argv", "probes"), [
+    (["sh", "-c", "cat a.txt"], []),  # a peer without Rust must not refuse it
+    (["true"], []),
+    (["cargo", "build", "--release"], ["rustc -Vv", "cargo -V"]),
+    (["rustc", "-V"], ["rustc -Vv"]),
+    (["/home/u/.cargo/bin/cargo", "test"], ["rustc -Vv", "cargo -V"]),
+    (["sh", "-c", "cd sub && cargo test && pytest -x"], ["rustc -Vv", "cargo -V", "python3 -V"]),
+    (["pytest", "-n", "8"], ["python3 -V"]),
+    (["python3.11", "-m", "pytest"], ["python3.11 -V", "python3 -V"]),  # words, not positions
+    (["/opt/venv/bin/python", "x.py"], ["/opt/venv/bin/python -V"]),  # that interpreter, by its path
+    (["npm", "test"], ["node -v"]),
+    (["go", "test", "./..."], ["go version"]),
+    (["make", "-j8"], ["cc --version"]),
+    (["env", "FOO=1", "cmake", "--build", "b"], ["cc --version"]),
+    (["bash", "-c", "for i in 1 2; do go build; done"], ["go version"]),
+])
+def test_probes_follow_the_programs_a_job_runs(tmp_path: Path, argv: list[str], probes: list[str]) -> None:
+    assert probes_for(argv, str(tmp_path)) == probes
+
+
+def test_a_script_in_the_tree_is_read_for_the_programs_it_calls(tmp_path: Path) -> None:
+    (tmp_path / "ci.sh").write_text("#!/bin/sh\nset -e\ncargo build  # the crate\nnpm ci\n")
+    (tmp_path / "tool.py").write_text("import subprocess\nsubprocess.run(['go', 'vet'])\n")
+    assert probes_for(["./ci.sh"], str(tmp_path)) == ["rustc -Vv", "cargo -V", "node -v"]
+    assert probes_for(["bash", "ci.sh"], str(tmp_path)) == ["rustc -Vv", "cargo -V", "node -v"]
+    assert probes_for(["python3", "tool.py"], str(tmp_path)) == ["python3 -V"]  # 'go', quoted: a word
+    (tmp_path / "big.sh").write_bytes(b"cargo build\n" + b"#" * (300 << 10))
+    assert probes_for(["./big.sh"], str(tmp_path)) == []  # too large to read
+    (tmp_path / "bin").write_bytes(b"\x7fELF\x00cargo")
+    assert probes_for(["./bin"], str(tmp_path)) == []  # a binary is not read
+
+
+def test_configured_probes_are_added_and_programs_replaced(tmp_path: Path) -> None:
+    assert probes_for(["true"], str(tmp_path), extra=("uname -r",)) == ["uname -r"]
+    assert probes_for(["cargo", "b"], str(tmp_path), extra=("rustc -Vv",)) == ["rustc -Vv", "cargo -V"]
+    programs = {"cargo": ("cargo -V",), "bazel": ("bazel --version",), "make": ()}
+    assert probes_for(["sh", "-c", "cargo b; bazel build //x; make"], str(tmp_path),
+                      programs=programs) == ["cargo -V", "bazel --version"]

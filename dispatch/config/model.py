@@ -185,6 +185,7 @@ class _ConfigBase(_Strict):
     control_persist: Duration = DEFAULTS["control_persist"]
     agent_idle: Duration = DEFAULTS["agent_idle"]
     toolchain_probes: list[str] = Field(default_factory=lambda: list(DEFAULTS["toolchain_probes"]))
+    toolchain_programs: dict[str, list[str]] = Field(default_factory=dict)
     sync_excludes: list[str] = Field(default_factory=lambda: list(DEFAULTS["sync_excludes"]))
     groups: dict[str, GroupModel] = Field(default_factory=dict)  # Settings: no groups either
     clear_mark_after: int = Field(default=DEFAULTS["clear_mark_after"], ge=1, le=1000)

@@ -135,6 +135,9 @@ def settings_from_dict(raw: Mapping[str, Any], source: str,
     for key in ("toolchain_probes", "sync_excludes"):
         if raw.get(key) is not None:
             values[key] = tuple(str(item) for item in raw[key])
+    if raw.get("toolchain_programs"):
+        values["toolchain_programs"] = {str(name): tuple(str(p) for p in probes)
+                                        for name, probes in raw["toolchain_programs"].items()}
     if raw.get("queue_policy") is not None:  # checked here too: the agent's path has no pydantic
         problem = queue_policy_problem(raw["queue_policy"])
         if problem is not None:

@@ -1,7 +1,11 @@
 """Toolchain probes: run the same commands (``rustc -Vv``, ``cargo -V``, ...) on both hosts and compare.
 
-A build synced to the peer must be built by the same toolchain, or its results mean nothing. A probe
-whose program is missing on both sides is fine; missing on one side is a mismatch. Probes run in the
+A build synced to the peer must be built by the same toolchain, or its results mean nothing. Which
+probes a job needs follows from what it runs (``probes_for``): Rust's for cargo/rustc, ``python3 -V``
+for python/pytest, ``node -v`` for node/npm, ``go version`` for go, ``cc --version`` for make/cc/cmake;
+a ``sh -c`` command line or a script in the tree is read for those programs too. A job that runs none
+of them (``cat a.txt``) is compared on nothing: a peer without Rust must not refuse it. A probe whose
+program is missing on both sides is fine; missing on one side is a mismatch. Probes run in the
 job's directory (rustup's directory overrides and ``rust-toolchain`` files apply there), so the peer
 seeds the tree's toolchain files into its copy before it probes (``seed``): the sync comes after.
 
@@ -26,15 +30,104 @@ from dispatch.guards.trust import own_file_ok, private_dir_ok
 
 MYPY = False
 if MYPY:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
 PROBE_TIMEOUT = 30.0
+RUST = ("rustc -Vv", "cargo -V")
+PYTHON = ("python3 -V",)
+NODE = ("node -v",)
+C = ("cc --version",)
+# Programs (a job's own, or one its command line or script runs) and the probes that say which
+# toolchain it gets; ``toolchain_programs`` in the config adds programs or replaces their probes.
+PROGRAM_PROBES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("cargo", "cargo-nextest", "maturin"), RUST),  # cargo runs rustc
+    **dict.fromkeys(("rustc", "rustdoc", "rustup"), RUST[:1]),
+    **dict.fromkeys(("python", "python3", "pytest", "py.test", "pip", "pip3", "tox", "nox", "uv",
+                     "poetry", "hatch"), PYTHON),
+    **dict.fromkeys(("node", "npm", "npx", "yarn", "pnpm", "bun", "deno"), NODE),
+    "go": ("go version",),
+    **dict.fromkeys(("make", "gmake", "cc", "gcc", "g++", "c++", "clang", "clang++", "cmake", "ninja",
+                     "meson", "ctest"), C),
+    **dict.fromkeys(("java", "javac", "mvn", "gradle"), ("java -version",)),
+}
+SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh"))
+SCRIPT_LIMIT = 256 << 10  # a script larger than this is not read for the programs it calls
 # What selects rustup's toolchain besides its settings: the environment and a file in the tree.
 SELECTOR_ENV = ("RUSTUP_TOOLCHAIN", "RUSTUP_HOME", "CARGO_HOME")
 SELECTOR_FILES = ("rust-toolchain", "rust-toolchain.toml")
 SEED_LIMIT = 64 << 10  # a toolchain file is a few lines: larger ones are not seeded
 CACHE_ENTRIES = 64  # (probe, directory) pairs kept; the oldest written is dropped first
+
+
+def _program(word: str) -> str | None:
+    """``python3`` for a versioned interpreter (``python3.11``), else None."""
+    name = os.path.basename(word)
+    return "python3" if name.startswith("python3.") and name[8:].isdigit() else None
+
+
+def _words(text: str) -> list[str]:
+    try:
+        return shlex.split(text, comments=True)
+    except ValueError:  # an unbalanced quote: plain words will do for finding program names
+        return text.split()
+
+
+def _script_words(path: str) -> list[str]:
+    """The words of a script file (a regular file of at most ``SCRIPT_LIMIT``), else none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > SCRIPT_LIMIT:
+            return []
+        data = os.read(fd, SCRIPT_LIMIT)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    if b"\0" in data[:4096]:
+        return []  # a binary
+    return [w for line in data.decode(errors="replace").splitlines() for w in _words(line)]
+
+
+def probes_for(argv: Sequence[str], cwd: str,
+               extra: tuple[str, ...] | list[str] = (),
+               programs: Mapping[str, tuple[str, ...]] | None = None) -> list[str]:
+    """The probes a job needs: those of every known program among its words — its own program, the
+    words of a ``sh -c`` command line, and the words of a script it names that exists under ``cwd``
+    (``./build.sh``, ``bash ci.sh``, ``python3 tool.py``) — then ``extra`` (``toolchain_probes``:
+    always compared). ``programs`` (``toolchain_programs``) adds to or replaces the built-in table.
+    Scanning words rather than command positions can only add probes, never miss one."""
+    table = {**PROGRAM_PROBES, **(programs or {})}
+    words: list[str] = []
+    scripts = 0
+    for i, word in enumerate(argv):
+        words.append(word)
+        if i > 0 and argv[i - 1] == "-c" and os.path.basename(argv[0]) in SHELLS:
+            words += _words(word)
+        elif scripts < 2 and ("/" in word or i <= 1) and not word.startswith("-"):
+            path = word if os.path.isabs(word) else os.path.join(cwd, word)
+            inside = _script_words(path) if os.path.isfile(path) else []
+            if inside:
+                scripts += 1
+                words += inside
+    probes: list[str] = []
+    for word in words:
+        name = os.path.basename(word)
+        found = table.get(name)
+        if name in ("python", "python3") or _program(word) == "python3":
+            # The interpreter named is the one to compare: python3.11, or a path (a virtualenv's).
+            found = (f"{word if '/' in word else name} -V",)
+        for probe in found or ():
+            if probe not in probes:
+                probes.append(probe)
+    for probe in extra:
+        if probe not in probes:
+            probes.append(probe)
+    return probes
 
 
 def _digest(path: str) -> str:

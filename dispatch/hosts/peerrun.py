@@ -155,6 +155,7 @@ class PeerRun:
         self._walked: list[tuple[Walked | None, str | None, Loaded | None]] = []
         self._saver: threading.Thread | None = None
         self._copy: dict[str, Any] | None = None
+        self._probes: list[str] | None = None
         self.go_payload = b""  # with G: the new sync's token (and paths) for the agent's manifest
         self.sync_how = ""  # "skip", "paths" or "full", once synced
         # Without -s the peer's shell would read the remote paths: refuse what it would interpret.
@@ -171,6 +172,16 @@ class PeerRun:
                              "or a newer rsync; nothing ran")
 
     # -- step 3: toolchain, and the work directory made ready in the same round trip --
+    @property
+    def probes(self) -> list[str]:
+        """The probes this job needs: those of the programs it runs, and ``toolchain_probes``."""
+        if self._probes is None:
+            from dispatch.guards.toolchain import probes_for
+
+            self._probes = probes_for(self.request.argv, os.path.join(self.tree, self.rel_cwd),
+                                      self.settings.toolchain_probes, self.settings.toolchain_programs)
+        return self._probes
+
     def prepare_spec(self) -> dict[str, Any]:
         """What the agent checks first, in the run session itself: probes and the work directory."""
         from dispatch.guards.workdirs import fallback_session
@@ -179,7 +190,7 @@ class PeerRun:
                  "purpose": f"hostrun --peer sync target of {socket.gethostname()}:{self.tree}"}
         from dispatch.guards.toolchain import selector_files
 
-        return {"probes": list(self.settings.toolchain_probes), "workdir": self.remote_tree_spec,
+        return {"probes": self.probes, "workdir": self.remote_tree_spec,
                 "owner": owner, "job_dir": self.rel_cwd,
                 "toolchain_files": selector_files(self.tree, self.rel_cwd),
                 # The agent checks its copy against the manifest of the last sync (hosts/syncstate).
@@ -187,8 +198,7 @@ class PeerRun:
 
     def check_prepared(self, remote: dict[str, Any]) -> None:
         """Step 3 (toolchain, 247) and the start of step 4 (work directory, 252)."""
-        here = probe_here(list(self.settings.toolchain_probes), self.settings.state_dir,
-                          os.path.join(self.tree, self.rel_cwd))
+        here = probe_here(self.probes, self.settings.state_dir, os.path.join(self.tree, self.rel_cwd))
         differences = compare(here, remote["probes"], self.host.name)
         if differences:
             for line in differences:
