@@ -88,7 +88,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     vm_items = [item for item in items if "vm" in getattr(item, "fixturenames", ())]
     if not vm_items or session.config.option.collectonly:
         return
-    items[:] = [item for item in items if item not in vm_items] + vm_items
+    last = [item for item in vm_items if item.get_closest_marker("vm_last") is not None]
+    items[:] = ([item for item in items if item not in vm_items]
+                + [item for item in vm_items if item not in last] + last)
     from tests.vm import missing_tools
 
     if missing_tools() is None:
@@ -485,6 +487,35 @@ def guest(vm: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     finally:
         problems = []
         for g in made:
+            if not vm.running:  # powered off by the test: nothing left to check in it
+                continue
             problems += [f"{g.user}: {leak}" for leak in g.leaks()]
             g.clean_up()
         assert not problems, f"left behind in the VM: {problems}"
+
+
+_NOT_RUN_KINDS = (  # (words in a skip reason, what the summary calls it), first match wins
+    (("VM", "qemu"), "the test VM"),
+    (("Slurm", "slurm", "munge"), "Slurm"),
+    (("sshd", "openssh"), "sshd"),
+    (("root", "useradd", "cgroup"), "root (real cgroups, a second user)"),
+)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One last line naming what did not run and why (a normal user's ``./scripts/test`` skips what
+    needs root, sshd, Slurm or the VM; on CI nothing may be skipped, see ``_unavailable``)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    counts: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    for report in skipped:
+        reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        kind = next((name for words, name in _NOT_RUN_KINDS if any(w in reason for w in words)), "other")
+        counts[kind] = counts.get(kind, 0) + 1
+        examples.setdefault(kind, reason)
+    parts = [f"{n} need {kind}" + (f" ({examples[kind]})" if kind in ("the test VM", "other") else "")
+             for kind, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    terminalreporter.write_line(f"not run here: {len(skipped)} tests: {'; '.join(parts)}", yellow=True)

@@ -80,7 +80,7 @@ def test_memory_used_outside_the_slice_holds_a_job_and_says_so(tmp_path: Path) -
     try:
         room = room_function(FakeBackend(), 1536 * MiB, lambda: MemInfo(2 * GiB, 500 * MiB))
         first = book(ledger, "build", 600 * MiB)
-        adm = ledger.try_admit(first, "local", room)
+        adm = ledger.try_admit(first, "local", room, backfill=True)  # the default queue policy
         assert not adm.admitted and not adm.memory_ok
         assert adm.free == 500 * MiB
         assert adm.machine is not None and "the machine has 500 MiB available" in adm.machine

@@ -85,5 +85,17 @@ class Guest:
                 return found
             time.sleep(0.5)
 
+    def as_peer(self) -> None:
+        """Make this set-up the login's own configuration (``~/.config/hostrun/hosts.toml``), which
+        the agent a controller sends over ssh reads."""
+        self.peer = True
+        self.sh(f"mkdir -p ~/.config/hostrun && cp {self.config} ~/.config/hostrun/hosts.toml")
+
+    def host_table(self, name: str = "vm", extra: str = "") -> str:
+        """A controller's [hosts.NAME] table reaching this user in the VM."""
+        return (f'[hosts.{name}]\nssh = "vm-{self.user}"\nssh_config = "{self.vm.ssh_config}"\n'
+                f'work_root = "{self.dir}/work"\n{extra}\n')
+
     def clean_up(self) -> None:
-        self.sh(f"{self.systemctl} stop {self.slice_unit} 2>/dev/null; rm -rf {self.dir}", check=False)
+        peer = " ~/.config/hostrun/hosts.toml" if getattr(self, "peer", False) else ""
+        self.sh(f"{self.systemctl} stop {self.slice_unit} 2>/dev/null; rm -rf {self.dir}{peer}", check=False)

@@ -447,7 +447,8 @@ class Ledger:
         if backfill and not memory_ok:  # FIFO would hold it: may it jump a blocked head (EASY)?
             later = [b for b in rows if b.state == "waiting" and b.id > booking_id
                      and policy_block(b, running, groups) is None]
-            extra = self._easy(me, [b for b in earlier if b.id not in held], later, running, free, host)
+            extra.update(self._easy(me, [b for b in earlier if b.id not in held], later, running, free,
+                                    host))
             memory_ok = extra.pop("admit")
         if not me.gpu_bytes:
             return Admission(memory_ok and policy is None, me.size, free, ahead, len(earlier), running,
