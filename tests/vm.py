@@ -39,7 +39,7 @@ PACKAGES = (
 )
 USERS = (("dev", 1000), ("dev2", 1001))
 # Bump when the configuration steps below change: the cache key covers it.
-RECIPE = 1
+RECIPE = 2
 IMAGE_SIZE = "3G"
 MEMORY_MIB = 2048
 SITE_PACKAGES = ("pydantic", "pydantic_core", "annotated_types", "typing_extensions.py",
@@ -177,6 +177,11 @@ def _build(work: Path, log: Path) -> None:
         (ssh / "authorized_keys").write_text(public)
         for path in (ssh, ssh / "authorized_keys", home):
             os.chown(path, uid, uid)
+    # pipx's shared environment, made now (natively) for each login: in the emulated guest, creating
+    # a venv with pip takes about a minute, and ``pipx install`` would make it first.
+    for name, _, home in homes:
+        _run(["chroot", str(rootfs), "runuser", "-u", name, "--", "python3", "-m", "venv",
+              f"/{home.relative_to(rootfs)}/.local/pipx/shared"], log)
     shutil.copy(etc / "ssh" / "ssh_host_ed25519_key.pub", work / "host_ed25519.pub")
     boot = rootfs / "boot"
     shutil.copy(next(boot.glob("vmlinuz-*")), work / "vmlinuz")
@@ -346,3 +351,24 @@ def install_hostrun(vm: VM, repo: Path) -> None:
     vm.ssh("root", "printf '#!/bin/sh\\nPYTHONPATH=/opt/hostrun/lib exec python3 -m dispatch \"$@\"\\n' "
                    "> /usr/local/bin/hostrun && chmod 755 /usr/local/bin/hostrun && "
                    "chmod -R a+rX /opt/hostrun && python3 -m compileall -q /opt/hostrun/lib/dispatch")
+
+
+def build_wheelhouse(repo: Path, target: Path) -> Path:
+    """hostrun's wheel, built from this checkout, and the wheels of its dependencies for the guest
+    (CPython 3.11, manylinux x86_64), downloaded by this virtualenv's pip: what ``pipx install``
+    needs in a VM that reaches no index. Returns the wheel's path."""
+    target.mkdir(parents=True, exist_ok=True)
+    base = [sys.executable, "-m", "pip"]
+    deps = subprocess.run([*base, "download", "-q", "--only-binary=:all:", "--python-version", "3.11",
+                           "--implementation", "cp", "--platform", "manylinux2014_x86_64", "--platform",
+                           "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64", "-d",
+                           str(target), "pydantic>=2.5", "rich>=13"], capture_output=True, text=True,
+                          check=False, timeout=600)
+    if deps.returncode != 0:
+        raise VmError(f"pip download of hostrun's dependencies failed: {deps.stderr[-1500:]}")
+    built = subprocess.run([*base, "wheel", "-q", "--no-deps", "-w", str(target), str(repo)],
+                           capture_output=True, text=True, check=False, timeout=600)
+    if built.returncode != 0:
+        raise VmError(f"building hostrun's wheel failed: {built.stderr[-1500:]}")
+    (wheel,) = target.glob("hostrun-*.whl")
+    return wheel

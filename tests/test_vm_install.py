@@ -1,0 +1,64 @@
+"""The README's install and first run, on a stock workstation: ``pipx install`` of hostrun's wheel
+as a normal user (and as root) in the test VM (Debian 12, systemd + cgroup v2), then ``hostrun
+doctor`` and capped runs with nothing configured but a slice size (the VM has 2 GiB, so its default
+reserve leaves none). The VM reaches no index: the wheel and its dependencies' wheels are built and
+downloaded here first (``tests.vm.build_wheelhouse``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import _unavailable
+from tests.vm import VmError, build_wheelhouse
+
+REPO = Path(__file__).resolve().parent.parent
+WHEELS = "/tmp/hostrun-wheels"
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(vm: Any) -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="hostrun-wheels-"))
+    try:
+        try:
+            wheel = build_wheelhouse(REPO, directory)
+        except VmError as exc:
+            _unavailable(str(exc))
+            raise
+        vm.put("root", directory, WHEELS)
+        vm.ssh("root", f"chmod -R a+rX {WHEELS}")
+        yield wheel
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        if vm.running:
+            vm.ssh("root", f"rm -rf {WHEELS}", check=False)
+
+
+@pytest.mark.parametrize("user", ["dev", "root"])
+def test_pipx_install_then_doctor_and_a_capped_run(vm: Any, guest: Any, wheelhouse: Path, user: str) -> None:
+    g = guest(user)
+    home_bin = "~/.local/bin/hostrun"
+    try:
+        # The README's command; pip is told where the wheels are (the VM reaches no index), and not
+        # to byte-compile them (minutes in the emulated VM).
+        g.sh(f"PIP_NO_INDEX=1 PIP_FIND_LINKS={WHEELS} PIP_NO_COMPILE=1 pipx install "
+             f"{WHEELS}/{wheelhouse.name}", timeout=900)
+        g.sh("mkdir -p ~/.config/hostrun && printf '[hosts.local]\\nslice = \"1G\"\\n' "
+             "> ~/.config/hostrun/hosts.toml")
+        doctor = g.sh(f"{home_bin} doctor --json")
+        assert '"backend": "systemd"' in doctor.stdout
+        assert '"problems": []' in doctor.stdout
+        ran = g.sh(f"{home_bin} -m 100M -- sh -c 'echo hello'; echo exit=$?")
+        assert "hello" in ran.stdout and "exit=0" in ran.stdout
+        hog = g.sh(f"{home_bin} -m 20M -- dd if=/dev/zero of=/dev/null bs=64M count=1; echo exit=$?",
+                   check=False)
+        assert "exit=250" in hog.stdout, hog.stderr
+    finally:
+        g.sh("pipx uninstall hostrun >/dev/null 2>&1; rm -rf ~/.config/hostrun ~/.local/state/hostrun",
+             check=False)
