@@ -300,8 +300,8 @@ class OtherUser:
         """Run ``argv`` as this user (no shell, no login environment), checked."""
         kw.setdefault("capture_output", True)
         kw.setdefault("env", {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.home)})
-        return subprocess.run(argv, text=True, check=True, user=self.uid, group=self.gid,
-                              extra_groups=[], **kw)
+        kw.setdefault("check", True)
+        return subprocess.run(argv, text=True, user=self.uid, group=self.gid, extra_groups=[], **kw)
 
     def chown(self, path: Path) -> None:
         """Hand ``path`` (and everything below it) to this user, as if they had made it."""
@@ -519,3 +519,28 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     parts = [f"{n} need {kind}" + (f" ({examples[kind]})" if kind in ("the test VM", "other") else "")
              for kind, n in sorted(counts.items(), key=lambda kv: -kv[1])]
     terminalreporter.write_line(f"not run here: {len(skipped)} tests: {'; '.join(parts)}", yellow=True)
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(vm: Any) -> Iterator[Path]:
+    """hostrun's wheel and the wheels of its dependencies and test tools, built and downloaded here
+    and copied to /tmp/hostrun-wheels in the VM (which reaches no index). Yields the local wheel."""
+    import shutil
+    import tempfile
+
+    from tests.vm import VmError, build_wheelhouse
+
+    directory = Path(tempfile.mkdtemp(prefix="hostrun-wheels-"))
+    try:
+        try:
+            wheel = build_wheelhouse(Path(__file__).resolve().parent.parent, directory)
+        except VmError as exc:
+            _unavailable(str(exc))
+            raise
+        vm.put("root", directory, "/tmp/hostrun-wheels")
+        vm.ssh("root", "chmod -R a+rX /tmp/hostrun-wheels")
+        yield wheel
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        if vm.running:
+            vm.ssh("root", "rm -rf /tmp/hostrun-wheels", check=False)

@@ -131,12 +131,14 @@ def test_peer_that_refuses_alerts_peer_unreachable(hostrun: Hostrun, peers: Any,
 
 def test_peer_own_cap_is_alerted_by_the_controller(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
     peer, tree = setup(hostrun, peers, tmp_path)
-    proc = hostrun.run("--peer", "--label", "hog", "-m", "100M", "--", "python3", "-c",
+    # The job's interpreter by its path, the same on both sides (the peer is this machine): a bare
+    # python3 is the login PATH's there, another version, and --peer would rightly refuse it (247).
+    proc = hostrun.run("--peer", "--label", "hog", "-m", "100M", "--", sys.executable, "-c",
                        "x = bytearray(300 << 20)", cwd=tree)
     assert proc.returncode == ExitCode.OWN_CAP, proc.stderr
     (item,) = alert_records(hostrun)
     assert item["kind"] == "own-cap" and item["host"] == "peer1"
-    assert item["action"].startswith("hostrun -m 512M --label hog --peer=peer1 -- python3")
+    assert item["action"].startswith(f"hostrun -m 512M --label hog --peer=peer1 -- {sys.executable}")
     assert not (peer.state_dir / "alerts.jsonl").exists()  # the peer's agent does not alert
 
 

@@ -7,37 +7,12 @@ downloaded here first (``tests.vm.build_wheelhouse``).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import _unavailable
-from tests.vm import VmError, build_wheelhouse
-
-REPO = Path(__file__).resolve().parent.parent
 WHEELS = "/tmp/hostrun-wheels"
-
-
-@pytest.fixture(scope="module")
-def wheelhouse(vm: Any) -> Iterator[Path]:
-    directory = Path(tempfile.mkdtemp(prefix="hostrun-wheels-"))
-    try:
-        try:
-            wheel = build_wheelhouse(REPO, directory)
-        except VmError as exc:
-            _unavailable(str(exc))
-            raise
-        vm.put("root", directory, WHEELS)
-        vm.ssh("root", f"chmod -R a+rX {WHEELS}")
-        yield wheel
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-        if vm.running:
-            vm.ssh("root", f"rm -rf {WHEELS}", check=False)
 
 
 @pytest.mark.parametrize("user", ["dev", "root"])

@@ -106,20 +106,23 @@ def test_peer_runs_give_exact_codes_under_the_vms_systemd(pair: Pair) -> None:
 
 
 def test_slice_full_on_the_peer_is_254(pair: Pair) -> None:
-    """A job run in the VM directly holds 700M of the 1G slice (booked at its cap, adj 0); the job
-    sent with --peer is a gamble that takes 500M: the VM's slice overflows, the kernel there kills
-    the gamble."""
+    """A job run in the VM directly holds 400M of a 600M slice (booked at its cap, adj 0); the job
+    sent with --peer is a gamble that takes 300M: the VM's slice overflows, the kernel there kills
+    the gamble. (Sizes well inside the VM's 2 GiB: a machine-wide OOM would be a different code.)"""
     g = pair.peer
+    g.configure(slice="600M")
+    g.as_peer()
+    hold = (f"import time; x = bytearray(400 << 20); open('{g.dir}/ready', 'w').close(); "
+            "time.sleep(600)")
     holder = subprocess.Popen(
-        [*g.vm.ssh_argv(g.user), "--", g.hostrun_cmd("-m", "800M", "--label", "holder", "--", "python3",
-                                                     "-c", "import time; x = bytearray(700 << 20); "
-                                                     f"open('{g.dir}/ready', 'w').close(); time.sleep(600)")],
+        [*g.vm.ssh_argv(g.user), "--", g.hostrun_cmd("-m", "500M", "--label", "holder", "--", "python3",
+                                                     "-c", hold)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: g.sh(f"test -e {g.dir}/ready", check=False).returncode == 0, timeout=120,
                  interval=1)
         victim = pair.run("--peer", "--label", "gamble", "--", "dd", "if=/dev/zero", "of=/dev/null",
-                          "bs=500M", "count=1")
+                          "bs=300M", "count=1")
         assert victim.returncode == ExitCode.SLICE_FULL, victim.stderr
     finally:
         g.sh("pkill -TERM -f 'label holder'", check=False)

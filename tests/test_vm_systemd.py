@@ -183,3 +183,24 @@ def test_report_json_names_the_backend_in_the_vm(guest: Any) -> None:
     (local,) = json.loads(done.stdout)["hosts"]
     assert local["ok"] and local["report"]["backend"] == "systemd"
     assert local["report"]["slice"]["limit"] == 300 * MiB
+
+
+def test_a_machine_wide_oom_is_said_and_the_status_passes_through(guest: Any) -> None:
+    """1.3 GiB held outside hostrun in the 2 GiB VM; a gamble job (booked 50M, adj 1000) in a 1 GiB
+    slice then takes 700M: the machine runs out before the slice does, the kernel's machine-wide OOM
+    killer takes the job (the highest adj). Neither its cap nor the slice: not 250 or 254, but its
+    own 137, with a line saying what happened."""
+    g = guest("root", slice="1G")
+    script = (
+        "python3 -c \"import time; x = bytearray(1300 << 20); "
+        f"open('{g.dir}/held', 'w').close(); time.sleep(120)\" & h=$!; "
+        f"while [ ! -e {g.dir}/held ]; do sleep 0.2; done; "
+        + g.hostrun_cmd("--label", "gamble", "--result-file", f"{g.dir}/r.json", "--", "dd",
+                        "if=/dev/zero", "of=/dev/null", "bs=700M", "count=1")
+        + "; echo exit=$?; kill $h; wait $h"
+    )
+    done = g.sh(script, check=False)
+    assert "exit=137" in done.stdout, done.stdout + done.stderr
+    assert "machine-wide out-of-memory" in done.stderr
+    r = g.result(f"{g.dir}/r.json")
+    assert r["counters"]["oom_kill"] >= 1 and r["counters"]["oom"] == 0 and r["counters"]["slice_oom"] == 0

@@ -353,16 +353,20 @@ def install_hostrun(vm: VM, repo: Path) -> None:
                    "chmod -R a+rX /opt/hostrun && python3 -m compileall -q /opt/hostrun/lib/dispatch")
 
 
+TEST_TOOLS = ("pytest>=7", "mypy>=1.8", "ruff>=0.4", "setuptools>=77")
+
+
 def build_wheelhouse(repo: Path, target: Path) -> Path:
-    """hostrun's wheel, built from this checkout, and the wheels of its dependencies for the guest
-    (CPython 3.11, manylinux x86_64), downloaded by this virtualenv's pip: what ``pipx install``
-    needs in a VM that reaches no index. Returns the wheel's path."""
+    """hostrun's wheel, built from this checkout, and the wheels of its dependencies and test tools
+    for the guest (CPython 3.11, manylinux x86_64), downloaded by this virtualenv's pip: what
+    ``pipx install`` and ``scripts/setup`` need in a VM that reaches no index. Returns the wheel."""
     target.mkdir(parents=True, exist_ok=True)
     base = [sys.executable, "-m", "pip"]
     deps = subprocess.run([*base, "download", "-q", "--only-binary=:all:", "--python-version", "3.11",
                            "--implementation", "cp", "--platform", "manylinux2014_x86_64", "--platform",
                            "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64", "-d",
-                           str(target), "pydantic>=2.5", "rich>=13"], capture_output=True, text=True,
+                           str(target), "pydantic>=2.5", "rich>=13", *TEST_TOOLS], capture_output=True,
+                          text=True,
                           check=False, timeout=600)
     if deps.returncode != 0:
         raise VmError(f"pip download of hostrun's dependencies failed: {deps.stderr[-1500:]}")
@@ -372,3 +376,21 @@ def build_wheelhouse(repo: Path, target: Path) -> Path:
         raise VmError(f"building hostrun's wheel failed: {built.stderr[-1500:]}")
     (wheel,) = target.glob("hostrun-*.whl")
     return wheel
+
+
+def copy_checkout(vm: VM, user: str, repo: Path, target: str) -> None:
+    """This checkout's files (tracked, and untracked but not ignored: what a clone would have plus
+    the change at hand) into ``target`` in the guest, as ``user``."""
+    files = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others",
+                            "--exclude-standard"], capture_output=True, check=True).stdout
+    tar = subprocess.Popen(["tar", "-C", str(repo), "--null", "-T", "-", "-cf", "-"],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert tar.stdin is not None and tar.stdout is not None
+    tar.stdin.write(files)
+    tar.stdin.close()
+    done = subprocess.run([*vm.ssh_argv(user), "--", f"mkdir -p {target} && tar -C {target} -xf -"],
+                          stdin=tar.stdout, capture_output=True, text=True, check=False, timeout=300)
+    tar.stdout.close()
+    tar.wait()
+    if done.returncode != 0 or tar.returncode != 0:
+        raise VmError(f"copying the checkout into the VM failed: {done.stderr}")

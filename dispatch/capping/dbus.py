@@ -20,7 +20,7 @@ import os
 import struct
 import time
 
-from dispatch.core.errors import BackendError
+from dispatch.core.errors import DBusError
 
 MYPY = False
 if MYPY:
@@ -37,15 +37,6 @@ _ALIGN = {"s": 4, "o": 4, "g": 1, "a": 4, "(": 8, "{": 8, "v": 1, **{k: v[1] for
 SYSTEMD = "org.freedesktop.systemd1"
 SYSTEMD_PATH = "/org/freedesktop/systemd1"
 MANAGER = "org.freedesktop.systemd1.Manager"
-
-
-class DBusError(BackendError):
-    """A D-Bus error reply (``name``: e.g. ``org.freedesktop.DBus.Error.AccessDenied``) or a broken
-    conversation (``name`` empty)."""
-
-    def __init__(self, message: str, name: str = "") -> None:
-        super().__init__(message)
-        self.name = name
 
 
 def split_signature(sig: str) -> list[str]:

@@ -412,6 +412,11 @@ def _run(
         result.exit_code = os.WEXITSTATUS(status)
     if verdict.killed and not failed_run:
         say("warning: a process of the job was OOM-killed, but the job exited 0; passing 0 through")
+    elif verdict.killed and not (verdict.own or verdict.slice_full or timed_out):
+        # Neither its cap nor the slice: the whole machine ran out (memory used outside the slice).
+        result.message = ("a process of the job was OOM-killed by a machine-wide out-of-memory, not at "
+                          "its cap or the slice's; the job's own status passes through")
+        say(f"warning: {result.message}")
     if vram is not None and not failed_run:
         result.vram_evidence = vram
         say(f"warning: {vram} (a GPU out-of-memory), but the job exited 0; passing 0 through")
