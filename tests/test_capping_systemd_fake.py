@@ -117,11 +117,14 @@ def fake(tmp_path: Path) -> Iterator[FakeSystemd]:
 
 
 @pytest.fixture
-def backend(fake: FakeSystemd) -> SystemdBackend:
+def backend(fake: FakeSystemd) -> Iterator[SystemdBackend]:
     probe, found = fake.probe()
     assert probe.ok, probe.detail
-    assert isinstance(found, SystemdBackend)
-    return found
+    assert isinstance(found, SystemdBackend) and found.manager is not None
+    try:
+        yield found
+    finally:
+        found.manager.close()  # as a job's remove() does at the end of a run
 
 
 # --------------------------------------------------------------------------------------------- probe

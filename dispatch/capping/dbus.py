@@ -35,6 +35,7 @@ _FIXED = {"y": ("B", 1), "b": ("I", 4), "n": ("h", 2), "q": ("H", 2), "i": ("i",
 _ALIGN = {"s": 4, "o": 4, "g": 1, "a": 4, "(": 8, "{": 8, "v": 1, **{k: v[1] for k, v in _FIXED.items()}}
 
 SYSTEMD = "org.freedesktop.systemd1"
+KEPT_SIGNALS = frozenset({"JobRemoved"})  # the only signal hostrun waits for; others go unread
 SYSTEMD_PATH = "/org/freedesktop/systemd1"
 MANAGER = "org.freedesktop.systemd1.Manager"
 
@@ -278,7 +279,8 @@ class Connection:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _read_message(self, deadline: float) -> Message:
+    def _read_message(self, deadline: float, budget: float) -> Message:
+        """The next message, or DBusError once ``deadline`` passes (``budget``: its length, said)."""
         while True:
             if len(self._inbox) >= 16:
                 size = message_size(self._inbox[:16])
@@ -287,7 +289,7 @@ class Connection:
                     return decode_message(data)
             left = deadline - time.monotonic()
             if left <= 0:
-                raise DBusError(f"no answer from {self.path} within {self.timeout:g} s")
+                raise DBusError(f"no answer from {self.path} within {budget:g} s")
             self.sock.settimeout(left)
             try:
                 chunk = self.sock.recv(65536)
@@ -313,9 +315,9 @@ class Connection:
             raise DBusError(f"cannot talk to {self.path}: {exc.strerror or exc}") from None
         deadline = time.monotonic() + self.timeout
         while True:
-            msg = self._read_message(deadline)
+            msg = self._read_message(deadline, self.timeout)
             if msg.kind == SIGNAL:
-                if msg.member == "JobRemoved":  # the only signal hostrun waits for
+                if msg.member in KEPT_SIGNALS:  # a job may end before its start call's reply
                     self.signals.append(msg)
             elif msg.kind in (METHOD_RETURN, ERROR) and msg.reply_to == serial:
                 if msg.kind == ERROR:
@@ -326,14 +328,16 @@ class Connection:
     def wait_signal(self, member: str, match: object, timeout: float | None = None) -> Message:
         """The first signal named ``member`` whose first body value after the first is ``match``
         (``JobRemoved``'s job path), kept from earlier calls or read now."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        budget = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
         while True:
             for msg in self.signals:
                 if msg.member == member and len(msg.body) > 1 and msg.body[1] == match:
                     self.signals.remove(msg)
                     return msg
-            self.signals = [m for m in self.signals if m.member == member]  # skip the rest unread
-            self.signals.append(self._read_message(deadline))
+            msg = self._read_message(deadline, budget)
+            if msg.kind == SIGNAL and msg.member == member:  # others are skipped, never decoded
+                self.signals.append(msg)
 
     def manager(self, member: str, signature: str = "", *body: object) -> list[object]:
         return self.call(SYSTEMD_PATH, MANAGER, member, signature, body)
