@@ -1,4 +1,5 @@
-"""Pick the memory-cap backend: the first of systemd, cgroup2, cgroup1 whose probe succeeds, else none.
+"""Pick the memory-cap backend: the first of shared, systemd, cgroup2, cgroup1 whose probe succeeds,
+else none.
 
 A host's ``backend`` key forces one (its probe must still succeed). ``probe_all`` feeds ``hostrun
 doctor``, which shows why each backend is or is not usable.
@@ -10,7 +11,7 @@ from dispatch.capping.base import CapBackend, Probe
 from dispatch.core.errors import BackendError
 from dispatch.core.settings import HostSettings
 
-ORDER = ("systemd", "cgroup2", "cgroup1")
+ORDER = ("shared", "systemd", "cgroup2", "cgroup1")
 
 
 def _self_files() -> tuple[str, str] | None:
@@ -32,6 +33,10 @@ def _probe(name: str, host: HostSettings,
         problem = cgroup_path_problem(host.cgroup)
         if problem is not None:
             return Probe(False, f"hosts.{host.name}.cgroup: {problem}"), None
+    if name == "shared":
+        from dispatch.capping.shared import SharedBackend
+
+        return SharedBackend.probe(files)
     if name == "systemd":
         from dispatch.capping.systemd import SystemdBackend
 

@@ -257,6 +257,8 @@ class CapBackend(ABC):
     # kill); the host's kill_grace, set by whoever opens the slice.
     kill_grace: float = 10.0
     job_affixes: tuple[str, str] = (JOB_PREFIX, "")  # what a job cgroup's name starts and ends with
+    # The slice's size when it is not this host's settings' to decide (a shared slice: its daemon's).
+    fixed_limit: int | None = None
 
     @abstractmethod
     def describe(self) -> str:

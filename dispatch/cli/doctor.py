@@ -20,9 +20,10 @@ def diagnose(settings: Settings) -> dict[str, Any]:
     host = settings.local
     mem = read_meminfo()
     problems: list[str] = []
+    fixed: int | None = None
     try:
         backend = select_backend(host, mem.total)
-        active, slice_path = backend.name, backend.describe()
+        active, slice_path, fixed = backend.name, backend.describe(), backend.fixed_limit
     except BackendError as exc:
         active, slice_path = "none", ""
         problems.append(str(exc))
@@ -42,7 +43,7 @@ def diagnose(settings: Settings) -> dict[str, Any]:
     from dispatch.core.errors import NotRunError
 
     try:
-        slice_limit: int | None = host.slice_limit(mem.total)
+        slice_limit: int | None = fixed if fixed is not None else host.slice_limit(mem.total)
     except NotRunError as exc:  # the default reserve leaves no slice on this machine
         slice_limit = None
         problems.append(str(exc))

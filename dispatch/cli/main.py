@@ -43,7 +43,7 @@ if MYPY:
     T = TypeVar("T")
 
 SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts", "capacity",
-               "lock", "workdir", "preflight", "history", "hook", "agents", "watch", "shims")
+               "lock", "workdir", "preflight", "history", "hook", "agents", "watch", "shims", "shared")
 USAGE = (f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{{','.join(SUBCOMMANDS[1:])}}} ...")
 
 
@@ -825,6 +825,49 @@ def cmd_workdir(argv: list[str]) -> int:
     return 0
 
 
+def cmd_shared(argv: list[str]) -> int:
+    """``hostrun shared status|install|uninstall``: one slice and one queue for a group of users."""
+    picked = _action("shared", argv, {
+        "status": "Every user's bookings on this machine's shared slice.",
+        "install": "As root: set up a shared slice for a group (a socket unit and its root daemon).",
+        "uninstall": "As root: stop the shared slice's daemon (its running jobs are killed) and "
+                     "remove its units.",
+    }, "...", "A shared slice for several users (docs/backends.md#several-users-one-machine)", (
+        "status [--json]                      every user's bookings on the shared slice",
+        "install --group G --size SIZE        as root: one slice of SIZE for the members of G",
+        "uninstall                            as root: stop the daemon, remove its units"),
+        json_for=("status",))
+    if picked is None:
+        return 0
+    action, p, rest = picked
+    if action == "install":
+        p.add_argument("--group", required=True, help="the group whose members share the slice")
+        p.add_argument("--size", required=True, type=cap_size,
+                       help="the slice's memory limit (e.g. 24G)")
+        p.add_argument("--slice", default="hostrun.slice", help="the slice unit (default: %(default)s)")
+    args = p.parse_args(rest)
+    if action == "install":
+        from dispatch.local.sharedinstall import install
+
+        install(args.group, args.size, args.slice, _say)
+        return 0
+    if action == "uninstall":
+        from dispatch.local.sharedinstall import uninstall
+
+        uninstall(_say)
+        return 0
+    from dispatch.capping.shared import listing, listing_lines
+
+    data = listing()
+    if args.json:
+        import json
+
+        print(json.dumps(data, indent=2))
+    else:
+        _print_lines(listing_lines(data))
+    return 0
+
+
 def cmd_hook(argv: list[str]) -> int:
     """``hostrun hook EVENT``: a coding agent's hook (dispatch.hooks.claude); always exits 0."""
     from dispatch.hooks.claude import main as hook_main
@@ -861,7 +904,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "report": cmd_report, "dispatch": cmd_dispatch, "alerts": cmd_alerts,
                        "capacity": cmd_capacity, "preflight": cmd_preflight,
                        "history": cmd_history, "hook": cmd_hook, "agents": cmd_agents,
-                       "watch": cmd_watch, "shims": cmd_shims}[name]
+                       "watch": cmd_watch, "shims": cmd_shims, "shared": cmd_shared}[name]
             return handler(rest)
         return cmd_run(leading + args)
     except HostrunError as exc:

@@ -62,7 +62,7 @@ def _number(value: Any) -> Any:
 
 Number = Annotated[float, BeforeValidator(_number)]
 Count = Annotated[int, BeforeValidator(_number)]
-BACKENDS = ("systemd", "cgroup2", "cgroup1", "none")
+BACKENDS = ("shared", "systemd", "cgroup2", "cgroup1", "none")
 
 
 class _Strict(BaseModel):

@@ -13,7 +13,8 @@ calls ``sys.exit``. Every hostrun error class lives here, so the whole tree is i
     ├── NeverFitsError              243  cap larger than the host's whole slice
     ├── NoCapBackendError           78   no memory-cap backend works here and --no-cap was not given
     ├── BackendError                78   a backend failed while preparing the slice or the job
-    │   └── DBusError               78   systemd's manager answered with an error, or not at all
+    │   ├── DBusError               78   systemd's manager answered with an error, or not at all
+    │   └── SharedError             78   the shared slice's daemon refused a request or went away
     ├── LedgerError                 78   the ledger (state dir) cannot be read or written
     ├── PeerUnreachableError        246  the peer could not be reached or read in time (transient:
     │   │                                retried when ssh's reason looks like weather)
@@ -89,7 +90,6 @@ class BackendError(HostrunError, code=ExitCode.NOT_RUN):
     """A cap backend failed while preparing the slice or the job's cgroup."""
 
 
-
 class DBusError(BackendError):
     """A D-Bus error reply from systemd's manager (``name``: e.g.
     ``org.freedesktop.DBus.Error.AccessDenied``), or a conversation that broke (``name`` empty)."""
@@ -97,6 +97,12 @@ class DBusError(BackendError):
     def __init__(self, message: str, name: str = "") -> None:
         super().__init__(message)
         self.name = name
+
+
+class SharedError(BackendError):
+    """The shared slice's daemon (``dispatch.local.sharedd``) refused a request, or the connection
+    to it failed."""
+
 
 class LedgerError(HostrunError, code=ExitCode.NOT_RUN):
     """The state dir's ledger cannot be used (read-only, disk full, damaged and not recoverable)."""

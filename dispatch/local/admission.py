@@ -197,16 +197,19 @@ def wait_for_room(
     on_wait: Callable[[Admission], None] | None = None,
     groups: Mapping[str, int] | None = None,
     backfill: bool = False,
+    room: Callable[[list[Booking]], Room] | None = None,
 ) -> float:
     """Block until admitted; returns the seconds waited.
 
     With ``gpu`` (a ``--gpu-memory`` booking) a GPU must have room too; the device chosen is in the
     booking's ``gpu_index`` afterwards. ``on_wait`` gets each status line's figures (at once, then
     every ``status_interval``): the peer alert watch hooks in there. ``backfill``: queue_policy
-    "backfill" (``Ledger.try_admit``).
+    "backfill" (``Ledger.try_admit``). ``room``: instead of this host's slice and machine (a shared
+    slice's daemon has admitted the job already: only this user's own rules are left to wait on).
     """
     base = float(os.environ.get(RECHECK_ENV) or RECHECK)
-    room = room_function(backend, limit)
+    if room is None:
+        room = room_function(backend, limit)
     gpu_room = gpu_room_function(backend, gpu) if gpu is not None else None
     started = time.monotonic()
     last_locked = last_status = 0.0

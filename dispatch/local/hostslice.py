@@ -37,7 +37,8 @@ class LocalSlice:
     @property
     def limit(self) -> int:
         if self._limit is None:
-            self._limit = self.host.slice_limit(self.mem.total)
+            fixed = self.backend.fixed_limit
+            self._limit = fixed if fixed is not None else self.host.slice_limit(self.mem.total)
         return self._limit
 
     def live_jobs(self) -> list[Booking]:

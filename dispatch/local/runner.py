@@ -38,7 +38,7 @@ from dispatch.local.admission import wait_for_room
 from dispatch.local.booking import Plan, default_label, plan_booking
 from dispatch.local.guardian import Guardian
 from dispatch.local.hostslice import LocalSlice
-from dispatch.local.ledger import Admission, Ledger
+from dispatch.local.ledger import Admission, Ledger, Room
 from dispatch.local.ledgerdb import record_outcome
 from dispatch.local.signals import FORWARDED as FORWARDED
 from dispatch.local.signals import ForwardedSignals as _Signals
@@ -50,6 +50,7 @@ if MYPY:
 
     from dispatch.local.gpu import GpuRun
     from dispatch.local.kernlog import KernelWatch
+    from dispatch.local.ledgerdb import Booking
 
 SAMPLE_INTERVAL = 0.05
 FAST_SAMPLE_INTERVAL = 0.01  # short jobs are over before a 50 ms sample would see them
@@ -262,7 +263,8 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
         guardian.booked(booking_id)
         if (alerts or wait_alert is not None) and settings.alert_wait_after > 0:
             on_wait = _wait_alert(settings, host.name, label, request, say, on_wait, wait_alert)
-        waited, signum = _wait(settings, ledger, backend, host, booking_id, limit, say, gpu, on_wait)
+        waited, signum = _wait(settings, ledger, backend, host, booking_id, limit, say, gpu, on_wait,
+                               (job, plan, label) if backend.name == "shared" else None)
         if waited is None:
             child.cancel()
             return Outcome(
@@ -335,14 +337,31 @@ def _wait_alert(settings: Settings, host: str, label: str, request: RunRequest,
 def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSettings,
           booking_id: int, limit: int, say: Callable[[str], None],
           gpu: GpuRun | None = None, on_wait: Callable[[Admission], None] | None = None,
+          shared: tuple[JobCgroup, Plan, str] | None = None,
           ) -> tuple[float | None, int]:
-    """(seconds waited for admission, 0), or (None, signal) when a signal ended the wait."""
+    """(seconds waited for admission, 0), or (None, signal) when a signal ended the wait.
+
+    ``shared`` (the job, its plan and label on a shared slice): the daemon admits it first, across
+    every user's bookings; then this user's own rules (groups, GPUs) on a room the daemon has made.
+    """
     old = {sig: signal.signal(sig, _raise_interrupted) for sig in WAIT_SIGNALS}
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, WAIT_SIGNALS)  # one held back since enqueue: now
-        return wait_for_room(ledger, backend, host.name, booking_id, limit, settings.status_interval,
-                             say, gpu.snapshot if gpu is not None else None, on_wait,
-                             settings.groups, settings.queue_policy == "backfill"), 0
+        room = None
+        waited = 0.0
+        if shared is not None:
+            from dispatch.capping.shared import SharedJob
+
+            job, plan, label = shared
+            assert isinstance(job, SharedJob)
+            waited = job.wait_admitted(plan.size, plan.limit, label, settings.status_interval, say)
+
+            def room(running: list[Booking]) -> Room:
+                return Room(limit)
+        return waited + wait_for_room(
+            ledger, backend, host.name, booking_id, limit, settings.status_interval, say,
+            gpu.snapshot if gpu is not None else None, on_wait, settings.groups,
+            settings.queue_policy == "backfill", room), 0
     except KeyboardInterrupt:
         return None, signal.SIGINT
     except _Interrupted as exc:

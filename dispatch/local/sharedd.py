@@ -1,0 +1,393 @@
+"""``hostrun-shared``: the root daemon that keeps a shared slice for a group of users.
+
+Why it exists and what a caller can ask of it: ``dispatch.capping.shared``. Here: the rules it
+keeps, each against a caller who wants more than its share.
+
+- A caller is who the kernel says (``SO_PEERCRED``), never what it writes.
+- **Admission** is one queue for every user, first come first served: a waiting booking is admitted
+  when it fits the slice's room (limit less running bookings less usage above them, as the local
+  ledger counts it) and the machine's (MemAvailable less what running bookings have yet to use), and
+  no earlier booking still waits. A booking belongs to its connection: closing it (a job's end,
+  hostrun killed, the caller's machine gone) is the only way to unbook, so nobody can unbook another.
+- **Scopes** hold only the caller's own children (each pid's parent is the caller and all its uids
+  are the caller's), are named after the caller's uid, carry fixed properties (the slice, swap 0,
+  ``OOMPolicy=stop``) and a cap no larger than the slice, and are held to ``WAITING_MAX`` until their
+  booking is admitted: a process in the shared slice never runs unbooked. When the connection closes
+  the daemon kills what is left in the scope.
+- Nothing a caller sends is shown to another without escaping (labels are stored as sent, escaped
+  by whoever prints them); a line longer than ``MAX_LINE`` or not JSON ends the connection.
+
+One thread, one ``selectors`` loop: a request is answered before the next is read, so admission
+needs no lock. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+
+from dispatch.capping.base import read_int
+from dispatch.capping.shared import JOB_AFFIXES, MAX_LINE, PROTOCOL, SOCKET_PATH, decode, encode
+from dispatch.capping.systemd import SYSTEM_MANAGER, Manager, SystemdBackend
+from dispatch.core.errors import BackendError
+from dispatch.local.admission import slice_room
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+WAITING_MAX = 64 << 20  # a scope's limit until its booking is admitted: the forked child waits in it
+TICK = 1.0  # seconds between re-evaluations while bookings wait (usage and MemAvailable move)
+MAX_CLIENTS = 1024
+
+
+class Client:
+    """One connection: at most one booking and one scope."""
+
+    def __init__(self, sock: socket.socket, uid: int, pid: int, seq: int) -> None:
+        self.sock = sock
+        self.uid = uid
+        self.pid = pid
+        self.seq = seq
+        self.buf = b""
+        self.user = _user_name(uid)
+        self.unit = ""
+        self.cap = 0
+        self.size = 0
+        self.label = ""
+        self.state = ""  # "", "waiting", "running"
+        self.since = 0.0
+        self.last_news: tuple[object, ...] = ()
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            self.sock.sendall(encode(message))
+        except OSError:
+            pass  # gone: its EOF comes through the loop
+
+    def public(self) -> dict[str, Any]:
+        return {"user": self.user, "uid": self.uid, "pid": self.pid, "label": self.label,
+                "size": self.size, "cap": self.cap, "state": self.state, "since": self.since,
+                "unit": self.unit}
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def process_facts(pid: int) -> tuple[int, set[int]]:
+    """(parent pid, the set of its real/effective/saved/fs uids) from /proc/PID/status."""
+    ppid, uids = -1, set()
+    with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if line.startswith("PPid:"):
+                ppid = int(line.split()[1])
+            elif line.startswith("Uid:"):
+                uids = {int(x) for x in line.split()[1:]}
+    return ppid, uids
+
+
+class Daemon:
+    def __init__(self, listener: socket.socket, slice_unit: str, limit: int, group: str,
+                 backend: SystemdBackend, manager: Manager) -> None:
+        self.listener = listener
+        self.slice_unit = slice_unit
+        self.limit = limit
+        self.group = group
+        self.backend = backend
+        self.manager = manager
+        self.clients: dict[int, Client] = {}
+        self.seq = 0
+        self.selector = selectors.DefaultSelector()
+        self.stopping = False
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ, None)
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        while not self.stopping:
+            waiting = any(c.state == "waiting" for c in self.clients.values())
+            for key, _ in self.selector.select(TICK if waiting else None):
+                if key.data is None:
+                    self._accept()
+                else:
+                    self._read(key.data)
+            if waiting:
+                self.evaluate()
+        for client in list(self.clients.values()):
+            self._drop(client, evaluate=False)
+
+    def _stop(self, _signum: int, _frame: object) -> None:
+        self.stopping = True
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        if len(self.clients) >= MAX_CLIENTS:
+            sock.close()
+            return
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _gid = struct.unpack("3i", creds)
+        self.seq += 1
+        client = Client(sock, uid, pid, self.seq)
+        sock.setblocking(True)
+        sock.settimeout(5.0)  # a reader that stops reading must not stall everyone
+        self.clients[sock.fileno()] = client
+        self.selector.register(sock, selectors.EVENT_READ, client)
+
+    def _read(self, client: Client) -> None:
+        try:
+            data = client.sock.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(client)
+            return
+        client.buf += data
+        while b"\n" in client.buf:
+            line, _, client.buf = client.buf.partition(b"\n")
+            try:
+                message = decode(line)
+            except ValueError:
+                client.send({"error": "not a JSON object"})
+                self._drop(client)
+                return
+            try:
+                answer = self.handle(client, message)
+            except (BackendError, OSError, ValueError, TypeError) as exc:
+                answer = {"error": str(exc)}
+            if answer is not None:
+                client.send(answer)
+        if len(client.buf) > MAX_LINE:
+            client.send({"error": "line too long"})
+            self._drop(client)
+
+    def _drop(self, client: Client, evaluate: bool = True) -> None:
+        self.clients.pop(client.sock.fileno(), None)
+        try:
+            self.selector.unregister(client.sock)
+        except (KeyError, ValueError):
+            pass
+        client.sock.close()
+        if client.unit:
+            self._kill_unit(client.unit)
+        client.state = ""
+        if evaluate:
+            self.evaluate()
+
+    def _kill_unit(self, unit: str) -> None:
+        try:
+            self.manager.connection().manager("KillUnit", "ssi", unit, "all", int(signal.SIGKILL))
+        except BackendError:
+            pass  # already gone (its last process ended and systemd collected it)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def handle(self, client: Client, message: dict[str, Any]) -> dict[str, Any] | None:
+        op = message.get("op")
+        if op == "hello":
+            return {"protocol": PROTOCOL, "slice": self.slice_unit, "cgroup": self.backend.slice_path,
+                    "limit": self.limit, "group": self.group, "uid": client.uid}
+        if op == "list":
+            used = self.backend.slice_usage().used
+            return {"limit": self.limit, "used": used, "slice": self.slice_unit, "group": self.group,
+                    "bookings": [c.public() for c in sorted(self.clients.values(), key=lambda c: c.seq)
+                                 if c.state]}
+        if op == "scope":
+            return self.scope(client, message)
+        if op == "book":
+            self.book(client, message)  # answered by the evaluation: "admitted" or "waiting"
+            return None
+        raise ValueError(f"unknown request {op!r}")
+
+    def scope(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
+        if client.unit:
+            raise ValueError("this connection has its scope already")
+        pids = message.get("pids")
+        if not isinstance(pids, list) or not 1 <= len(pids) <= 2 or not all(
+                isinstance(p, int) and p > 1 for p in pids):
+            raise ValueError("pids: one or two process ids")
+        prefix, suffix = JOB_AFFIXES
+        unit = str(message.get("unit") or "")
+        mine = f"{prefix}{client.uid}-"
+        middle = unit[len(mine):-len(suffix)] if unit.startswith(mine) and unit.endswith(suffix) else ""
+        if not middle or len(middle) > 64 or not all(ch.isdigit() or ch == "-" for ch in middle):
+            raise ValueError(f"unit must be {mine}<digits and dashes>{suffix}")
+        cap = _size(message.get("cap"), "cap")
+        client.cap = min(cap, self.limit)
+        pidfds = []
+        try:
+            for pid in pids:
+                fd = os.pidfd_open(pid)
+                pidfds.append(fd)
+                ppid, uids = process_facts(pid)
+                if ppid != client.pid or uids != {client.uid}:
+                    raise ValueError(f"process {pid} is not a child of the caller running as uid "
+                                     f"{client.uid}")
+                signal.pidfd_send_signal(fd, 0)  # still that process: the facts were its own
+            limit = client.cap if client.state == "running" else min(client.cap, WAITING_MAX)
+            grace = max(1.0, min(60.0, float(message.get("grace", 10.0))))
+            props: list[tuple[str, tuple[str, object]]] = [
+                ("Description", ("s", f"hostrun shared job of {client.user}")),
+                ("Slice", ("s", self.slice_unit)),
+                ("MemoryAccounting", ("b", True)),
+                ("MemoryMax", ("t", limit)),
+                ("MemorySwapMax", ("t", 0)),
+                ("OOMPolicy", ("s", "stop")),
+                ("TimeoutStopUSec", ("t", int(grace * 1_000_000))),
+                ("CollectMode", ("s", "inactive-or-failed")),
+                ("PIDs", ("au", list(pids))),
+            ]
+            self.manager.start(unit, props)
+            client.unit = unit
+            for fd in pidfds:
+                # Gone and its pid reused between the check and the move would put someone
+                # else's process in this scope: lift the scope's limit to the slice's and refuse.
+                try:
+                    signal.pidfd_send_signal(fd, 0)
+                except ProcessLookupError:
+                    self.manager.set_properties(unit, [("MemoryMax", ("t", self.limit))])
+                    raise ValueError("a process ended while its scope was started") from None
+        except ProcessLookupError:
+            raise ValueError("a process named for the scope does not exist") from None
+        finally:
+            for fd in pidfds:
+                os.close(fd)
+        return {"unit": unit, "cgroup": f"{self.backend.slice_path}/{unit}"}
+
+    def book(self, client: Client, message: dict[str, Any]) -> None:
+        if client.state:
+            raise ValueError("this connection has its booking already")
+        size = _size(message.get("size"), "size")
+        cap = _size(message.get("cap"), "cap")
+        if size > self.limit or cap > self.limit:
+            raise ValueError(f"larger than the whole shared slice ({self.limit} bytes)")
+        label = message.get("label")
+        client.label = label[:200] if isinstance(label, str) else ""
+        client.size, client.cap, client.state, client.since = size, cap, "waiting", time.time()
+        self.evaluate()
+
+    # -- admission --------------------------------------------------------------------------------
+
+    def room(self, running: list[Client]) -> tuple[int, str]:
+        booked = sum(c.size for c in running)
+        free = slice_room(self.limit, booked, self.backend.slice_usage().used)
+        try:
+            from dispatch.core.hostfacts import read_meminfo
+
+            available = read_meminfo().available
+        except OSError:
+            return free, ""
+        yet = sum(max(0, c.size - self._current(c)) for c in running)
+        if available - yet < free:
+            return available - yet, "memory used outside the slice holds it (the machine's MemAvailable)"
+        return free, ""
+
+    def _current(self, client: Client) -> int:
+        if not client.unit:
+            return 0
+        try:
+            return read_int(os.path.join(self.backend.slice_dir, client.unit, "memory.current"))
+        except (OSError, ValueError):
+            return 0
+
+    def evaluate(self) -> None:
+        running = [c for c in self.clients.values() if c.state == "running"]
+        waiting = sorted((c for c in self.clients.values() if c.state == "waiting"), key=lambda c: c.seq)
+        if not waiting:
+            return
+        free, note = self.room(running)
+        blocked = False
+        for ahead, client in enumerate(waiting):
+            if not blocked and client.size <= free:
+                if client.unit:
+                    try:
+                        self.manager.set_properties(client.unit, [("MemoryMax", ("t", client.cap))])
+                    except BackendError as exc:
+                        client.send({"error": f"cannot raise the scope's limit: {exc}"})
+                        continue
+                client.state, client.since = "running", time.time()
+                client.send({"state": "admitted"})
+                free -= client.size
+                running.append(client)
+                continue
+            blocked = True
+            holders = sorted(running, key=lambda c: -c.size)[:4]
+            news = {"state": "waiting", "ahead": ahead, "need": client.size, "free": free,
+                    "note": note, "holders": [{"user": h.user, "label": h.label, "size": h.size}
+                                              for h in holders]}
+            key = (ahead, free >> 20, note, tuple(h.seq for h in holders))
+            if key != client.last_news:
+                client.last_news = key
+                client.send(news)
+
+
+def _size(value: object, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{what}: a positive number of bytes")
+    return value
+
+
+def listening_socket(path: str | None) -> socket.socket:
+    """systemd's socket (``LISTEN_FDS``), else one bound at ``path`` (a test's own daemon)."""
+    if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1":
+        return socket.socket(fileno=3)
+    if not path:
+        raise SystemExit("hostrun-shared: not started by its socket unit; pass --listen PATH")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o117)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(64)
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m dispatch.local.sharedd --slice UNIT --size BYTES --group NAME [--listen PATH]``,
+    as the socket unit ``hostrun shared install`` writes starts it."""
+    args = sys.argv[1:] if argv is None else argv
+    opts = dict(zip(args[::2], args[1::2]))
+    if os.geteuid() != 0:
+        print("hostrun-shared: must run as root", file=sys.stderr)
+        return 78
+    from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
+    from dispatch.core.units import parse_size
+
+    unit = opts.get("--slice", "hostrun.slice")
+    limit = parse_size(opts.get("--size", ""))
+    mount = parse_mountinfo(read_self_files()[1]).get("cgroup2")
+    if not mount:
+        print("hostrun-shared: no unified cgroup2 hierarchy", file=sys.stderr)
+        return 78
+    manager = Manager(SYSTEM_MANAGER, "", False)
+    backend = SystemdBackend(mount, unit, manager)
+    backend.ensure_slice(limit)
+    listener = listening_socket(opts.get("--listen") or (None if os.environ.get("LISTEN_FDS") else
+                                                          SOCKET_PATH))
+    Daemon(listener, unit, limit, opts.get("--group", ""), backend, manager).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

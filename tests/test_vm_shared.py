@@ -1,0 +1,218 @@
+"""Several users, one machine budget: a shared slice (``hostrun shared install``) on the VM's real
+systemd, with two real normal users (``dev`` and ``dev2``, members of the group) and one who is not
+(``dev3``), each running the installed hostrun under ``runuser`` (their own uid, groups and files).
+
+What is checked, each against the user who would want more than their share: the two users' jobs
+never hold more than the slice together (the second waits, first come first served, and is told
+who holds the room); each sees the other's bookings, escaped; nobody can put another's process in a
+scope, signal another's job, stop its scope or unbook it; a caller killed mid-job leaves nothing;
+a process put in a scope without a booking is held to the waiting allowance; and the exit codes are
+the kernel's (250, 254) on the shared slice. The module's fixture installs the daemon once and
+uninstalls it at the end (the other VM tests expect no shared slice).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_for
+
+MiB = 1 << 20
+GROUP = "hostrun-shared"
+ROOT = "/tmp/hostrun-shared-tests"
+SLICE = 400 * MiB
+
+
+class User:
+    """One user's hostrun in the VM: its own directory, config and state; run through ``runuser``
+    from root's ssh login, so a group just added applies (an existing login would not have it)."""
+
+    def __init__(self, vm: Any, name: str) -> None:
+        self.vm = vm
+        self.name = name
+        self.dir = f"{ROOT}/{name}"
+        self.config = f"{self.dir}/hosts.toml"
+        text = (f'state_dir = "{self.dir}/state"\nstatus_interval = "1s"\nkill_grace = "2s"\n'
+                'gamble_size = "50M"\n[hosts.local]\nslice = "1G"\n')
+        vm.ssh("root", f"mkdir -p -m 1777 {ROOT} && rm -rf {self.dir} && "
+                       f"runuser -u {name} -- mkdir -m 700 {self.dir}")
+        self.sh(f"cat > {self.config}", input=text)
+
+    def sh(self, script: str, timeout: float = 300, check: bool = True,
+           input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.vm.ssh("root", f"cd {ROOT} && runuser -u {self.name} -- sh -c "
+                                   f"{shlex.quote(f'cd {self.dir} || exit 99; {script}')}",
+                           timeout=timeout, check=check, input=input)
+
+    def cmd(self, *args: str) -> str:
+        return shlex.join(["hostrun", "--config", self.config, *args])
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return self.sh(self.cmd(*args), timeout=timeout, check=False)
+
+    def status(self) -> dict[str, Any]:
+        done = self.run("shared", "status", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def shared(vm: Any) -> Iterator[dict[str, User]]:
+    vm.ssh("root", f"getent group {GROUP} >/dev/null || groupadd {GROUP}; "
+                   f"for u in dev2 dev3; do id $u >/dev/null 2>&1 || useradd -m -s /bin/sh $u; done; "
+                   f"usermod -aG {GROUP} dev && usermod -aG {GROUP} dev2")
+    done = vm.ssh("root", f"hostrun shared install --group {GROUP} --size {SLICE}", check=False)
+    assert done.returncode == 0, done.stderr
+    assert "shared slice hostrun.slice of 400 MiB" in done.stderr
+    users = {name: User(vm, name) for name in ("dev", "dev2", "dev3")}
+    try:
+        yield users
+    finally:
+        done = vm.ssh("root", "hostrun shared uninstall; ls /run/hostrun/shared.sock "
+                              "/etc/systemd/system/hostrun-shared.* 2>&1; "
+                              "ls -d /sys/fs/cgroup/hostrun.slice/hostrun-shared-* 2>/dev/null; "
+                              f"rm -rf {ROOT}", check=False)
+        assert "removed hostrun-shared.socket, hostrun-shared.service" in done.stderr
+        assert "hostrun-shared-" not in done.stdout, done.stdout  # no scope left behind
+        assert done.stdout.count("No such file") == 2, done.stdout
+
+
+def _holder_script(u: User, size_m: int, touch_m: int, label: str) -> str:
+    """A job booked at ``size_m`` MiB that touches ``touch_m`` MiB, writes its pid to ``ready``, and
+    holds on until ``release`` exists."""
+    job = ["python3", "-c", f"import os, time; x = bytearray({touch_m} << 20); "
+                            f"open('{u.dir}/ready', 'w').write(str(os.getpid()))\n"
+                            f"while not os.path.exists('{u.dir}/release'): time.sleep(0.1)"]
+    return u.cmd("-m", f"{size_m}M", "--label", label, "--", *job)
+
+
+def test_doctor_names_the_shared_slice_and_who_cannot_use_it(shared: dict[str, User]) -> None:
+    done = shared["dev"].run("doctor", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["backend"] == "shared", data
+    assert data["slice_limit"] == SLICE
+    assert data["slice"].startswith("hostrun.slice, shared through /run/hostrun/shared.sock")
+    outsider = shared["dev3"].run("doctor", "--json")
+    probes = {p["backend"]: p for p in json.loads(outsider.stdout)["probes"]}
+    assert not probes["shared"]["ok"]
+    assert "Permission denied" in probes["shared"]["detail"], probes
+
+
+def test_two_users_never_hold_more_than_the_slice(shared: dict[str, User]) -> None:
+    """dev holds 300M of the 400M slice; dev2 asks for 300M and waits, told it is dev who holds the
+    room; while it waits the listing (read by either user) shows 300M running and 300M waiting;
+    once dev's job ends, dev2's runs."""
+    dev, dev2 = shared["dev"], shared["dev2"]
+    dev.sh(f"rm -f ready release; {_holder_script(dev, 300, 200, 'first')} > out 2> err & echo $! > pid")
+    wait_for(lambda: dev.sh("test -e ready", check=False).returncode == 0, timeout=120, interval=0.5)
+    dev2.sh(f"rm -f ready release; {_holder_script(dev2, 300, 10, 'second')} > out 2> err & "
+            "echo $! > pid")
+    wait_for(lambda: "held by dev: first" in dev2.sh("cat err").stdout, timeout=60, interval=0.5)
+    for reader in (dev, dev2):
+        listing = reader.status()
+        states = {b["label"]: (b["user"], b["state"], b["size"]) for b in listing["bookings"]}
+        assert states == {"first": ("dev", "running", 300 * MiB),
+                          "second": ("dev2", "waiting", 300 * MiB)}, listing
+        assert listing["limit"] == SLICE
+    assert dev2.sh("test -e ready", check=False).returncode != 0  # never started
+    dev.sh("touch release; while kill -0 $(cat pid) 2>/dev/null; do sleep 0.2; done")
+    wait_for(lambda: dev2.sh("test -e ready", check=False).returncode == 0, timeout=60, interval=0.5)
+    dev2.sh("touch release; while kill -0 $(cat pid) 2>/dev/null; do sleep 0.2; done")
+    assert "waiting" in dev2.sh("cat err").stdout
+    assert shared["dev"].status()["bookings"] == []
+
+
+def test_nobody_can_take_stop_or_unbook_anothers_job(shared: dict[str, User]) -> None:
+    """dev runs a job; dev2 tries what a group member can: a scope around dev's process through the
+    daemon, a signal, ``systemctl stop`` of its scope. And dev2's own client books under a label with
+    a terminal escape (hostrun itself refuses such labels; the daemon's socket is open to any member's
+    own program): dev's listing shows it escaped."""
+    dev, dev2 = shared["dev"], shared["dev2"]
+    dev.sh(f"rm -f ready release; {_holder_script(dev, 100, 10, 'mine')} > out 2> err & echo $! > pid")
+    wait_for(lambda: dev.sh("test -e ready", check=False).returncode == 0, timeout=120, interval=0.5)
+    (booking,) = dev2.status()["bookings"]
+    assert booking["label"] == "mine" and booking["user"] == "dev" and booking["state"] == "running"
+    job_pid = int(dev.sh("cat ready").stdout)
+    client = ("import os, sys, time\nsys.path.insert(0, '/opt/hostrun/lib')\n"
+              "from dispatch.capping.shared import Connection\n"
+              "c = Connection('/run/hostrun/shared.sock')\n"
+              "try:\n"
+              f"    c.ask({{'op': 'scope', 'pids': [{job_pid}], 'cap': 1 << 20, "
+              "'unit': 'hostrun-shared-%d-1-1.scope' % os.getuid()})\n"
+              "except Exception as e:\n    print('refused:', e, flush=True)\n"
+              "c.send({'op': 'book', 'size': 10 << 20, 'cap': 10 << 20, 'label': 'evil\\x1b[2Jlabel'})\n"
+              "print(c.receive(30), flush=True)\n"
+              "while not os.path.exists('release'): time.sleep(0.1)\n")
+    dev2.sh("rm -f release booked; cat > client.py", input=client)
+    dev2.sh("python3 client.py > booked 2>&1 &")
+    wait_for(lambda: "admitted" in dev2.sh("cat booked").stdout, timeout=60, interval=0.5)
+    assert f"refused: process {job_pid} is not a child of the caller" in dev2.sh("cat booked").stdout
+    shown = dev.run("shared", "status").stdout
+    assert "evil\\x1b[2Jlabel" in shown and "\x1b" not in shown, shown
+    assert {b["label"] for b in dev.status()["bookings"]} == {"mine", "evil\x1b[2Jlabel"}
+    assert dev2.sh(f"kill -KILL {job_pid}", check=False).returncode != 0
+    stop = dev2.sh(f"systemctl stop {booking['unit']} </dev/null", check=False)
+    assert stop.returncode != 0
+    assert dev.sh(f"kill -0 {job_pid} && echo alive").stdout.strip() == "alive"
+    mine = [b for b in dev2.status()["bookings"] if b["label"] == "mine"]
+    assert [b["state"] for b in mine] == ["running"]
+    dev2.sh("touch release")
+    dev.sh("touch release; while kill -0 $(cat pid) 2>/dev/null; do sleep 0.2; done")
+    wait_for(lambda: dev.status()["bookings"] == [], timeout=30, interval=0.5)
+
+
+def test_a_killed_hostrun_leaves_no_booking_and_no_job(shared: dict[str, User]) -> None:
+    dev = shared["dev"]
+    dev.sh(f"rm -f ready release; {_holder_script(dev, 100, 10, 'killed')} > out 2> err & echo $! > pid")
+    wait_for(lambda: dev.sh("test -e ready", check=False).returncode == 0, timeout=120, interval=0.5)
+    (booking,) = dev.status()["bookings"]
+    job_pid = int(dev.sh("cat ready").stdout)
+    dev.sh("kill -KILL $(cat pid)")
+    wait_for(lambda: dev.status()["bookings"] == [], timeout=30, interval=0.5)
+    scope = f"/sys/fs/cgroup/hostrun.slice/{booking['unit']}"
+    wait_for(lambda: dev.sh(f"test -e {scope}", check=False).returncode != 0, timeout=30, interval=0.5)
+    assert dev.sh(f"kill -0 {job_pid}", check=False).returncode != 0  # the job is gone too
+
+
+def test_a_scope_without_a_booking_is_held_to_the_waiting_allowance(shared: dict[str, User]) -> None:
+    """A client of its own asks for a scope around its child and never books: the child, which
+    then touches 200 MiB, is killed at the daemon's 64 MiB waiting allowance."""
+    dev2 = shared["dev2"]
+    script = ("import os, sys, time\nsys.path.insert(0, '/opt/hostrun/lib')\n"
+              "from dispatch.capping.shared import Connection\n"
+              "r, w = os.pipe()\npid = os.fork()\n"
+              "if pid == 0:\n    os.read(r, 1)\n    x = bytearray(200 << 20)\n    os._exit(0)\n"
+              "c = Connection('/run/hostrun/shared.sock')\n"
+              "c.ask({'op': 'scope', 'pids': [pid], 'cap': 300 << 20, "
+              "'unit': 'hostrun-shared-%d-%d-1.scope' % (os.getuid(), pid)})\n"
+              "os.write(w, b'x')\n_, status = os.waitpid(pid, 0)\n"
+              "print('signal', os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0)\n")
+    dev2.sh(f"cat > rogue.py", input=script)
+    assert dev2.sh("python3 rogue.py").stdout.strip() == "signal 9"
+
+
+def test_exact_codes_on_the_shared_slice(shared: dict[str, User]) -> None:
+    """250 at the job's own cap, 254 when the shared slice is full (dev holds 300M booked at its cap
+    and uses 250M; dev2's gamble, booked 50M, takes 150M)."""
+    dev, dev2 = shared["dev"], shared["dev2"]
+    hog = shlex.join(["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"])
+    loop = f"for i in 1 2 3 4 5; do {dev2.cmd('-m', '20M', '--', *shlex.split(hog))} >/dev/null 2>&1; " \
+           "echo $?; done"
+    assert dev2.sh(loop).stdout.split() == ["250"] * 5
+    dev.sh(f"rm -f ready release; {_holder_script(dev, 300, 250, 'big')} > out 2> err & echo $! > pid")
+    wait_for(lambda: dev.sh("test -e ready", check=False).returncode == 0, timeout=120, interval=0.5)
+    victim = dev2.cmd("--label", "VICTIM", "--", "dd", "if=/dev/zero", "of=/dev/null", "bs=150M",
+                      "count=1").replace("VICTIM", "victim-$i")
+    codes = dev2.sh(f"for i in 1 2 3; do {victim} >/dev/null 2>&1; echo $?; done").stdout.split()
+    dev.sh("touch release; while kill -0 $(cat pid) 2>/dev/null; do sleep 0.2; done")
+    assert codes == ["254"] * 3
+    time.sleep(0)  # (nothing to wait for: the holder is gone, its booking with it)
+    assert dev.status()["bookings"] == []
