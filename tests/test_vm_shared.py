@@ -195,7 +195,7 @@ def test_a_scope_without_a_booking_is_held_to_the_waiting_allowance(shared: dict
               "'unit': 'hostrun-shared-%d-%d-1.scope' % (os.getuid(), pid)})\n"
               "os.write(w, b'x')\n_, status = os.waitpid(pid, 0)\n"
               "print('signal', os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0)\n")
-    dev2.sh(f"cat > rogue.py", input=script)
+    dev2.sh("cat > rogue.py", input=script)
     assert dev2.sh("python3 rogue.py").stdout.strip() == "signal 9"
 
 

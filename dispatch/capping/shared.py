@@ -259,7 +259,7 @@ def waiting_line(news: dict[str, Any], waited: float) -> str:
         f"{printable(str(h.get('user', '?')))}: {printable(str(h.get('label', '?')))} "
         f"{format_size(int(h.get('size', 0)))}" for h in news.get("holders", [])[:4])
     ahead = int(news.get("ahead", 0))
-    text = (f"hostrun: waiting {waited:.0f}s for room on the shared slice: need "
+    text = (f"waiting {waited:.0f}s for room on the shared slice: need "
             f"{format_size(int(news.get('need', 0)))}, free {format_size(max(0, int(news.get('free', 0))))}"
             f"{f', {ahead} ahead' if ahead else ''}")
     if news.get("note"):

@@ -113,11 +113,13 @@ class Daemon:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def serve(self) -> None:
+    def serve(self, handle_signals: bool = True) -> None:
+        """Until SIGTERM/SIGINT (``handle_signals``, the main thread's), or ``stop``."""
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ, None)
-        signal.signal(signal.SIGTERM, self._stop)
-        signal.signal(signal.SIGINT, self._stop)
+        if handle_signals:
+            signal.signal(signal.SIGTERM, self._stop)
+            signal.signal(signal.SIGINT, self._stop)
         while not self.stopping:
             waiting = any(c.state == "waiting" for c in self.clients.values())
             for key, _ in self.selector.select(TICK if waiting else None):
@@ -131,6 +133,10 @@ class Daemon:
             self._drop(client, evaluate=False)
 
     def _stop(self, _signum: int, _frame: object) -> None:
+        self.stopping = True
+
+    def stop(self) -> None:
+        """From another thread: the loop ends at its next wake-up (a connection wakes it)."""
         self.stopping = True
 
     def _accept(self) -> None:

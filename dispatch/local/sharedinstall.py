@@ -112,7 +112,7 @@ def install(group: str, size: int, slice_unit: str, say: Callable[[str], None]) 
         os.replace(tmp, path)
     _systemctl("daemon-reload")
     _systemctl("enable", "--now", SOCKET_UNIT)
-    say(f"hostrun: shared slice {slice_unit} of {format_size(size)} for group {group}: {SOCKET_PATH} "
+    say(f"shared slice {slice_unit} of {format_size(size)} for group {group}: {SOCKET_PATH} "
         f"(members must log in again to be in the group; a running daemon keeps its old size until "
         f"'systemctl restart {SERVICE_UNIT}', which stops the shared jobs running now)")
 
@@ -136,4 +136,4 @@ def uninstall(say: Callable[[str], None]) -> None:
         os.rmdir(SOCKET_DIR)
     except OSError:
         pass
-    say(f"hostrun: removed {', '.join(removed) or 'nothing (not installed)'}")
+    say(f"removed {', '.join(removed) or 'nothing (not installed)'}")
