@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dispatch.core.exitcodes import ExitCode
-from tests.conftest import Hostrun, pid_alive, wait_for
+from tests.conftest import Hostrun, _stop_masters, pid_alive, wait_for
 from tests.fakerustup import FakeRustup
 
 PY = sys.executable
@@ -343,3 +345,55 @@ def test_a_default_cap_above_peer_memory_cap_gives_way_to_it(hostrun: Hostrun, p
     assert proc.returncode == 0, proc.stderr
     r = json.loads(out.read_text())
     assert (r["host"], r["booking_kind"], r["cap_bytes"]) == ("peer1", "cap", 100 * MiB)
+
+
+def test_a_state_dir_with_a_space_a_quote_and_a_percent_reaches_the_peer(hostrun: Hostrun, peers: Any,
+                                                                       tmp_path: Path) -> None:
+    """The ControlMaster socket lives in ``<state_dir>/ssh``: a name ssh's option parser would cut
+    (space) or expand (%) must still work, not be blamed on the peer as 246. The directory is short
+    (under /tmp) so the socket path stays within the 108-byte limit and the state dir's own ``ssh/``
+    is used, not the /tmp fallback."""
+    import tempfile
+
+    odd = Path(tempfile.mkdtemp(prefix="st ate'q%", dir="/tmp"))
+    try:
+        hostrun.state_dir = odd / "state"
+        _, tree = setup(hostrun, peers, tmp_path)
+        proc = hostrun.run("--peer", "-m", "64M", "--", "cat", "README", cwd=tree)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == "readme v1\n"
+        assert [p.name for p in (odd / "state" / "ssh").iterdir()]  # its master socket is there
+    finally:
+        _stop_masters(odd / "state")
+        shutil.rmtree(odd, ignore_errors=True)
+
+
+def test_a_suspended_controller_gets_251_and_is_told_why(hostrun: Hostrun, peers: Any,
+                                                         tmp_path: Path) -> None:
+    """hostrun stopped (SIGSTOP, as Ctrl-Z stops it) for longer than the agent's silence limit while
+    its job runs on the peer: the agent rightly stops the job; once resumed, hostrun exits 251 (the
+    link was lost, for the job's purposes) and says what happened, instead of the job's 143."""
+    from dispatch.agent.frames import SILENCE_LIMIT
+    from dispatch.core.exitcodes import outcome_name
+
+    peer, tree = setup(hostrun, peers, tmp_path)
+    out = tmp_path / "r.json"
+    proc = hostrun.popen("--peer", "-m", "64M", "--result-file", str(out), "--", "sh", "-c",
+                         "touch started; sleep 120", cwd=tree)
+    def started() -> bool:
+        if proc.poll() is not None:
+            pytest.fail(f"hostrun ended early: {proc.returncode} {proc.communicate()}")
+        return any((t / "started").exists() for t in (peer.home / "hostrun-work").glob("*"))
+
+    wait_for(started, timeout=60, interval=0.2)
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(SILENCE_LIMIT + 6)  # the agent's watchdog stops the job after SILENCE_LIMIT
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == ExitCode.CONNECTION_LOST, stderr
+    assert "the peer stopped the job: no word from this hostrun" in stderr
+    r = json.loads(out.read_text())
+    assert r["exit_code"] == 251 and r["outcome"] == outcome_name(251)
+    assert peer_bookings(peer) == []

@@ -12,6 +12,7 @@ import os
 import shlex
 import signal
 import sqlite3
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -331,6 +332,24 @@ def test_result_file_is_written_for_hostruns_own_refusals(hostrun: Hostrun, tmp_
     assert proc.returncode == 78 and result(out)["outcome"] == "not-run"
 
 
+def test_result_file_keeps_argv_bytes_that_are_not_utf8(hostrun: Hostrun, tmp_path: Path) -> None:
+    """``argv`` holds such bytes as lone surrogates (``jq`` shows U+FFFD); ``argv_b64`` holds them
+    exactly, for a run and for a refusal alike."""
+    import base64
+
+    odd = b"caf\xe9-\xff\xfe"
+    out = tmp_path / "r.json"
+    run = [*hostrun.argv("-m", "64M", "--result-file", str(out), "--"), b"printf", b"%s", odd]
+    proc = subprocess.run(run, capture_output=True, check=False)
+    assert proc.returncode == 0 and proc.stdout == odd
+    data = json.loads(out.read_text())
+    assert [base64.b64decode(a) for a in data["argv_b64"]] == [b"printf", b"%s", odd]
+    proc = subprocess.run([*hostrun.argv("-m", "1G", "--result-file", str(out), "--"), b"echo", odd],
+                          capture_output=True, check=False)
+    assert proc.returncode == 243
+    assert [base64.b64decode(a) for a in json.loads(out.read_text())["argv_b64"]] == [b"echo", odd]
+
+
 def test_script_without_interpreter_line_is_126(hostrun: Hostrun, tmp_path: Path) -> None:
     script = tmp_path / "noshebang"
     script.write_bytes(b"\x7fELF-not-really")
@@ -507,3 +526,24 @@ def test_the_guardian_holds_no_descriptor_but_its_own(tmp_path: Path) -> None:
     finally:
         guardian.dismiss()
         os.close(read_end)
+
+
+def test_max_runtime_is_kept_while_hostrun_is_stopped(hostrun: Hostrun, tmp_path: Path) -> None:
+    """The deadline belongs to the job: hostrun stopped (SIGSTOP, as Ctrl-Z stops it) right after
+    the start of a 2 s job; its guardian, in a session of its own, stops the job on time anyway, and
+    hostrun, resumed, says 253 and why. (Before, a 3 s limit ran 21 s.)"""
+    pidfile = tmp_path / "job.pid"
+    proc = hostrun.popen("--max-runtime", "2s", "-m", "64M", "--", "sh", "-c",
+                         f"echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; exec sleep 60")
+    wait_for(pidfile.exists)
+    os.kill(proc.pid, signal.SIGSTOP)
+    job = int(pidfile.read_text())
+    try:
+        wait_for(lambda: not pid_alive(job), timeout=30, interval=0.1)  # hostrun still stopped
+        assert proc.poll() is None
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 253, stderr
+    assert "max runtime (2 s) passed while hostrun was stopped; its guardian stopped the job" in stderr
+

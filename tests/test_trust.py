@@ -319,3 +319,69 @@ def test_load_settings_refuses_in_process_too(other_user: OtherUser, tmp_path: P
     opted = load_settings(str(cfg), {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "c"),
                                      "HOSTRUN_TRUST_CONFIG": str(cfg)})
     assert opted.local.slice_bytes == GiB
+
+
+# ------------------------------------------- (f) a path someone else can re-point while ssh opens it
+RACE_RUNS = 25
+
+
+@pytest.mark.parametrize("how", ["symlink", "directory"])
+def test_an_ssh_config_path_another_user_can_repoint_is_refused_every_time(
+        hostrun: Hostrun, other_user: OtherUser, tmp_path: Path, how: str) -> None:
+    """root's config names ``D/pub/ssh_config`` (``symlink``: ``pub`` is the other user's link in a
+    sticky root directory, pointing at root's own good directory) or ``D/theirs/sub/ssh_config``
+    (``directory``: ``theirs`` is their directory; ``sub`` and the file are root's). While root runs
+    ``hostrun report`` again and again, the other user re-points the path at their own ssh_config
+    (whose ProxyCommand would run as root) as fast as a shell loop can.
+
+    Before, only the file and its real directory were judged, so a swap between the check and ssh's
+    open won (the 4th run with a link, the 11th with a directory). Now every component of the path
+    must be root's (or the caller's), so each run is refused whatever the timing: the refusal does
+    not depend on which way the path points at that moment, and so {RACE_RUNS} runs with the loop
+    going show that no run gets through (the old check lost within 11)."""
+    import tempfile
+
+    sticky = Path(tempfile.mkdtemp(prefix="hostrun-sticky-", dir="/tmp"))
+    good = Path(tempfile.mkdtemp(prefix="hostrun-good-", dir="/tmp"))
+    try:
+        os.chmod(sticky, 0o1777)
+        os.chmod(good, 0o755)
+        (good / "ssh_config").write_text("Host *\n  ProxyCommand false\n")
+        marker = tmp_path / "marker"
+        evil = other_user.home / "evil"
+        other_user.run(["mkdir", "-p", str(evil / "sub")])
+        for d in (evil, evil / "sub"):
+            (d / "ssh_config").write_text(f"Host *\n  ProxyCommand touch {marker}\n")
+            os.chown(d / "ssh_config", other_user.uid, other_user.gid)
+        if how == "symlink":
+            named = sticky / "pub" / "ssh_config"
+            other_user.run(["ln", "-s", str(good), str(sticky / "pub")])
+            loop = (f"cd {sticky}; while :; do ln -sfn {good} new && mv -Tf new pub; "
+                    f"ln -sfn {evil} new && mv -Tf new pub; done")
+            expected = f"the symlink {sticky / 'pub'} on its path is owned by {other_user.name}"
+        else:
+            theirs = sticky / "theirs"
+            other_user.run(["mkdir", "-m", "755", str(theirs)])
+            os.mkdir(theirs / "sub", 0o755)  # root's, inside theirs
+            shutil.copy(good / "ssh_config", theirs / "sub" / "ssh_config")
+            named = theirs / "sub" / "ssh_config"
+            loop = (f"cd {sticky}; while :; do mv -T theirs mine && mv -T {evil} theirs && "
+                    f"mv -T theirs {evil} && mv -T mine theirs; done")
+            expected = f"{theirs} on its path is owned by {other_user.name}"
+        hostrun.configure(top="enable_across_machines = true\nreport_timeout = '3s'",
+                          peers=f'[hosts.evil]\nssh = "evil"\nssh_config = "{named}"\n')
+        flipper = subprocess.Popen(["sh", "-c", loop], user=other_user.uid, group=other_user.gid,
+                                   extra_groups=[], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(RACE_RUNS):
+                line = refusal(hostrun.run("report", env=clean_env(tmp_path), cwd=tmp_path))
+                # whichever way the path points now: at their file, or through their link/directory
+                assert "hosts.evil.ssh_config" in line, line
+                assert (expected in line or f"it is owned by {other_user.name}" in line
+                        or "does not exist, and others can create it" in line), line
+        finally:
+            flipper.kill()
+            flipper.wait()
+        assert not marker.exists(), "the other user's ProxyCommand ran as root"
+    finally:
+        subprocess.run(["rm", "-rf", str(sticky), str(good)], check=False)

@@ -220,3 +220,60 @@ def test_a_subdirectory_swapped_for_a_link_during_removal_is_not_followed(
     assert verdict["action"] == "kept" and verdict["reason"].startswith("could not remove it: ")
     assert _snapshot(tmp_path / "victim") == before
     assert (mine / ".hostrun-owner").exists()  # still claimed: the next clean tries again
+
+
+def test_an_owner_file_moved_up_claims_nothing_there(other_user: OtherUser, tmp_path: Path,
+                                                     cli: Cli) -> None:
+    """root claims ``scratch/shared-build``, a directory the other user made in a sticky
+    world-writable ``scratch``; the other user moves root's owner file up into ``scratch``. root's
+    ``clean scratch`` must remove neither ``scratch`` (a third party's file is there) nor the
+    other user's ``shared-build``: the owner file names the directory it was written for (device and
+    inode), and a directory someone else owns in a world-writable parent is theirs to remove."""
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(prefix="hostrun-scratch-", dir="/tmp"))
+    try:
+        os.chmod(scratch, 0o1777)
+        third = scratch / "third-party.txt"
+        third.write_text("someone else's work")
+        build = scratch / "shared-build"
+        other_user.run(["mkdir", "-m", "755", str(build)])
+        done = cli.run("workdir", "claim", str(build), "--purpose", "shared build", session=SESSION)
+        assert done.returncode == 0, done.stderr
+        other_user.run(["mv", str(build / ".hostrun-owner"), str(scratch / ".hostrun-owner")])
+        done = cli.run("workdir", "clean", str(scratch), "--json", session=SESSION)
+        assert done.returncode == 0, done.stderr
+        verdicts = {d["path"]: d for d in json.loads(done.stdout)["directories"]}
+        assert verdicts[str(scratch)]["action"] == "kept"
+        assert "was written for another directory" in verdicts[str(scratch)]["reason"]
+        assert third.read_text() == "someone else's work" and build.is_dir()
+        # root's claim put back where it was (by root: the sticky bit stops the other user now):
+        # the directory is the other user's, in a parent anyone can write, so root's clean keeps
+        # it too and says why.
+        os.rename(scratch / ".hostrun-owner", build / ".hostrun-owner")
+        done = cli.run("workdir", "clean", str(scratch), "--json", session=SESSION)
+        (kept,) = json.loads(done.stdout)["directories"]
+        assert kept["action"] == "kept" and f"belongs to uid {other_user.uid}" in kept["reason"]
+        assert build.is_dir()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_the_peer_work_directory_claim_names_its_directory(tmp_path: Path) -> None:
+    """The Slurm login node's inline claim (``slurmlogin.MAKE_DIR``) writes the owner file
+    ``workdirs`` reads and trusts: same session, and bound to its directory."""
+    import sys
+
+    from dispatch.hosts.slurmlogin import MAKE_DIR
+
+    target = tmp_path / "work"
+    done = subprocess.run([sys.executable, "-c", MAKE_DIR, str(target), SESSION, "slurm work"],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == str(target)
+    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        owner, untrusted = workdirs.read_owner_at(fd)
+    finally:
+        os.close(fd)
+    assert owner is not None and owner.session == SESSION and owner.purpose == "slurm work"
+    assert untrusted is None

@@ -34,6 +34,7 @@ class _Link:
         self.lost = threading.Event()
         self.decided = threading.Event()  # the controller said go (G) or abort (X), or went away
         self.go = False
+        self.silent_for = 0.0  # set when the watchdog stopped the job: how long the controller was silent
         self.go_payload = b""  # what the controller says with go (``treestate.save_after_go``)
 
     def read_loop(self) -> None:
@@ -71,6 +72,7 @@ class _Link:
         signal a moment later, which makes the runner kill the job's whole cgroup at once."""
         while not done.wait(0.5):
             if self.lost.is_set() or time.monotonic() - self.last_seen > SILENCE_LIMIT:
+                self.silent_for = max(0.001, time.monotonic() - self.last_seen)
                 os.kill(os.getpid(), signal.SIGTERM)
                 if done.wait(2.0):
                     return
@@ -233,6 +235,18 @@ def run_job(spec: RunSpec) -> int:
         os.close(devnull)
     for thread in pumps:
         thread.join(timeout=10)
+    if link.silent_for and not link.lost.is_set():
+        # We stopped the job because the controller went silent, and yet it is still there to
+        # read this: it was suspended (Ctrl-Z, SIGSTOP) or the link stalled. Say so, with the code
+        # for a broken link, not the SIGTERM the job died of.
+        from dispatch.core.exitcodes import ExitCode, outcome_name
+
+        result.update(exit_code=int(ExitCode.CONNECTION_LOST),
+                      outcome=outcome_name(ExitCode.CONNECTION_LOST),
+                      message=(f"the peer stopped the job: no word from this hostrun for "
+                               f"{link.silent_for:.0f}s (over {SILENCE_LIMIT:.0f}s: was it suspended, "
+                               f"or the link stalled?); the job's own status was "
+                               f"{result.get('exit_code')}"))
     try:
         writer.send(Frame.RESULT, json.dumps(result).encode())
     except OSError:

@@ -279,6 +279,12 @@ class CapBackend(ABC):
         """The job cgroup recorded at ``path`` in the ledger (for reclaiming a dead holder's job), or
         None when it is gone or not one of this slice's (see ``checked_job_path``)."""
 
+    def job_name(self, job_id: str) -> str:
+        """The name ``create_job(job_id)`` gives a job's cgroup (``job_id``: its holder's
+        ``<pid>-<start time>``), so a ledger row's cgroup can be matched against the row's own holder."""
+        prefix, suffix = self.job_affixes
+        return f"{prefix}{job_id}{suffix}"
+
     def job_path_ok(self, path: str) -> bool:
         """Whether a ledger row's cgroup could be one of this slice's jobs (``hostrun ledger`` flags
         the rows for which it is not; nothing acts on them)."""

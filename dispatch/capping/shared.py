@@ -324,10 +324,12 @@ class SharedBackend(SystemdBackend):
     def ensure_slice(self, limit: int) -> None:
         """The administrator's daemon keeps the slice: nothing to do here."""
 
-    def create_job(self, job_id: str, cap: int) -> SharedJob:
+    def job_name(self, job_id: str) -> str:
         prefix, suffix = self.job_affixes
-        unit = f"{prefix}{os.getuid()}-{job_id}{suffix}"
-        return SharedJob(os.path.join(self.slice_dir, unit), cap, self.slice_dir,
+        return f"{prefix}{os.getuid()}-{job_id}{suffix}"
+
+    def create_job(self, job_id: str, cap: int) -> SharedJob:
+        return SharedJob(os.path.join(self.slice_dir, self.job_name(job_id)), cap, self.slice_dir,
                          Connection(self.socket_path), self.keeper_program)
 
     def job_at(self, path: str) -> SharedJob | None:

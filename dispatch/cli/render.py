@@ -33,6 +33,9 @@ def codes(rows: Sequence[tuple[int, str, str]]) -> None:
     console.print(table)
 
 
+QUEUE_SHOWN = 50  # a terminal's worth: a queue of thousands is a count, not a table (--json has all)
+
+
 def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
            stale: frozenset[int] | set[int] = frozenset(),
            invalid: frozenset[int] | set[int] = frozenset(), clear_after: int = 3) -> None:
@@ -45,7 +48,12 @@ def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
     queue = Table(title="queue (FIFO)")
     for col in ("id", "host", "label", "pid", "need", "waited", "reason"):
         queue.add_column(col)
+    waiting = 0
     for b in bookings:
+        if b.state != "running":
+            waiting += 1
+            if waiting > QUEUE_SHOWN:
+                continue
         label = f"{_t(b.label)} [red](stale: holder gone)[/red]" if b.id in stale else _t(b.label)
         if b.id in invalid:  # nothing acts on its cgroup; see dispatch.capping.base.checked_job_path
             label += " [red](invalid: cgroup outside the slice)[/red]"
@@ -68,6 +76,9 @@ def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
             marks.append(f"{_t(p.label)} on {_t(p.host)}: booked at its cap: {'; '.join(reasons)}")
     console.print(running if running.row_count else "running: none")
     console.print(queue if queue.row_count else "queue: empty")
+    if waiting > QUEUE_SHOWN:
+        console.print(f"… and {waiting - QUEUE_SHOWN} more waiting ({waiting} in all; "
+                      "'hostrun ledger --json' lists every one)")
     console.print(table if table.row_count else "peak table: empty")
     for line in marks:
         console.print(line)
@@ -296,5 +307,6 @@ def workdirs(data: dict[str, Any]) -> None:
                           _t(d["purpose"]), format_duration(d["age_s"]), size, _t(opened))
         console.print(table)
     if data["hidden_processes"]:
-        console.print(f"note: {data['hidden_processes']} processes could not be inspected for open files "
-                      "(permission denied; as root, other users' processes can be)")
+        from dispatch.guards.workdirs import hidden_note
+
+        console.print(_t(hidden_note(data["hidden_processes"])))

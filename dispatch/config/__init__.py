@@ -59,17 +59,17 @@ def load_settings(explicit: str | None = None, environ: Mapping[str, str] | None
 
 def _check_named(settings: Settings, path: str, environ: Mapping[str, str]) -> None:
     """The files a trusted config names are checked on every load (the cache cannot vouch for them):
-    a few ``stat`` calls. A file not there yet is ssh's to complain about."""
+    a few ``lstat`` calls. A file not there yet is judged by the directories it would be in (someone
+    else able to create it there could hand ssh their file); ssh complains that it is missing."""
     for host in settings.hosts.values():
         for key in host.files:  # e.g. an ssh host's ssh_config, identity_file
             named = host.options.get(key)
             if not named:
                 continue
             try:
-                st = os.stat(named)
-            except OSError:
+                trust.check_file(named, f"hosts.{host.name}.{key} (in {os.path.abspath(path)})", environ)
+            except OSError:  # unreadable on the way (permission denied): ssh will say so
                 continue
-            trust.check_file(named, f"hosts.{host.name}.{key} (in {os.path.abspath(path)})", environ, st)
     trust.check_existing_dir(settings.state_dir, f"state_dir (from {os.path.abspath(path)})")
 
 

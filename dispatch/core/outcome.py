@@ -57,6 +57,14 @@ class Outcome:
         return f"Outcome({self.to_dict()!r})"
 
 
+def argv_b64(argv: list[str]) -> list[str]:
+    """Each argument's bytes in base64: the faithful form of an argv that is not UTF-8 (``argv``
+    holds such bytes as lone surrogates, which JSON tools turn into U+FFFD)."""
+    import base64
+
+    return [base64.b64encode(os.fsencode(arg)).decode("ascii") for arg in argv]
+
+
 def write_result(path: str, outcome: Outcome) -> None:
     """Write atomically, so a reader polling for the file never sees half of it; on failure the
     temporary file is removed and the OSError raised."""
@@ -64,7 +72,9 @@ def write_result(path: str, outcome: Outcome) -> None:
 
     from dispatch.core.atomicfile import write_atomic
 
-    text = json.dumps(outcome.to_dict(), indent=2, sort_keys=True) + "\n"
+    data = outcome.to_dict()
+    data["argv_b64"] = argv_b64(outcome.argv)
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     write_atomic(path, text.encode(), 0o666)  # the caller's file: modes as its umask says
 
 

@@ -30,6 +30,15 @@ def is_alive(pid: int, started: int) -> bool:
     return state != b"Z"
 
 
+def is_stopped(pid: int) -> bool:
+    """True while ``pid`` is stopped (Ctrl-Z, SIGSTOP: state T) or stopped by a tracer (t)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
+
+
 def cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:

@@ -6,8 +6,9 @@ names an ``ssh_config`` (whose ``ProxyCommand`` is a command), an identity file 
 the ControlMaster socket directory decides where root's ssh traffic goes. So:
 
 * a file (config, ``ssh_config``, ``identity_file``) must be owned by the invoking user (the effective
-  uid) or root and not writable by group or others, and so must the directory it is in (a sticky
-  directory such as ``/tmp`` is fine: others cannot replace a file in it). ``HOSTRUN_TRUST_CONFIG``
+  uid) or root and not writable by group or others, and so must every directory and symlink on the
+  path as written, from ``/`` down (a sticky directory such as ``/tmp`` is fine: others cannot
+  replace an entry of ours in it). ``HOSTRUN_TRUST_CONFIG``
   (absolute paths, ``:``-separated) names files trusted anyway, as git's ``safe.directory`` does;
 * a directory hostrun keeps things in is created 0700 and then checked with ``lstat``: a real directory
   (not a symlink), owned by us, writable by nobody else; one of ours that others cannot write is
@@ -81,15 +82,69 @@ def opted_in(path: str, environ: Mapping[str, str]) -> bool:
                for entry in listed.split(os.pathsep) if entry)
 
 
-def file_problem(path: str, st: os.stat_result) -> str | None:
-    """Why the file ``path`` (whose ``os.stat`` is ``st``) cannot be trusted, or None."""
-    problem = _owner_problem(st) or _write_problem(st)
+MAX_LINKS = 40  # as the kernel's limit on symlinks followed in one path
+
+
+def file_problem(path: str, st: os.stat_result | None = None) -> str | None:
+    """Why the file ``path`` cannot be trusted, or None: it, and **every component of the path as
+    written** (each directory, and each symlink followed, with the path its target names), must be
+    owned by you or root, and the directories writable by nobody else unless sticky.
+
+    Judging only the file and its real directory is not enough: the path is opened later by another
+    program (ssh), and a directory or link on the way that another user owns lets them swap what it
+    names in between (a link flipped every few ms did it). When every component is yours or root's,
+    nobody else can change what the path names. A path not there (yet) is judged as far as it
+    exists, and refused if the missing part could be created by someone else (in ``/tmp``).
+    (``st`` is unused: the walk ``lstat``s every component itself; callers may still pass it.)"""
+    try:  # the file itself first: its own owner or mode is the likeliest, and most useful, answer
+        final = os.stat(path)
+        problem = _owner_problem(final) or _write_problem(final)
+    except FileNotFoundError:
+        problem = None
     if problem:
         return f"it is {problem}"
-    directory = os.path.dirname(os.path.realpath(path))
-    problem = _ancestor_problem(os.stat(directory))
+    components = os.path.join(os.getcwd(), path).split("/")  # as written: no normalising of ".."
+    todo = [c for c in reversed(components) if c not in ("", ".")]
+    current = "/"
+    problem = _ancestor_problem(os.lstat("/"))
     if problem:
-        return f"its directory {directory} is {problem}"
+        return f"/ on its path is {problem}"
+    links = 0
+    while todo:
+        part = todo.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = os.path.dirname(current)  # ``current`` is a real directory: its parent is sure
+            continue
+        here = os.path.join(current, part)
+        try:
+            lst = os.lstat(here)
+        except FileNotFoundError:
+            # Judged as far as it exists: in a directory only you or root can write, nobody else can
+            # create the rest; in one others can write (sticky or not), anyone could, at any moment.
+            if os.lstat(current).st_mode & _OTHERS_WRITE:
+                return f"{here} does not exist, and others can create it in {current}"
+            return None
+        if stat.S_ISLNK(lst.st_mode):
+            links += 1
+            if links > MAX_LINKS:
+                return f"{here} is one symlink too many on its path"
+            owner = _owner_problem(lst)
+            if owner:
+                return f"the symlink {here} on its path is {owner}"
+            target = os.readlink(here)
+            if target.startswith("/"):
+                current = "/"
+            todo.extend(c for c in reversed(target.split("/")) if c not in ("", "."))
+            continue
+        if not todo:  # the file itself
+            problem = _owner_problem(lst) or _write_problem(lst)
+            return f"it is {problem}" if problem else None
+        problem = _ancestor_problem(lst)
+        if problem:
+            return f"{here} on its path is {problem}"
+        current = here
     return None
 
 
@@ -99,7 +154,7 @@ def check_file(path: str, what: str, environ: Mapping[str, str], st: os.stat_res
     ``what`` names it in the message (e.g. "config file", "hosts.x.ssh_config in /etc/hosts.toml");
     ``st`` is its ``os.stat`` when the caller has it (the config loader stats the file anyway).
     """
-    problem = file_problem(path, os.stat(path) if st is None else st)
+    problem = file_problem(path, st)
     if problem is None or opted_in(path, environ):
         return
     absolute = os.path.abspath(path)

@@ -53,6 +53,10 @@ class Owner(NamedTuple):
     host: str = ""
     user: str = ""
     pid: int = 0  # the claiming process's parent (the shell or agent that asked); informational
+    # The claimed directory's device and inode: an owner file proves it belongs to the directory it
+    # sits in (one moved elsewhere, by whoever can write both places, claims nothing there).
+    dir_dev: int = 0
+    dir_ino: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         data = self._asdict()
@@ -139,7 +143,8 @@ def _parse_owner(raw: bytes, st: os.stat_result) -> Owner:
         data = json.loads(raw.decode("utf-8"))
         return Owner(session=str(data["session"]), created=float(data["created"]),
                      purpose=str(data.get("purpose", "")), host=str(data.get("host", "")),
-                     user=str(data.get("user", "")), pid=int(data.get("pid", 0)))
+                     user=str(data.get("user", "")), pid=int(data.get("pid", 0)),
+                     dir_dev=int(data.get("dir_dev", 0)), dir_ino=int(data.get("dir_ino", 0)))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         return Owner(session="", created=st.st_mtime, purpose=f"(unreadable owner file: {exc})")
 
@@ -178,6 +183,10 @@ def read_owner_at(dir_fd: int) -> tuple[Owner | None, str | None]:
         return owner, "is writable by others"
     if st.st_nlink != 1:
         return owner, "has other hard links"
+    here = os.fstat(dir_fd)
+    if (owner.dir_dev, owner.dir_ino) != (here.st_dev, here.st_ino):
+        return owner, ("was written for another directory (moved here?), or by an older hostrun: "
+                       "claim the directory again to record it")
     return owner, None
 
 
@@ -209,8 +218,10 @@ def claim(directory: str, purpose: str, session: str) -> tuple[str, Owner, bool]
     if existing is not None and existing.session != session:
         raise NotRunError(f"{real} is already claimed by session {existing.session or '(unknown)'} "
                           f"({existing.purpose}; since {_when(existing.created)}); not claimed")
+    here = os.stat(real)
     owner = Owner(session=session, created=existing.created if existing else time.time(),
-                  purpose=purpose, host=socket.gethostname(), user=_user(), pid=os.getppid())
+                  purpose=purpose, host=socket.gethostname(), user=_user(), pid=os.getppid(),
+                  dir_dev=here.st_dev, dir_ino=here.st_ino)
     _write_owner(real, owner)
     return real, owner, existing is None
 
@@ -467,6 +478,12 @@ def _clean_one(path: str, seen: Owner, session: str, opened: list[Opener], dry_r
         return Verdict(path, seen, "kept", f"cannot open it: {exc.strerror or exc}")
     mine = f"owned by this session ({session}) and not open"
     try:
+        parent, here = os.fstat(parent_fd), os.fstat(dir_fd)
+        if parent.st_mode & stat.S_IWOTH and here.st_uid not in (os.geteuid(),):
+            # Anyone can add entries beside it, and someone else owns it: whatever its owner file
+            # says, that user could have arranged what is in it and around it. Theirs to remove.
+            return Verdict(path, seen, "kept", f"it belongs to uid {here.st_uid}, not you, and "
+                                               f"{os.path.dirname(path)} is writable by anyone")
         owner, reason = _keep_reason_at(dir_fd, path, session, opened)
         if owner is None:  # released meanwhile
             return None
@@ -527,6 +544,16 @@ def clean_lines(data: dict[str, Any]) -> list[str]:
         more = f", … ({len(data['unclaimed'])} in all)" if len(data["unclaimed"]) > 10 else ""
         lines.append(f"left alone (unclaimed): {shown}{more}")
     if data["hidden_processes"]:
-        lines.append(f"note: {data['hidden_processes']} processes could not be inspected for open "
-                     "files (permission denied; as root, other users' processes can be)")
+        lines.append(hidden_note(data["hidden_processes"]))
     return lines
+
+
+def hidden_note(count: int, euid: int | None = None) -> str:
+    """The note under a listing when ``count`` processes could not be inspected: a normal user is
+    told that root can see them; root, that even it was refused (another user namespace, a
+    security module such as Yama or SELinux), so running it as root would not help."""
+    if (os.geteuid() if euid is None else euid) == 0:
+        why = "permission denied even to root: a process in another user namespace or under a security module"
+    else:
+        why = "permission denied: other users' processes; as root they can be"
+    return f"note: {count} processes could not be inspected for open files ({why})"

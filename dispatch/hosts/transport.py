@@ -97,6 +97,14 @@ def ensure_control_dir(directory: str) -> None:
     private_dir(directory, fix="set a shorter state_dir (its ssh/ subdirectory is used then)")
 
 
+def control_path_option(directory: str) -> str:
+    """``ControlPath=...`` for ``ssh -o``, naming ``directory/%C`` whatever the directory's name holds:
+    ssh splits an option's value into words like a config line (a space ends it unless quoted; inside
+    double quotes a backslash escapes ``"`` and ``\\``) and expands ``%`` tokens (``%%`` is a %)."""
+    escaped = directory.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    return f'ControlPath="{escaped}/%C"'
+
+
 def remote_command(argv: Sequence[str]) -> str:
     """One shell-safe string: sshd hands the command to the login shell, so every word is quoted."""
     return " ".join(shlex.quote(a) for a in argv)
@@ -125,7 +133,7 @@ class SshTransport:
             "-o", "BatchMode=yes",
             "-o", f"ConnectTimeout={max(1, int(self.connect_timeout))}",
             "-o", f"ControlMaster={master}",
-            "-o", f"ControlPath={os.path.join(self.ctl_dir, '%C')}",
+            "-o", control_path_option(self.ctl_dir),
             "-o", f"ControlPersist={int(self.control_persist)}",
             "-o", "ServerAliveInterval=5",
             "-o", "ServerAliveCountMax=3",

@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from dispatch.capping.base import CapBackend
+from dispatch.capping.base import CapBackend, JobCgroup
 from dispatch.core.hostfacts import MemInfo, read_meminfo
 from dispatch.core.units import format_duration, format_size
 from dispatch.local.ledger import Admission, Ledger, Room
@@ -78,11 +78,23 @@ def room_function(backend: CapBackend, limit: int,
     return room
 
 
+def booking_job(backend: CapBackend, booking: Booking) -> JobCgroup | None:
+    """The job cgroup a ledger row names, if it is one of the slice's and the one the row's own
+    holder made (its name carries the holder's pid and start time): a row, stale or written by
+    someone else, pointing at another live job's cgroup must never get that job killed."""
+    if not booking.cgroup:
+        return None
+    expected = backend.job_name(f"{booking.pid}-{booking.pid_start}")
+    if os.path.basename(booking.cgroup.rstrip("/")) != expected:
+        return None
+    return backend.job_at(booking.cgroup)
+
+
 def not_at_peak(backend: CapBackend, running: Sequence[Booking]) -> int:
     """What running bookings have yet to use: each booking less its job's memory in use now."""
     total = 0
     for b in running:
-        job = backend.job_at(b.cgroup) if b.cgroup else None
+        job = booking_job(backend, b)
         total += max(0, b.size - (job.sample() if job is not None else 0))
     return total
 
@@ -96,14 +108,13 @@ def slice_room(limit: int, booked: int, used: int) -> int:
 def stop_reclaimed(backend: CapBackend, reclaimed: list[Booking]) -> None:
     """A dead holder's job may still run: stop its cgroup (nothing may run unbooked)."""
     for booking in reclaimed:
-        if booking.cgroup:
-            job = backend.job_at(booking.cgroup)
-            if job is not None:
-                job.kill_all()
-                try:
-                    job.remove()
-                except OSError:
-                    pass
+        job = booking_job(backend, booking)
+        if job is not None:
+            job.kill_all()
+            try:
+                job.remove()
+            except OSError:
+                pass
 
 
 def gpu_room_function(backend: CapBackend, snapshot: GpuSnapshot
@@ -118,7 +129,7 @@ def gpu_room_function(backend: CapBackend, snapshot: GpuSnapshot
         for b in running:
             if b.gpu_index is None or not b.gpu_bytes:
                 continue
-            job = backend.job_at(b.cgroup) if b.cgroup and snapshot.apps else None
+            job = booking_job(backend, b) if snapshot.apps else None
             held.append((b.gpu_index, b.gpu_bytes, job.pids() if job is not None else []))
         return snapshot.rooms(held)
 

@@ -25,11 +25,14 @@ class Watcher:
         self._write_fd = write_fd
 
     @staticmethod
-    def fork(keep: list[int], act: Callable[[list[bytes]], None]) -> tuple[int, int]:
+    def fork(keep: list[int], act: Callable[[list[bytes]], None],
+             on_deadline: Callable[[int, list[bytes]], None] | None = None) -> tuple[int, int]:
         """Fork the watcher (its pid and the pipe's write end, for the constructor): in its own
         session, signals ignored, stdio on /dev/null, holding nothing of hostrun's but the pipe and
         ``keep``; when hostrun dies it calls ``act`` with the lines hostrun told it (hostrun's
-        ``dismiss`` ends it without acting)."""
+        ``dismiss`` ends it without acting). ``on_deadline(stage, lines)``: called at a deadline
+        hostrun told it (``D<at> <grace>``, stage 1) and ``grace`` seconds later (stage 2), unless
+        hostrun said it is stopping the job itself (``T``)."""
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the forked child; tested end to end
@@ -46,7 +49,7 @@ class Watcher:
                 # the write end of the pipe that feeds the job's stdin (the peer agent's --stdin)
                 # would keep the job from ever seeing EOF, for as long as the guardian lives.
                 _close_all_but([read_fd, *keep])
-                lines = _until_hostrun_ends(read_fd)
+                lines = _until_hostrun_ends(read_fd, on_deadline)
                 if lines is not None:
                     act(lines)
             except BaseException:
@@ -72,10 +75,23 @@ class Watcher:
             pass
 
 
+DEADLINE_MARGIN = 2.0  # the guardian keeps a max runtime this long after hostrun would have
+
+
 class Guardian(Watcher):
     @classmethod
     def start(cls, state_dir: str, job: JobCgroup) -> Guardian:
-        return cls(*cls.fork(job.held_fds(), lambda lines: _clean_up(lines, state_dir, job)))
+        return cls(*cls.fork(job.held_fds(), lambda lines: _clean_up(lines, state_dir, job),
+                             lambda stage, lines: _deadline(stage, lines, job)))
+
+    def deadline(self, at: float, grace: float) -> None:
+        """``--max-runtime``: the monotonic time the job must stop by. hostrun stops it then; should
+        hostrun not run then (stopped), the guardian does, ``DEADLINE_MARGIN`` later."""
+        self.tell(f"D{at + DEADLINE_MARGIN} {grace}")
+
+    def stopping(self) -> None:
+        """hostrun is stopping the job for its max runtime itself: the guardian stands down."""
+        self.tell("T")
 
     def booked(self, booking_id: int) -> None:
         self.tell(f"B{booking_id}")
@@ -95,16 +111,39 @@ def _close_all_but(keep: list[int]) -> None:  # pragma: no cover - child
     os.closerange(low, max(low, os.sysconf("SC_OPEN_MAX")))
 
 
-def _until_hostrun_ends(read_fd: int) -> list[bytes] | None:  # pragma: no cover - child
-    """The lines hostrun sent, once its end closes the pipe; None when it dismissed the watcher."""
+def _until_hostrun_ends(read_fd: int, on_deadline: Callable[[int, list[bytes]], None] | None = None
+                        ) -> list[bytes] | None:  # pragma: no cover - child
+    """The lines hostrun sent, once its end closes the pipe; None when it dismissed the watcher.
+    Meanwhile, a deadline hostrun told (``D<monotonic at> <grace>``) is kept even while hostrun
+    itself cannot run (stopped by Ctrl-Z or SIGSTOP: this process is in a session of its own)."""
+    import select
+    import time
+
     pending = b""
+    stage_at: float | None = None  # when the next deadline stage is due
+    stage, grace = 0, 0.0
     while True:
+        timeout = None if stage_at is None else max(0.0, stage_at - time.monotonic())
+        ready, _, _ = select.select([read_fd], [], [], timeout)
+        if not ready:  # the deadline (or its grace) passed and hostrun did not say it acted
+            stage += 1
+            lines = [line for line in pending.split(b"\n") if line]
+            if on_deadline is not None:
+                on_deadline(stage, lines)
+            stage_at = time.monotonic() + grace if stage == 1 else None
+            continue
         data = os.read(read_fd, 64)
         if not data:
             return [line for line in pending.split(b"\n") if line]
         pending += data
         if b"x" in pending:
             return None
+        for line in pending.split(b"\n")[:-1]:
+            if line.startswith(b"D") and stage == 0:
+                at, _, rest = line[1:].partition(b" ")
+                stage_at, grace = float(at), float(rest or 10)
+            elif line == b"T":  # hostrun stops the job itself: stand down
+                stage_at = None
 
 
 def _clean_up(lines: list[bytes], state_dir: str, job: JobCgroup) -> None:  # pragma: no cover - child
@@ -126,3 +165,19 @@ def _clean_up(lines: list[bytes], state_dir: str, job: JobCgroup) -> None:  # pr
         ledger = Ledger(state_dir)
         ledger.release(booking_id)
         ledger.close()
+
+
+def _deadline(stage: int, lines: list[bytes], job: JobCgroup) -> None:  # pragma: no cover - child
+    """The job's max runtime passed while hostrun could not act: SIGTERM to the job's process group
+    and cgroup (stage 1), then kill the cgroup (stage 2). hostrun, once it runs again, sees the time
+    and says 253."""
+    pid = next((int(line[1:]) for line in lines if line.startswith(b"P")), 0)
+    if stage == 1:
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        job.signal_all(signal.SIGTERM)
+    else:
+        job.kill_all()

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.core.errors import LedgerError
-from dispatch.core.procinfo import is_alive
+from dispatch.core.procinfo import is_alive, is_stopped
 from dispatch.core.records import NamedTuple
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
@@ -436,6 +436,9 @@ class Ledger:
         # A waiter held by a queue policy (its group's cap, --when-idle) reserves no memory: the jobs
         # of other groups behind it may start. Within a group FIFO holds, as the cap holds them all.
         held = {b.id for b in earlier if policy_block(b, running, groups) is not None}
+        # A waiter that is stopped (Ctrl-Z, SIGSTOP) cannot take its turn: it holds nobody up. When
+        # it is resumed it is at its place in the queue again.
+        held |= {b.id for b in earlier if is_stopped(b.pid)}
         ahead = sum(b.size for b in earlier if b.id not in held)
         free, machine = room(running)
         if me.state == "running":

@@ -11,7 +11,7 @@ import time
 from dispatch import __version__
 from dispatch.core.hostfacts import cores, read_loadavg
 from dispatch.core.settings import Settings
-from dispatch.local.admission import slice_room
+from dispatch.local.admission import booking_job, slice_room
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.ledger import Ledger
 
@@ -44,7 +44,7 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
     jobs = []
     yet = 0
     for b in running:
-        job = backend.job_at(b.cgroup) if b.cgroup else None
+        job = booking_job(backend, b)
         in_use = job.sample() if job is not None else 0
         yet += max(0, b.size - in_use)  # as admission.not_at_peak, with each job's use kept
         jobs.append({

@@ -36,7 +36,7 @@ from dispatch.core.text import storable
 from dispatch.core.units import format_size
 from dispatch.local.admission import wait_for_room
 from dispatch.local.booking import Plan, default_label, plan_booking
-from dispatch.local.guardian import Guardian
+from dispatch.local.guardian import DEADLINE_MARGIN, Guardian
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.ledger import Admission, Ledger, Room
 from dispatch.local.ledgerdb import record_outcome
@@ -277,7 +277,8 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             gpu.device = gpu.snapshot.device(index) if index is not None else None
             if gpu.device is None:
                 raise BackendError(f"booked on GPU {index}, which nvidia-smi no longer lists")
-        outcome = _run(settings, host, backend, job, child, request, label, plan, say, gpu, watch)
+        outcome = _run(settings, host, backend, job, child, request, label, plan, say, gpu, watch,
+                       guardian)
         outcome.waited_s = round(waited, 3)
         record_outcome(settings, ledger, outcome, request, cap, plan.kind, say)
         if alerts and outcome.exit_code in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
@@ -374,7 +375,7 @@ def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSet
 def _run(
     settings: Settings, host: HostSettings, backend: CapBackend, job: JobCgroup, child: PreparedChild,
     request: RunRequest, label: str, plan: Plan, say: Callable[[str], None], gpu: GpuRun | None = None,
-    watch: KernelWatch | None = None,
+    watch: KernelWatch | None = None, guardian: Guardian | None = None,
 ) -> Outcome:
     result = Outcome(
         exit_code=0, outcome="exit", host=host.name, label=label, argv=list(request.argv),
@@ -401,7 +402,7 @@ def _run(
             return result
         max_runtime = request.max_runtime if request.max_runtime is not None else host.max_runtime
         status, peak, timed_out = _watch(settings, job, child.pid, max_runtime, signals, say,
-                                         foreground, watch)
+                                         foreground, watch, guardian)
     result.duration_s = round(time.monotonic() - started, 3)
     job.kill_all()
     vram = watch.finish() if watch is not None else None  # the rest of its output, then the verdict
@@ -445,6 +446,7 @@ def _run(
 def _watch(
     settings: Settings, job: JobCgroup, pid: int, max_runtime: float | None, signals: _Signals,
     say: Callable[[str], None], foreground: _Foreground | None = None, watch: KernelWatch | None = None,
+    guardian: Guardian | None = None,
 ) -> tuple[int, int, bool]:
     """Wait for the main process, sampling memory; enforce max runtime and forwarded signals.
 
@@ -460,6 +462,8 @@ def _watch(
         tee.register(poller)
     begun = last = time.monotonic()
     deadline = begun + max_runtime if max_runtime is not None else None
+    if deadline is not None and guardian is not None:
+        guardian.deadline(deadline, settings.kill_grace)  # kept even while this process is stopped
     kill_at: float | None = None
     timed_out = False
     peak = 0
@@ -494,10 +498,17 @@ def _watch(
                     kill_at = now + settings.kill_grace
             if deadline is not None and now >= deadline and not timed_out:
                 timed_out = True
-                say(f"max runtime reached; stopping the job (SIGTERM, SIGKILL after "
-                    f"{settings.kill_grace:g} s)")
-                _signal_group(pid, signal.SIGTERM)
-                job.signal_all(signal.SIGTERM)
+                if now >= deadline + DEADLINE_MARGIN and guardian is not None:
+                    # This process was not running at the deadline (stopped): the guardian kept it.
+                    say(f"max runtime ({max_runtime:g} s) passed while hostrun was stopped; its "
+                        "guardian stopped the job")
+                else:
+                    if guardian is not None:
+                        guardian.stopping()
+                    say(f"max runtime reached; stopping the job (SIGTERM, SIGKILL after "
+                        f"{settings.kill_grace:g} s)")
+                    _signal_group(pid, signal.SIGTERM)
+                    job.signal_all(signal.SIGTERM)
                 kill_at = now + settings.kill_grace
             if kill_at is not None and now >= kill_at:
                 job.kill_all()
@@ -506,6 +517,11 @@ def _watch(
             _, status = os.waitpid(pid, 0)
     finally:
         os.close(pidfd)
+    if (deadline is not None and not timed_out and guardian is not None
+            and time.monotonic() >= deadline + DEADLINE_MARGIN):
+        timed_out = True  # it ended while this process was stopped: the guardian stopped it
+        say(f"max runtime ({max_runtime:g} s) passed while hostrun was stopped; its guardian stopped "
+            "the job")
     return status, peak, timed_out
 
 
