@@ -38,6 +38,7 @@ OUTPUT_FIELDS = {
                    "updatedInput": dict, "additionalContext": str},
     "SessionStart": {"hookEventName": str, "additionalContext": str},
     "PostToolUse": {"hookEventName": str, "additionalContext": str},
+    "PostToolUseFailure": {"hookEventName": str, "additionalContext": str},
 }
 
 
@@ -476,6 +477,7 @@ def test_install_is_idempotent_and_keeps_other_hooks_and_keys(tmp_path: Path) ->
     assert places[0]["hooks"] == {"PreToolUse": ["hostrun hook pre-tool-use"],
                                   "SessionStart": ["hostrun hook session-start"],
                                   "PostToolUse": ["hostrun hook post-tool-use"],
+                                  "PostToolUseFailure": ["hostrun hook post-tool-use-failure"],
                                   "Stop": ["hostrun hook stop"]}
     assert len(data["hooks"]["Stop"]) == 2 and len(data["hooks"]["PostToolUse"]) == 1
     assert places[1] == {"scope": "user", "path": str(home / ".claude" / "settings.json"), "hooks": {},
@@ -499,7 +501,8 @@ def test_an_older_install_gains_the_new_entries_on_reinstall(tmp_path: Path) -> 
     settings.write_text(json.dumps(older))
     status = agents("status", cwd=tmp_path, home=home)
     assert status.returncode == 0, status.stdout + status.stderr
-    assert "(missing PostToolUse, Stop: run 'hostrun agents install' again)" in status.stdout
+    assert ("(missing PostToolUse, PostToolUseFailure, Stop: run 'hostrun agents install' again)"
+            in status.stdout)
     assert agents("install", "claude-code", "--user", "--command", "hostrun", cwd=tmp_path,
                   home=home).returncode == 0
     data = json.loads(settings.read_text())
@@ -526,7 +529,7 @@ def test_agents_status_exits_78_when_a_hook_does_not_deliver(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(table, "read", lambda settings, label=None: fake_readings())
     assert install.status(["--config", str(config)]) == 0
-    assert capsys.readouterr().out.count("self-test ok") == 13
+    assert capsys.readouterr().out.count("self-test ok") == 15
     monkeypatch.setattr(claude, "_alerts", lambda *args: [])  # alerts never delivered
     assert install.status(["--config", str(config)]) == ExitCode.NOT_RUN == 78
     out = capsys.readouterr().out
@@ -543,7 +546,7 @@ def test_install_user_creates_a_private_file_and_uninstall_restores_nothing(tmp_
     assert settings.stat().st_mode & 0o777 == 0o600
     assert (home / ".claude").stat().st_mode & 0o777 == 0o700
     assert install.installed(json.loads(settings.read_text())).keys() == {
-        "PreToolUse", "SessionStart", "PostToolUse", "Stop"}
+        "PreToolUse", "SessionStart", "PostToolUse", "PostToolUseFailure", "Stop"}
     assert agents("uninstall", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
     assert json.loads(settings.read_text()) == {}
 
@@ -684,10 +687,19 @@ def test_own_cap_kill_reaches_its_session_through_the_hooks_once(hostrun: Hostru
     assert answer is not None and schema_problems("Stop", answer) == []
     assert "job hog-at-stop on local" in answer["reason"] and "not-mine" not in answer["reason"]
     assert hook_at("stop", "stop") is None and hook_at("post_tool_use_bash", "post-tool-use") is None
+    # The failed call itself (a Bash command exiting 250 fires PostToolUseFailure, not PostToolUse):
+    # its alert comes with the failure, once.
+    kill("hog-failed", SESSION)
+    answer = hook_at("post_tool_use_failure_bash", "post-tool-use-failure")
+    assert answer is not None and schema_problems("PostToolUseFailure", answer) == []
+    assert "job hog-failed on local was killed at its own cap 100 MiB" in context(answer)
+    assert "may say why this call failed" in context(answer)
+    assert hook_at("post_tool_use_failure_bash", "post-tool-use-failure") is None
+    assert hook_at("post_tool_use_bash", "post-tool-use") is None
     assert hostrun.bookings() == []
 
 
 def test_agents_status_self_test_passes(hostrun: Hostrun, tmp_path: Path) -> None:
     proc = hostrun.run("agents", "status", cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("self-test ok") == len(selftest.cases()) == 13 and "FAIL" not in proc.stdout
+    assert proc.stdout.count("self-test ok") == len(selftest.cases()) == 15 and "FAIL" not in proc.stdout

@@ -488,3 +488,12 @@ def test_peer_sync_target_is_claimed_and_the_claim_survives_the_sync(hostrun: An
     listed = workdirs.list_claimed(str(peer.home / "hostrun-work"), session="ctl-7")
     rows = [(d["path"], d["session"], d["mine"]) for d in listed["directories"]]
     assert rows == [(str(copy), "ctl-7", True)]
+
+
+def test_the_note_on_hidden_processes_says_what_root_could_not_see() -> None:
+    """A normal user is told root could inspect the others' processes; root, that it was refused
+    even so (so running it as root would not help)."""
+    user = workdirs.hidden_note(3, euid=1000)
+    assert user.startswith("note: 3 processes could not be inspected") and "as root they can be" in user
+    root = workdirs.hidden_note(3, euid=0)
+    assert "even to root" in root and "as root they can be" not in root

@@ -228,7 +228,13 @@ def test_an_owner_file_moved_up_claims_nothing_there(other_user: OtherUser, tmp_
     world-writable ``scratch``; the other user moves root's owner file up into ``scratch``. root's
     ``clean scratch`` must remove neither ``scratch`` (a third party's file is there) nor the
     other user's ``shared-build``: the owner file names the directory it was written for (device and
-    inode), and a directory someone else owns in a world-writable parent is theirs to remove."""
+    inode), and a directory someone else owns in a world-writable parent is theirs to remove.
+
+    One move, not a race in a loop: the owner file is read through the descriptor of the directory
+    it sits in and compared with ``fstat`` of that same descriptor, so which directory it claims
+    does not depend on timing (and once it sits in the sticky ``scratch``, root's file cannot be
+    moved again by the other user). Before, the one move was enough: root's clean printed "removed"
+    for ``scratch`` and the third party's file was gone."""
     import tempfile
 
     scratch = Path(tempfile.mkdtemp(prefix="hostrun-scratch-", dir="/tmp"))

@@ -13,6 +13,8 @@ Events (docs/agents.md, "Claude Code"):
   the session's later shell commands, through ``$CLAUDE_ENV_FILE``.
 - ``post-tool-use`` (PostToolUse, every tool): the session's unread alerts as ``additionalContext``;
   nothing unread, no answer (the fast path again: it runs after every tool call).
+- ``post-tool-use-failure`` (PostToolUseFailure, every tool: a call that failed, such as a Bash
+  command hostrun ended with 250/254/246/251): the same, so the failure's alert comes with it.
 - ``stop`` (Stop): unread alerts block the stop once (``decision: "block"``, the alerts as ``reason``);
   never while ``stop_hook_active`` (Claude Code is already continuing because of a Stop hook).
 
@@ -42,15 +44,15 @@ if MYPY:
     from dispatch.hooks.classify import Verdict
 
 PRE_TOOL_USE, SESSION_START = "PreToolUse", "SessionStart"
-POST_TOOL_USE, STOP = "PostToolUse", "Stop"
+POST_TOOL_USE, POST_TOOL_USE_FAILURE, STOP = "PostToolUse", "PostToolUseFailure", "Stop"
 EVENTS = {"pre-tool-use": PRE_TOOL_USE, "session-start": SESSION_START, "post-tool-use": POST_TOOL_USE,
-          "stop": STOP}
+          "post-tool-use-failure": POST_TOOL_USE_FAILURE, "stop": STOP}
 MODES = ("remind", "wrap", "guard")
 MAX_CONTEXT = 9000  # characters of additionalContext (Claude Code caps what a hook injects)
 MAX_ALERTS = 20  # alerts shown per delivery; older ones are counted and named where to read
 MAX_ALERT_LINE = 420  # characters of one alert's line: MAX_ALERTS of them fit in MAX_CONTEXT
-USAGE = ("usage: hostrun hook [pre-tool-use|session-start|post-tool-use|stop] [--mode remind|wrap|guard]"
-         " [--config PATH] < EVENT.json")
+USAGE = ("usage: hostrun hook [pre-tool-use|session-start|post-tool-use|post-tool-use-failure|stop]"
+         " [--mode remind|wrap|guard] [--config PATH] < EVENT.json")
 HELP = f"""{USAGE}
 
 Claude Code's hooks: read the event JSON on stdin, write the answer JSON on stdout.
@@ -148,8 +150,8 @@ def run(argv: list[str], text: str, err: TextIO, settings: Settings | None = Non
         return None
     if event == PRE_TOOL_USE:
         return pre_tool_use(data, args, err)
-    if event == POST_TOOL_USE:
-        return post_tool_use(data, args, err)
+    if event in (POST_TOOL_USE, POST_TOOL_USE_FAILURE):
+        return post_tool_use(data, args, err, event)
     if event == STOP:
         return stop(data, args, err)
     return session_start(data, args, err)
@@ -208,6 +210,9 @@ ALERT_HEADINGS = {
                    "never acts on one itself: decide, or tell the user):",
     POST_TOOL_USE: "hostrun: {n} new alert{s} for this session (shown once; hostrun never acts on one "
                    "itself: decide what to do, or tell the user):",
+    POST_TOOL_USE_FAILURE: "hostrun: {n} new alert{s} for this session, which may say why this call "
+                           "failed (shown once; hostrun never acts on one itself: decide what to do, "
+                           "or tell the user):",
     STOP: "hostrun: {n} alert{s} for this session arrived while you worked (shown once). Before you "
           "stop, act on them or tell the user what they say; hostrun never acts on one itself:",
 }
@@ -362,13 +367,18 @@ def _export_session(name: str, err: TextIO) -> None:
 
 
 # -------------------------------------------------------------------- PostToolUse, Stop
-def post_tool_use(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | None:
+def post_tool_use(data: dict[str, Any], args: HookArgs, err: TextIO, event: str = POST_TOOL_USE
+                  ) -> dict[str, Any] | None:
     """The session's unread alerts, once, as ``additionalContext``; nothing unread: no answer. Runs
-    after every tool call: loads the config from its cache and the alert cursor, nothing more."""
+    after every tool call: loads the config from its cache and the alert cursor, nothing more.
+
+    ``PostToolUseFailure`` (a tool call that failed: a Bash command that exited non-zero, as a job
+    hostrun stopped with 250, 254, 246 or 251 does) gets the same answer, so the failed call's own
+    alert reaches the agent with the failure itself, not at some later call."""
     if data.get("agent_id"):
         return None  # a subagent's tool call: the alerts wait for the main agent
-    lines = _unread(data, args, err, POST_TOOL_USE)
-    return _answer(POST_TOOL_USE, additionalContext="\n".join(lines)) if lines else None
+    lines = _unread(data, args, err, event)
+    return _answer(event, additionalContext="\n".join(lines)) if lines else None
 
 
 def _unread(data: dict[str, Any], args: HookArgs, err: TextIO, event: str) -> list[str]:

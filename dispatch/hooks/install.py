@@ -4,7 +4,8 @@
 ``<git top level or cwd>/.claude/settings.json`` (``--project``, the default) or
 ``~/.claude/settings.json`` (``--user``): PreToolUse (matcher ``Bash``) → ``hostrun hook
 pre-tool-use``, SessionStart → ``hostrun hook session-start``, PostToolUse (every tool) → ``hostrun
-hook post-tool-use`` and Stop → ``hostrun hook stop``. Installing twice gives the same file; an older
+hook post-tool-use``, PostToolUseFailure (every tool) → ``hostrun hook post-tool-use-failure`` and
+Stop → ``hostrun hook stop``. Installing twice gives the same file; an older
 install that lacks an entry gains it;
 the user's other keys and hooks stay as they are (an entry of ours is replaced where it stands). The
 file is replaced atomically with its mode kept (through a symlink, the file it points to); a file
@@ -33,7 +34,8 @@ if MYPY:
 AGENTS = ("claude-code",)
 ACTIONS = ("install", "uninstall", "status")
 EVENTS = {"PreToolUse": ("pre-tool-use", "Bash", 60), "SessionStart": ("session-start", None, 30),
-          "PostToolUse": ("post-tool-use", None, 10), "Stop": ("stop", None, 30)}
+          "PostToolUse": ("post-tool-use", None, 10),
+          "PostToolUseFailure": ("post-tool-use-failure", None, 10), "Stop": ("stop", None, 30)}
 MODES = ("remind", "wrap", "guard")
 
 

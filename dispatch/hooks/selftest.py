@@ -21,10 +21,12 @@ FIELDS = {
                    "additionalContext"},
     "SessionStart": {"hookEventName", "additionalContext"},
     "PostToolUse": {"hookEventName", "additionalContext"},
+    "PostToolUseFailure": {"hookEventName", "additionalContext"},
 }
 # top-level keys per event: the hooks above answer in hookSpecificOutput; Stop with decision + reason
 TOP = {"PreToolUse": {"hookSpecificOutput"}, "SessionStart": {"hookSpecificOutput"},
-       "PostToolUse": {"hookSpecificOutput"}, "Stop": {"decision", "reason"}}
+       "PostToolUse": {"hookSpecificOutput"}, "PostToolUseFailure": {"hookSpecificOutput"},
+       "Stop": {"decision", "reason"}}
 DECISIONS = ("allow", "deny", "ask")
 SESSION_ID = "hostrun-self-test"
 ALERT_MARK = "hostrun self-test alert"
@@ -78,6 +80,11 @@ def _post() -> str:
                   tool_response={"stdout": "", "stderr": "", "interrupted": False}, tool_use_id="t2")
 
 
+def _failed() -> str:
+    return _event("PostToolUseFailure", tool_name="Bash", tool_input={"command": "hostrun -- make"},
+                  tool_use_id="t3", error="Exit code 250", is_interrupt=False)
+
+
 class Case:
     """One sample: the hook's argv and stdin, what is expected (none | remind | wrap | deny |
     context | block), on the private state (``private``) and after writing an alert (``alert``)."""
@@ -107,6 +114,10 @@ def cases() -> list[Case]:
         Case("after a tool, an alert: delivered", ["post-tool-use"], _post(), "context", private=True,
              alert=True),
         Case("after the next tool: not again", ["post-tool-use"], _post(), "none", private=True),
+        Case("after a failed call, an alert: delivered with it", ["post-tool-use-failure"], _failed(),
+             "context", private=True, alert=True),
+        Case("after the next failed call: not again", ["post-tool-use-failure"], _failed(), "none",
+             private=True),
         Case("stop while stop_hook_active: never blocks", ["stop"],
              _event("Stop", stop_hook_active=True), "none", private=True, alert=True),
         Case("stop with an unread alert: blocks once", ["stop"], _event("Stop", stop_hook_active=False),
@@ -149,7 +160,7 @@ def run_all(config: str | None) -> list[dict[str, Any]]:
 
 
 EVENT_OF = {"pre-tool-use": "PreToolUse", "session-start": "SessionStart", "post-tool-use": "PostToolUse",
-            "stop": "Stop"}
+            "post-tool-use-failure": "PostToolUseFailure", "stop": "Stop"}
 
 
 def _problem(case: Case, answer: object) -> str | None:
@@ -171,6 +182,6 @@ def _problem(case: Case, answer: object) -> str | None:
     said = str(out.get("additionalContext") or "")
     if isinstance(answer, dict):
         said += str(answer.get("reason") or "")
-    if (event == "PostToolUse" or expect == "block") and ALERT_MARK not in said:
+    if (event in ("PostToolUse", "PostToolUseFailure") or expect == "block") and ALERT_MARK not in said:
         problems.append("expected the alert")
     return "; ".join(problems) or None
