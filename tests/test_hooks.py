@@ -307,10 +307,20 @@ def test_malformed_input_gives_no_answer_and_one_line(hook: Hook, stdin: str, ar
     assert err.count("\n") == 1 and said in err and err.startswith("hostrun hook: ")
 
 
-def test_a_broken_config_does_not_block(hook: Hook) -> None:
+def test_a_broken_config_does_not_block_and_is_told_once(hook: Hook) -> None:
+    """Never a block because of hostrun itself; but not silent either: the first event after the
+    problem appears tells the user (``systemMessage``), once; guard mode says it is off."""
     hook.configure('mode = "block"')
     answer, err = hook.bash("cargo build")
-    assert answer is None and "agents.mode" in err and err.count("\n") == 1
+    assert "agents.mode" in err and err.count("\n") == 1
+    assert answer is not None and set(answer) == {"systemMessage"}
+    assert "configuration is broken" in answer["systemMessage"] and "agents.mode" in answer["systemMessage"]
+    assert "hooks do nothing until it is fixed" in answer["systemMessage"]
+    assert hook.bash("cargo build")[0] is None  # told once
+    assert hook(event("post_tool_use_bash"), "post-tool-use")[0] is None
+    hook.configure('mode = "guarded"')  # another problem: told again, and in guard mode, that it is off
+    answer, _ = hook.bash("cargo build", "--mode", "guard")
+    assert answer is not None and "guard mode is OFF" in answer["systemMessage"]
 
 
 def test_hook_process_never_tracebacks(tmp_path: Path) -> None:
@@ -433,9 +443,16 @@ def test_an_unusable_alert_cursor_is_one_line_and_no_answer(hook: Hook) -> None:
 
 # -------------------------------------------------------------------- agents install / uninstall
 def agents(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(home), "XDG_CACHE_HOME": str(home / "c")}
+    """``hostrun agents ...`` with this virtualenv's ``bin`` (its ``hostrun``) first on PATH, as after
+    ``./scripts/setup`` and activating it: installed commands that say ``hostrun`` then work."""
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(home), "XDG_CACHE_HOME": str(home / "c"),
+           "PATH": path}
     return subprocess.run([sys.executable, "-m", "dispatch", "agents", *args], capture_output=True,
                           text=True, env=env, cwd=cwd, timeout=60)
+
+
+CMD = f"{shlex.quote(sys.executable)} -m dispatch"  # how an install from `python -m dispatch` calls it
 
 
 def test_install_is_idempotent_and_keeps_other_hooks_and_keys(tmp_path: Path) -> None:
@@ -455,14 +472,14 @@ def test_install_is_idempotent_and_keeps_other_hooks_and_keys(tmp_path: Path) ->
     data = json.loads(first)
     assert data["model"] == "opus" and data["permissions"] == theirs["permissions"]
     assert data["hooks"]["Stop"] == [*theirs["hooks"]["Stop"], {"hooks": [
-        {"type": "command", "command": "hostrun hook stop --mode wrap", "timeout": 30}]}]
+        {"type": "command", "command": f"{CMD} hook stop --mode wrap", "timeout": 30}]}]
     assert data["hooks"]["PostToolUse"] == [{"hooks": [
-        {"type": "command", "command": "hostrun hook post-tool-use --mode wrap", "timeout": 10}]}]
+        {"type": "command", "command": f"{CMD} hook post-tool-use --mode wrap", "timeout": 10}]}]
     assert data["hooks"]["PreToolUse"][0] == theirs["hooks"]["PreToolUse"][0]
     assert data["hooks"]["PreToolUse"][1] == {"matcher": "Bash", "hooks": [
-        {"type": "command", "command": "hostrun hook pre-tool-use --mode wrap", "timeout": 60}]}
+        {"type": "command", "command": f"{CMD} hook pre-tool-use --mode wrap", "timeout": 60}]}
     assert data["hooks"]["SessionStart"] == [{"hooks": [
-        {"type": "command", "command": "hostrun hook session-start --mode wrap", "timeout": 30}]}]
+        {"type": "command", "command": f"{CMD} hook session-start --mode wrap", "timeout": 30}]}]
     assert settings.stat().st_mode & 0o777 == 0o640
     again = agents("install", "claude-code", "--mode", "wrap", cwd=project, home=home)
     assert again.returncode == 0 and "already installed" in again.stderr
@@ -470,18 +487,21 @@ def test_install_is_idempotent_and_keeps_other_hooks_and_keys(tmp_path: Path) ->
     # another mode replaces ours where it stands
     assert agents("install", "claude-code", cwd=project, home=home).returncode == 0
     data = json.loads(settings.read_text())
-    assert data["hooks"]["PreToolUse"][1]["hooks"][0]["command"] == "hostrun hook pre-tool-use"
+    assert data["hooks"]["PreToolUse"][1]["hooks"][0]["command"] == f"{CMD} hook pre-tool-use"
     assert len(data["hooks"]["SessionStart"]) == 1
     status = agents("status", "--json", cwd=project, home=home)
     places = json.loads(status.stdout)["installed"]
-    assert places[0]["hooks"] == {"PreToolUse": ["hostrun hook pre-tool-use"],
-                                  "SessionStart": ["hostrun hook session-start"],
-                                  "PostToolUse": ["hostrun hook post-tool-use"],
-                                  "PostToolUseFailure": ["hostrun hook post-tool-use-failure"],
-                                  "Stop": ["hostrun hook stop"]}
+    assert places[0]["hooks"] == {"PreToolUse": [f"{CMD} hook pre-tool-use"],
+                                  "SessionStart": [f"{CMD} hook session-start"],
+                                  "PostToolUse": [f"{CMD} hook post-tool-use"],
+                                  "PostToolUseFailure": [f"{CMD} hook post-tool-use-failure"],
+                                  "Stop": [f"{CMD} hook stop"]}
     assert len(data["hooks"]["Stop"]) == 2 and len(data["hooks"]["PostToolUse"]) == 1
-    assert places[1] == {"scope": "user", "path": str(home / ".claude" / "settings.json"), "hooks": {},
-                         "error": None}
+    assert places[1] == {"scope": "local", "path": str(project / ".claude" / "settings.local.json"),
+                         "hooks": {}, "error": None, "real_run": []}
+    assert places[2] == {"scope": "user", "path": str(home / ".claude" / "settings.json"), "hooks": {},
+                         "error": None, "real_run": []}
+    assert [r["ok"] for r in places[0]["real_run"]] == [True] * len(install.EVENTS)
     assert agents("uninstall", "claude-code", cwd=project, home=home).returncode == 0
     assert json.loads(settings.read_text()) == theirs
     assert agents("uninstall", "claude-code", cwd=project, home=home).returncode == 0
@@ -703,3 +723,95 @@ def test_agents_status_self_test_passes(hostrun: Hostrun, tmp_path: Path) -> Non
     proc = hostrun.run("agents", "status", cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("self-test ok") == len(selftest.cases()) == 15 and "FAIL" not in proc.stdout
+
+
+# -------------------------------------------------------------------- the project's config, install
+def hook_process(data: dict[str, Any], cwd: Path, env: dict[str, str]) -> dict[str, Any] | None:
+    """The hook as Claude Code runs it: its own process, in the agent's current directory, without
+    --config."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("HOSTRUN_", "CLAUDE_"))}
+    full.update(PYTHONPATH=str(ROOT), **env)
+    proc = subprocess.run([sys.executable, "-m", "dispatch", "hook", "pre-tool-use"], input=json.dumps(data),
+                          capture_output=True, text=True, env=full, cwd=cwd, timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout) if proc.stdout else None
+
+
+@pytest.mark.parametrize("found_by", ["CLAUDE_PROJECT_DIR", "git top of the event's cwd"])
+def test_the_projects_config_applies_after_cd(tmp_path: Path, found_by: str) -> None:
+    """A guard-mode project's hosts.toml at its root; the agent has done ``cd sub`` (the event's
+    cwd and the hook's own working directory): the project's guard still applies, found through
+    ``$CLAUDE_PROJECT_DIR`` or else the git top level of the event's cwd."""
+    project = tmp_path / "proj"
+    (project / "sub").mkdir(parents=True)
+    (project / ".git").mkdir()
+    (project / "hosts.toml").write_text(f'state_dir = "{tmp_path}/state"\n[agents]\nmode = "guard"\n')
+    env = {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    if found_by == "CLAUDE_PROJECT_DIR":
+        env["CLAUDE_PROJECT_DIR"] = str(project)
+    data = event("pre_tool_use_bash", command="cargo build --release", cwd=str(project / "sub"))
+    answer = hook_process(data, project / "sub", env)
+    assert answer is not None and answer["hookSpecificOutput"]["permissionDecision"] == "deny", answer
+
+
+def test_install_carries_config_and_refuses_a_command_that_does_not_work(tmp_path: Path) -> None:
+    project, home = tmp_path / "proj", tmp_path / "home"
+    (project / ".git").mkdir(parents=True)
+    home.mkdir()
+    config = tmp_path / "team.toml"
+    config.write_text(f'state_dir = "{tmp_path}/state"\n')
+    settings = project / ".claude" / "settings.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(home), "XDG_CACHE_HOME": str(home / "c")}
+    done = subprocess.run([sys.executable, "-m", "dispatch", "--config", str(config), "agents", "install",
+                           "claude-code"], capture_output=True, text=True, env=env, cwd=project, timeout=60)
+    assert done.returncode == 0, done.stderr
+    commands = [h["command"] for groups in json.loads(settings.read_text())["hooks"].values()
+                for group in groups for h in group["hooks"]]
+    assert len(commands) == len(install.EVENTS)
+    assert all(c.startswith(f"{CMD} hook ") and c.endswith(f" --config {config}") for c in commands)
+    before = settings.read_text()
+    bad = agents("install", "claude-code", "--command", "/nonexistent/hostrun", cwd=project, home=home)
+    assert bad.returncode == ExitCode.NOT_RUN
+    assert "the hooks would call '/nonexistent/hostrun', which does not work here" in bad.stderr
+    assert settings.read_text() == before
+
+
+def test_status_runs_the_installed_commands_for_real(tmp_path: Path) -> None:
+    """An installed command that cannot start (here: a hostrun that is not there, as a bare
+    ``hostrun`` off Claude Code's PATH would be) is what ``status`` finds and says, exit 78, even
+    though the in-process self-test passes."""
+    home = tmp_path / "home"
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(json.dumps({"hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [
+        {"type": "command", "command": "/nonexistent/bin/hostrun hook pre-tool-use", "timeout": 60}]}]}}))
+    status = agents("status", cwd=tmp_path, home=home)
+    assert status.returncode == ExitCode.NOT_RUN, status.stdout + status.stderr
+    assert "FAIL as installed: /nonexistent/bin/hostrun hook pre-tool-use: exit 127" in status.stdout
+    assert "self-test FAIL" not in status.stdout
+    assert agents("install", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
+    assert agents("uninstall", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
+    assert agents("install", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
+    status = agents("status", cwd=tmp_path, home=home)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"ok as installed: each of its {len(install.EVENTS)} commands starts and answers" in status.stdout
+
+
+def test_install_local_and_from_a_subdirectory(tmp_path: Path) -> None:
+    """``--local`` writes Claude Code's uncommitted ``settings.local.json`` at the project root;
+    installing from a subdirectory says where Claude Code must be started to read it."""
+    project, home = tmp_path / "proj", tmp_path / "home"
+    (project / ".git").mkdir(parents=True)
+    (project / "sub").mkdir()
+    home.mkdir()
+    done = agents("install", "claude-code", "--local", cwd=project / "sub", home=home)
+    assert done.returncode == 0, done.stderr
+    local = project / ".claude" / "settings.local.json"
+    assert install.installed(json.loads(local.read_text())).keys() == install.EVENTS.keys()
+    assert local.stat().st_mode & 0o777 == 0o600
+    assert f"note: Claude Code reads {local} when it is started in {project}" in done.stderr
+    status = json.loads(agents("status", "--json", cwd=project, home=home).stdout)
+    assert [p["scope"] for p in status["installed"] if p["hooks"]] == ["local"]
+    assert agents("uninstall", "claude-code", "--local", cwd=project, home=home).returncode == 0
+    assert json.loads(local.read_text()) == {}

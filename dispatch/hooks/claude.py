@@ -66,6 +66,7 @@ class HookArgs:
     def __init__(self, event: str | None, mode: str | None, config: str | None) -> None:
         self.event, self.mode, self.config = event, mode, config
         self.settings: Settings | None = None  # given instead of loading (the self-test's private state)
+        self.problem: str | None = None  # why the configuration could not be loaded
 
 
 def _note(line: str, err: TextIO) -> None:
@@ -157,17 +158,78 @@ def run(argv: list[str], text: str, err: TextIO, settings: Settings | None = Non
     return session_start(data, args, err)
 
 
-def _settings(args: HookArgs, err: TextIO) -> Settings | None:
+def project_config(data: dict[str, Any], environ: dict[str, str] | None = None) -> str | None:
+    """The project's ``hosts.toml``, found from the project rather than from the hook's working
+    directory (which follows the agent's ``cd``): ``$CLAUDE_PROJECT_DIR`` (Claude Code sets it for
+    hook commands), else the git top level of the event's ``cwd``. None: the usual search applies
+    (``$HOSTRUN_CONFIG``, ``./hosts.toml``, ``~/.config/hostrun/hosts.toml``)."""
+    env = os.environ if environ is None else environ
+    if env.get("HOSTRUN_CONFIG"):
+        return None
+    root = env.get("CLAUDE_PROJECT_DIR")
+    if not root or not os.path.isdir(root):
+        from dispatch.hooks.rewrite import project_root
+
+        root = project_root(_cwd(data))
+    candidate = os.path.join(root, "hosts.toml")
+    return candidate if os.path.isfile(candidate) else None
+
+
+def _settings(args: HookArgs, err: TextIO, data: dict[str, Any] | None = None) -> Settings | None:
     if args.settings is not None:
         return args.settings
     from dispatch.config import load_settings
     from dispatch.core.errors import HostrunError
 
+    explicit = args.config or (project_config(data) if data is not None else None)
     try:
-        return load_settings(args.config)
+        return load_settings(explicit)
     except HostrunError as exc:
+        args.problem = f"hostrun's configuration is broken: {exc}"
         _note(f"configuration: {exc}: nothing done", err)
         return None
+
+
+def _problem_answer(args: HookArgs, event: str) -> dict[str, Any] | None:
+    """A broken configuration reaches the user, not only the debug log: a ``systemMessage`` (shown
+    to the user) at the first event after the problem appears, once per problem; the hooks do
+    nothing until it is fixed, and in guard mode that means heavy commands run unguarded, which is
+    said too."""
+    problem = args.problem
+    if problem is None or not _first_time(problem):
+        return None
+    off = ("guard mode is OFF until it is fixed: heavy commands run without hostrun's memory cap"
+           if args.mode == "guard" else "hostrun's hooks do nothing until it is fixed")
+    return {"systemMessage": f"hostrun: {_short(problem, 600)}; {off} (run 'hostrun agents status')"}
+
+
+def _first_time(problem: str) -> bool:
+    """Whether ``problem`` has not been told yet (remembered in the user's cache, by digest, the
+    last 50); a cache that cannot be used means telling it every time rather than never."""
+    import hashlib
+
+    from dispatch.core.configpath import cache_dir
+
+    digest = hashlib.sha256(problem.encode()).hexdigest()[:16]
+    directory = cache_dir(os.environ, "hooks")
+    path = os.path.join(directory, "problems-told")
+    try:
+        from dispatch.guards.trust import private_dir
+
+        private_dir(directory)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                told = fh.read().split()
+        except FileNotFoundError:
+            told = []
+        if digest in told:
+            return False
+        from dispatch.core.atomicfile import write_atomic
+
+        write_atomic(path, (" ".join([*told[-49:], digest]) + "\n").encode(), 0o600)
+    except Exception:
+        pass
+    return True
 
 
 def _cwd(data: dict[str, Any]) -> str:
@@ -228,9 +290,9 @@ def pre_tool_use(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str,
     if not isinstance(command, str) or not command.strip():
         _note("no tool_input.command in the event: nothing to do", err)
         return None
-    settings = _settings(args, err)
+    settings = _settings(args, err, data)
     if settings is None:
-        return None
+        return _problem_answer(args, PRE_TOOL_USE)
     agents = settings.agents
     cwd = _cwd(data)
     from dispatch.hooks.classify import classify
@@ -320,9 +382,9 @@ def session_start(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str
     if name is None:
         _note("no session_id in the event: nothing to do", err)
         return None
-    settings = _settings(args, err)
+    settings = _settings(args, err, data)
     if settings is None:
-        return None
+        return _problem_answer(args, SESSION_START)
     _export_session(name, err)
     mode = args.mode or settings.agents.mode
     cwd = _cwd(data)
@@ -378,6 +440,8 @@ def post_tool_use(data: dict[str, Any], args: HookArgs, err: TextIO, event: str 
     if data.get("agent_id"):
         return None  # a subagent's tool call: the alerts wait for the main agent
     lines = _unread(data, args, err, event)
+    if args.problem:
+        return _problem_answer(args, event)
     return _answer(event, additionalContext="\n".join(lines)) if lines else None
 
 
@@ -387,7 +451,7 @@ def _unread(data: dict[str, Any], args: HookArgs, err: TextIO, event: str) -> li
     if name is None:
         _note("no session_id in the event: nothing to do", err)
         return []
-    settings = _settings(args, err)
+    settings = _settings(args, err, data)
     return [] if settings is None else _alerts(settings, name, event, err)
 
 
@@ -398,6 +462,8 @@ def stop(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | 
     if data.get("stop_hook_active"):
         return None
     lines = _unread(data, args, err, STOP)
+    if args.problem:
+        return _problem_answer(args, STOP)
     if not lines:
         return None
     reason = "\n".join(lines)

@@ -49,23 +49,46 @@ def _parser(name: str, text: str) -> argparse.ArgumentParser:
     return Parser(prog=f"hostrun agents {name}", description=text)
 
 
-def settings_path(user: bool, cwd: str | None = None) -> str:
-    """``~/.claude/settings.json`` or ``<git top level or cwd>/.claude/settings.json``."""
+def settings_path(user: bool, cwd: str | None = None, local: bool = False) -> str:
+    """``~/.claude/settings.json``, or ``<git top level or cwd>/.claude/settings.json`` (shared
+    through git), or with ``local`` that directory's ``settings.local.json`` (Claude Code's own
+    uncommitted file: the place for a command line holding this machine's absolute paths)."""
     if user:
         home = os.environ.get("HOME") or os.path.expanduser("~")
         return os.path.join(home, ".claude", "settings.json")
     from dispatch.hooks.rewrite import project_root
 
-    return os.path.join(project_root(cwd or os.getcwd()), ".claude", "settings.json")
+    name = "settings.local.json" if local else "settings.json"
+    return os.path.join(project_root(cwd or os.getcwd()), ".claude", name)
 
 
-def default_command(user: bool) -> str:
-    """How the hook entries call hostrun: ``hostrun`` (found on PATH) in a project's file, which is
-    shared; this hostrun's absolute path in the user's own file."""
+def default_command(user: bool = False) -> str:
+    """How the hook entries call hostrun: this very hostrun, by its absolute path (or this Python
+    with ``-m dispatch``). Not a bare ``hostrun``: Claude Code runs hooks with its own PATH, where
+    ``./scripts/setup``'s virtualenv is not, and a hook that cannot start (127) is a hook error on
+    every call with protection off."""
     argv0 = sys.argv[0] if sys.argv else ""
-    if user and os.path.basename(argv0) == "hostrun" and os.path.isfile(argv0):
+    if os.path.basename(argv0) == "hostrun" and os.path.isfile(argv0):
         return shlex.quote(os.path.abspath(argv0))
-    return "hostrun"
+    return f"{shlex.quote(sys.executable)} -m dispatch"
+
+
+def check_command(command: str) -> None:
+    """Refuse (78) to install hook commands that would not start: ``COMMAND --version`` is run the
+    way Claude Code runs a hook (``sh -c``)."""
+    import subprocess
+
+    from dispatch.core.errors import NotRunError
+
+    try:
+        done = subprocess.run(["sh", "-c", f"{command} --version"], capture_output=True, text=True,
+                              timeout=60, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NotRunError(f"the hooks would call {command!r}, which did not answer: {exc}") from None
+    if done.returncode != 0 or "hostrun" not in done.stdout:
+        said = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise NotRunError(f"the hooks would call {command!r}, which does not work here (exit "
+                          f"{done.returncode}: {said[0]}); pass --command with one that does")
 
 
 def is_ours(hook: object) -> bool:
@@ -85,11 +108,15 @@ def is_ours(hook: object) -> bool:
     return False
 
 
-def entries(command: str, mode: str | None) -> dict[str, tuple[str | None, dict[str, Any]]]:
-    """Per event: (matcher, our hook entry)."""
+def entries(command: str, mode: str | None, config: str | None = None
+            ) -> dict[str, tuple[str | None, dict[str, Any]]]:
+    """Per event: (matcher, our hook entry). ``config``: ``hostrun --config X agents install`` puts
+    ``--config X`` (absolute) in every command, as it was asked to use that file."""
     out = {}
     for event, (name, matcher, timeout) in EVENTS.items():
         line = f"{command} hook {name}" + (f" --mode {mode}" if mode else "")
+        if config:
+            line += f" --config {shlex.quote(os.path.abspath(config))}"
         out[event] = (matcher, {"type": "command", "command": line, "timeout": timeout})
     return out
 
@@ -201,7 +228,7 @@ def write(path: str, data: dict[str, Any], user: bool) -> None:
 def main(argv: list[str], say: Callable[[str], None]) -> int:
     if not argv or argv[0] not in ACTIONS:
         if argv and argv[0] in ("-h", "--help"):
-            print("usage: hostrun agents {install,uninstall} claude-code [--project|--user] "
+            print("usage: hostrun agents {install,uninstall} claude-code [--project|--local|--user] "
                   "[--mode MODE] [--command CMD]\n       hostrun agents status [--json] [--config PATH]"
                   "\n\nhostrun's hooks in Claude Code's settings.json (docs/agents.md).")
             return 0
@@ -216,6 +243,8 @@ def main(argv: list[str], say: Callable[[str], None]) -> int:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--project", action="store_true",
                        help="<git top level or cwd>/.claude/settings.json (the default)")
+    where.add_argument("--local", action="store_true",
+                       help="<git top level or cwd>/.claude/settings.local.json (not committed)")
     where.add_argument("--user", action="store_true", help="~/.claude/settings.json")
     if action == "install":
         p.add_argument("--mode", choices=MODES, help="put --mode MODE in the hook's command "
@@ -226,10 +255,12 @@ def main(argv: list[str], say: Callable[[str], None]) -> int:
 
     p.add_argument("--config", metavar="PATH", help=argparse.SUPPRESS)  # hostrun --config X agents …
     args = p.parse_args(rest)
-    path = settings_path(args.user)
+    path = settings_path(args.user, local=args.local)
     data = read(path)
     if action == "install":
-        new = merge(data or {}, entries(args.command or default_command(args.user), args.mode))
+        command = args.command or default_command(args.user)
+        check_command(command)
+        new = merge(data or {}, entries(command, args.mode, args.config))
     else:
         if data is None:
             say(f"{path}: no such file: nothing to remove")
@@ -238,9 +269,33 @@ def main(argv: list[str], say: Callable[[str], None]) -> int:
     if new == data:
         say(f"{path}: already {'installed' if action == 'install' else 'without hostrun hooks'}")
         return 0
-    write(path, new, args.user)
+    write(path, new, args.user or args.local)
     say(f"{path}: hostrun hooks {'installed' if action == 'install' else 'removed'}")
+    root = os.path.dirname(os.path.dirname(path))
+    if not args.user and action == "install" and os.path.realpath(os.getcwd()) != os.path.realpath(root):
+        say(f"note: Claude Code reads {path} when it is started in {root}, not in {os.getcwd()}")
     return 0
+
+
+STATUS_PROBE = '{"hook_event_name": "HostrunStatusProbe"}'
+
+
+def real_run(command: str) -> dict[str, Any]:
+    """Run one installed hook command the way Claude Code does (``sh -c``, the event on stdin), with
+    an event no hook handles: a working command starts, reads it, says so on stderr and exits 0
+    with no answer, touching nothing. Anything else is what Claude Code would meet too (127: not
+    found, a traceback, a timeout)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["sh", "-c", command], input=STATUS_PROBE, capture_output=True, text=True,
+                              timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"command": command, "ok": False, "problem": f"did not finish: {exc}"}
+    if done.returncode == 0 and not done.stdout and "nothing done" in done.stderr:
+        return {"command": command, "ok": True, "problem": None}
+    said = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+    return {"command": command, "ok": False, "problem": f"exit {done.returncode}: {said[0]}"}
 
 
 def status(argv: list[str]) -> int:
@@ -255,18 +310,21 @@ def status(argv: list[str]) -> int:
 
     load_settings(args.config)  # a broken config is the first thing to say (exit 2)
     places = []
-    for user in (False, True):
-        path = settings_path(user)
+    for user, local in ((False, False), (False, True), (True, False)):
+        path = settings_path(user, local=local)
         try:
             found: dict[str, Any] = {"hooks": installed(read(path)), "error": None}
         except UsageError as exc:
             found = {"hooks": {}, "error": str(exc)}
-        places.append({"scope": "user" if user else "project", "path": path, **found})
+        found["real_run"] = [real_run(command) for commands in found["hooks"].values()
+                             for command in commands]
+        places.append({"scope": "user" if user else "local" if local else "project", "path": path,
+                       **found})
     from dispatch.core.exitcodes import ExitCode
     from dispatch.hooks.selftest import run_all
 
     checks = run_all(args.config)
-    ok = all(c["ok"] for c in checks)
+    ok = all(c["ok"] for c in checks) and all(r["ok"] for p in places for r in p["real_run"])
     failed = 0 if ok else int(ExitCode.NOT_RUN)
     if args.json:
         print(json.dumps({"installed": places, "self_test": checks, "ok": ok}, indent=2))
@@ -284,6 +342,11 @@ def status(argv: list[str]) -> int:
         else:
             state = "not installed"
         print(printable(f"{place['scope']}: {place['path']}: {state}"))
+        for run in place["real_run"]:
+            if not run["ok"]:
+                print(printable(f"  FAIL as installed: {run['command']}: {run['problem']}"))
+        if place["real_run"] and all(r["ok"] for r in place["real_run"]):
+            print(f"  ok as installed: each of its {len(place['real_run'])} commands starts and answers")
     for check in checks:
         print(printable(f"self-test {'ok  ' if check['ok'] else 'FAIL'} {check['name']}"
                         + ("" if check["ok"] else f": {check['problem']}")))
