@@ -22,7 +22,7 @@ import pytest
 
 from dispatch.core.errors import ConfigError
 from dispatch.core.exitcodes import ExitCode
-from dispatch.hooks import claude, install, selftest, table
+from dispatch.hooks import claude, install, permissions, selftest, table
 from dispatch.placement import alerts
 from dispatch.placement.reports import HostReading
 
@@ -101,6 +101,10 @@ class Hook:
         (self.project / "sub").mkdir(parents=True)
         (self.project / ".git").mkdir()
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp / "cache"))
+        self.home = tmp / "home"  # Claude Code's user settings live here: none unless a test writes them
+        monkeypatch.setenv("HOME", str(self.home))
+        monkeypatch.delenv("CLAUDE_PROJECT_DIR", raising=False)
+        monkeypatch.setattr(permissions, "MANAGED", str(tmp / "managed-settings.json"))
         monkeypatch.delenv("HOSTRUN_JOB", raising=False)
         monkeypatch.delenv("CLAUDE_ENV_FILE", raising=False)
         self.readings = fake_readings()
@@ -815,3 +819,56 @@ def test_install_local_and_from_a_subdirectory(tmp_path: Path) -> None:
     assert [p["scope"] for p in status["installed"] if p["hooks"]] == ["local"]
     assert agents("uninstall", "claude-code", "--local", cwd=project, home=home).returncode == 0
     assert json.loads(local.read_text()) == {}
+
+
+# -------------------------------------------------------------------- wrap: the user's permission rules
+def claude_settings(path: Path, **lists: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"permissions": lists}))
+
+
+@pytest.mark.parametrize(("mode", "rules", "expected"), [
+    # no rule: the modes that prompt prompt; dontAsk and plan decide the original themselves
+    ("default", {}, "ask"),
+    ("acceptEdits", {}, "ask"),
+    ("dontAsk", {}, "leave"),
+    ("plan", {}, "leave"),
+    ("bypassPermissions", {}, "allow"),
+    # the user's allow rule for the original command: no prompt, in every mode (-p and dontAsk too)
+    ("default", {"allow": ["Bash(cargo test:*)"]}, "allow"),
+    ("dontAsk", {"allow": ["Bash(cargo test:*)"]}, "allow"),
+    ("default", {"allow": ["Bash(cargo test *)"]}, "allow"),
+    ("dontAsk", {"allow": ["Bash"]}, "allow"),
+    ("default", {"allow": ["Bash(cargo:*)"]}, "allow"),
+    ("default", {"allow": ["Bash(cargo test --release)"]}, "ask"),  # exact: another command
+    ("default", {"allow": ["Bash(carg:*)"]}, "ask"),  # a prefix is a whole word
+    # an ask rule still asks, a deny rule is Claude Code's to apply (to the command as it is)
+    ("bypassPermissions", {"ask": ["Bash(cargo test:*)"]}, "ask"),
+    ("default", {"allow": ["Bash"], "deny": ["Bash(cargo test:*)"]}, "leave"),
+])
+def test_wrap_decides_as_the_users_rules_would_for_the_original_command(
+        hook: Hook, mode: str, rules: dict[str, list[str]], expected: str) -> None:
+    claude_settings(hook.home / ".claude" / "settings.json", **rules)
+    answer, err = hook.bash("cargo test -p core", "--mode", "wrap", permission_mode=mode)
+    assert err == "" and schema_problems("PreToolUse", answer) == []
+    out = answer["hookSpecificOutput"]
+    if expected == "leave":
+        assert "permissionDecision" not in out and "updatedInput" not in out
+        assert "not rewritten: your permission rules or mode decide" in out["additionalContext"]
+    else:
+        assert out["permissionDecision"] == expected
+        assert "-m dispatch --config" in out["updatedInput"]["command"]  # rewritten through hostrun
+
+
+def test_wrap_reads_every_settings_file_and_never_preapproves_a_compound_command(hook: Hook) -> None:
+    claude_settings(hook.project / ".claude" / "settings.local.json", allow=["Bash(make:*)"])
+    assert hook.bash("make -j8", "--mode", "wrap")[0]["hookSpecificOutput"]["permissionDecision"] == "allow"
+    # a second command riding on an allowed first one is not pre-approved (Claude Code checks each)
+    answer, _ = hook.bash("make -j8 && rm -rf /tmp/x", "--mode", "wrap")
+    assert answer["hookSpecificOutput"]["permissionDecision"] == "ask"
+    # a redirection is not a second command
+    assert hook.bash("make -j8 2>&1", "--mode", "wrap")[0]["hookSpecificOutput"]["permissionDecision"] \
+        == "allow"
+    claude_settings(Path(permissions.MANAGED), deny=["Bash(make:*)"])  # the administrator's word wins
+    answer, _ = hook.bash("make -j8", "--mode", "wrap")
+    assert "permissionDecision" not in answer["hookSpecificOutput"]

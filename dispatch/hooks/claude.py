@@ -37,7 +37,7 @@ from dispatch.hooks.session import claude_session
 
 MYPY = False
 if MYPY:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from typing import Any, TextIO
 
     from dispatch.core.settings import Settings
@@ -158,7 +158,19 @@ def run(argv: list[str], text: str, err: TextIO, settings: Settings | None = Non
     return session_start(data, args, err)
 
 
-def project_config(data: dict[str, Any], environ: dict[str, str] | None = None) -> str | None:
+def _project_root(data: dict[str, Any], environ: Mapping[str, str] | None = None) -> str:
+    """Where the project is: ``$CLAUDE_PROJECT_DIR`` (set by Claude Code for hook commands), else
+    the git top level of the event's ``cwd``."""
+    env = os.environ if environ is None else environ
+    root = env.get("CLAUDE_PROJECT_DIR")
+    if root and os.path.isdir(root):
+        return root
+    from dispatch.hooks.rewrite import project_root
+
+    return project_root(_cwd(data))
+
+
+def project_config(data: dict[str, Any], environ: Mapping[str, str] | None = None) -> str | None:
     """The project's ``hosts.toml``, found from the project rather than from the hook's working
     directory (which follows the agent's ``cd``): ``$CLAUDE_PROJECT_DIR`` (Claude Code sets it for
     hook commands), else the git top level of the event's ``cwd``. None: the usual search applies
@@ -166,12 +178,7 @@ def project_config(data: dict[str, Any], environ: dict[str, str] | None = None) 
     env = os.environ if environ is None else environ
     if env.get("HOSTRUN_CONFIG"):
         return None
-    root = env.get("CLAUDE_PROJECT_DIR")
-    if not root or not os.path.isdir(root):
-        from dispatch.hooks.rewrite import project_root
-
-        root = project_root(_cwd(data))
-    candidate = os.path.join(root, "hosts.toml")
+    candidate = os.path.join(_project_root(data, env), "hosts.toml")
     return candidate if os.path.isfile(candidate) else None
 
 
@@ -322,11 +329,18 @@ def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: st
     instead = rewrite.wrapped(command, rewrite.hostrun_argv(args.config), session, label, cap)
     subagent = bool(data.get("agent_id"))
     if mode == "wrap":
+        from dispatch.hooks.permissions import decide
+
+        # As the user's own rules would have it for the original command (dispatch.hooks.permissions):
+        # allowed runs without a prompt, would-prompt prompts, would-be-refused is left as it is.
+        decision = decide(command, data.get("permission_mode"), _project_root(data))
+        if decision == "leave":
+            context.insert(1, "hostrun wrap: not rewritten: your permission rules or mode decide "
+                              f"this command as it is; to cap it, run: {instead}")
+            return _answer(PRE_TOOL_USE, additionalContext="\n".join(context))
         context.insert(1, f"hostrun wrap: it runs through hostrun as: {instead}")
         tool_input = dict(data["tool_input"])
         tool_input["command"] = instead
-        # "allow" would skip the permission prompt: only where the user already skips them all.
-        decision = "allow" if data.get("permission_mode") == "bypassPermissions" else "ask"
         return _answer(PRE_TOOL_USE, permissionDecision=decision,
                        permissionDecisionReason=f"hostrun wrap: heavy ({verdict.why}); runs under a "
                                                 "memory cap, booked in hostrun's ledger",
