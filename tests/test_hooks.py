@@ -872,3 +872,36 @@ def test_wrap_reads_every_settings_file_and_never_preapproves_a_compound_command
     claude_settings(Path(permissions.MANAGED), deny=["Bash(make:*)"])  # the administrator's word wins
     answer, _ = hook.bash("make -j8", "--mode", "wrap")
     assert "permissionDecision" not in answer["hookSpecificOutput"]
+
+
+def test_a_hung_peer_is_skipped_for_a_while_and_the_table_is_bounded(hostrun: Hostrun,
+                                                                   tmp_path: Path) -> None:
+    """A peer whose ssh never connects (its ProxyCommand logs each start, then hangs), with a
+    report_timeout far past the hook's own timeout: the first heavy command's table gives up at the
+    hook's deadline (here 3 s, ``HOSTRUN_HOOK_DEADLINE``; 15 s by default) and says so; the next
+    ones skip that peer, without starting ssh again, and say why, until it is tried again."""
+    log = tmp_path / "proxy.log"
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(f"Host *\n  ProxyCommand sh -c 'echo start >> {log}; exec sleep 600'\n")
+    hostrun.configure(top='enable_across_machines = true\nreport_timeout = "100s"\n'
+                          'report_deadline = "120s"\n[agents]\nmode = "remind"',
+                      peers=f'[hosts.hung]\nssh = "hung"\nssh_config = "{ssh_config}"\n')
+    env = {"HOSTRUN_HOOK_DEADLINE": "3", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    data = event("pre_tool_use_bash", command="cargo build --release", cwd=str(tmp_path))
+    try:
+        first = real_hook(hostrun, data, "pre-tool-use", env=env)
+        assert first is not None
+        said = context(first)
+        assert "- hung: could not read: no answer within the 3 s deadline" in said, said
+        starts = log.read_text().count("start")
+        second = real_hook(hostrun, data, "pre-tool-use", env=env)
+        assert second is not None
+        assert "- hung: could not read: skipped: it did not answer" in context(second)
+        assert "(tried again after 60 s)" in context(second)
+        assert log.read_text().count("start") == starts  # no ssh started for the skipped peer
+        assert "- local: load" in context(second)
+    finally:
+        subprocess.run(["pkill", "-f", f"echo start >> {log}"], check=False)
+        from tests.conftest import _stop_masters
+
+        _stop_masters(hostrun.state_dir)

@@ -19,11 +19,87 @@ if MYPY:
     from dispatch.placement.reports import HostReading
 
 
-def read(settings: Settings, label: str | None = None) -> list[HostReading]:
-    """Every configured host's reading (``label``: also that label's peak record, from this host)."""
-    from dispatch.placement.reports import read_reports
+HOOK_DEADLINE = 15.0  # seconds for the whole table: well under PreToolUse's installed 60 s timeout
+DEADLINE_ENV = "HOSTRUN_HOOK_DEADLINE"  # tests: a shorter one
+MISSED_FOR = 60.0  # seconds a host that did not answer is skipped before it is tried again
 
-    return read_reports(settings, label=label)
+
+def read(settings: Settings, label: str | None = None) -> list[HostReading]:
+    """Every configured host's reading (``label``: also that label's peak record, from this host).
+
+    A hook runs before every heavy command: a hung peer must not cost its timeout each time, and
+    the whole table must come well within the hook's own timeout (past it, Claude Code discards the
+    answer and the command runs unguarded). So the reading is bounded by ``HOOK_DEADLINE`` whatever
+    ``report_timeout`` says, and a host that did not answer is remembered for ``MISSED_FOR`` seconds
+    (in the user's cache) and skipped meanwhile, the table saying so."""
+    import os
+    import time
+
+    from dispatch.placement.reports import HostReading, read_reports
+
+    budget = float(os.environ.get(DEADLINE_ENV) or HOOK_DEADLINE)
+    bounded = settings._replace(report_deadline=min(settings.report_deadline, budget),
+                                report_timeout=min(settings.report_timeout, budget))
+    missed = _missed()
+    now = time.time()
+    skipped = {name: at for name, at in missed.items()
+               if name in settings.hosts and name != "local" and 0 <= now - at < MISSED_FOR}
+    names = [name for name in settings.hosts if name not in skipped]
+    readings = {r.host: r for r in read_reports(bounded, names=names, label=label)}
+    changed = False
+    for name, reading in readings.items():
+        if name == "local":
+            continue
+        if reading.ok and name in missed:
+            del missed[name]
+            changed = True
+        elif not reading.ok:
+            missed[name] = now
+            changed = True
+    if changed:
+        _save_missed(missed)
+    return [readings.get(name) or HostReading(
+        name, None, f"skipped: it did not answer {now - skipped[name]:.0f} s ago (tried again after "
+                    f"{MISSED_FOR:g} s)", 0.0) for name in settings.hosts]
+
+
+def _missed_path() -> str:
+    import os
+
+    from dispatch.core.configpath import cache_dir
+
+    return os.path.join(cache_dir(os.environ, "hooks"), "missed-hosts.json")
+
+
+def _missed() -> dict[str, float]:
+    """Hosts that did not answer, with when (epoch seconds); an unusable file means none."""
+    import json
+    import os
+
+    from dispatch.guards.trust import private_dir_ok
+
+    if not private_dir_ok(os.path.dirname(_missed_path())):
+        return {}  # not (yet) a directory of ours alone: nothing in it is believed
+    try:
+        with open(_missed_path(), encoding="utf-8") as fh:
+            data = json.load(fh)
+        return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _save_missed(missed: dict[str, float]) -> None:
+    import json
+    import os
+
+    from dispatch.core.atomicfile import write_atomic
+    from dispatch.guards.trust import private_dir
+
+    try:
+        private_dir(os.path.dirname(_missed_path()))
+        write_atomic(_missed_path(), json.dumps(missed).encode(), 0o600)
+    except Exception:
+        pass
 
 
 def _gpus(report: dict[str, Any]) -> str:
