@@ -126,7 +126,7 @@ def test_peer_that_refuses_alerts_peer_unreachable(hostrun: Hostrun, peers: Any,
     assert_common(item)
     assert item["kind"] == "peer-unreachable" and item["host"] == "peer1" and item["session"] == "s9"
     assert "authentication failed" in item["error"]
-    assert item["action"] == "hostrun --label remote --session s9 -- true"
+    assert item["action"] == "hostrun -m 64M --label remote --session s9 -- true"  # its own -m kept
 
 
 def test_peer_own_cap_is_alerted_by_the_controller(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
@@ -359,3 +359,27 @@ def test_wait_figures_from_a_peer_are_checked_before_use() -> None:
                 {**good, "holders": [{"label": 1, "size": 5, "pid": 9}]},
                 {k: v for k, v in good.items() if k != "position"}):
         assert checked_figures(bad) is None, bad
+
+
+def test_suggested_commands_keep_the_jobs_own_options() -> None:
+    """The 254 alert's rerun keeps the job's -m (without it, the rerun would book the whole slice)
+    and, like the 250 and 246 ones, its other run options."""
+    from dispatch.core.outcome import Outcome
+    from dispatch.core.request import RunRequest
+    from dispatch.local import alertlog
+
+    request = RunRequest(argv=["make", "-j8"], label="build", cap=2 << 30, max_runtime=600.0,
+                         threads=8, group="builds", session="s1")
+    full = Outcome(exit_code=254, outcome="slice-full", host="local", label="build", argv=["make", "-j8"],
+                   cap_bytes=2 << 30, peak_bytes=1 << 30)
+    item = alertlog.for_outcome(full, "s1", request=request)
+    assert item is not None
+    assert item["action"] == ("hostrun -m 2G --max-runtime 600s --threads 8 --group builds --label build "
+                              "--session s1 -- make -j8")
+    own = Outcome(exit_code=250, outcome="own-cap", host="local", label="build", argv=["make", "-j8"],
+                  cap_bytes=2 << 30, peak_bytes=2 << 30)
+    item = alertlog.for_outcome(own, "s1", request=request)
+    assert item is not None and item["action"].startswith("hostrun -m 4G --max-runtime 600s --threads 8")
+    item = alertlog.for_unreachable("box", "build", "s1", ["make"], "refused", request)
+    assert item["action"] == "hostrun -m 2G --max-runtime 600s --threads 8 --group builds --label build " \
+                             "--session s1 -- make"

@@ -354,10 +354,11 @@ class PeerRun:
             if isinstance(exc, PeerUnreachableError):
                 self._alert(alertlog.for_unreachable(
                     self.host.name, self.request.label or default_label(self.request.argv),
-                    self.request.session, self.request.argv, str(exc)))
+                    self.request.session, self.request.argv, str(exc), self.request))
             raise
         # The peer's agent does not alert (its alert file is nobody's): its verdicts are ours to say.
-        self._alert(alertlog.for_outcome(outcome, self.request.session, peer=self.host.name))
+        self._alert(alertlog.for_outcome(outcome, self.request.session, peer=self.host.name,
+                                         request=self.request))
         ran = outcome.outcome not in _NOT_RUN_OUTCOMES and outcome.booking_kind is not None
         failures = self._bring_back_and_say() if ran else []  # even after a failed job
         if failures and outcome.exit_code == 0:

@@ -225,7 +225,8 @@ class SlurmRun:
         cap the half rule suggests)."""
         from dispatch.local import alertlog
 
-        record = alertlog.for_outcome(outcome, self.request.session, peer=self.host.name)
+        record = alertlog.for_outcome(outcome, self.request.session, peer=self.host.name,
+                                      request=self.request)
         if record is not None:
             alertlog.write(self.config.alerts_path, record, self.say)
 

@@ -25,6 +25,7 @@ if MYPY:
     from typing import Any
 
     from dispatch.core.outcome import Outcome
+    from dispatch.core.request import RunRequest
     from dispatch.local.ledger import Admission
 
 FIELDS = ("kind", "time", "host", "label", "session", "pid", "command", "action", "message")
@@ -71,15 +72,35 @@ def write(path: str, data: dict[str, Any], say: Callable[[str], None]) -> bool:
         return False
 
 
+def request_options(request: RunRequest | None) -> list[str]:
+    """The job's own run options besides ``-m``, as given (``--max-runtime``, ``--gpu-memory``,
+    ``--threads``, ``--group``, ``--when-idle``): a suggested command keeps them."""
+    if request is None:
+        return []
+    words: list[str] = []
+    if request.max_runtime is not None:
+        words += ["--max-runtime", f"{request.max_runtime:g}s"]
+    if request.gpu_memory is not None:
+        words += ["--gpu-memory", size_option(request.gpu_memory)]
+    if request.threads is not None:
+        words += ["--threads", str(request.threads)]
+    if request.group is not None:
+        words += ["--group", request.group]
+    if request.when_idle:
+        words.append("--when-idle")
+    return words
+
+
 def hostrun_command(argv: Sequence[str], label: str, session: str | None, *, cap: int | None = None,
-                    peer: str | None = None) -> str:
-    """The exact ``hostrun`` command that runs ``argv`` again (with ``-m``, on ``peer``)."""
+                    peer: str | None = None, options: Sequence[str] = ()) -> str:
+    """The exact ``hostrun`` command that runs ``argv`` again (with ``-m``, on ``peer``, with the
+    job's own other ``options``)."""
     import shlex  # imports re: kept off the hot path
 
     words = ["hostrun"]
     if cap is not None:
         words += ["-m", size_option(cap)]
-    words += ["--label", label]
+    words += [*options, "--label", label]
     if session:
         words += ["--session", session]
     if peer is not None:
@@ -96,12 +117,14 @@ def size_option(n: int) -> str:
 
 
 def for_outcome(outcome: Outcome, session: str | None, peer: str | None = None,
-                slice_limit: int | None = None) -> dict[str, Any] | None:
+                slice_limit: int | None = None, request: RunRequest | None = None
+                ) -> dict[str, Any] | None:
     """The alert for a run that ended at its own cap (250) or in a full slice (254), else None.
 
     250's action is the same command with the cap the half rule suggests from the run's peak (at
     least twice the peak, rounded up to 512 MiB: ``dispatch.local.capacity``); 254's is the same
-    command again (the label is now marked and booked at its cap: it waits for that room)."""
+    command again (the label is now marked and booked at its cap: it waits for that room), with the
+    job's own ``-m``. Both keep the job's other options (``request``)."""
     from dispatch.core.exitcodes import ExitCode
 
     if outcome.exit_code not in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
@@ -120,7 +143,8 @@ def for_outcome(outcome: Outcome, session: str | None, peer: str | None = None,
         from dispatch.local.capacity import half_rule_cap
 
         suggested = half_rule_cap(max(peak, outcome.cap_bytes or 0))
-        action = hostrun_command(argv, outcome.label, session, cap=suggested, peer=peer)
+        action = hostrun_command(argv, outcome.label, session, cap=suggested, peer=peer,
+                                 options=request_options(request))
         over = ""
         if slice_limit is not None and suggested > slice_limit:
             over = f"; that is more than the whole slice ({format_size(slice_limit)}) there"
@@ -128,7 +152,9 @@ def for_outcome(outcome: Outcome, session: str | None, peer: str | None = None,
                    f"{format_size(outcome.cap_bytes)} (peak {format_size(peak)}); the half rule "
                    f"suggests -m {size_option(suggested)}{over}: {action}")
         return record(OWN_CAP, suggested_cap=suggested, action=action, message=message, **base)
-    action = hostrun_command(argv, outcome.label, session, peer=peer)
+    action = hostrun_command(argv, outcome.label, session, peer=peer,
+                             cap=request.cap if request is not None else None,
+                             options=request_options(request))
     message = (f"job {outcome.label} on {where} was killed because the slice was full (peak "
                f"{format_size(peak)}, under its cap); other jobs took the room. Run it again (now "
                f"booked at its cap): {action}")
@@ -136,11 +162,12 @@ def for_outcome(outcome: Outcome, session: str | None, peer: str | None = None,
 
 
 def for_unreachable(host: str, label: str, session: str | None, argv: Sequence[str],
-                    error: str) -> dict[str, Any]:
+                    error: str, request: RunRequest | None = None) -> dict[str, Any]:
     """A ``--peer`` run that could not start because ``host`` could not be reached (246)."""
     import shlex
 
-    action = hostrun_command(argv, label, session)
+    action = hostrun_command(argv, label, session, cap=request.cap if request is not None else None,
+                             options=request_options(request))
     return record(PEER_UNREACHABLE, host=host, label=label, session=session,
                   command=shlex.join(argv), action=action, exit_code=246, error=error,
                   message=f"job {label} could not start on {host}: {error}; nothing ran. "

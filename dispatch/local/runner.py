@@ -284,7 +284,7 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
         if alerts and outcome.exit_code in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
             from dispatch.local import alertlog
 
-            alert = alertlog.for_outcome(outcome, request.session, slice_limit=limit)
+            alert = alertlog.for_outcome(outcome, request.session, slice_limit=limit, request=request)
             if alert is not None:
                 alertlog.write(settings.alerts_path, alert, say)
         return outcome
