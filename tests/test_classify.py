@@ -356,7 +356,34 @@ ROWS: list[tuple[str, str, str]] = [
     ("./train.py --lr 1e-4", "HG", "*train*"),
     ("timeout 60 ./scripts/all-tests", "H", "all-tests line 12"),
     ("hostrun -- ./scripts/all-tests", "HT", "all-tests line 12"),
-    ("bash $SCRIPT", "L", "only known when it runs"),
+    ("bash $SCRIPT", "H", "only known when it runs"),  # unknown: counted heavy
+    # issue 21: evasions and one-line scripts found by trying
+    ("ca$'r'go build", "H", "heavy: cargo build"),
+    ("$(echo cargo) build", "H", "names a command only known when it runs"),
+    ("alias c=cargo; c build", "H", "heavy: cargo build"),
+    ("time -- cargo build", "H", "heavy: cargo build"),
+    ("time -p cargo build", "H", "heavy: cargo build"),
+    ("tmux new -d 'cargo build --release'", "H", "in tmux new"),
+    ("tmux new-session -d -s w cargo test", "H", "in tmux new-session"),
+    ("tmux send-keys -t w 'make -j8' Enter", "H", "in tmux send-keys"),
+    ("tmux ls", "L", "no heavy pattern"),
+    ("screen -dmS w cargo test", "H", "in screen"),
+    ("screen -ls", "L", "no heavy pattern"),
+    ("cat > /tmp/hostrun-t.sh <<EOF\ncargo test\nEOF\nbash /tmp/hostrun-t.sh", "H",
+     "(written in this command)"),
+    ("echo 'cargo test' > t.sh; sh t.sh", "H", "t.sh (written in this command) line 1"),
+    ("printf 'make -j8\\n' | tee run2.sh; bash run2.sh", "H", "(written in this command)"),
+    ("echo 'ls -la' > l.sh; sh l.sh", "L", "echo ls -la [light: echo]"),
+    ("parallel cargo test -p {} ::: a b", "H", "in parallel"),
+    ("parallel 'make -C {}' ::: a b", "H", "in parallel"),
+    ("for c in a b; do cargo test -p $c; done", "H", "heavy: cargo test"),
+    ("ls | xargs -n1 cargo test -p", "H", "heavy: cargo test"),
+    ("./target/release/sim --threads 31", "H", "a built program run with a workload option"),
+    ("./build/bench -j8", "H", "a built program run with a workload option"),
+    ("./target/release/sim --help", "L", "light: * --help"),
+    ("./target/release/sim --version", "L", "light: * --version"),
+    ("qemu-system-x86_64 -m 4G disk.img", "H", "qemu-system-*"),
+    ("dune build", "H", "heavy: dune build"),
     # --- quoting edge cases and malformed input (never a crash)
     ("echo \"unbalanced", "L", "echo"),
     ("cargo test 'unbalanced", "H", "cargo test"),
@@ -527,3 +554,12 @@ def test_importing_and_classifying_a_light_command_stays_light() -> None:
     assert "dispatch.hooks.classify" in out
     heavy = {"re", "json", "typing", "argparse", "sqlite3", "pydantic", "rich", "shlex", "fnmatch"}
     assert sorted(heavy & set(out)) == []
+
+
+def test_ansi_c_quoting_is_decoded_as_bash_does() -> None:
+    assert parse("ca$'r'go b$'\\x75'ild $'a\\tb'").commands[0].words == ["cargo", "build", "a\tb"]
+
+
+def test_output_redirections_are_recorded_as_writes() -> None:
+    (echo, cat) = parse("echo hi > f.sh 2>&1 >> g; cat <<E > t.sh\nx\nE\n").commands
+    assert echo.writes == ("f.sh", "g") and cat.writes == ("t.sh",) and cat.stdin_text == "x"

@@ -905,3 +905,12 @@ def test_a_hung_peer_is_skipped_for_a_while_and_the_table_is_bounded(hostrun: Ho
         from tests.conftest import _stop_masters
 
         _stop_masters(hostrun.state_dir)
+
+
+def test_a_huge_command_is_not_echoed_back_whole(hook: Hook) -> None:
+    hook.configure('mode = "guard"')
+    command = "cargo build --release " + "x" * 1_000_000
+    answer, _ = hook.bash(command)
+    assert answer["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert len(json.dumps(answer)) < 20_000
+    assert "characters in all, not repeated here" in answer["hookSpecificOutput"]["permissionDecisionReason"]

@@ -95,6 +95,8 @@ class _Context:
         self.light: str | None = None
         self.unknown: str | None = None
         self.hostrun_job = False
+        self.aliases: dict[str, list[str]] = {}  # ``alias c=cargo`` earlier in the line: c is cargo
+        self.written: dict[str, str] = {}  # files this line writes before running them: path -> text
 
     def found(self, heavy: bool, gpu: bool, why: str, through: bool) -> None:
         if heavy and through:
@@ -233,7 +235,38 @@ def _shown(argv: list[str]) -> str:
 def _simple(ctx: _Context, cmd: Simple, frame: _Frame, piped: Simple | None) -> None:
     for sub in cmd.subs:  # $( … ) runs first, wherever it stands
         _text(ctx, sub, frame)
+    _remember_writes(ctx, cmd, frame, piped)
     _argv(ctx, list(cmd.words), frame, cmd, piped, gpu_env=False)
+
+
+def _written_text(cmd: Simple) -> str | None:
+    """What ``cmd`` writes to its output: a here-doc's or here-string's body through ``cat``, or
+    ``echo``/``printf``'s arguments (``\n`` read as printf would)."""
+    name = rules.tool_name(cmd.words[0]) if cmd.words else ""
+    if name == "cat" and cmd.stdin_text is not None:
+        return cmd.stdin_text
+    if name == "echo":
+        return " ".join(w for w in cmd.words[1:] if w not in ("-n", "-e", "-E"))
+    if name == "printf" and len(cmd.words) > 1:
+        return " ".join(cmd.words[1:]).replace("\\n", "\n").replace("\\t", "\t")
+    return None
+
+
+def _remember_writes(ctx: _Context, cmd: Simple, frame: _Frame, piped: Simple | None) -> None:
+    """A script written and run in the same line (``cat > t.sh <<EOF … EOF; bash t.sh``, ``echo …
+    > f; sh f``, ``printf … | tee f; bash f``) does not exist yet when the line is judged: remember
+    what is written, so that running it judges that text."""
+    text = _written_text(cmd)
+    targets = list(cmd.writes)
+    if cmd.words and rules.tool_name(cmd.words[0]) == "tee" and piped is not None:
+        text = _written_text(piped)
+        targets += [w for w in cmd.words[1:] if not w.startswith("-")]
+    for target in targets:
+        path = os.path.normpath(os.path.join(frame.cwd, target))
+        if text is None:
+            ctx.written.pop(path, None)
+        else:
+            ctx.written[path] = text
 
 
 def _argv(ctx: _Context, words: list[str], frame: _Frame, cmd: Simple | None, piped: Simple | None,
@@ -246,7 +279,7 @@ def _argv(ctx: _Context, words: list[str], frame: _Frame, cmd: Simple | None, pi
         if eq and name.isidentifier():
             gpu_env = gpu_env or name in GPU_ENV
             i += 1
-        elif word in SKIPPED_KEYWORDS or (word == "-p" and i and words[i - 1] == "time"):
+        elif word in SKIPPED_KEYWORDS or (word in ("-p", "--") and i and words[i - 1] == "time"):
             i += 1
         else:
             break
@@ -255,7 +288,16 @@ def _argv(ctx: _Context, words: list[str], frame: _Frame, cmd: Simple | None, pi
         return
     if words[0] in HEADER_KEYWORDS:
         return  # `for x in …`, `case … in`, `function f`: no command runs here
+    if words[0] in ctx.aliases:
+        words = [*ctx.aliases[words[0]], *words[1:]]
+    if "$" in words[0] or "`" in words[0]:  # `$(echo cargo) build`, `$TOOL build`
+        ctx.give_up(f"{_shown(words)} names a command only known when it runs", frame)
+        return
     name = rules.tool_name(words[0])
+    if name == "alias":
+        _alias(ctx, words[1:])
+        ctx.found(False, False, f"{_shown(words)} [defines an alias]{_at(frame)}", frame.through)
+        return
     if name == "cd" or name == "pushd":
         _cd(frame, words, ctx.env.get("HOME"))
         return
@@ -288,12 +330,49 @@ def _decide(ctx: _Context, words: list[str], frame: _Frame, gpu_env: bool,
             return
         ctx.found(True, best.kind == rules.GPU or gpu_env, heavy_why, frame.through)
         return
+    if "/" in words[0] and _experiment(words):
+        ctx.found(True, gpu_env, f"{_shown(words)} [heavy: a built program run with a workload "
+                                 f"option]{_at(frame)}", frame.through)
+        return
     if read_script and "/" in words[0] and _script(ctx, words[0], words[1:], frame, gpu_env, False):
         return
     if gpu_env:
         ctx.found(True, True, f"{_shown(words)} [gpu: CUDA_VISIBLE_DEVICES=…]{_at(frame)}", frame.through)
         return
     ctx.found(False, False, f"{_shown(words)} [no heavy pattern]{_at(frame)}", frame.through)
+
+
+def _alias(ctx: _Context, definitions: list[str]) -> None:
+    """``alias c=cargo 'b=cargo build'``: later commands of this line named ``c`` run ``cargo``."""
+    for definition in definitions:
+        name, eq, value = definition.partition("=")
+        if eq and name and value:
+            parsed = parse(value, ctx.deadline).commands
+            if parsed and parsed[0].words:
+                ctx.aliases[name] = list(parsed[0].words)
+
+
+_BUILT_DIRS = ("target/release/", "target/debug/", "target/", "build/", "bin/", "out/", "dist/",
+               "zig-out/", "_build/", "bazel-bin/", "cmake-build-")
+_WORKLOAD_OPTIONS = ("--threads", "--thread", "-t", "--jobs", "-j", "--workers", "--nproc", "--procs",
+                     "--np", "--size", "--iterations", "--iters", "--epochs", "--batch-size", "--steps",
+                     "--samples", "--n-", "--num-", "--particles", "--grid", "--ranks")
+
+
+def _experiment(words: list[str]) -> bool:
+    """A program a build produced (``./target/release/sim``, ``build/bench``) run with an option
+    that sizes its work (``--threads 31``, ``--size 1e9``, ``-j 8``): an experiment, heavy. Its
+    ``--help``/``--version`` stay light (those patterns win before this is asked)."""
+    path = words[0].lstrip("./")
+    if not any(part in f"/{path}" for part in (f"/{d}" for d in _BUILT_DIRS)):
+        return False
+    for word in words[1:]:
+        option = word.partition("=")[0]
+        if option in _WORKLOAD_OPTIONS or any(option.startswith(p) for p in ("--n-", "--num-")):
+            return True
+        if option.startswith("-j") and option[2:].isdigit():
+            return True
+    return False
 
 
 def _cd(frame: _Frame, words: list[str], home: str | None) -> None:
@@ -449,6 +528,79 @@ def _nix(ctx: _Context, words: list[str], frame: _Frame, gpu_env: bool) -> bool:
     return False
 
 
+_TMUX_RUNS = frozenset(("new", "new-session", "new-window", "neww", "split-window", "splitw",
+                        "respawn-pane", "respawnp", "respawn-window", "respawnw"))
+_TMUX_VALUES = frozenset(("-s", "-n", "-c", "-t", "-x", "-y", "-e", "-f", "-F", "-l", "-L", "-S", "-T"))
+
+
+def _command_words(ctx: _Context, rest: list[str], frame: _Frame, gpu_env: bool) -> None:
+    """A command given as one shell string (``tmux new -d 'cargo build'``) or as words."""
+    if len(rest) == 1:
+        _text(ctx, rest[0], frame)
+    else:
+        _argv(ctx, rest, frame, None, None, gpu_env)
+
+
+def _tmux(ctx: _Context, words: list[str], frame: _Frame, gpu_env: bool) -> bool:
+    """A detached tmux session, window or pane runs its command (``tmux new -d '…'``), and
+    ``send-keys`` types one into a shell: both are work started from this line."""
+    i = _skip_options(words, frozenset(("-L", "-S", "-f", "-c", "-T")))
+    if i >= len(words):
+        return False
+    sub, rest = words[i], words[i + 1 :]
+    if sub in ("send-keys", "send"):
+        keys = [w for w in rest if w not in ("Enter", "C-m", "KPEnter")]
+        j = _skip_options(["send-keys", *keys], frozenset(("-t", "-N")))
+        if j - 1 < len(keys):
+            _text(ctx, " ".join(keys[j - 1 :]), _inside(frame, "tmux send-keys"))
+            return True
+        return False
+    if sub not in _TMUX_RUNS:
+        return False
+    j = _skip_options([sub, *rest], _TMUX_VALUES)
+    command = rest[j - 1 :]
+    if not command:
+        ctx.found(False, False, f"{_shown(words)} [a shell, no command]{_at(frame)}", frame.through)
+        return True
+    _command_words(ctx, command, _inside(frame, f"tmux {sub}"), gpu_env)
+    return True
+
+
+def _screen(ctx: _Context, words: list[str], frame: _Frame, gpu_env: bool) -> bool:
+    """``screen -dmS name cmd args``: a detached screen runs its command."""
+    i = 1
+    while i < len(words) and words[i].startswith("-") and words[i] != "--":
+        flag = words[i]
+        i += 2 if flag in ("-S", "-dmS", "-c", "-Logfile", "-p", "-t", "-X", "-T", "-h", "-s") else 1
+    if i < len(words) and words[i] == "--":
+        i += 1
+    if i >= len(words):
+        return False
+    _command_words(ctx, words[i:], _inside(frame, "screen"), gpu_env)
+    return True
+
+
+_PARALLEL_VALUES = frozenset(("-j", "--jobs", "-P", "--max-procs", "-S", "--sshlogin", "--joblog",
+                              "--results", "--halt", "-a", "--arg-file", "--colsep", "-d", "--delimiter",
+                              "--timeout", "--retries", "--tmpdir", "-I", "--memfree", "--load",
+                              "--delay", "--tag-string", "-n", "--max-args", "-N", "-E", "--eof"))
+
+
+def _parallel(ctx: _Context, words: list[str], frame: _Frame, gpu_env: bool) -> bool:
+    """GNU ``parallel [options] COMMAND ::: args``: each job runs COMMAND."""
+    i = _skip_options(words, _PARALLEL_VALUES)
+    command = []
+    for word in words[i:]:
+        if word.startswith(":::"):
+            break
+        command.append(word)
+    if not command:
+        ctx.give_up(f"{_shown(words)}: the commands come from its input", frame)
+        return True
+    _command_words(ctx, command, _inside(frame, "parallel"), gpu_env)
+    return True
+
+
 def _first_of(*handlers: Handler) -> Handler:
     def handler(ctx: _Context, words: list[str], frame: _Frame, gpu_env: bool) -> bool:
         return any(h(ctx, words, frame, gpu_env) for h in handlers)
@@ -501,6 +653,9 @@ _PREFIXES: dict[str, Handler] = {
     "npx": _prefix(("-p", "--package")),
     "bunx": _prefix(),
     "find": _find,
+    "tmux": _tmux,
+    "screen": _screen,
+    "parallel": _parallel,
     "hyperfine": _every_positional,
     "nix": _nix,
     "nix-shell": _nix,
@@ -621,8 +776,7 @@ def _script(ctx: _Context, word: str, args: list[str], frame: _Frame, gpu_env: b
     judge its commands. ``as_shell``: a shell runs it (``bash f``, ``source f``), so its shebang does
     not matter. False when it is not a script to read (the caller decides by name then)."""
     if "$" in word or "`" in word:
-        ctx.found(False, False, f"{_shown([word, *args])} [names a script only known when it runs]"
-                  f"{_at(frame)}", frame.through)
+        ctx.give_up(f"{_shown([word, *args])} names a script only known when it runs", frame)
         return True
     if word.startswith("~/") and ctx.env.get("HOME"):
         word_path = ctx.env["HOME"] + word[1:]
@@ -630,6 +784,14 @@ def _script(ctx: _Context, word: str, args: list[str], frame: _Frame, gpu_env: b
         word_path = word
     path = os.path.join(frame.cwd, word_path)
     shown = word
+    written = ctx.written.get(os.path.normpath(path))
+    if written is not None:  # written earlier in this very line: judge what was written
+        if frame.depth >= ctx.max_depth:
+            ctx.give_up(f"{shown}: scripts nested deeper than {ctx.max_depth}", frame)
+            return True
+        ctx.written.pop(os.path.normpath(path))  # once: a script that runs itself is read once
+        _text(ctx, written, frame.child(), line_base=f"{shown} (written in this command)")
+        return True
     try:
         st = os.stat(path)
     except OSError:

@@ -49,6 +49,7 @@ EVENTS = {"pre-tool-use": PRE_TOOL_USE, "session-start": SESSION_START, "post-to
           "post-tool-use-failure": POST_TOOL_USE_FAILURE, "stop": STOP}
 MODES = ("remind", "wrap", "guard")
 MAX_CONTEXT = 9000  # characters of additionalContext (Claude Code caps what a hook injects)
+MAX_ECHO = 2000  # characters of a command repeated in a denial (a 10 MB command gave a 10 MB answer)
 MAX_ALERTS = 20  # alerts shown per delivery; older ones are counted and named where to read
 MAX_ALERT_LINE = 420  # characters of one alert's line: MAX_ALERTS of them fit in MAX_CONTEXT
 USAGE = ("usage: hostrun hook [pre-tool-use|session-start|post-tool-use|post-tool-use-failure|stop]"
@@ -351,8 +352,11 @@ def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: st
     if reason is not None and not subagent and len(given) >= settings.agents.escape_min:
         return _answer(PRE_TOOL_USE, additionalContext="\n".join(
             [f"hostrun guard: direct run let through ({escape}: {given})", *context[1:]]))
-    why = [f"hostrun guard: refused: `{_short(command)}` is heavy ({verdict.why}) and would run "
-           "outside hostrun's memory cap. Run it through hostrun instead:", instead]
+    shown = instead if len(instead) <= MAX_ECHO else (
+        f"{instead[:MAX_ECHO]}… ({len(instead)} characters in all, not repeated here: the same with "
+        "your whole command inside `bash -c '…'`)")
+    why = [f"hostrun guard: refused: `{_short(command)}` is heavy ({_short(verdict.why)}) and would "
+           "run outside hostrun's memory cap. Run it through hostrun instead:", shown]
     if subagent:
         why.append("(Inside a subagent heavy work always runs through hostrun.)")
     elif reason is not None:

@@ -52,7 +52,10 @@ DEFAULT_HEAVY = (
     "jest", "vitest", "mocha", "tsc", "webpack", "vite build", "next build",
     "mvn", "mvnw", "gradle", "gradlew", "sbt", "dotnet build", "dotnet test", "dotnet run",
     "dotnet publish", "swift build", "swift test", "cabal build", "cabal test", "stack build",
-    "stack test", "mix compile", "mix test", "xcodebuild",
+    "stack test", "mix compile", "mix test", "xcodebuild", "dune build", "dune test", "dune runtest",
+    "opam install", "lake build", "cabal install",
+    # whole machines: emulators and VMs
+    "qemu-system-*", "qemu-kvm", "firecracker", "cloud-hypervisor", "vagrant up", "emulator",
 )
 
 DEFAULT_GPU = (

@@ -35,6 +35,7 @@ class Simple(NamedTuple):
     subs: list[str]
     stdin_text: str | None = None
     after_pipe: bool = False  # its stdin is the output of the command before it (``a | b``)
+    writes: tuple[str, ...] = ()  # the files its output redirections write (``> f``, ``>> f``, ``&> f``)
 
 
 class Parsed(NamedTuple):
@@ -74,6 +75,45 @@ def _matching(text: str, i: int, open_: str, close: str, depth: int = 1) -> int:
     return n
 
 
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b",
+            "f": "\f", "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
+
+
+def _ansi_c(text: str, i: int) -> tuple[int, str]:
+    """From just past ``$'``: (index past the closing quote, the decoded text), as bash reads it."""
+    out: list[str] = []
+    n = len(text)
+    while i < n and text[i] != "'":
+        c = text[i]
+        if c != "\\" or i + 1 >= n:
+            out.append(c)
+            i += 1
+            continue
+        nxt = text[i + 1]
+        if nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+            i += 2
+        elif nxt in "xuU":
+            width = {"x": 2, "u": 4, "U": 8}[nxt]
+            digits = ""
+            j = i + 2
+            while j < n and len(digits) < width and text[j] in "0123456789abcdefABCDEF":
+                digits += text[j]
+                j += 1
+            out.append(chr(int(digits, 16)) if digits and int(digits, 16) < 0x110000 else text[i:j])
+            i = j
+        elif nxt in "01234567":
+            j = i + 1
+            while j < n and j < i + 4 and text[j] in "01234567":
+                j += 1
+            out.append(chr(int(text[i + 1 : j], 8) & 0xFF))
+            i = j
+        else:
+            out.append(text[i : i + 2])
+            i += 2
+    return min(i + 1, n), "".join(out)
+
+
 def _end_of_double(text: str, i: int) -> int:
     """Index just past the ``"`` closing a double-quoted string that starts at ``i``."""
     n = len(text)
@@ -111,6 +151,8 @@ class _Parser:
         # the bodies are read at the next newline
         self.heredocs: list[list[object]] = []
         self.redirect_target = False  # the next word is a redirection's target, not an argument
+        self.redirect_output = False  # ... and that redirection writes a file
+        self.writes: list[str] = []
         self.heredoc_word = False  # ... and that target is a here-doc delimiter
         self.heredoc_strip = False  # <<- (leading tabs stripped from the body and the delimiter)
         self.herestring_word = False
@@ -120,13 +162,14 @@ class _Parser:
         owner = -1
         if self.words or self.subs or self.stdin_text is not None:
             self.commands.append(Simple(self.words, self.start_line, self.subs, self.stdin_text,
-                                        self.after_pipe))
+                                        self.after_pipe, tuple(self.writes)))
             owner = len(self.commands) - 1
         for heredoc in self.heredocs:
             if heredoc[2] is None:
                 heredoc[2] = owner
         self.words, self.subs, self.stdin_text = [], [], None
         self.after_pipe = False
+        self.writes = []
 
     def add_word(self, word: str) -> None:
         if self.heredoc_word:
@@ -139,6 +182,8 @@ class _Parser:
             return
         if self.redirect_target:
             self.redirect_target = False
+            if self.redirect_output:
+                self.writes.append(word)
             return
         if not self.words:
             self.start_line = self.line
@@ -256,6 +301,11 @@ class _Parser:
                 word.append(text[i : j + 1])
                 in_word = True
                 i = j + 1
+            elif c == "$" and text.startswith("$'", i):  # ANSI-C quoting: ca$'r'go is cargo
+                end, decoded = _ansi_c(text, i + 2)
+                word.append(decoded)
+                in_word = True
+                i = end
             elif c == "$" and text.startswith("$((", i):
                 end = _matching(text, i + 3, "(", ")", depth=2)
                 word.append(text[i:end])
@@ -291,13 +341,16 @@ class _Parser:
                     self.heredoc_strip = text.startswith("-", op_end)
                     op_end += self.heredoc_strip
                 else:
+                    dup = op_end < n and text[op_end] == "&"  # >&2, <&0: a descriptor, not a file
                     if op_end < n and text[op_end] in "<>|&":
                         op_end += 1  # >> <> >| >& <&
                     self.redirect_target = True
+                    self.redirect_output = c == ">" and not dup
                 i = op_end
             elif c == "&" and text.startswith("&>", i):
                 flush()
                 self.redirect_target = True
+                self.redirect_output = True
                 i += 3 if text.startswith("&>>", i) else 2
             elif c in OPERATOR_CHARS:
                 flush()
