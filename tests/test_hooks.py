@@ -476,7 +476,9 @@ def test_install_is_idempotent_and_keeps_other_hooks_and_keys(tmp_path: Path) ->
     data = json.loads(first)
     assert data["model"] == "opus" and data["permissions"] == theirs["permissions"]
     assert data["hooks"]["Stop"] == [*theirs["hooks"]["Stop"], {"hooks": [
-        {"type": "command", "command": f"{CMD} hook stop --mode wrap", "timeout": 30}]}]
+        {"type": "command", "command": f"{CMD} hook stop --mode wrap", "timeout": 30},
+        {"type": "command", "command": f"{CMD} hook rewake --mode wrap", "timeout": 3600,
+         "asyncRewake": True}]}]
     assert data["hooks"]["PostToolUse"] == [{"hooks": [
         {"type": "command", "command": f"{CMD} hook post-tool-use --mode wrap", "timeout": 10}]}]
     assert data["hooks"]["PreToolUse"][0] == theirs["hooks"]["PreToolUse"][0]
@@ -499,13 +501,13 @@ def test_install_is_idempotent_and_keeps_other_hooks_and_keys(tmp_path: Path) ->
                                   "SessionStart": [f"{CMD} hook session-start"],
                                   "PostToolUse": [f"{CMD} hook post-tool-use"],
                                   "PostToolUseFailure": [f"{CMD} hook post-tool-use-failure"],
-                                  "Stop": [f"{CMD} hook stop"]}
+                                  "Stop": [f"{CMD} hook stop", f"{CMD} hook rewake"]}
     assert len(data["hooks"]["Stop"]) == 2 and len(data["hooks"]["PostToolUse"]) == 1
     assert places[1] == {"scope": "local", "path": str(project / ".claude" / "settings.local.json"),
                          "hooks": {}, "error": None, "real_run": []}
     assert places[2] == {"scope": "user", "path": str(home / ".claude" / "settings.json"), "hooks": {},
                          "error": None, "real_run": []}
-    assert [r["ok"] for r in places[0]["real_run"]] == [True] * len(install.EVENTS)
+    assert [r["ok"] for r in places[0]["real_run"]] == [True] * (len(install.EVENTS) + 1)
     assert agents("uninstall", "claude-code", cwd=project, home=home).returncode == 0
     assert json.loads(settings.read_text()) == theirs
     assert agents("uninstall", "claude-code", cwd=project, home=home).returncode == 0
@@ -533,7 +535,8 @@ def test_an_older_install_gains_the_new_entries_on_reinstall(tmp_path: Path) -> 
     assert data["hooks"]["PreToolUse"] == older["hooks"]["PreToolUse"]
     assert data["hooks"]["SessionStart"] == older["hooks"]["SessionStart"]
     assert data["hooks"]["Stop"] == [*older["hooks"]["Stop"], {"hooks": [
-        {"type": "command", "command": "hostrun hook stop", "timeout": 30}]}]
+        {"type": "command", "command": "hostrun hook stop", "timeout": 30},
+        {"type": "command", "command": "hostrun hook rewake", "timeout": 3600, "asyncRewake": True}]}]
     assert data["hooks"]["PostToolUse"] == [{"hooks": [
         {"type": "command", "command": "hostrun hook post-tool-use", "timeout": 10}]}]
     again = agents("install", "claude-code", "--user", "--command", "hostrun", cwd=tmp_path, home=home)
@@ -772,7 +775,7 @@ def test_install_carries_config_and_refuses_a_command_that_does_not_work(tmp_pat
     assert done.returncode == 0, done.stderr
     commands = [h["command"] for groups in json.loads(settings.read_text())["hooks"].values()
                 for group in groups for h in group["hooks"]]
-    assert len(commands) == len(install.EVENTS)
+    assert len(commands) == len(install.EVENTS) + 1  # Stop's rewake waiter too
     assert all(c.startswith(f"{CMD} hook ") and c.endswith(f" --config {config}") for c in commands)
     before = settings.read_text()
     bad = agents("install", "claude-code", "--command", "/nonexistent/hostrun", cwd=project, home=home)
@@ -799,7 +802,7 @@ def test_status_runs_the_installed_commands_for_real(tmp_path: Path) -> None:
     assert agents("install", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
     status = agents("status", cwd=tmp_path, home=home)
     assert status.returncode == 0, status.stdout + status.stderr
-    assert f"ok as installed: each of its {len(install.EVENTS)} commands starts and answers" in status.stdout
+    assert f"ok as installed: each of its {len(install.EVENTS) + 1} commands starts and answers" in status.stdout
 
 
 def test_install_local_and_from_a_subdirectory(tmp_path: Path) -> None:
@@ -914,3 +917,42 @@ def test_a_huge_command_is_not_echoed_back_whole(hook: Hook) -> None:
     assert answer["hookSpecificOutput"]["permissionDecision"] == "deny"
     assert len(json.dumps(answer)) < 20_000
     assert "characters in all, not repeated here" in answer["hookSpecificOutput"]["permissionDecisionReason"]
+
+
+# -------------------------------------------------------------------- waking an idle main agent
+def test_an_idle_session_is_woken_by_its_alert_once(hostrun: Hostrun, tmp_path: Path) -> None:
+    """``hostrun hook rewake`` (Stop, ``asyncRewake``) as Claude Code runs it in the background
+    once the agent is idle: an alert for the session written meanwhile ends it with exit 2 and the
+    alert on stderr (which wakes the session). A newer Stop's waiter replaces an older one, which
+    ends quietly; an alert already read (by the next event) is not given again."""
+    env = {**os.environ, "HOSTRUN_REWAKE_POLL": "0.2", "HOSTRUN_REWAKE_FOR": "60",
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    stop_event = json.dumps(event("stop", cwd=str(tmp_path)))
+
+    def waiter() -> subprocess.Popen[str]:
+        proc = hostrun.popen("hook", "rewake", stdin=subprocess.PIPE, env=env)
+        assert proc.stdin is not None
+        proc.stdin.write(stop_event)
+        proc.stdin.close()
+        return proc
+
+    def kill(label: str) -> None:
+        proc = hostrun.run("-m", "100M", "--label", label, "--session", SESSION, "--",
+                           sys.executable, "-c", "x = bytearray(300 << 20)")
+        assert proc.returncode == ExitCode.OWN_CAP, proc.stderr
+
+    first = waiter()
+    wait_for(lambda: any((tmp_path / "cache" / "hostrun" / "hooks").glob("rewake-*.pid")), timeout=30)
+    second = waiter()
+    assert first.wait(timeout=30) == 0 and first.stderr.read() == ""  # type: ignore[union-attr]
+    kill("idle-hog")
+    assert second.wait(timeout=30) == 2
+    woken = second.stderr.read()  # type: ignore[union-attr]
+    assert "job idle-hog on local was killed at its own cap 100 MiB" in woken
+    # the next waiter: that alert was given; a new one wakes it again, and only the new one
+    third = waiter()
+    kill("idle-hog-2")
+    assert third.wait(timeout=30) == 2
+    said = third.stderr.read()  # type: ignore[union-attr]
+    assert "idle-hog-2" in said and "job idle-hog on" not in said
+    assert not list((tmp_path / "cache" / "hostrun" / "hooks").glob("rewake-*.pid"))

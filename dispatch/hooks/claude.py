@@ -68,6 +68,7 @@ class HookArgs:
         self.event, self.mode, self.config = event, mode, config
         self.settings: Settings | None = None  # given instead of loading (the self-test's private state)
         self.problem: str | None = None  # why the configuration could not be loaded
+        self.rewake = False  # ``hostrun hook rewake``: wait for alerts while the session is idle
 
 
 def _note(line: str, err: TextIO) -> None:
@@ -81,6 +82,7 @@ def _note(line: str, err: TextIO) -> None:
 def parse_args(argv: list[str]) -> HookArgs:
     """EVENT, ``--mode``, ``--config``; ValueError naming what is wrong."""
     event = mode = config = None
+    rewake_ = False
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -97,14 +99,18 @@ def parse_args(argv: list[str]) -> HookArgs:
             mode = value
         elif arg == "--config":
             config = value
+        elif arg == "rewake" and event is None:
+            event, rewake_ = STOP, True
         elif event is None and not arg.startswith("-"):
             event = EVENTS.get(arg) or (arg if arg in EVENTS.values() else None)
             if event is None:
-                raise ValueError(f"unknown event {arg!r} (one of {', '.join(EVENTS)})")
+                raise ValueError(f"unknown event {arg!r} (one of {', '.join(EVENTS)}, rewake)")
         else:
             raise ValueError(f"unexpected argument {arg!r}")
         i += 1
-    return HookArgs(event, mode, config)
+    args = HookArgs(event, mode, config)
+    args.rewake = rewake_
+    return args
 
 
 def main(argv: list[str], stdin: TextIO | None = None, stdout: TextIO | None = None,
@@ -119,6 +125,10 @@ def main(argv: list[str], stdin: TextIO | None = None, stdout: TextIO | None = N
         if answer is not None:
             out.write(json.dumps(answer) + "\n")
             out.flush()
+    except Rewake as wake:  # asyncRewake: exit 2 wakes the idle session with stderr as its message
+        err.write(wake.text + "\n")
+        err.flush()
+        return 2
     except Exception as exc:  # never block the agent because of the hook itself
         _note(f"internal problem, nothing done: {type(exc).__name__}: {exc}", err)
     return 0
@@ -149,6 +159,9 @@ def run(argv: list[str], text: str, err: TextIO, settings: Settings | None = Non
         return None
     if args.event and isinstance(named, str) and named != args.event:
         _note(f"called for {args.event} but the event is {named}: nothing done", err)
+        return None
+    if args.rewake:
+        rewake(data, args, err)
         return None
     if event == PRE_TOOL_USE:
         return pre_tool_use(data, args, err)
@@ -471,6 +484,70 @@ def _unread(data: dict[str, Any], args: HookArgs, err: TextIO, event: str) -> li
         return []
     settings = _settings(args, err, data)
     return [] if settings is None else _alerts(settings, name, event, err)
+
+
+REWAKE_POLL = 1.0  # seconds between looks at the alert file while the session is idle
+REWAKE_FOR = 3300.0  # the longest a waiter waits (under its installed 3600 s timeout)
+REWAKE_POLL_ENV, REWAKE_FOR_ENV = "HOSTRUN_REWAKE_POLL", "HOSTRUN_REWAKE_FOR"  # tests: shorter
+
+
+class Rewake(Exception):
+    """The idle session has alerts: exit 2 with them on stderr (``asyncRewake`` wakes it)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+def rewake(data: dict[str, Any], args: HookArgs, err: TextIO) -> None:
+    """``hostrun hook rewake`` (installed on Stop with ``asyncRewake``: Claude Code runs it in the
+    background once the main agent has stopped): wait for an alert addressed to the now idle session
+    and wake it with the alert (exit 2, the alert on stderr), so a job killed or a room freed while
+    nobody types reaches the agent within a few seconds. One waiter per session: a newer one (the
+    next Stop) replaces it, and it ends quietly when the session's next event has read the alerts
+    or it has waited ``REWAKE_FOR``. Never while ``stop_hook_active``, nor for a subagent."""
+    if data.get("stop_hook_active") or data.get("agent_id"):
+        return
+    name = claude_session(data.get("session_id"))
+    if name is None:
+        _note("no session_id in the event: nothing to do", err)
+        return
+    settings = _settings(args, err, data)
+    if settings is None:
+        return
+    import time
+
+    from dispatch.core.configpath import cache_dir
+    from dispatch.guards.trust import private_dir
+
+    directory = cache_dir(os.environ, "hooks")
+    private_dir(directory)
+    marker = os.path.join(directory, f"rewake-{name}.pid")
+    me = f"{os.getpid()}\n"
+    with open(marker, "w", encoding="utf-8") as fh:  # the newest waiter of this session
+        fh.write(me)
+    poll = float(os.environ.get(REWAKE_POLL_ENV) or REWAKE_POLL)
+    until = time.monotonic() + float(os.environ.get(REWAKE_FOR_ENV) or REWAKE_FOR)
+    try:
+        while time.monotonic() < until:
+            time.sleep(poll)
+            try:
+                with open(marker, encoding="utf-8") as fh:
+                    if fh.read() != me:
+                        return  # a newer Stop's waiter took over
+            except OSError:
+                return
+            lines = _alerts(settings, name, STOP, err)
+            if lines:
+                raise Rewake("\n".join(lines)[:MAX_CONTEXT])
+    finally:
+        try:
+            with open(marker, encoding="utf-8") as fh:
+                mine = fh.read() == me
+            if mine:
+                os.unlink(marker)
+        except OSError:
+            pass
 
 
 def stop(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | None:

@@ -108,16 +108,22 @@ def is_ours(hook: object) -> bool:
     return False
 
 
+REWAKE_TIMEOUT = 3600  # seconds the background waiter may run (it ends itself before)
+
+
 def entries(command: str, mode: str | None, config: str | None = None
-            ) -> dict[str, tuple[str | None, dict[str, Any]]]:
-    """Per event: (matcher, our hook entry). ``config``: ``hostrun --config X agents install`` puts
-    ``--config X`` (absolute) in every command, as it was asked to use that file."""
-    out = {}
+            ) -> dict[str, list[tuple[str | None, dict[str, Any]]]]:
+    """Per event: [(matcher, our hook entry)]. ``config``: ``hostrun --config X agents install`` puts
+    ``--config X`` (absolute) in every command, as it was asked to use that file. Stop gets a second
+    entry: the background waiter that wakes the idle session with an alert (``asyncRewake``)."""
+    out: dict[str, list[tuple[str | None, dict[str, Any]]]] = {}
+    tail = (f" --mode {mode}" if mode else "") + (
+        f" --config {shlex.quote(os.path.abspath(config))}" if config else "")
     for event, (name, matcher, timeout) in EVENTS.items():
-        line = f"{command} hook {name}" + (f" --mode {mode}" if mode else "")
-        if config:
-            line += f" --config {shlex.quote(os.path.abspath(config))}"
-        out[event] = (matcher, {"type": "command", "command": line, "timeout": timeout})
+        out[event] = [(matcher, {"type": "command", "command": f"{command} hook {name}{tail}",
+                                 "timeout": timeout})]
+    out["Stop"].append((None, {"type": "command", "command": f"{command} hook rewake{tail}",
+                               "timeout": REWAKE_TIMEOUT, "asyncRewake": True}))
     return out
 
 
@@ -145,14 +151,16 @@ def read(path: str) -> dict[str, Any] | None:
     return data
 
 
-def merge(data: dict[str, Any], wanted: dict[str, tuple[str | None, dict[str, Any]]]) -> dict[str, Any]:
-    """``data`` with our entries: each replaces an entry of ours where one stands under the same
-    matcher, else goes in a new group at the end; other entries of ours are removed."""
+def merge(data: dict[str, Any], wanted: dict[str, list[tuple[str | None, dict[str, Any]]]]
+          ) -> dict[str, Any]:
+    """``data`` with our entries: in order, each replaces an entry of ours where one stands under
+    the same matcher, the rest go in one new group per matcher at the end; other entries of ours
+    are removed. (So installing again gives the same file.)"""
     data = json.loads(json.dumps(data))  # a copy
     hooks = data.setdefault("hooks", {})
-    for event, (matcher, hook) in wanted.items():
+    for event, pending in wanted.items():
+        pending = list(pending)
         groups = hooks.setdefault(event, [])
-        placed = False
         for group in groups:
             if not isinstance(group, dict) or not isinstance(group.get("hooks"), list):
                 continue
@@ -160,12 +168,15 @@ def merge(data: dict[str, Any], wanted: dict[str, tuple[str | None, dict[str, An
             for entry in group["hooks"]:
                 if not is_ours(entry):
                     kept.append(entry)
-                elif not placed and group.get("matcher") == matcher:
-                    kept.append(hook)
-                    placed = True
+                elif pending and group.get("matcher") == pending[0][0]:
+                    kept.append(pending.pop(0)[1])
             group["hooks"] = kept
         hooks[event] = [g for g in groups if not _emptied(g)]
-        if not placed:
+        for matcher, hook in pending:
+            last = hooks[event][-1] if hooks[event] else None
+            if last is not None and last.get("matcher") == matcher and all(is_ours(h) for h in last["hooks"]):
+                last["hooks"].append(hook)
+                continue
             group = {"matcher": matcher} if matcher is not None else {}
             group["hooks"] = [hook]
             hooks[event].append(group)
