@@ -244,6 +244,23 @@ class SystemdJob(Cgroup2Job):
         self._stop_keeper()
 
 
+def scope_properties(description: str, slice_unit: str, cap: int, grace: float
+                     ) -> list[tuple[str, tuple[str, object]]]:
+    """A job scope's properties (the shared slice's daemon gives its scopes the same): in the slice,
+    capped with no swap, the whole scope stopped on an OOM kill (SIGTERM, SIGKILL after ``grace``),
+    and collected once it is over."""
+    return [
+        ("Description", ("s", description)),
+        ("Slice", ("s", slice_unit)),
+        ("MemoryAccounting", ("b", True)),
+        ("MemoryMax", ("t", cap)),
+        ("MemorySwapMax", ("t", 0)),
+        ("OOMPolicy", ("s", "stop")),
+        ("TimeoutStopUSec", ("t", int(grace * 1_000_000))),
+        ("CollectMode", ("s", "inactive-or-failed")),
+    ]
+
+
 def _spawn_keeper(program: str) -> tuple[int, int]:
     """Fork the keeper: ``cat`` on a pipe's read end; returns its pid and the write end."""
     read_fd, write_fd = os.pipe()
@@ -374,16 +391,7 @@ class SystemdBackend(Cgroup2Backend):
     def create_job(self, job_id: str, cap: int) -> SystemdJob:
         prefix, suffix = self.job_affixes
         unit = f"{prefix}{job_id}{suffix}"
-        props: list[tuple[str, tuple[str, object]]] = [
-            ("Description", ("s", f"hostrun job {job_id}")),
-            ("Slice", ("s", self.slice_unit)),
-            ("MemoryAccounting", ("b", True)),
-            ("MemoryMax", ("t", cap)),
-            ("MemorySwapMax", ("t", 0)),
-            ("OOMPolicy", ("s", "stop")),
-            ("TimeoutStopUSec", ("t", int(self.kill_grace * 1_000_000))),
-            ("CollectMode", ("s", "inactive-or-failed")),
-        ]
+        props = scope_properties(f"hostrun job {job_id}", self.slice_unit, cap, self.kill_grace)
         return SystemdJob(os.path.join(self.slice_dir, unit), cap, self.slice_dir, self._require_manager(),
                           props, self.keeper_program)
 

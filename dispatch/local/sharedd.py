@@ -33,7 +33,7 @@ import time
 
 from dispatch.capping.base import read_int
 from dispatch.capping.shared import JOB_AFFIXES, MAX_LINE, PROTOCOL, SOCKET_PATH, decode, encode
-from dispatch.capping.systemd import SYSTEM_MANAGER, Manager, SystemdBackend
+from dispatch.capping.systemd import SYSTEM_MANAGER, Manager, SystemdBackend, scope_properties
 from dispatch.core.errors import BackendError
 from dispatch.local.admission import slice_room
 
@@ -248,17 +248,8 @@ class Daemon:
                 signal.pidfd_send_signal(fd, 0)  # still that process: the facts were its own
             limit = client.cap if client.state == "running" else min(client.cap, WAITING_MAX)
             grace = max(1.0, min(60.0, float(message.get("grace", 10.0))))
-            props: list[tuple[str, tuple[str, object]]] = [
-                ("Description", ("s", f"hostrun shared job of {client.user}")),
-                ("Slice", ("s", self.slice_unit)),
-                ("MemoryAccounting", ("b", True)),
-                ("MemoryMax", ("t", limit)),
-                ("MemorySwapMax", ("t", 0)),
-                ("OOMPolicy", ("s", "stop")),
-                ("TimeoutStopUSec", ("t", int(grace * 1_000_000))),
-                ("CollectMode", ("s", "inactive-or-failed")),
-                ("PIDs", ("au", list(pids))),
-            ]
+            props = [*scope_properties(f"hostrun shared job of {client.user}", self.slice_unit, limit,
+                                       grace), ("PIDs", ("au", list(pids)))]
             self.manager.start(unit, props)
             client.unit = unit
             for fd in pidfds:
