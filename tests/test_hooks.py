@@ -173,6 +173,7 @@ def test_light_commands_get_no_answer_in_every_mode(hook: Hook, mode: str, comma
 
 
 def test_remind_adds_the_resource_table_and_never_refuses(hook: Hook) -> None:
+    hook.configure('mode = "remind"')
     answer, err = hook.bash("cargo test --workspace 2>&1 | tail -20")
     assert err == "" and schema_problems("PreToolUse", answer) == []
     out = answer["hookSpecificOutput"]
@@ -186,6 +187,7 @@ def test_remind_adds_the_resource_table_and_never_refuses(hook: Hook) -> None:
 
 
 def test_remind_for_a_gpu_command_and_a_command_already_through_hostrun(hook: Hook) -> None:
+    hook.configure('mode = "remind"')
     answer, _ = hook.bash("CUDA_VISIBLE_DEVICES=0 python3 finetune.py")
     assert "[gpu: CUDA_VISIBLE_DEVICES=" in answer["hookSpecificOutput"]["additionalContext"]
     answer, _ = hook.bash("hostrun -m 4G -- cargo build", "--mode", "guard")
@@ -234,23 +236,37 @@ def test_guard_refuses_with_the_exact_command_to_run_instead(hook: Hook) -> None
     assert "- local: load" in out["additionalContext"]
 
 
-def test_guard_escape_needs_a_reason_of_12_characters(hook: Hook) -> None:
-    hook.configure('mode = "guard"')
-    answer, _ = hook.bash('HOSTRUN_DIRECT="quick" make')
-    reason = answer["hookSpecificOutput"]["permissionDecisionReason"]
+DECLARED = "kind=build; target=the parser crate; extent=one build, ~3 min; reason={reason}"
+
+
+def test_guard_is_the_default_and_a_direct_run_needs_a_whole_scope_declaration(hook: Hook) -> None:
+    """The design's guard: a heavy command runs directly only with a scope declaration (kind
+    matching the command, target, extent, and a reason longer than 12 characters)."""
+    answer, _ = hook.bash("make -j8")  # no [agents] mode: guard
     assert answer["hookSpecificOutput"]["permissionDecision"] == "deny"
-    assert "its reason has 5 characters; a direct run needs at least 12" in reason
-    for line in ('HOSTRUN_DIRECT="bisecting a miscompile by hand" make',
-                 "export HOSTRUN_DIRECT='profiling with perf'; make"):
+    for given, lacking in [
+            ('"quick"', "no kind, no target, no extent, a reason of 5 characters (more than 12 needed)"),
+            ('"bisecting a miscompile by hand"', "no kind, no target, no extent"),
+            (f'"{DECLARED.format(reason="exactly 12 c")}"', "a reason of 12 characters (more than 12"),
+            (f'"{DECLARED.format(reason="a bisect by hand").replace("kind=build", "kind=test")}"',
+             "kind=test, but this command is a build"),
+            (f'"{DECLARED.format(reason="x" * 20).replace("target=the parser crate; ", "")}"',
+             "no target")]:
+        answer, _ = hook.bash(f"HOSTRUN_DIRECT={given} make -j8")
+        out = answer["hookSpecificOutput"]
+        assert out["permissionDecision"] == "deny", given
+        assert lacking in out["permissionDecisionReason"], out["permissionDecisionReason"]
+    for line in (f'HOSTRUN_DIRECT="{DECLARED.format(reason="bisecting a miscompile by hand")}" make',
+                 f"export HOSTRUN_DIRECT='{DECLARED.format(reason='profiling with perf')}'; make"):
         answer, _ = hook.bash(line)
         out = answer["hookSpecificOutput"]
         assert "permissionDecision" not in out
-        assert out["additionalContext"].startswith("hostrun guard: direct run let through")
+        assert out["additionalContext"].startswith("hostrun guard: direct run let through, as declared")
 
 
 def test_guard_inside_a_subagent_always_refuses(hook: Hook) -> None:
     hook.configure('mode = "guard"')
-    answer, _ = hook.bash('HOSTRUN_DIRECT="a person asked for this run" make -j8 test',
+    answer, _ = hook.bash(f'HOSTRUN_DIRECT="{DECLARED.format(reason="a person asked for this")}" make -j8',
                           name="pre_tool_use_subagent")
     out = answer["hookSpecificOutput"]
     assert out["permissionDecision"] == "deny"
@@ -802,7 +818,8 @@ def test_status_runs_the_installed_commands_for_real(tmp_path: Path) -> None:
     assert agents("install", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
     status = agents("status", cwd=tmp_path, home=home)
     assert status.returncode == 0, status.stdout + status.stderr
-    assert f"ok as installed: each of its {len(install.EVENTS) + 1} commands starts and answers" in status.stdout
+    expected = f"ok as installed: each of its {len(install.EVENTS) + 1} commands starts and answers"
+    assert expected in status.stdout
 
 
 def test_install_local_and_from_a_subdirectory(tmp_path: Path) -> None:
@@ -956,3 +973,28 @@ def test_an_idle_session_is_woken_by_its_alert_once(hostrun: Hostrun, tmp_path: 
     said = third.stderr.read()  # type: ignore[union-attr]
     assert "idle-hog-2" in said and "job idle-hog on" not in said
     assert not list((tmp_path / "cache" / "hostrun" / "hooks").glob("rewake-*.pid"))
+
+
+@pytest.mark.parametrize("command", [
+    "cargo test", "cargo test --workspace", "hostrun -m 8G -- cargo test --workspace", "pytest",
+    "go test ./...", "make check", "npm test", "hostrun -- bash -c 'cd x && cargo nextest run'", "ctest -j8"])
+def test_a_subagent_never_runs_the_whole_suite_even_through_hostrun(hook: Hook, command: str) -> None:
+    answer, _ = hook.bash(command, name="pre_tool_use_subagent")
+    out = answer["hookSpecificOutput"]
+    assert out["permissionDecision"] == "deny", command
+    assert "runs the whole test suite, which is the main agent's to run" in out["permissionDecisionReason"]
+
+
+@pytest.mark.parametrize("command", [
+    "hostrun -- cargo test -p core", "hostrun -- pytest tests/test_x.py", "hostrun -- pytest -k parser",
+    "hostrun -- go test ./pkg/parser", "hostrun -- ctest -R parser"])
+def test_a_subagent_runs_narrow_tests_through_hostrun(hook: Hook, command: str) -> None:
+    answer, _ = hook.bash(command, name="pre_tool_use_subagent")
+    assert "permissionDecision" not in answer["hookSpecificOutput"], command
+
+
+def test_the_main_agent_and_allow_leave_the_suite_alone(hook: Hook) -> None:
+    assert "permissionDecision" not in hook.bash("hostrun -- cargo test --workspace")[0]["hookSpecificOutput"]
+    hook.configure('subagent_suite = "allow"')
+    answer, _ = hook.bash("hostrun -- cargo test", name="pre_tool_use_subagent")
+    assert "permissionDecision" not in answer["hookSpecificOutput"]

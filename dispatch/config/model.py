@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from functools import lru_cache
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
@@ -162,6 +162,7 @@ class AgentsModel(_Strict):
     gpu: Annotated[list[str], BeforeValidator(_patterns)] = Field(default_factory=list)
     escape_env: Annotated[str, BeforeValidator(_env_name)] = AGENT_DEFAULTS["escape_env"]
     escape_min: int = Field(default=AGENT_DEFAULTS["escape_min"], ge=1, le=1000)
+    subagent_suite: Literal["refuse", "allow"] = AGENT_DEFAULTS["subagent_suite"]
 
 
 DEFAULTS = Settings._field_defaults  # the one place the top-level defaults are written

@@ -106,7 +106,7 @@ def host_from_dict(name: str, table: Mapping[str, Any], source: str = "",
 def agents_from_dict(table: Mapping[str, Any]) -> AgentSettings:
     """The ``[agents]`` table (validated by ``dispatch.config.model.AgentsModel`` first)."""
     values: dict[str, Any] = {}
-    for key in ("mode", "escape_env"):
+    for key in ("mode", "escape_env", "subagent_suite"):
         if table.get(key) is not None:
             values[key] = str(table[key])
     for key in ("heavy", "light", "gpu"):

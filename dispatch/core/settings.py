@@ -120,15 +120,18 @@ class AgentSettings(NamedTuple):
     ``mode``: ``remind`` (add the resource table, never refuse), ``wrap`` (rewrite it to run through
     hostrun) or ``guard`` (refuse it unless it runs through hostrun). ``heavy``/``light``/``gpu``: the
     project's patterns (``dispatch.hooks.rules``). ``escape_env``/``escape_min``: the variable that
-    lets a person's deliberate direct run through guard, and the least length of its reason.
+    holds a person's scope declaration for a deliberate direct run through guard, and the length its
+    reason must exceed. ``subagent_suite``: ``refuse`` (a subagent never runs the whole test suite,
+    through hostrun or not) or ``allow``.
     """
 
-    mode: str = "remind"
+    mode: str = "guard"
     heavy: tuple[str, ...] = ()
     light: tuple[str, ...] = ()
     gpu: tuple[str, ...] = ()
     escape_env: str = ESCAPE_ENV
     escape_min: int = 12
+    subagent_suite: str = "refuse"
 
 
 class Settings(NamedTuple):

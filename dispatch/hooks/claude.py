@@ -322,6 +322,16 @@ def pre_tool_use(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str,
                        extra_gpu=agents.gpu)
     if not (verdict.heavy or verdict.gpu):
         return None  # light: no answer, the command runs as it is
+    if data.get("agent_id") and agents.subagent_suite == "refuse":
+        from dispatch.hooks.scope import full_suite
+
+        suite = full_suite(command)
+        if suite is not None:
+            return _answer(PRE_TOOL_USE, permissionDecision="deny", permissionDecisionReason=(
+                f"hostrun: refused: `{_short(suite)}` runs the whole test suite, which is the main "
+                "agent's to run (one at a time, with the machine in view), through hostrun or not. "
+                "Run the tests of what you changed (e.g. `cargo test -p CRATE`, `pytest "
+                "tests/test_x.py`, `-k NAME`), or report back and let the main agent run the suite."))
     return _heavy(data, args, settings, command, cwd, verdict)
 
 
@@ -361,10 +371,14 @@ def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: st
                        updatedInput=tool_input, additionalContext="\n".join(context))
     escape = settings.agents.escape_env
     reason = rewrite.escape_reason(command, escape)
-    given = (reason or "").strip()
-    if reason is not None and not subagent and len(given) >= settings.agents.escape_min:
+    from dispatch.hooks.scope import declaration, kind_of, problems
+
+    decl = declaration(reason) if reason is not None else None
+    lacking = problems(decl, kind_of(verdict.why), settings.agents.escape_min) if decl else []
+    if decl is not None and not subagent and not lacking:
+        said = "; ".join(f"{k}={decl.fields[k]}" for k in ("kind", "target", "extent", "reason"))
         return _answer(PRE_TOOL_USE, additionalContext="\n".join(
-            [f"hostrun guard: direct run let through ({escape}: {given})", *context[1:]]))
+            [f"hostrun guard: direct run let through, as declared ({_short(said, 400)})", *context[1:]]))
     shown = instead if len(instead) <= MAX_ECHO else (
         f"{instead[:MAX_ECHO]}… ({len(instead)} characters in all, not repeated here: the same with "
         "your whole command inside `bash -c '…'`)")
@@ -372,9 +386,9 @@ def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: st
            "run outside hostrun's memory cap. Run it through hostrun instead:", shown]
     if subagent:
         why.append("(Inside a subagent heavy work always runs through hostrun.)")
-    elif reason is not None:
-        why.append(f"({escape} was given, but its reason has {len(given)} characters; a direct run "
-                   f"needs at least {settings.agents.escape_min}.)")
+    elif decl is not None:
+        why.append(f"({escape} was given, but its scope declaration has {', '.join(lacking)}: a "
+                   "direct run declares kind, target, extent and reason.)")
     return _answer(PRE_TOOL_USE, permissionDecision="deny", permissionDecisionReason="\n".join(why),
                    additionalContext="\n".join(context[1:]))
 
