@@ -420,7 +420,7 @@ def test_a_ledger_path_outside_the_slice_is_never_killed_or_removed(fake: FakeCg
     found = backend.job_at(f"{slice_dir}/job-1-1/../job-7-7")
     assert found is not None and found.path == job.path
     assert backend.job_path_ok(job.path)
-    stop_reclaimed(backend, [rows[0]._replace(cgroup=f"{slice_dir}/./job-7-7")])
+    stop_reclaimed(backend, [rows[0]._replace(cgroup=f"{slice_dir}/./job-7-7", pid=7, pid_start=7)])
     inside.wait(timeout=10)
     assert not os.path.exists(job.path)
 

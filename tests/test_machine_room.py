@@ -101,8 +101,10 @@ def test_bookings_not_yet_at_their_peak_are_taken_off_what_the_machine_has(tmp_p
     not know that yet, the room does."""
     ledger = Ledger(str(tmp_path / "state"))
     try:
-        backend = FakeBackend(used=100 * MiB, jobs={"/fake/job-1-1": 100 * MiB})
-        running = book(ledger, "big", GiB, "/fake/job-1-1")
+        me = os.getpid()
+        job = f"/fake/job-{me}-{start_time(me) or 0}"  # the name its holder (this process) gives it
+        backend = FakeBackend(used=100 * MiB, jobs={job: 100 * MiB})
+        running = book(ledger, "big", GiB, job)
         room = room_function(backend, 3 * GiB, lambda: MemInfo(4 * GiB, 2 * GiB))
         assert ledger.try_admit(running, "local", room).admitted
         second = book(ledger, "next", 1200 * MiB)
