@@ -179,9 +179,14 @@ def _project_root(data: dict[str, Any], environ: Mapping[str, str] | None = None
     root = env.get("CLAUDE_PROJECT_DIR")
     if root and os.path.isdir(root):
         return root
-    from dispatch.hooks.rewrite import project_root
-
-    return project_root(_cwd(data))
+    cwd = os.path.abspath(_cwd(data))  # the git top level above it (rewrite.project_root, without
+    path = cwd  # importing rewrite and shlex on the light path)
+    while not os.path.exists(os.path.join(path, ".git")):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return cwd
+        path = parent
+    return path
 
 
 def project_config(data: dict[str, Any], environ: Mapping[str, str] | None = None) -> str | None:
