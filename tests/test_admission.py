@@ -8,7 +8,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from dispatch.core.procinfo import start_time
+import pytest
+
+from dispatch.core.procinfo import is_stopped, start_time
 from dispatch.local.ledger import Ledger
 from tests.conftest import Hostrun, pid_alive, wait_for
 
@@ -111,17 +113,22 @@ def test_a_stale_row_naming_another_live_job_never_gets_it_killed(hostrun: Hostr
     assert live.wait(timeout=30) == 0, live.stderr.read() if live.stderr else ""
 
 
-def test_a_stopped_waiter_at_the_head_holds_nobody_up(hostrun: Hostrun, tmp_path: Path) -> None:
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_stopped_waiter_at_the_head_holds_nobody_up(hostrun: Hostrun, tmp_path: Path,
+                                                      attempt: int) -> None:
     """300M slice: ``hold`` runs at 150M until released; ``head`` (200M) waits, then is stopped
-    (SIGSTOP, as Ctrl-Z would); ``small`` (100M) fits beside ``hold`` and no longer waits behind the
-    stopped head. Once resumed, the head is first in the queue again and runs after ``hold``."""
+    (SIGTSTP, Ctrl-Z's signal, sent right after its booking appears: the moment it is most likely
+    inside its first admission transaction, which is why the ledger holds Ctrl-Z back while it
+    works; five times); ``small`` (100M) fits beside ``hold`` and no longer waits behind the stopped
+    head. Once resumed, the head is first in the queue again and runs after ``hold``."""
     started, release = tmp_path / "started", tmp_path / "release"
     hold = hostrun.popen("-m", "150M", "--label", "hold", "--", "sh", "-c",
                          f"touch {started}; while [ ! -e {release} ]; do sleep 0.05; done")
     wait_for(started.exists)
     head = hostrun.popen("-m", "200M", "--label", "head", "--", "true")
     wait_for(lambda: any(b[1] == "head" for b in hostrun.bookings()))
-    os.kill(head.pid, signal.SIGSTOP)
+    os.kill(head.pid, signal.SIGTSTP)
+    wait_for(lambda: is_stopped(head.pid))
     small = hostrun.popen("-m", "100M", "--label", "small", "--", "true")
     try:
         assert small.wait(timeout=60) == 0, small.stderr.read() if small.stderr else ""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import signal
 import sqlite3
 import sys
 import time
@@ -179,6 +180,9 @@ def _probe(directory: str) -> OSError | None:
     return None
 
 
+_STOP_SIGNALS = {signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}  # the stops a process may hold back
+
+
 class LedgerDamaged(sqlite3.DatabaseError):
     """Found on open: the file lost its tables (e.g. truncated to 0 bytes) though a journal exists."""
 
@@ -301,6 +305,17 @@ class Ledger:
 
     # -- failures: damage is recovered and the operation retried once; the rest is one line --
     def _do(self, fn: Callable[[], R], connect: bool = False) -> R:
+        """One ledger operation, with Ctrl-Z held back while it runs: a hostrun stopped inside
+        its write transaction would hold the lock, and with it every other hostrun on the host,
+        until resumed (a SIGSTOP cannot be held back: it stops a waiter mid-transaction in the few
+        ms one takes)."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            return self._do_once(fn, connect)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def _do_once(self, fn: Callable[[], R], connect: bool) -> R:
         try:
             if connect:
                 self._connect()
