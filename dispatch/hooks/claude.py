@@ -234,27 +234,14 @@ def _first_time(problem: str) -> bool:
     last 50); a cache that cannot be used means telling it every time rather than never."""
     import hashlib
 
-    from dispatch.core.configpath import cache_dir
+    from dispatch.hooks import hookstate
 
     digest = hashlib.sha256(problem.encode()).hexdigest()[:16]
-    directory = cache_dir(os.environ, "hooks")
-    path = os.path.join(directory, "problems-told")
-    try:
-        from dispatch.guards.trust import private_dir
-
-        private_dir(directory)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                told = fh.read().split()
-        except FileNotFoundError:
-            told = []
-        if digest in told:
-            return False
-        from dispatch.core.atomicfile import write_atomic
-
-        write_atomic(path, (" ".join([*told[-49:], digest]) + "\n").encode(), 0o600)
-    except Exception:
-        pass
+    told = hookstate.load("problems-told.json")
+    told = [str(d) for d in told] if isinstance(told, list) else []
+    if digest in told:
+        return False
+    hookstate.save("problems-told.json", [*told[-49:], digest])
     return True
 
 
@@ -536,12 +523,9 @@ def rewake(data: dict[str, Any], args: HookArgs, err: TextIO) -> None:
         return
     import time
 
-    from dispatch.core.configpath import cache_dir
-    from dispatch.guards.trust import private_dir
+    from dispatch.hooks import hookstate
 
-    directory = cache_dir(os.environ, "hooks")
-    private_dir(directory)
-    marker = os.path.join(directory, f"rewake-{name}.pid")
+    marker = os.path.join(hookstate.ensure(), f"rewake-{name}.pid")
     me = f"{os.getpid()}\n"
     with open(marker, "w", encoding="utf-8") as fh:  # the newest waiter of this session
         fh.write(me)

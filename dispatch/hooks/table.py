@@ -63,43 +63,24 @@ def read(settings: Settings, label: str | None = None) -> list[HostReading]:
                     f"{MISSED_FOR:g} s)", 0.0) for name in settings.hosts]
 
 
-def _missed_path() -> str:
-    import os
-
-    from dispatch.core.configpath import cache_dir
-
-    return os.path.join(cache_dir(os.environ, "hooks"), "missed-hosts.json")
+MISSED = "missed-hosts.json"
 
 
 def _missed() -> dict[str, float]:
     """Hosts that did not answer, with when (epoch seconds); an unusable file means none."""
-    import json
-    import os
+    from dispatch.hooks import hookstate
 
-    from dispatch.guards.trust import private_dir_ok
-
-    if not private_dir_ok(os.path.dirname(_missed_path())):
-        return {}  # not (yet) a directory of ours alone: nothing in it is believed
+    data = hookstate.load(MISSED)
     try:
-        with open(_missed_path(), encoding="utf-8") as fh:
-            data = json.load(fh)
         return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (TypeError, ValueError):
         return {}
 
 
 def _save_missed(missed: dict[str, float]) -> None:
-    import json
-    import os
+    from dispatch.hooks import hookstate
 
-    from dispatch.core.atomicfile import write_atomic
-    from dispatch.guards.trust import private_dir
-
-    try:
-        private_dir(os.path.dirname(_missed_path()))
-        write_atomic(_missed_path(), json.dumps(missed).encode(), 0o600)
-    except Exception:
-        pass
+    hookstate.save(MISSED, missed)
 
 
 def _gpus(report: dict[str, Any]) -> str:
