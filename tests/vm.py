@@ -281,17 +281,13 @@ class VM:
     def put(self, user: str, source: Path, target: str) -> None:
         """Copy a local directory's contents into ``target`` in the guest (tar over ssh)."""
         tar = subprocess.Popen(["tar", "-C", str(source), "-cf", "-", "."], stdout=subprocess.PIPE)
-        self.untar(user, tar, target, str(source))
-
-    def untar(self, user: str, tar: subprocess.Popen[bytes], target: str, what: str) -> None:
-        """Unpack the stream of a running ``tar -cf -`` into ``target`` in the guest, as ``user``."""
         assert tar.stdout is not None
         done = subprocess.run([*self.ssh_argv(user), "--", f"mkdir -p {target} && tar -C {target} -xf -"],
                               stdin=tar.stdout, capture_output=True, text=True, check=False, timeout=300)
         tar.stdout.close()
         tar.wait()
         if done.returncode != 0 or tar.returncode != 0:
-            raise VmError(f"copying {what} into the VM failed: {done.stderr}")
+            raise VmError(f"copying {source} into the VM failed: {done.stderr}")
 
     def freeze(self) -> None:
         assert self.qemu is not None
@@ -389,7 +385,12 @@ def copy_checkout(vm: VM, user: str, repo: Path, target: str) -> None:
                             "--exclude-standard"], capture_output=True, check=True).stdout
     tar = subprocess.Popen(["tar", "-C", str(repo), "--null", "-T", "-", "-cf", "-"],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert tar.stdin is not None
+    assert tar.stdin is not None and tar.stdout is not None
     tar.stdin.write(files)
     tar.stdin.close()
-    vm.untar(user, tar, target, "the checkout")
+    done = subprocess.run([*vm.ssh_argv(user), "--", f"mkdir -p {target} && tar -C {target} -xf -"],
+                          stdin=tar.stdout, capture_output=True, text=True, check=False, timeout=300)
+    tar.stdout.close()
+    tar.wait()
+    if done.returncode != 0 or tar.returncode != 0:
+        raise VmError(f"copying the checkout into the VM failed: {done.stderr}")

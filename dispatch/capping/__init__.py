@@ -12,8 +12,6 @@ from dispatch.core.errors import BackendError
 from dispatch.core.settings import HostSettings
 
 ORDER = ("shared", "systemd", "cgroup2", "cgroup1")
-SHARED_SOCKET = "/run/hostrun/shared.sock"  # a shared slice's daemon (dispatch.capping.shared)
-SHARED_SOCKET_ENV = "HOSTRUN_SHARED_SOCKET"  # where it listens instead, for a test's own daemon
 
 
 def _self_files() -> tuple[str, str] | None:
@@ -36,12 +34,6 @@ def _probe(name: str, host: HostSettings,
         if problem is not None:
             return Probe(False, f"hosts.{host.name}.cgroup: {problem}"), None
     if name == "shared":
-        import os
-
-        path = os.environ.get(SHARED_SOCKET_ENV) or SHARED_SOCKET
-        if not os.path.exists(path):  # most machines: one stat, nothing imported on every run
-            return Probe(False, f"no shared slice on this machine ({path} missing; an administrator "
-                                "sets one up with 'hostrun shared install')"), None
         from dispatch.capping.shared import SharedBackend
 
         return SharedBackend.probe(files)

@@ -26,15 +26,8 @@ import os
 import stat
 import time
 
-from dispatch.capping import SHARED_SOCKET, SHARED_SOCKET_ENV
 from dispatch.capping.base import Probe
-from dispatch.capping.systemd import (
-    SystemdBackend,
-    SystemdJob,
-    _spawn_keeper,
-    cgroup2_mount,
-    slice_cgroup_path,
-)
+from dispatch.capping.systemd import SystemdBackend, SystemdJob, _spawn_keeper, slice_cgroup_path
 from dispatch.core.errors import BackendError, SharedError
 
 MYPY = False
@@ -43,8 +36,9 @@ if MYPY:
     from collections.abc import Callable
     from typing import Any
 
-SOCKET_PATH, SOCKET_ENV = SHARED_SOCKET, SHARED_SOCKET_ENV
-SOCKET_DIR = os.path.dirname(SOCKET_PATH)
+SOCKET_DIR = "/run/hostrun"
+SOCKET_PATH = SOCKET_DIR + "/shared.sock"
+SOCKET_ENV = "HOSTRUN_SHARED_SOCKET"  # where the daemon listens, for a test's own daemon
 PROTOCOL = 1
 MAX_LINE = 1 << 20
 JOB_AFFIXES = ("hostrun-shared-", ".scope")
@@ -291,13 +285,21 @@ class SharedBackend(SystemdBackend):
     def probe(  # type: ignore[override]
         cls, files: tuple[str, str] | None = None, proc_root: str = "/proc",
     ) -> tuple[Probe, SharedBackend | None]:
-        path = socket_path()  # its existence: checked by dispatch.capping before importing this
+        path = socket_path()
+        if not os.path.exists(path):
+            return Probe(False, f"no shared slice on this machine ({path} missing; an administrator "
+                                "sets one up with 'hostrun shared install')"), None
         problem = trusted_socket(path)
         if problem is not None:
             return Probe(False, f"not trusted: {problem}"), None
-        mount, unreadable = cgroup2_mount(files)
-        if mount is None:
-            return Probe(False, unreadable or "no unified cgroup2 hierarchy"), None
+        from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
+
+        try:
+            mount = parse_mountinfo((files or read_self_files())[1]).get("cgroup2")
+        except OSError as exc:
+            return Probe(False, f"cannot read /proc/self: {exc}"), None
+        if not mount:
+            return Probe(False, "no unified cgroup2 hierarchy"), None
         try:
             facts = hello(path)
         except SharedError as exc:

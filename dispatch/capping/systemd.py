@@ -39,15 +39,6 @@ KEEPER_NAME = "hostrun-scope-keeper"
 START_TIMEOUT = 30.0  # a start job on a busy (or emulated) machine can take seconds
 
 
-def cgroup2_mount(files: tuple[str, str] | None = None) -> tuple[str | None, str]:
-    """Where the unified cgroup2 hierarchy is mounted (None: there is none), and the error when
-    /proc/self could not be read ("" otherwise). ``files``: /proc/self/cgroup and mountinfo as read."""
-    try:
-        return parse_mountinfo((files or read_self_files())[1]).get("cgroup2") or None, ""
-    except OSError as exc:
-        return None, f"cannot read /proc/self: {exc}"
-
-
 def _pid1_is_systemd(proc_root: str = "/proc") -> bool:
     try:
         with open(os.path.join(proc_root, "1", "comm"), encoding="utf-8") as fh:
@@ -331,9 +322,12 @@ class SystemdBackend(Cgroup2Backend):
     ) -> tuple[Probe, SystemdBackend | None]:
         if not _pid1_is_systemd(proc_root):
             return Probe(False, "systemd is not PID 1"), None
-        mount, unreadable = cgroup2_mount(files)
-        if mount is None:
-            return Probe(False, unreadable or "systemd without a unified cgroup2 hierarchy"), None
+        try:
+            mount = parse_mountinfo((files or read_self_files())[1]).get("cgroup2")
+        except OSError as exc:
+            return Probe(False, f"cannot read /proc/self: {exc}"), None
+        if not mount:
+            return Probe(False, "systemd without a unified cgroup2 hierarchy"), None
         try:
             controllers = read_text(os.path.join(mount, "cgroup.controllers")).split()
         except OSError:
