@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from dispatch import __version__
 from dispatch.cli.options import (
+    GPU_AUTO,
     PROG,
     RUN_OPTIONS,
     RunOptions,
@@ -27,7 +28,7 @@ from dispatch.cli.options import (
     split_command,
     whole_number,
 )
-from dispatch.core.errors import HostrunError, UsageError
+from dispatch.core.errors import HostrunError, LongJobError, UsageError
 from dispatch.core.exitcodes import ExitCode, outcome_name
 from dispatch.core.settings import LOCAL
 
@@ -182,8 +183,8 @@ def cmd_run(argv: list[str]) -> int:
         raise UsageError("--tree, --return and --stdin go with --peer or --auto")
     request = RunRequest(
         argv=command, label=opts.label, cap=opts.memory_cap, max_runtime=opts.max_runtime,
-        threads=opts.threads, no_cap=opts.no_cap,
-        session=resolve_session(opts.session), gpu_memory=opts.gpu_memory,
+        threads=opts.threads, no_cap=opts.no_cap, session=resolve_session(opts.session),
+        gpu_memory=opts.gpu_memory if isinstance(opts.gpu_memory, int) else None,
         force=opts.force, group=opts.group, when_idle=opts.when_idle,
     )
     if opts.result_file:
@@ -194,6 +195,10 @@ def cmd_run(argv: list[str]) -> int:
             raise UsageError(f"--result-file {opts.result_file}: cannot write there: {problem}")
     enclosing = enclosing_job(os.environ)
     try:
+        long_rule = opts.long_job_rule and not opts.auto and enclosing is None  # --auto: its own
+        if opts.gpu_memory == GPU_AUTO or long_rule:
+            opts = _label_rules(command, opts, long_rule)
+            request = request._replace(gpu_memory=_gpu_bytes(opts))
         if enclosing is not None:
             from dispatch.local.nested import run_inside
 
@@ -213,6 +218,32 @@ def cmd_run(argv: list[str]) -> int:
     return _finish(outcome, opts)
 
 
+def _gpu_bytes(opts: RunOptions) -> int | None:
+    assert not isinstance(opts.gpu_memory, str), "--gpu-memory auto is resolved first (_label_rules)"
+    return opts.gpu_memory
+
+
+def _label_rules(command: list[str], opts: RunOptions, long_rule: bool) -> RunOptions:
+    """What the label's record here decides before the run: ``--gpu-memory auto``'s size (said in
+    one line), and with ``long_rule`` the long-job rule's refusal (LongJobError, 244). A run nested
+    in a job is not refused: the job around it was admitted as it is."""
+    from dispatch.core.text import storable
+    from dispatch.local.booking import default_label
+    from dispatch.placement import labelrules
+
+    settings = _settings(opts.config)
+    record = labelrules.record_here(settings, storable(opts.label or default_label(command)))
+    if opts.gpu_memory == GPU_AUTO:
+        size, why = labelrules.gpu_memory_auto(settings, record)
+        _say(why)
+        opts = opts._replace(gpu_memory=size)
+    if long_rule:
+        refused = labelrules.long_job_here(settings, _job(command, opts), record)
+        if refused is not None:
+            raise LongJobError("; ".join(refused.reasons))
+    return opts
+
+
 def _peer_watch(settings: Any, options: list[str], command: list[str], opts: RunOptions
                 ) -> Callable[[Any], None] | None:
     """While a local job waits, alert once if a peer could take it (only with peers enabled)."""
@@ -228,7 +259,7 @@ def _job(command: list[str], opts: RunOptions) -> Job:
     from dispatch.placement.auto import make_job
 
     return make_job(command, label=opts.label, cap=opts.memory_cap,
-                    gpu_memory=opts.gpu_memory, expect_duration=opts.expect_duration,
+                    gpu_memory=_gpu_bytes(opts), expect_duration=opts.expect_duration,
                     long_job=opts.long_job)
 
 
@@ -242,7 +273,7 @@ def _run_elsewhere(options: list[str], command: list[str], opts: RunOptions,
         from dispatch.local.booking import default_label
 
         placed = place_on_peer(settings, opts.peer, request.label or default_label(command),
-                               opts.memory_cap, opts.gpu_memory, by_host=opts.host is not None)
+                               opts.memory_cap, _gpu_bytes(opts), by_host=opts.host is not None)
     else:
         from dispatch.placement.auto import place
 
@@ -299,6 +330,8 @@ def cmd_dispatch(argv: list[str]) -> int:
         raise UsageError(f"no command given (usage: {PROG} dispatch [--json] [OPTIONS] -- CMD)")
     from dispatch.placement.auto import consider
 
+    if opts.gpu_memory == GPU_AUTO:
+        opts = _label_rules(command, opts, long_rule=False)
     decision = consider(_settings(opts.config), _job(command, opts))
     if json_out:
         import json

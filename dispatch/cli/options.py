@@ -37,12 +37,13 @@ class RunOptions(NamedTuple):
     result_file: str | None = None
     no_cap: bool = False
     session: str | None = None
-    gpu_memory: int | None = None
+    gpu_memory: int | str | None = None  # bytes, or GPU_AUTO
     auto: bool = False
     peer: str | bool = False
     host: str | None = None
     expect_duration: float | None = None
     long_job: str | bool = False
+    long_job_rule: bool = False
     tree: str | None = None
     returns: tuple[str, ...] = ()
     stdin: bool = False
@@ -59,6 +60,14 @@ def cap_size(text: str) -> int:
     if size < 1 << 20:
         raise ValueError(f"too small: {text!r} (a cap below 1M cannot run anything)")
     return size
+
+
+GPU_AUTO = "auto"
+
+
+def gpu_size(text: str) -> int | str:
+    """``--gpu-memory``: a size, or ``auto`` (what the label's recorded VRAM peak says)."""
+    return GPU_AUTO if text == GPU_AUTO else cap_size(text)
 
 
 def duration(text: str) -> float:
@@ -139,8 +148,9 @@ RUN_OPTIONS = (
     Option(("--no-cap",), "no_cap", "run even when no memory-cap backend works here (uncapped!)"),
     Option(("--session",), "session", "who is running this (default: $HOSTRUN_SESSION)", "NAME",
            checked_name("--session")),
-    Option(("--gpu-memory",), "gpu_memory", "book SIZE of VRAM on one GPU (e.g. 8G); the job gets it "
-           "in CUDA_VISIBLE_DEVICES, and a GPU out-of-memory exits 245", "SIZE", cap_size),
+    Option(("--gpu-memory",), "gpu_memory", "book SIZE of VRAM on one GPU (e.g. 8G; 'auto': a quarter "
+           "over the label's worst recorded VRAM, else default_gpu_memory); the job gets that GPU in "
+           "CUDA_VISIBLE_DEVICES, and a GPU out-of-memory exits 245", "SIZE", gpu_size),
     Option(("--auto",), "auto", "run where the dispatcher decides (see 'hostrun dispatch')"),
     Option(("--peer",), "peer", "run on a peer: --peer takes the first configured, --peer=NAME that one",
            optional_value=True),
@@ -151,6 +161,9 @@ RUN_OPTIONS = (
     Option(("--long-job",), "long_job", "declare the job long, exempt from the long-job rule: "
            "--long-job='sharded=HOW;resumable=HOW;multi-host=HOW' or --long-job=@FILE (all three; "
            "'# long-job: KEY: HOW' header lines in the script say the same)", optional_value=True),
+    Option(("--long-job-rule",), "long_job_rule", "apply the long-job rule to a run here too: refuse "
+           "(244) a job recorded or declared longer than long_job_threshold unless declared long "
+           "(--auto always applies it; the agent hooks and shims add this)"),
     Option(("--tree",), "tree", "with --peer: the tree to sync (default: the git top level, else the "
            "current directory)", "DIR"),
     Option(("--return",), "returns", "with --peer: bring PATH (relative to the job's directory) back "

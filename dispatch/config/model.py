@@ -180,6 +180,7 @@ class _ConfigBase(_Strict):
     report_deadline: PositiveDuration = DEFAULTS["report_deadline"]
     enable_across_machines: bool = DEFAULTS["enable_across_machines"]
     gamble_size: MemorySize = DEFAULTS["gamble_size"]
+    default_gpu_memory: MemorySize = DEFAULTS["default_gpu_memory"]
     status_interval: PositiveDuration = DEFAULTS["status_interval"]
     alert_wait_after: Duration = DEFAULTS["alert_wait_after"]
     kill_grace: Duration = DEFAULTS["kill_grace"]

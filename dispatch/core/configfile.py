@@ -127,8 +127,9 @@ def settings_from_dict(raw: Mapping[str, Any], source: str,
     for key in _TOP_DURATIONS:
         if raw.get(key) is not None:
             values[key] = parse_duration(raw[key])
-    if raw.get("gamble_size") is not None:
-        values["gamble_size"] = parse_size(raw["gamble_size"])
+    for key in ("gamble_size", "default_gpu_memory"):
+        if raw.get(key) is not None:
+            values[key] = parse_size(raw[key])
     if raw.get("groups"):
         values["groups"] = {name: int(table["max_running"]) for name, table in raw["groups"].items()
                             if (table or {}).get("max_running") is not None}

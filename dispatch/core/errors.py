@@ -11,6 +11,7 @@ calls ``sys.exit``. Every hostrun error class lives here, so the whole tree is i
     │   └── GpuError                78   nvidia-smi exists but failed or did not answer in time
     ├── LockTimeoutError            78   ``lock --wait`` ran out while another holder kept DIR
     ├── NeverFitsError              243  cap larger than the host's whole slice
+    ├── LongJobError                244  too long for one host and not declared long (--long-job-rule)
     ├── NoCapBackendError           78   no memory-cap backend works here and --no-cap was not given
     ├── BackendError                78   a backend failed while preparing the slice or the job
     │   ├── DBusError               78   systemd's manager answered with an error, or not at all
@@ -80,6 +81,11 @@ class LockTimeoutError(HostrunError, code=ExitCode.NOT_RUN):
 
 class NeverFitsError(HostrunError, code=ExitCode.NEVER_FITS):
     """The cap is larger than the host's whole slice: waiting can never help."""
+
+
+class LongJobError(HostrunError, code=ExitCode.LONG_SINGLE_HOST):
+    """A run here with ``--long-job-rule`` is recorded or declared longer than
+    ``long_job_threshold`` and does not declare itself long (the dispatcher's rule 0)."""
 
 
 class NoCapBackendError(HostrunError, code=ExitCode.NOT_RUN):

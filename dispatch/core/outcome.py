@@ -12,7 +12,7 @@ if MYPY:
 FIELDS = (
     "exit_code", "outcome", "host", "label", "argv", "cap_bytes", "booking_kind", "booked_bytes",
     "peak_bytes", "hit_ceiling", "duration_s", "waited_s", "backend", "cgroup", "counters", "message",
-    "gpu_index", "gpu_bytes", "vram_evidence",
+    "gpu_index", "gpu_bytes", "vram_evidence", "vram_peak_bytes",
 )
 
 
@@ -29,6 +29,7 @@ class Outcome:
         waited_s: float = 0.0, backend: str | None = None, cgroup: str | None = None,
         counters: dict[str, int] | None = None, message: str | None = None,
         gpu_index: int | None = None, gpu_bytes: int | None = None, vram_evidence: str | None = None,
+        vram_peak_bytes: int | None = None,
     ) -> None:
         self.exit_code = exit_code
         self.outcome = outcome
@@ -49,6 +50,7 @@ class Outcome:
         self.gpu_index = gpu_index  # --gpu-memory: the GPU the job was booked on
         self.gpu_bytes = gpu_bytes  # --gpu-memory: the VRAM booked
         self.vram_evidence = vram_evidence  # what showed a GPU out-of-memory, if anything
+        self.vram_peak_bytes = vram_peak_bytes  # --gpu-memory: the most VRAM the job's processes used
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in FIELDS}

@@ -144,6 +144,7 @@ class Settings(NamedTuple):
     report_deadline: float = 25.0
     enable_across_machines: bool = False
     gamble_size: int = 512 << 20
+    default_gpu_memory: int = 2 << 30  # --gpu-memory auto for a label with no recorded VRAM peak
     status_interval: float = 60.0
     alert_wait_after: float = 600.0  # a job waiting this long raises one alert; 0: never
     kill_grace: float = 10.0

@@ -342,7 +342,10 @@ def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: st
     from dispatch.hooks import table
 
     cap = rewrite.half_rule_cap(table.label_peak(readings), table.slice_limit(readings))
-    instead = rewrite.wrapped(command, rewrite.hostrun_argv(args.config), session, label, cap)
+    from dispatch.core.hostfacts import has_nvidia_gpus
+
+    gpu = verdict.gpu and has_nvidia_gpus()
+    instead = rewrite.wrapped(command, rewrite.hostrun_argv(args.config), session, label, cap, gpu)
     subagent = bool(data.get("agent_id"))
     if mode == "wrap":
         from dispatch.hooks.permissions import decide

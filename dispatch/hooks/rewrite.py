@@ -1,11 +1,15 @@
 """What a heavy command becomes under ``wrap`` and what ``guard`` tells the agent to run instead:
-``hostrun --session S --label L [-m CAP] -- bash -c '<the original>'``; and the guard's escape.
+``hostrun --session S --label L [-m CAP] --long-job-rule [--gpu-memory auto] -- bash -c '<the
+original>'``; and the guard's escape.
 
 The original line runs unchanged inside ``bash -c`` (its ``cd``, ``&&`` chains, pipes and ``FOO=1``
 prefixes included), in the directory the agent's shell is in, and hostrun exits with its exit code.
 The label names the project and the deciding command (``myproj:cargo-test``), so that runs of the
 same kind share a history; ``-m`` is the half rule on that label's worst recorded peak (at most the
-slice), so a label that has run before is capped at twice what it needed.
+slice), so a label that has run before is capped at twice what it needed. ``--long-job-rule`` makes
+a job recorded longer than ``long_job_threshold`` exit 244 unless declared long, as ``--auto`` would;
+a GPU command on a host with GPUs books ``--gpu-memory auto`` (its label's recorded VRAM peak and a
+quarter, else ``default_gpu_memory``).
 """
 
 from __future__ import annotations
@@ -90,9 +94,10 @@ def hostrun_argv(config: str | None) -> list[str]:
 
 
 def wrapped(command: str, hostrun: Sequence[str], session: str | None, label: str | None,
-            cap: int | None) -> str:
+            cap: int | None, gpu: bool = False) -> str:
     """The line that runs ``command`` through hostrun, keeping its directory, environment prefixes
-    and exit code."""
+    and exit code. ``agent_options`` come with it: the long-job rule, and for a GPU command on a
+    host with GPUs (``gpu``) the VRAM its label used before."""
     argv = list(hostrun)
     if session:
         argv += ["--session", session]
@@ -100,8 +105,16 @@ def wrapped(command: str, hostrun: Sequence[str], session: str | None, label: st
         argv += ["--label", label]
     if cap:
         argv += ["-m", f"{cap >> 20}M"]
+    argv += agent_options(gpu)
     line = " ".join(shlex.quote(a) for a in argv)
     return f"{line} -- bash -c {shlex.quote(command)}"
+
+
+def agent_options(gpu: bool) -> list[str]:
+    """What every run an agent's command becomes carries (the hooks' rewrite, the shims): the
+    dispatcher's long-job rule (244, as ``--auto`` applies it), and with ``gpu`` a VRAM booking
+    from the label's recorded VRAM peak (``--gpu-memory auto``)."""
+    return ["--long-job-rule", *(["--gpu-memory", "auto"] if gpu else [])]
 
 
 def escape_reason(command: str, name: str) -> str | None:

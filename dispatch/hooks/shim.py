@@ -6,8 +6,10 @@ and not a shim of ours (``MARKER`` in its first bytes; ``dispatch.hooks.shimpath
 directories on ``PATH`` never run each other. Inside a hostrun job (``$HOSTRUN_JOB`` set and this
 process really in that job's cgroup) the real tool is exec'd directly: the job is booked already. A
 light invocation is exec'd directly too (its exit status is the tool's own); a heavy one runs as
-``hostrun --label <derived> -- REAL ARGS`` in this same process (no second interpreter), with
-hostrun's exit code.
+``hostrun --label <derived> --long-job-rule [--gpu-memory auto] -- REAL ARGS`` in this same process
+(no second interpreter), with hostrun's exit code: the agent's runs get the long-job rule (244), and a
+GPU invocation on a host with GPUs a VRAM booking from its label's record
+(``dispatch.hooks.rewrite.agent_options``).
 
 The project's ``[agents]`` patterns (``heavy``, ``light``, ``gpu``) take part, as in the hooks: the
 configuration is loaded the cheap way (its cache: no pydantic while the file is unchanged). A
@@ -68,9 +70,12 @@ def main(tool: str, shim: str) -> NoReturn:
         if verdict.heavy and not verdict.through_hostrun:
             from dispatch.cli.entry import leave
             from dispatch.cli.main import main as hostrun
+            from dispatch.core.hostfacts import has_nvidia_gpus
+            from dispatch.hooks.rewrite import agent_options
             from dispatch.local.booking import default_label
 
-            leave(hostrun(["--label", default_label([tool, *args]), "--", real, *args]))
+            options = agent_options(verdict.gpu and has_nvidia_gpus())
+            leave(hostrun(["--label", default_label([tool, *args]), *options, "--", real, *args]))
     try:
         os.execv(real, [tool, *args])
     except OSError as exc:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -43,6 +44,7 @@ if MYPY:
 
 MiB = 1 << 20
 SMI_TIMEOUT = 5.0
+VRAM_SAMPLE_INTERVAL = 2.0  # seconds between readings of a --gpu-memory job's VRAM
 QUERY_FIELDS = "index,uuid,name,memory.total,memory.used,memory.free"
 QUERY_GPUS = (f"--query-gpu={QUERY_FIELDS}", "--format=csv,noheader,nounits")
 QUERY_APPS = ("--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits")
@@ -480,13 +482,54 @@ def _unregister(poller: select.poll, fd: int) -> None:
 
 
 class GpuRun(KernelWatch):
-    """Everything a ``--gpu-memory`` run carries: the request, candidates, the tee and the kernel log."""
+    """Everything a ``--gpu-memory`` run carries: the request, candidates, the tee, the kernel log, and
+    the most VRAM the job's processes used (``vram_peak``).
+
+    The VRAM is read from ``--query-compute-apps`` every ``VRAM_SAMPLE_INTERVAL`` in a thread of its
+    own: nvidia-smi can take a second on a busy device, and the run's loop forwards the job's output.
+    Only the job's own processes count (the pids in its cgroup, as nvidia-smi reports host pids).
+    """
 
     def __init__(self, need: int, candidates: Sequence[Gpu]) -> None:
         super().__init__()
         self.need = need
         self.snapshot = GpuSnapshot(need, candidates)
         self.device: Gpu | None = None
+        self.vram_peak = 0  # bytes; 0 until one of the job's processes shows on a GPU
+        self._stop_sampling: threading.Event | None = None
+        self._sampler: threading.Thread | None = None
+
+    def sample_vram(self, pids: Callable[[], Sequence[int]]) -> None:
+        """One reading: the job's processes' VRAM (summed) into ``vram_peak``. A failed read is
+        skipped: the peak is what was seen, never an invention."""
+        try:
+            apps = read_gpu_apps(self.snapshot.timeout)
+        except GpuError:
+            return
+        mine = set(pids())
+        used = sum(a.used or 0 for a in apps if a.pid in mine)
+        self.vram_peak = max(self.vram_peak, used)
+
+    def start_sampling(self, pids: Callable[[], Sequence[int]],
+                       interval: float = VRAM_SAMPLE_INTERVAL) -> None:
+        """Sample the job's VRAM until ``finish`` (or ``close``), the first time at once."""
+        stop = self._stop_sampling = threading.Event()
+
+        def loop() -> None:
+            while True:
+                self.sample_vram(pids)
+                if stop.wait(interval):
+                    return
+
+        self._sampler = threading.Thread(target=loop, name="hostrun-vram", daemon=True)
+        self._sampler.start()
+
+    def _stop(self) -> None:
+        if self._stop_sampling is not None:
+            self._stop_sampling.set()
+        if self._sampler is not None:
+            self._sampler.join(self.snapshot.timeout + 1.0)
+            self._sampler = None
 
     def start_output(self) -> tuple[int, int]:
         """Create the job's stdout/stderr pipes (before the fork); returns the child's ends."""
@@ -497,7 +540,8 @@ class GpuRun(KernelWatch):
 
     def finish(self) -> str | None:
         """After the job: forward the rest of its output and say what shows a GPU OOM, if anything;
-        the output first."""
+        the output first. The VRAM sampling stops here (the job's processes are gone)."""
+        self._stop()
         if self.tee is not None:
             self.tee.drain()
         in_log = super().finish()
@@ -505,6 +549,7 @@ class GpuRun(KernelWatch):
         return found if found is not None else in_log
 
     def close(self) -> None:
+        self._stop()
         if self.tee is not None:
             self.tee.close()
         super().close()

@@ -667,18 +667,20 @@ class Ledger:
         self, label: str, host: str, peak: int, hit_ceiling: bool, duration: float, *,
         cap: int | None, event: str = NO_EVENT, clear_after: int = CLEAR_MARK_AFTER,
         run: RunRecord | None = None, keep: tuple[float, int] = (90.0, 100_000),
+        vram: int | None = None,
     ) -> None:
         """Fold one run into the peak table and append it to the history (``cap``: the job's own
         cap, None when it had none), in one transaction; only the last PEAK_HISTORY runs are kept.
         ``event`` and ``clear_after`` set or clear the label's mark (``ledgerdb.record_fold``).
         ``run``: its row in the run history, written in the same transaction (``keep``: days, rows).
+        ``vram``: the most VRAM the run used, when it was measured (a ``--gpu-memory`` run).
 
         The run goes to the journal too, inside the write lock. When the ledger fails, it still goes
         there (then a recovery replays it, so the retry after one only writes the history row).
         """
         now = time.time()
         line = peakjournal.run_line(label, host, peak, cap, hit_ceiling, duration, now,
-                                    event=event, clear_after=clear_after)
+                                    event=event, clear_after=clear_after, vram=vram)
         journaled: list[bool] = []
 
         def record() -> None:
@@ -689,7 +691,7 @@ class Ledger:
             try:
                 self.db.execute("BEGIN IMMEDIATE")
                 record_fold(self.db, label, host, peak, hit_ceiling, duration, cap, now, event,
-                            clear_after)
+                            clear_after, vram)
                 if run is not None:
                     record_run(self.db, run, keep[0], keep[1], now)
                 size = peakjournal.append(self.journal_path, line)

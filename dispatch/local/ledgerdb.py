@@ -19,8 +19,9 @@ if MYPY:
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import Settings
 
-SCHEMA_VERSION = 6  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle;
-# 5: peaks.ceiling_at, slice_full_at, clean_runs (the marks that book a label at its cap); 6: runs
+SCHEMA_VERSION = 7  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle;
+# 5: peaks.ceiling_at, slice_full_at, clean_runs (the marks that book a label at its cap); 6: runs;
+# 7: peaks.max_vram (the worst VRAM a --gpu-memory run of the label used)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bookings (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -57,6 +58,7 @@ CREATE TABLE IF NOT EXISTS peaks (
     ceiling_at REAL,
     slice_full_at REAL,
     clean_runs INTEGER NOT NULL DEFAULT 0,
+    max_vram INTEGER,
     PRIMARY KEY (label, host)
 );
 CREATE TABLE IF NOT EXISTS peak_runs (
@@ -107,9 +109,9 @@ BOOKING_COLUMNS = (
 ADDED_COLUMNS = (("gpu_index", "INTEGER"), ("gpu_bytes", "INTEGER"), ("grp", "TEXT"),
                  ("when_idle", "INTEGER NOT NULL DEFAULT 0"))
 ADDED_PEAK_COLUMNS = (("ceiling_at", "REAL"), ("slice_full_at", "REAL"),
-                      ("clean_runs", "INTEGER NOT NULL DEFAULT 0"))
+                      ("clean_runs", "INTEGER NOT NULL DEFAULT 0"), ("max_vram", "INTEGER"))
 PEAK_COLUMNS = ("label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration,"
-                " updated, ceiling_at, slice_full_at, clean_runs")
+                " updated, ceiling_at, slice_full_at, clean_runs, max_vram")
 # What a run says about its label's mark (``mark_event``), in record_fold and in the
 # peak journal: killed with 254; OOM-killed otherwise; a clean run at its cap; nothing of that.
 SLICE_FULL, OOM_KILLED, CLEAN, NO_EVENT = "s", "o", "c", "-"
@@ -151,6 +153,7 @@ class PeakRecord(NamedTuple):
     ceiling_at: Optional[float] = None  # when it last hit its own cap (None: never, or before v5)
     slice_full_at: Optional[float] = None  # marked: killed when the slice filled (254) then
     clean_runs: int = 0  # clean runs at its cap since that mark; the mark clears at clear_mark_after
+    max_vram: Optional[int] = None  # bytes: the most VRAM a --gpu-memory run used (None: unmeasured)
 
 
 class PeakRun(NamedTuple):
@@ -219,7 +222,7 @@ def create_tables(db: sqlite3.Connection) -> None:
 
 def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ceiling: bool,
                 duration: float | None, cap: int | None, now: float, event: str = NO_EVENT,
-                clear_after: int = CLEAR_MARK_AFTER) -> None:
+                clear_after: int = CLEAR_MARK_AFTER, vram: int | None = None) -> None:
     """One run into peak_runs (keeping the last PEAK_HISTORY) and into peaks; in a write transaction.
     Also how a recovery replays the journal, so a rebuilt table equals the one that was there.
 
@@ -250,6 +253,9 @@ def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ce
         (label, host, peak, peak, int(hit_ceiling), duration, duration, now),
     )
     key = (label, host)
+    if vram is not None:
+        db.execute("UPDATE peaks SET max_vram = max(coalesce(max_vram, 0), ?) WHERE label = ? AND"
+                   " host = ?", (vram, *key))
     if hit_ceiling:
         db.execute("UPDATE peaks SET ceiling_at = ? WHERE label = ? AND host = ?", (now, *key))
     if event == SLICE_FULL:
@@ -299,7 +305,7 @@ def record_outcome(settings: Settings, ledger: Any, outcome: Outcome, request: R
             ledger.record_peak(outcome.label, outcome.host, outcome.peak_bytes, outcome.hit_ceiling,
                                outcome.duration_s, cap=cap, event=event,
                                clear_after=settings.clear_mark_after, run=run,
-                               keep=settings.history_keep)
+                               keep=settings.history_keep, vram=outcome.vram_peak_bytes)
     except LedgerError as exc:
         say(f"warning: the peak and history row of this run were not recorded: {exc}")
 

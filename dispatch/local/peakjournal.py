@@ -5,14 +5,16 @@ run is also appended here (inside the ledger's write lock, before its commit). W
 damaged, ``dispatch.local.recovery`` replays this file into a fresh one. Lines, tab-separated, ``-`` for
 NULL, label and host with backslash, tab and newline escaped::
 
-    R  at label host peak cap hit duration event clear_after   a run: folded into peaks, peak_runs
+    R  at label host peak cap hit duration event clear_after [vram]   a run: folded into peaks,
+                                                                      peak_runs
     P  label host max_peak runs last_peak hit last_duration max_duration updated
-       ceiling_at slice_full_at clean_runs
+       ceiling_at slice_full_at clean_runs [max_vram]
     H  at label host peak cap hit duration            a run already counted in a P line
 
 ``event`` and ``clear_after`` (what the run did to its label's mark, and the ``clear_mark_after`` then
-in force) are written with the run, so a replay sets and clears marks as the ledger did. Lines
-written before marks existed (R and P without the last fields) are still read: no event, no mark.
+in force) are written with the run, so a replay sets and clears marks as the ledger did; ``vram`` only
+for a run whose VRAM was measured. Lines written before marks or VRAM existed (R and P without the
+last fields) are still read: no event, no mark, no VRAM.
 
 Past ``COMPACT_AT`` bytes the journal is rewritten as a snapshot of the ledger (P and H lines),
 atomically, in the same write lock. Standard library only (shipped to peers with the ledger).
@@ -66,11 +68,11 @@ def _int(text: str) -> int | None:
 
 def run_line(label: str, host: str, peak: int, cap: int | None, hit: bool, duration: float | None,
              at: float, kind: str = "R", event: str = NO_EVENT,
-             clear_after: int = CLEAR_MARK_AFTER) -> str:
+             clear_after: int = CLEAR_MARK_AFTER, vram: int | None = None) -> str:
     fields = [kind, repr(at), _esc(label), _esc(host), str(peak), _num(cap), str(int(hit)),
               _num(duration)]
     if kind == "R":
-        fields += [event, str(clear_after)]
+        fields += [event, str(clear_after)] + ([] if vram is None else [str(vram)])
     return "\t".join(fields) + "\n"
 
 
@@ -78,7 +80,8 @@ def peak_line(p: PeakRecord) -> str:
     return "\t".join(("P", _esc(p.label), _esc(p.host), str(p.max_peak), str(p.runs), str(p.last_peak),
                       str(int(p.hit_ceiling)), _num(p.last_duration), _num(p.max_duration),
                       repr(p.updated), _num(p.ceiling_at), _num(p.slice_full_at),
-                      str(p.clean_runs))) + "\n"
+                      str(p.clean_runs)) + (() if p.max_vram is None else (str(p.max_vram),))
+                     ) + "\n"
 
 
 def append(path: str, line: str) -> int:
@@ -104,11 +107,12 @@ def write_snapshot(path: str, peaks: Sequence[PeakRecord], runs: Sequence[PeakRu
 
 
 def replay(path: str,
-           fold: Callable[[str, str, int, bool, float | None, int | None, float, str, int], object],
+           fold: Callable[[str, str, int, bool, float | None, int | None, float, str, int,
+                           int | None], object],
            put_peak: Callable[[tuple[object, ...]], object],
            put_run: Callable[[str, str, int, bool, float | None, int | None, float], object],
            ) -> tuple[int, int]:
-    """Feed each line to the ledger: R to ``fold``, P to ``put_peak`` (all twelve peaks columns),
+    """Feed each line to the ledger: R to ``fold``, P to ``put_peak`` (all thirteen peaks columns),
     H to ``put_run``.
 
     Returns (lines used, lines skipped): a torn last line or a damaged one is skipped, not fatal.
@@ -124,19 +128,20 @@ def replay(path: str,
             continue
         f = line.split("\t")
         try:
-            if (f[0], len(f)) in (("R", 8), ("R", 10), ("H", 8)):
+            if (f[0], len(f)) in (("R", 8), ("R", 10), ("R", 11), ("H", 8)):
                 args = (_unesc(f[2]), _unesc(f[3]), int(f[4]), f[6] == "1", _float(f[7]), _int(f[5]),
                         float(f[1]))
                 if f[0] == "H":
                     put_run(*args)
-                elif len(f) == 10:
-                    fold(*args, f[8], max(1, int(f[9])))
+                elif len(f) >= 10:
+                    fold(*args, f[8], max(1, int(f[9])), int(f[10]) if len(f) == 11 else None)
                 else:
-                    fold(*args, NO_EVENT, CLEAR_MARK_AFTER)
-            elif f[0] == "P" and len(f) in (10, 13):
-                marks = (_float(f[10]), _float(f[11]), int(f[12])) if len(f) == 13 else (None, None, 0)
+                    fold(*args, NO_EVENT, CLEAR_MARK_AFTER, None)
+            elif f[0] == "P" and len(f) in (10, 13, 14):
+                marks = (_float(f[10]), _float(f[11]), int(f[12])) if len(f) >= 13 else (None, None, 0)
+                vram = int(f[13]) if len(f) == 14 else None
                 put_peak((_unesc(f[1]), _unesc(f[2]), int(f[3]), int(f[4]), int(f[5]), int(f[6]),
-                          _float(f[7]), _float(f[8]), float(f[9]), *marks))
+                          _float(f[7]), _float(f[8]), float(f[9]), *marks, vram))
             else:
                 raise ValueError(line)
         except ValueError:

@@ -142,10 +142,10 @@ def _build(tmp: str, journal_path: str, live: list[Booking], mine: list[Booking]
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         used, skipped = peakjournal.replay(
             journal_path,
-            lambda label, host, peak, hit, duration, cap, at, event, clear_after: record_fold(
-                db, label, host, peak, hit, duration, cap, at, event, clear_after),
+            lambda label, host, peak, hit, duration, cap, at, event, clear_after, vram: record_fold(
+                db, label, host, peak, hit, duration, cap, at, event, clear_after, vram),
             lambda row: db.execute(f"INSERT OR REPLACE INTO peaks ({PEAK_COLUMNS}) "
-                                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row),
+                                   f"VALUES ({', '.join('?' * len(row))})", row),
             lambda label, host, peak, hit, duration, cap, at: db.execute(
                 "INSERT INTO peak_runs (label, host, peak, cap, hit_ceiling, duration, at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)", (label, host, peak, cap, int(hit), duration, at)),

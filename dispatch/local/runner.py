@@ -400,12 +400,16 @@ def _run(
             result.exit_code = code
             result.message = f"cannot run {request.argv[0]!r}: {reason}"
             return result
+        if gpu is not None:
+            gpu.start_sampling(job.pids)  # the VRAM peak, recorded for the label (--gpu-memory auto)
         max_runtime = request.max_runtime if request.max_runtime is not None else host.max_runtime
         status, peak, timed_out = _watch(settings, job, child.pid, max_runtime, signals, say,
                                          foreground, watch, guardian)
     result.duration_s = round(time.monotonic() - started, 3)
     job.kill_all()
     vram = watch.finish() if watch is not None else None  # the rest of its output, then the verdict
+    if gpu is not None:
+        result.vram_peak_bytes = gpu.vram_peak
     verdict = job.verdict()
     result.counters = verdict.counters
     # Sampling can miss a short spike; the kernel's high-water mark less the page cache still
