@@ -56,3 +56,33 @@ def test_a_peer_run_loads_none_of_the_heavy_modules(hostrun: Hostrun, peers: Any
     names = imported(hostrun, "--peer", "-m", "64M", "--", "true", cwd=tree / "src")
     assert "dispatch.hosts.peerrun" in names
     assert names & PEER_RUN_AVOIDS == set()
+
+
+# The agent hooks run before and after every tool call: a light command and a PostToolUse with no
+# unread alert must not load json's decoder or encoder (each loads re, and re loads enum: ~15 ms),
+# nor sqlite3 (bench/bench_hook.py, docs/agents.md).
+HOOK_PATH_AVOIDS = HEAVY | {"json", "re", "sqlite3", "subprocess", "shutil", "dispatch.config.model"}
+
+
+def hook_imports(hostrun: Hostrun, event: str, data: str, cwd: Path) -> set[str]:
+    argv = [sys.executable, "-X", "importtime", "-c", CONSOLE_SCRIPT, "hook", event, "--config",
+            str(hostrun.config_path)]
+    proc = subprocess.run(argv, input=data, capture_output=True, text=True, timeout=60, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == "", proc.stdout  # light: no answer
+    names = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+             if line.startswith("import time:") and "|" in line}
+    assert "dispatch.hooks.claude" in names and "dispatch.config" in names  # the profile was read
+    return names
+
+
+def test_the_hooks_light_paths_load_neither_json_nor_re(hostrun: Hostrun, tmp_path: Path) -> None:
+    import json
+
+    common = {"session_id": "s1", "transcript_path": "/dev/null", "cwd": str(tmp_path),
+              "permission_mode": "default", "tool_name": "Bash", "tool_input": {"command": "ls -la"}}
+    pre = json.dumps({**common, "hook_event_name": "PreToolUse"})
+    post = json.dumps({**common, "hook_event_name": "PostToolUse", "tool_response": {"stdout": ""}})
+    for event, data in (("pre-tool-use", pre), ("post-tool-use", post), ("post-tool-use", post)):
+        hook_imports(hostrun, event, data, tmp_path)  # the first calls warm the config cache
+        assert hook_imports(hostrun, event, data, tmp_path) & HOOK_PATH_AVOIDS == set(), event

@@ -29,7 +29,6 @@ command, a broken configuration, anything unexpected: one line on stderr, no ans
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -123,6 +122,8 @@ def main(argv: list[str], stdin: TextIO | None = None, stdout: TextIO | None = N
     try:
         answer = run(argv, (stdin or sys.stdin).read(), err)
         if answer is not None:
+            import json  # only for an answer: a light command's path never loads json (jsontext)
+
             out.write(json.dumps(answer) + "\n")
             out.flush()
     except Rewake as wake:  # asyncRewake: exit 2 wakes the idle session with stderr as its message
@@ -145,7 +146,9 @@ def run(argv: list[str], text: str, err: TextIO, settings: Settings | None = Non
         return None
     args.settings = settings
     try:
-        data = json.loads(text) if text.strip() else None
+        from dispatch.core.jsontext import loads
+
+        data = loads(text) if text.strip() else None
     except ValueError as exc:
         _note(f"the event on stdin is not JSON ({exc}): nothing done", err)
         return None
