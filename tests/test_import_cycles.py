@@ -139,3 +139,33 @@ def test_the_core_imports_only_itself() -> None:
     leaning = sorted((m, t) for m in edges if m.startswith("dispatch.core.")
                      for t in edges[m] if not t.startswith("dispatch.core") and t != "dispatch")
     assert leaning == []
+
+
+# docs/design.md, "Parts and imports": each part imports only itself and the parts before it.
+PART_ORDER = ("core", "guards", "capping", "local", "agent", "hosts", "placement", "config", "hooks",
+              "cli")
+
+
+def _part(module: str) -> str | None:
+    """The part a module belongs to (``dispatch.local.runner`` → ``local``); None for the package's
+    own ``__init__``/``__main__``, which stand outside the order."""
+    names = module.split(".")
+    return names[1] if len(names) > 2 or (len(names) == 2 and names[1] in PART_ORDER) else None
+
+
+def test_the_parts_import_only_downwards() -> None:
+    edges = _graph()
+    parts = {p for m in edges if (p := _part(m)) is not None}
+    assert parts == set(PART_ORDER), f"a part missing from PART_ORDER (or gone): {parts ^ set(PART_ORDER)}"
+    rank = {part: i for i, part in enumerate(PART_ORDER)}
+    upward = sorted((m, t) for m in edges for t in edges[m]
+                    if (a := _part(m)) is not None and (b := _part(t)) is not None and rank[b] > rank[a])
+    assert upward == [], f"imports up the part order {' < '.join(PART_ORDER)}: {upward}"
+
+
+def test_the_part_check_sees_an_upward_import() -> None:
+    """The check above must be able to fail: a known downward edge, read the other way, is upward."""
+    edges = _graph()
+    assert "dispatch.core.errors" in edges["dispatch.local.runner"]
+    rank = {part: i for i, part in enumerate(PART_ORDER)}
+    assert rank[_part("dispatch.local.runner") or ""] > rank[_part("dispatch.core.errors") or ""]

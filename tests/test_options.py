@@ -1,11 +1,11 @@
-"""The run-option table and its fast parser (``dispatch.cli.options``): pure, no root needed."""
+"""The run-option table and its fast parser (``dispatch.core.runoptions``): pure, no root needed."""
 
 from __future__ import annotations
 
 import pytest
 
-from dispatch.cli.options import RUN_OPTIONS, RunOptions, parse_run_options, split_command
 from dispatch.core.errors import UsageError
+from dispatch.core.runoptions import RUN_OPTIONS, RunOptions, parse_run_options, split_command
 
 
 def test_every_option_is_one_field_of_the_record_and_back() -> None:

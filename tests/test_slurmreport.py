@@ -16,14 +16,13 @@ from dispatch.config.model import validate_file
 from dispatch.core.errors import PeerUnreachableError
 from dispatch.hooks.table import host_line
 from dispatch.hosts import slurmfacts as sf
+from dispatch.hosts.judgement import HostPending, Job
 from dispatch.hosts.kinds import host_for
 from dispatch.hosts.slurm import SlurmHost
 from dispatch.hosts.slurmcommands import Done
 from dispatch.hosts.slurmreport import cluster_report, judge_cluster, node_entry
 from dispatch.local.capacity import half_rule_cap, host_capacity
 from dispatch.local.ledger import Ledger
-from dispatch.placement.judgement import Job
-from dispatch.placement.pending import HostPending
 from dispatch.placement.reports import HostReading
 
 RECORDED = Path(__file__).parent / "recorded" / "slurm"

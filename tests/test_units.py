@@ -28,12 +28,12 @@ from dispatch.core.text import check_name, storable
 from dispatch.core.units import format_duration, parse_duration, parse_size
 from dispatch.guards.longjob import KEYS, from_headers, missing, parse_spec
 from dispatch.hosts import transport as ssh
+from dispatch.hosts.judgement import HostPending
 from dispatch.hosts.kinds import host_for
 from dispatch.hosts.peers import choose_peer, effective_cap
 from dispatch.hosts.sshkeys import SPEC as SSH_KIND
 from dispatch.placement import auto
 from dispatch.placement.dispatcher import Decision, Job, decide, judge
-from dispatch.placement.pending import HostPending
 from dispatch.placement.reports import HostReading
 from tests.conftest import wait_for
 

@@ -1,6 +1,6 @@
 """The ``hostrun`` command: parse, call the library, render, exit. Nothing else lives here.
 
-The run options (``hostrun [OPTIONS] -- CMD``) are parsed by ``dispatch.cli.options`` into a
+The run options (``hostrun [OPTIONS] -- CMD``) are parsed by ``dispatch.core.runoptions`` into a
 ``RunOptions`` record; where an ``--auto``/``--peer`` run goes is ``dispatch.placement.auto.place``'s call.
 
 Errors raised by the library are translated to one ``hostrun: error: …`` line and their exit code
@@ -15,7 +15,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from dispatch import __version__
-from dispatch.cli.options import (
+from dispatch.core.errors import HostrunError, LongJobError, UsageError
+from dispatch.core.exitcodes import ExitCode, outcome_name
+from dispatch.core.runoptions import (
     GPU_AUTO,
     PROG,
     RUN_OPTIONS,
@@ -28,8 +30,6 @@ from dispatch.cli.options import (
     split_command,
     whole_number,
 )
-from dispatch.core.errors import HostrunError, LongJobError, UsageError
-from dispatch.core.exitcodes import ExitCode, outcome_name
 from dispatch.core.settings import LOCAL
 
 MYPY = False
@@ -381,7 +381,7 @@ def cmd_preflight(argv: list[str]) -> int:
     if not command:
         raise UsageError(f"no script given (usage: {PREFLIGHT_USAGE})")
     from dispatch.guards.headers import script_path
-    from dispatch.guards.preflight import Script, Verdict, check, declared, report_lines
+    from dispatch.local.preflight import Script, Verdict, check, declared, report_lines
 
     script = declared(command)  # a malformed header: UsageError (2) naming SCRIPT:LINE
     if script is None:

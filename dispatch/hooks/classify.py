@@ -399,7 +399,7 @@ def _hostrun(ctx: _Context, args: list[str], frame: _Frame, gpu_env: bool) -> No
     if args and args[0] in ("-h", "--help"):
         ctx.found(False, False, f"hostrun {args[0]}{_at(frame)}", frame.through)
         return
-    from dispatch.cli.options import split_command  # the run options' own table, read only here
+    from dispatch.core.runoptions import split_command  # the run options' own table, read only here
 
     options, command = split_command(list(args))
     if not command:

@@ -1,5 +1,5 @@
 """Where a PATH shim's real tool is: the part of the shims both the shim itself
-(``dispatch.hooks.shim``) and ``hostrun shims`` (``dispatch.hooks.shims``) need. Standard library only,
+(``dispatch.cli.shim``) and ``hostrun shims`` (``dispatch.hooks.shims``) need. Standard library only,
 nothing but ``os`` at import time: it runs before every wrapped command.
 """
 

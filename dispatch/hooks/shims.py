@@ -2,7 +2,7 @@
 
 A shim is a small Python script named like the tool (``cargo``), run by the interpreter that installed
 it (``-I``: no ``PYTHONPATH`` or user site steers it) with hostrun's own package directory put first on
-its path; it calls ``dispatch.hooks.shim.main``. A Python script rather than a ``#!/bin/sh`` one that
+its path; it calls ``dispatch.cli.shim.main``. A Python script rather than a ``#!/bin/sh`` one that
 starts Python: one interpreter start fewer per command (``bench/bench_shims.py`` measures both).
 
 DIR must be a directory of the caller's that nobody else can write, under directories only the caller
@@ -61,7 +61,7 @@ def shim_text(tool: str) -> str:
             "'hostrun shims uninstall DIR' removes it)\n"
             "import sys\n"
             f"sys.path.insert(0, {root!r})\n"
-            "from dispatch.hooks.shim import main\n"
+            "from dispatch.cli.shim import main\n"
             f"main({tool!r}, __file__)\n")
 
 

@@ -20,8 +20,7 @@ if MYPY:
     from dispatch.core.outcome import Outcome
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import HostSettings, Settings
-    from dispatch.placement.judgement import Job, Judgement
-    from dispatch.placement.pending import HostPending
+    from dispatch.hosts.judgement import HostPending, Job, Judgement
 
 
 class RunExtras(NamedTuple):

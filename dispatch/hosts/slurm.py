@@ -17,9 +17,8 @@ if MYPY:
     from dispatch.core.outcome import Outcome
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import HostSettings, Settings
+    from dispatch.hosts.judgement import HostPending, Job, Judgement
     from dispatch.hosts.slurmcommands import SlurmCommands
-    from dispatch.placement.judgement import Job, Judgement
-    from dispatch.placement.pending import HostPending
 
 
 class SlurmHost(Host):

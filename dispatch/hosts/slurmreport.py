@@ -24,16 +24,15 @@ import time
 from dispatch.core.errors import PeerUnreachableError
 from dispatch.core.units import format_size
 from dispatch.hosts import slurmfacts as sf
-from dispatch.placement.judgement import Judgement
+from dispatch.hosts.judgement import Judgement
 
 MYPY = False
 if MYPY:
     from typing import Any, Protocol
 
     from dispatch.core.settings import HostSettings, Settings
+    from dispatch.hosts.judgement import HostPending, Job
     from dispatch.hosts.slurmkeys import SlurmOptions
-    from dispatch.placement.judgement import Job
-    from dispatch.placement.pending import HostPending
 
     class SlurmHost(Protocol):
         """What this module asks of ``dispatch.hosts.slurm.SlurmHost`` (which imports this module)."""

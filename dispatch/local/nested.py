@@ -32,7 +32,7 @@ def declares_preflight(argv: Sequence[str]) -> bool:
 
     if not has_header(argv):
         return False
-    from dispatch.guards.preflight import declared
+    from dispatch.local.preflight import declared
 
     return declared(argv) is not None
 

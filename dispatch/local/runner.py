@@ -149,7 +149,7 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
 def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str], None],
                    run: Callable[[], Outcome], elsewhere: str | None = None) -> Outcome:
     """``run()``, unless the script ``request.argv`` runs declares preflight conditions
-    (``# admission:``, ``# run-condition:``; ``dispatch.guards.preflight``) that are unmet: then print each
+    (``# admission:``, ``# run-condition:``; ``dispatch.local.preflight``) that are unmet: then print each
     unmet one and return exit 78 with nothing created, booked or run. A single-instance lock is held
     for the whole run; the inputs' fingerprint is recorded only when the job exited 0.
 
@@ -161,7 +161,7 @@ def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str],
 
     if not declares_preflight(request.argv):
         return run()
-    from dispatch.guards.preflight import check, declared
+    from dispatch.local.preflight import check, declared
 
     script = declared(request.argv)  # malformed: UsageError (2)
     if script is None:

@@ -15,11 +15,12 @@ from dispatch.core.settings import Settings
 from dispatch.core.units import format_size
 from dispatch.guards.headers import read_headers
 from dispatch.guards.longjob import KEYS, from_headers, parse_spec
+from dispatch.hosts.judgement import HostPending
 from dispatch.hosts.kinds import host_for, hosts_of
 from dispatch.local.booking import default_label
 from dispatch.placement import alerts
 from dispatch.placement.dispatcher import Decision, Job, Judgement, decide, judge
-from dispatch.placement.pending import HostPending, Pending
+from dispatch.placement.pending import Pending
 from dispatch.placement.reports import HostReading, read_reports
 from dispatch.placement.sent import Placement as Placement
 from dispatch.placement.sent import forget_sent as forget_sent

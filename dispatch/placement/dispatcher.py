@@ -26,12 +26,13 @@ from dispatch.core.settings import Settings
 from dispatch.core.units import format_duration, format_size
 from dispatch.guards.longjob import missing
 from dispatch.hosts.base import Host
+from dispatch.hosts.judgement import HostPending
+from dispatch.hosts.judgement import Job as Job
+from dispatch.hosts.judgement import Judgement as Judgement
 from dispatch.hosts.kinds import hosts_of
 from dispatch.local.booking import plan_booking
 from dispatch.local.ledgerdb import PeakRecord
-from dispatch.placement.judgement import Job as Job
-from dispatch.placement.judgement import Judgement as Judgement
-from dispatch.placement.pending import HostPending, gpu_free_after
+from dispatch.placement.pending import gpu_free_after
 from dispatch.placement.reports import HostReading
 
 MYPY = False

@@ -15,7 +15,7 @@ import sqlite3
 import time
 from collections.abc import Iterable
 
-from dispatch.core.records import NamedTuple
+from dispatch.hosts.judgement import HostPending
 
 MYPY = False
 if MYPY:
@@ -36,13 +36,6 @@ CREATE TABLE IF NOT EXISTS pending (
 ADDED_COLUMNS = (("gpu_bytes", "INTEGER"), ("gpu_index", "INTEGER"))
 
 SEEN_SLACK = 2.0  # seconds: a booking this much older than the note may still be the job's (clocks)
-
-
-class HostPending(NamedTuple):
-    """What a host has pending: memory, VRAM per GPU index, and VRAM on a GPU not yet known."""
-    memory: int
-    vram: dict[int, int]
-    vram_unplaced: tuple[int, ...]
 
 
 class Pending:

@@ -1,6 +1,6 @@
-"""What the dispatcher asks and answers about one host: the job, and the judgement of whether it fits
-there. Apart from ``dispatch.placement.dispatcher`` so that a host kind with its own rule
-(``Host.judge``) can build a ``Judgement`` without importing the dispatcher."""
+"""What the dispatcher asks and answers about one host: the job, what is still pending there, and the
+judgement of whether it fits. Part of the ``Host`` seam (hosts sit below placement): a host kind with
+its own rule (``Host.judge``) builds a ``Judgement`` without importing the dispatcher."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ class Job(NamedTuple):
     gpu_memory: Optional[int] = None
     expect_duration: Optional[float] = None
     long_job: tuple[str, ...] = ()  # the long-job declaration's answered keys (dispatch.guards.longjob)
+
+
+class HostPending(NamedTuple):
+    """What a host has pending (``dispatch.placement.pending``): memory, VRAM per GPU index, and VRAM
+    on a GPU not yet known."""
+    memory: int
+    vram: dict[int, int]
+    vram_unplaced: tuple[int, ...]
 
 
 class Judgement(NamedTuple):
