@@ -28,6 +28,7 @@ from dispatch.capping.base import OomVerdict, Probe, job_dir_at, read_keyed, rea
 from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job
 from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
 from dispatch.core.errors import BackendError
+from dispatch.core.exitcodes import NOT_FOUND
 
 MYPY = False
 if MYPY:
@@ -286,7 +287,7 @@ def _spawn_keeper(program: str) -> tuple[int, int]:
                 pass
             os.execv(program, [KEEPER_NAME])
         finally:
-            os._exit(127)
+            os._exit(NOT_FOUND)
     os.close(read_fd)
     return pid, write_fd
 

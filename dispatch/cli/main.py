@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from dispatch import __version__
 from dispatch.core.errors import HostrunError, LongJobError, UsageError
-from dispatch.core.exitcodes import ExitCode, outcome_name
+from dispatch.core.exitcodes import ExitCode, interrupted, outcome_name
 from dispatch.core.runoptions import (
     GPU_AUTO,
     PROG,
@@ -946,6 +946,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {printable(str(exc))}", file=sys.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:
-        return 130
+        import signal
+
+        return interrupted(signal.SIGINT)
     except BrokenPipeError:
-        return 141
+        import signal
+
+        return interrupted(signal.SIGPIPE)

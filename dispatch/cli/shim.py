@@ -53,8 +53,10 @@ def main(tool: str, shim: str) -> NoReturn:
     args = sys.argv[1:]
     real = find_real(tool, os.path.dirname(os.path.abspath(shim)))
     if real is None:
+        from dispatch.core.exitcodes import NOT_FOUND  # failure paths only: exitcodes loads enum
+
         sys.stderr.write(f"hostrun shim: {tool}: no {tool} on PATH after {os.path.dirname(shim)}\n")
-        os._exit(127)
+        os._exit(NOT_FOUND)
     from dispatch.core.request import enclosing_job
 
     if enclosing_job(os.environ) is None:
@@ -79,5 +81,8 @@ def main(tool: str, shim: str) -> NoReturn:
     try:
         os.execv(real, [tool, *args])
     except OSError as exc:
-        sys.stderr.write(f"hostrun shim: {tool}: cannot run {real}: {exc.strerror}\n")
-        os._exit(126)
+        from dispatch.core.exitcodes import exec_failure
+
+        code, reason = exec_failure(exc)  # as a shell says it: 127 not found, 126 not executable
+        sys.stderr.write(f"hostrun shim: {tool}: cannot run {real}: {reason}\n")
+        os._exit(code)

@@ -72,6 +72,21 @@ NOT_FOUND = 127  # as shells do: the command was not found
 CANNOT_EXECUTE = 126  # found, but could not be executed
 
 
+def from_wait_status(status: int) -> tuple[int, str]:
+    """A raw wait status as an exit code and outcome: the process's own code ("exit"), or 128+N
+    when signal N killed it ("signal"), as shells report it."""
+    import os
+
+    if os.WIFSIGNALED(status):
+        return SIGNAL_BASE + os.WTERMSIG(status), "signal"
+    return os.WEXITSTATUS(status), "exit"
+
+
+def interrupted(signum: int) -> int:
+    """What hostrun exits with when signal ``signum`` ended it (Ctrl-C: 130, a closed pipe: 141)."""
+    return SIGNAL_BASE + signum
+
+
 def exec_failure(exc: Exception) -> tuple[int, str]:
     """The exit code and reason for a command that could not be started, as a shell gives them:
     127 when it is not found (or its name is empty: Python refuses that with ValueError), 126 when

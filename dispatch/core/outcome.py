@@ -8,6 +8,8 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.core.exitcodes import ExitCode
+
 
 FIELDS = (
     "exit_code", "outcome", "host", "label", "argv", "cap_bytes", "booking_kind", "booked_bytes",
@@ -51,6 +53,16 @@ class Outcome:
         self.gpu_bytes = gpu_bytes  # --gpu-memory: the VRAM booked
         self.vram_evidence = vram_evidence  # what showed a GPU out-of-memory, if anything
         self.vram_peak_bytes = vram_peak_bytes  # --gpu-memory: the most VRAM the job's processes used
+
+    @classmethod
+    def of(cls, code: ExitCode, *, host: str, label: str, argv: list[str], **fields: Any) -> Outcome:
+        """An outcome that is hostrun's own verdict (``code`` and its outcome name together)."""
+        return cls(exit_code=int(code), outcome=code.outcome, host=host, label=label, argv=argv,
+                   **fields)
+
+    def mark(self, code: ExitCode) -> None:
+        """hostrun's own verdict: the code and its outcome name, always together."""
+        self.exit_code, self.outcome = int(code), code.outcome
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in FIELDS}

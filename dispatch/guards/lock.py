@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.core.atomicfile import write_atomic
 from dispatch.core.errors import LockTimeoutError, UsageError
-from dispatch.core.exitcodes import SIGNAL_BASE
+from dispatch.core.exitcodes import from_wait_status
 from dispatch.core.procinfo import cmdline, is_alive, start_time
 from dispatch.core.records import NamedTuple
 
@@ -339,9 +339,7 @@ def run_child(argv: Sequence[str], on_start: Callable[[int], None] | None = None
             pass  # drop what arrived meanwhile: it was the command's to act on, and it has ended
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    if os.WIFSIGNALED(status):
-        return SIGNAL_BASE + os.WTERMSIG(status)
-    return os.WEXITSTATUS(status)
+    return from_wait_status(status)[0]
 
 
 def run_locked(directory: str, argv: Sequence[str], say: Callable[[str], None], interval: float,

@@ -35,3 +35,4 @@ class Judgement(NamedTuple):
     free: Optional[int]
     reason: str
     gpu_index: Optional[int] = None  # with --gpu-memory: the GPU judged (most free after pending)
+    too_big: bool = False  # never fits because the cap is over the host's whole slice (243, not 78)

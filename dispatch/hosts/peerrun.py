@@ -362,7 +362,7 @@ class PeerRun:
         ran = outcome.outcome not in _NOT_RUN_OUTCOMES and outcome.booking_kind is not None
         failures = self._bring_back_and_say() if ran else []  # even after a failed job
         if failures and outcome.exit_code == 0:
-            outcome.exit_code, outcome.outcome = ExitCode.SYNC_FAILED, ExitCode.SYNC_FAILED.outcome
+            outcome.mark(ExitCode.SYNC_FAILED)
             outcome.message = "the job succeeded but --return could not bring everything back"
         if ran:  # the peer's agent wrote its own row in the peer's ledger; this is ours
             from dispatch.local.history import record_peer_run

@@ -158,6 +158,11 @@ class Verdict(NamedTuple):
     outcome: str  # "exit", "signal", or an exit code's outcome name
     message: Optional[str] = None
 
+    @classmethod
+    def of(cls, code: ExitCode, message: str | None = None) -> Verdict:
+        """hostrun's own verdict: the code and its outcome name together."""
+        return cls(int(code), code.outcome, message)
+
 
 LOST = ("NODE_FAIL", "BOOT_FAIL", "PREEMPTED")
 OVER_TIME = ("TIMEOUT", "DEADLINE")
@@ -171,13 +176,13 @@ def verdict(state: str | None, srun_status: int, exit_signal: int = 0, interrupt
     The state decides, not srun's status: srun exits 1 for a step the cgroup OOM-killed.
     """
     if state == "OUT_OF_MEMORY":
-        return Verdict(ExitCode.OWN_CAP, ExitCode.OWN_CAP.outcome,
+        return Verdict.of(ExitCode.OWN_CAP,
                        f"Slurm killed the job at its --mem on {where} (state OUT_OF_MEMORY)")
     if state in OVER_TIME:
-        return Verdict(ExitCode.MAX_RUNTIME, ExitCode.MAX_RUNTIME.outcome,
+        return Verdict.of(ExitCode.MAX_RUNTIME,
                        f"Slurm stopped the job at its --time on {where} (state {state})")
     if state in LOST:
-        return Verdict(ExitCode.CONNECTION_LOST, ExitCode.CONNECTION_LOST.outcome,
+        return Verdict.of(ExitCode.CONNECTION_LOST,
                        f"the job's allocation on {where} was lost (state {state})")
     if interrupted is not None:
         return Verdict(SIGNAL_BASE + interrupted, "signal", None)
@@ -205,12 +210,12 @@ def submit_refusal(stderr: str, where: str) -> Verdict | None:
         return None
     said = line.split("error:", 1)[-1].strip() if "error:" in line else line.strip()
     if any(sign in stderr for sign in _NEVER):
-        return Verdict(ExitCode.NEVER_FITS, ExitCode.NEVER_FITS.outcome,
+        return Verdict.of(ExitCode.NEVER_FITS,
                        f"no node of {where} could ever hold the job: {said}")
     if any(sign in stderr for sign in _CONFIG):
-        return Verdict(ExitCode.USAGE, ExitCode.USAGE.outcome, f"{where} refused the job: {said}")
+        return Verdict.of(ExitCode.USAGE, f"{where} refused the job: {said}")
     if "Unable to allocate resources" in stderr:
-        return Verdict(ExitCode.NOT_RUN, ExitCode.NOT_RUN.outcome, f"{where} refused the job: {said}")
+        return Verdict.of(ExitCode.NOT_RUN, f"{where} refused the job: {said}")
     return None
 
 

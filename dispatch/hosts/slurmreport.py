@@ -221,7 +221,7 @@ def judge_cluster(host: SlurmHost, job: Job, report: dict[str, Any], waiting: Ho
         return Judgement(host.name, False, True, need, best, f"would queue: needs {what}, {why}")
     return Judgement(host.name, False, False, need, best,
                      f"{what} is larger than any node of {where} (largest: {largest['name']}, "
-                     f"RealMemory {format_size(int(largest['memory']['total']))})")
+                     f"RealMemory {format_size(int(largest['memory']['total']))})", too_big=True)
 
 
 def _need(mem: int | None, default: dict[str, Any]) -> tuple[int | None, str]:

@@ -263,7 +263,7 @@ class SlurmRun:
                 self.say(f"error: {exc}")
                 failed = True
         if failed and outcome.exit_code == 0:
-            outcome.exit_code, outcome.outcome = ExitCode.SYNC_FAILED, ExitCode.SYNC_FAILED.outcome
+            outcome.mark(ExitCode.SYNC_FAILED)
             outcome.message = "the job succeeded but --return could not bring everything back"
 
     def _srun(self, argv: list[str], env: dict[str, str], guardian: SlurmGuardian
@@ -381,7 +381,7 @@ class SlurmRun:
                 self.job_id = None
         if self.commands.remote and srun_status == SSH_FAILED and not self.ran and interrupted is None:
             self._cancel()  # the session to the login node broke: the job must not go on alone
-            return Verdict(ExitCode.CONNECTION_LOST, ExitCode.CONNECTION_LOST.outcome,
+            return Verdict.of(ExitCode.CONNECTION_LOST,
                            f"the connection to {self.where}'s login node broke during the run; "
                            "the job was cancelled")
         if self.job_id is None:

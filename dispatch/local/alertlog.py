@@ -166,10 +166,13 @@ def for_unreachable(host: str, label: str, session: str | None, argv: Sequence[s
     """A ``--peer`` run that could not start because ``host`` could not be reached (246)."""
     import shlex
 
+    from dispatch.core.exitcodes import ExitCode
+
     action = hostrun_command(argv, label, session, cap=request.cap if request is not None else None,
                              options=request_options(request))
     return record(PEER_UNREACHABLE, host=host, label=label, session=session,
-                  command=shlex.join(argv), action=action, exit_code=246, error=error,
+                  command=shlex.join(argv), action=action,
+                  exit_code=int(ExitCode.PEER_UNREACHABLE), error=error,
                   message=f"job {label} could not start on {host}: {error}; nothing ran. "
                           f"Run it here instead, or check the peer ('hostrun report --host "
                           f"{host}'): {action}")

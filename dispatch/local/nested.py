@@ -13,7 +13,7 @@ import signal
 import time
 from collections.abc import Callable
 
-from dispatch.core.exitcodes import SIGNAL_BASE, exec_failure
+from dispatch.core.exitcodes import exec_failure, from_wait_status
 from dispatch.core.outcome import Outcome
 from dispatch.core.settings import LOCAL, Settings
 from dispatch.local.booking import default_label
@@ -75,10 +75,9 @@ def run_nested(request: RunRequest, enclosing: str) -> Outcome:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-    signaled = os.WIFSIGNALED(status)
+    code, how = from_wait_status(status)
     return Outcome(
-        exit_code=SIGNAL_BASE + os.WTERMSIG(status) if signaled else os.WEXITSTATUS(status),
-        outcome="signal" if signaled else "exit", host=LOCAL,
+        exit_code=code, outcome=how, host=LOCAL,
         label=request.label or default_label(request.argv), argv=list(request.argv),
         duration_s=round(time.monotonic() - started, 3), cgroup=enclosing,
         message=f"ran inside the enclosing hostrun job {enclosing}, booked and capped there",

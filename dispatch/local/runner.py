@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from dispatch.capping.base import CapBackend, JobCgroup
 from dispatch.core.errors import BackendError, LedgerError, NeverFitsError, NoCapBackendError, UsageError
-from dispatch.core.exitcodes import SIGNAL_BASE, ExitCode
+from dispatch.core.exitcodes import SIGNAL_BASE, ExitCode, from_wait_status
 from dispatch.core.hostfacts import has_nvidia_gpus
 from dispatch.core.outcome import Outcome
 from dispatch.core.procinfo import start_time
@@ -172,18 +172,17 @@ def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str],
         machine = [c for c in script.conditions if c.kind in ("command", "device", "min-free")]
         if machine:
             first = machine[0]
-            return Outcome(exit_code=int(ExitCode.NOT_RUN), outcome=ExitCode.NOT_RUN.outcome,
-                           host=host, label=label, argv=list(request.argv),
-                           message=f"{script.path}:{first.line}: run-condition {first.kind} is about "
-                                   f"the machine the job runs on, a node of {elsewhere} that cannot "
-                                   "be checked before the job starts; nothing ran")
+            return Outcome.of(ExitCode.NOT_RUN, host=host, label=label, argv=list(request.argv),
+                              message=f"{script.path}:{first.line}: run-condition {first.kind} is "
+                                      f"about the machine the job runs on, a node of {elsewhere} that "
+                                      "cannot be checked before the job starts; nothing ran")
     environ = os.environ if request.env is None else request.env
     verdict, guard = check(settings, script, environ, force=request.force, hold=True)
     if guard is None:
         for line in [] if verdict.nothing_to_do else verdict.unmet_lines():
             say(line)  # a skip (inputs unchanged) is said in one line: the summary
-        return Outcome(exit_code=int(ExitCode.NOT_RUN), outcome=ExitCode.NOT_RUN.outcome,
-                       host=host, label=label, argv=list(request.argv), message=verdict.summary())
+        return Outcome.of(ExitCode.NOT_RUN, host=host, label=label, argv=list(request.argv),
+                          message=verdict.summary())
     if verdict.unmet:  # only the admission, overridden by --force
         say(verdict.summary())
     try:
@@ -421,19 +420,17 @@ def _run(
     result.hit_ceiling = verdict.own
     failed_run = not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
     if timed_out:
-        result.exit_code, result.outcome = ExitCode.MAX_RUNTIME, ExitCode.MAX_RUNTIME.outcome
+        result.mark(ExitCode.MAX_RUNTIME)
     elif verdict.own and failed_run:
-        result.exit_code, result.outcome = ExitCode.OWN_CAP, ExitCode.OWN_CAP.outcome
+        result.mark(ExitCode.OWN_CAP)
     elif verdict.slice_full and failed_run:
-        result.exit_code, result.outcome = ExitCode.SLICE_FULL, ExitCode.SLICE_FULL.outcome
+        result.mark(ExitCode.SLICE_FULL)
     elif vram is not None and failed_run:
-        result.exit_code, result.outcome = ExitCode.VRAM, ExitCode.VRAM.outcome
+        result.mark(ExitCode.VRAM)
         result.vram_evidence = vram
         result.message = f"GPU out of memory: {vram}"
-    elif os.WIFSIGNALED(status):
-        result.exit_code, result.outcome = SIGNAL_BASE + os.WTERMSIG(status), "signal"
     else:
-        result.exit_code = os.WEXITSTATUS(status)
+        result.exit_code, result.outcome = from_wait_status(status)
     if verdict.killed and not failed_run:
         say("warning: a process of the job was OOM-killed, but the job exited 0; passing 0 through")
     elif verdict.killed and not (verdict.own or verdict.slice_full or timed_out):

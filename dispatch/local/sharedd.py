@@ -35,6 +35,7 @@ from dispatch.capping.base import read_int
 from dispatch.capping.shared import JOB_AFFIXES, MAX_LINE, PROTOCOL, SOCKET_PATH, decode, encode
 from dispatch.capping.systemd import SYSTEM_MANAGER, Manager, SystemdBackend, scope_properties
 from dispatch.core.errors import BackendError
+from dispatch.core.exitcodes import ExitCode
 from dispatch.local.admission import slice_room
 
 MYPY = False
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = dict(zip(args[::2], args[1::2]))
     if os.geteuid() != 0:
         print("hostrun-shared: must run as root", file=sys.stderr)
-        return 78
+        return int(ExitCode.NOT_RUN)
     from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
     from dispatch.core.units import parse_size
 
@@ -376,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     mount = parse_mountinfo(read_self_files()[1]).get("cgroup2")
     if not mount:
         print("hostrun-shared: no unified cgroup2 hierarchy", file=sys.stderr)
-        return 78
+        return int(ExitCode.NOT_RUN)
     manager = Manager(SYSTEM_MANAGER, "", False)
     backend = SystemdBackend(mount, unit, manager)
     backend.ensure_slice(limit)

@@ -122,7 +122,8 @@ def judge(host: Host, job: Job, reading: HostReading, waiting: HostPending | Non
                             gamble_size=int(report["settings"]["gamble_size"]))
     except NeverFitsError:
         return Judgement(reading.host, False, False, cap, None,
-                         f"cap {format_size(cap)} is larger than its slice ({format_size(limit)})")
+                         f"cap {format_size(cap)} is larger than its slice ({format_size(limit)})",
+                         too_big=True)
     waiting = waiting or HostPending(0, {}, ())
     pending = waiting.memory
     free = int(s["free"]) - int(s.get("queued", 0)) - pending
@@ -189,6 +190,6 @@ def decide(settings: Settings, job: Job, readings: list[HostReading],
         if j.could_ever_fit:
             return Decision(QUEUE, j.host, 0, [*reasons, f"only {j.host} could ever hold it: "
                                                f"wait in its queue"], judgements)
-    too_big = here is not None and "larger than its slice" in here.reason
-    code = ExitCode.NEVER_FITS if too_big else ExitCode.NOT_RUN
+    # 243 when this machine's slice is too small for it (docs/exit-codes.md), else 78.
+    code = ExitCode.NEVER_FITS if here is not None and here.too_big else ExitCode.NOT_RUN
     return Decision(REFUSE, None, code, [*reasons, "no host could ever run it"], judgements)
