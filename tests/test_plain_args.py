@@ -1,11 +1,12 @@
-"""``hostrun report`` parses its plain long options without argparse (``cli.main._plain_args``):
+"""``hostrun report`` parses its plain long options without argparse (``cli.common.plain_args``):
 where it answers, the answer must be argparse's; everything else must go to argparse."""
 
 from __future__ import annotations
 
 import pytest
 
-from dispatch.cli.main import _plain_args, _sub_parser
+from dispatch.cli.common import plain_args as _plain_args
+from dispatch.cli.common import sub_parser as _sub_parser
 
 
 def _argparse(argv: list[str]) -> dict[str, object]:

@@ -115,7 +115,7 @@ def test_pending_is_named_in_the_reason() -> None:
 def test_an_unreadable_host_is_judged_as_such() -> None:
     verdict = judge(host_for(settings(), PEER), Job("job", cap=GiB),
                     HostReading(PEER, None, "connection refused", 0.1))
-    assert verdict == (PEER, False, False, None, None, "could not read: connection refused", None)
+    assert verdict == (PEER, False, False, None, None, "could not read: connection refused", None, False)
 
 
 def test_across_disabled_leaves_the_peers_out() -> None:
