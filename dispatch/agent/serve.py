@@ -51,7 +51,9 @@ def paths(agent_dir: str) -> tuple[str, str]:
     preferred = os.path.join(parent, name + ".sock")
     if len(preferred) <= SOCKET_PATH_MAX:
         return preferred, lock
-    home = os.environ.get("HOME") or os.path.expanduser("~")
+    from dispatch.core.configpath import user_home
+
+    home = user_home()
     short = os.path.join("/tmp", f"hostrun-agent-{os.geteuid()}-{short_hash(home.encode(), 8)}")
     return os.path.join(short, name.replace("agent-", "", 1) + ".sock"), lock
 

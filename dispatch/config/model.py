@@ -19,7 +19,7 @@ from dispatch.core.configfile import queue_policy_problem, settings_from_dict
 from dispatch.core.errors import ConfigError
 from dispatch.core.hostkeys import COMMON, Key, KindSpec, inferred_kind, kind_problem
 from dispatch.core.settings import AGENT_MODES, AgentSettings, Settings
-from dispatch.core.units import format_size, parse_duration, parse_size
+from dispatch.core.units import MIN_SIZE, format_size, parse_duration, parse_size
 
 
 def _size(value: Any) -> int:
@@ -32,7 +32,6 @@ def _duration(value: Any) -> float:
     return parse_duration(value)
 
 
-MIN_SIZE = 1 << 20  # below 1 MiB no cap, slice or booking can hold a process at all
 
 
 def _memory_size(value: Any) -> int:

@@ -54,10 +54,10 @@ class RunOptions(NamedTuple):
 
 def cap_size(text: str) -> int:
     """A memory size for a cap (``4G``); below 1 MiB nothing could run under it."""
-    from dispatch.core.units import parse_size
+    from dispatch.core.units import MIN_SIZE, parse_size
 
     size = parse_size(text)
-    if size < 1 << 20:
+    if size < MIN_SIZE:
         raise ValueError(f"too small: {text!r} (a cap below 1M cannot run anything)")
     return size
 

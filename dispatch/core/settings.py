@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 
 from dispatch.core.records import NamedTuple
+from dispatch.core.units import MIN_SIZE, GiB
 
 MYPY = False
 if MYPY:
@@ -28,7 +29,6 @@ def inferred_kind(name: str) -> str:
     return LOCAL if name == LOCAL else DEFAULT_PEER_KIND
 
 
-GIB = 1 << 30
 # Below this the default reserve leaves no slice worth having: say so (78) instead of a 0 B slice in
 # which every job "could never be admitted" (243).
 MIN_DEFAULT_SLICE = 256 << 20
@@ -36,8 +36,10 @@ MIN_DEFAULT_SLICE = 256 << 20
 
 def default_state_dir(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
-    home = env.get("HOME") or os.path.expanduser("~")
-    return os.path.join(env.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state"), "hostrun")
+    from dispatch.core.configpath import user_home
+
+    return os.path.join(env.get("XDG_STATE_HOME") or os.path.join(user_home(env), ".local", "state"),
+                        "hostrun")
 
 
 class HostSettings(NamedTuple):
@@ -77,8 +79,8 @@ class HostSettings(NamedTuple):
             return self.slice_bytes
         reserve = self.reserve_bytes
         if reserve is None:
-            reserve = max(2 * GIB, mem_total // 5)
-        if self.reserve_bytes is not None and mem_total - reserve < 1 << 20:
+            reserve = max(2 * GiB, mem_total // 5)
+        if self.reserve_bytes is not None and mem_total - reserve < MIN_SIZE:
             from dispatch.core.errors import ConfigError
             from dispatch.core.units import format_size
 
@@ -89,7 +91,7 @@ class HostSettings(NamedTuple):
             from dispatch.core.units import format_size
 
             half = max(256 << 20, (mem_total // 2) >> 28 << 28)  # half the RAM, in 256 MiB steps
-            suggest = f"{half >> 30}G" if half % GIB == 0 else f"{half >> 20}M"
+            suggest = f"{half >> 30}G" if half % GiB == 0 else f"{half >> 20}M"
             raise NotRunError(
                 f"this machine has {format_size(mem_total)} of RAM and the default reserve "
                 f"(max(2 GiB, RAM/5) = {format_size(reserve)}, kept for everything outside hostrun's "

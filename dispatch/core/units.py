@@ -6,6 +6,10 @@ is compared with kernel figures, which are binary.
 
 from __future__ import annotations
 
+MiB = 1 << 20
+GiB = 1 << 30
+MIN_SIZE = MiB  # below 1 MiB no cap, slice, reserve's remainder or booking can hold a process at all
+
 _SIZE_UNITS = {prefix + suffix: mult for prefix, mult in
                (("", 1), ("k", 1 << 10), ("m", 1 << 20), ("g", 1 << 30), ("t", 1 << 40), ("p", 1 << 50))
                for suffix in ("", "b", "ib")}

@@ -171,7 +171,9 @@ def _key(binary: str, cwd: str, env: Mapping[str, str]) -> str:
         if parent == directory:
             break
         directory = parent
-    home = env.get("RUSTUP_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".rustup")
+    from dispatch.core.configpath import user_home
+
+    home = env.get("RUSTUP_HOME") or os.path.join(user_home(env), ".rustup")
     parts.append(f"settings={_digest(os.path.join(home, 'settings.toml'))}")
     toolchains = os.path.join(home, "toolchains")
     try:

@@ -54,8 +54,9 @@ def settings_path(user: bool, cwd: str | None = None, local: bool = False) -> st
     through git), or with ``local`` that directory's ``settings.local.json`` (Claude Code's own
     uncommitted file: the place for a command line holding this machine's absolute paths)."""
     if user:
-        home = os.environ.get("HOME") or os.path.expanduser("~")
-        return os.path.join(home, ".claude", "settings.json")
+        from dispatch.core.configpath import user_home
+
+        return os.path.join(user_home(), ".claude", "settings.json")
     from dispatch.hooks.rewrite import project_root
 
     name = "settings.local.json" if local else "settings.json"

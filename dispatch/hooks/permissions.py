@@ -37,7 +37,9 @@ PROMPTING_MODES = ("default", "acceptEdits")
 
 
 def settings_files(root: str, environ: Mapping[str, str]) -> list[str]:
-    home = environ.get("HOME") or os.path.expanduser("~")
+    from dispatch.core.configpath import user_home
+
+    home = user_home(environ)
     return [MANAGED, os.path.join(root, ".claude", "settings.local.json"),
             os.path.join(root, ".claude", "settings.json"), os.path.join(home, ".claude", "settings.json")]
 

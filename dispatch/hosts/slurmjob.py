@@ -18,6 +18,7 @@ import os
 
 from dispatch.core.exitcodes import SIGNAL_BASE, ExitCode
 from dispatch.core.records import NamedTuple
+from dispatch.core.units import MiB
 
 MYPY = False
 if MYPY:
@@ -26,7 +27,6 @@ if MYPY:
     from dispatch.core.request import RunRequest
     from dispatch.hosts.slurmkeys import SlurmOptions
 
-MIB = 1 << 20
 COMMENT_PREFIX = "hostrun:"  # --comment=hostrun:TOKEN finds the job by its token (squeue %k)
 
 # $0 is the job's own name (so sh's "not found" names the command); the marker is in the script.
@@ -61,7 +61,7 @@ def wrapper_script(token: str) -> str:
 
 def mem_flag(cap: int) -> str:
     """``--mem`` in whole MiB, rounded up (Slurm's unit; a cap is never made smaller)."""
-    return f"--mem={-(-cap // MIB)}M"
+    return f"--mem={-(-cap // MiB)}M"
 
 
 def time_flag(seconds: float) -> str:

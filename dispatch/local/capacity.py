@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from dispatch.core.errors import NeverFitsError
 from dispatch.core.records import NamedTuple
-from dispatch.core.units import format_size
+from dispatch.core.units import MiB, format_size
 from dispatch.local.booking import plan_booking
 from dispatch.local.ledgerdb import PeakRecord
 
@@ -35,7 +35,6 @@ if MYPY:
 
     from dispatch.local.ledgerdb import PeakRun
 
-MiB = 1 << 20
 STEP = 512 * MiB  # caps are rounded up to a multiple of this
 HALF_RULE_FACTOR = 2  # the cap must be at least this many times the worst recorded peak
 WIDE_CV = 1 / 3  # coefficient of variation above which peaks "vary widely"

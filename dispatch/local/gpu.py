@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.core.errors import GpuError, NeverFitsError, NotRunError
 from dispatch.core.records import NamedTuple
-from dispatch.core.units import format_size
+from dispatch.core.units import MiB, format_size
 from dispatch.local.kernlog import (  # noqa: F401  (KernelLog & co are dispatch.local.gpu's API too)
     CHUNK,
     KERNEL_LOG_ENV,
@@ -42,7 +42,6 @@ MYPY = False
 if MYPY:
     from typing import Optional
 
-MiB = 1 << 20
 SMI_TIMEOUT = 5.0
 VRAM_SAMPLE_INTERVAL = 2.0  # seconds between readings of a --gpu-memory job's VRAM
 QUERY_FIELDS = "index,uuid,name,memory.total,memory.used,memory.free"

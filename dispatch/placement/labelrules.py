@@ -11,11 +11,10 @@ used before. Only this host's ledger is read (one query; no peer is asked: the r
 from __future__ import annotations
 
 from dispatch.core.settings import Settings
-from dispatch.core.units import format_size
+from dispatch.core.units import MiB, format_size
 from dispatch.local.ledgerdb import PeakRecord
 from dispatch.placement.dispatcher import Decision, Job, long_job_rule
 
-MiB = 1 << 20
 VRAM_STEP = 256 * MiB
 
 
