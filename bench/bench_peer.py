@@ -8,7 +8,7 @@ A tree is generated under /tmp (seeded: the same tree every run): ~16,800 small 
 (0.3-9 KB) in ~800 nested directories, 200 larger binary files (~240 MiB in all), a ``.gitignore``
 ignoring ``target/`` and ``*.log``, and a ``target/`` with 3,000 build-output-like files (plus a few
 ``*.log``): ~20,000 files, ~300 MB. It is a git repository with one commit (it has an index, as a real
-checkout does). One real OpenSSH peer is started with ``tests/sshd.py``'s ``SshdPeer`` on a loopback
+checkout does). One real OpenSSH peer is started with ``tests/support/sshd.py``'s ``SshdPeer`` on a loopback
 address (127.0.0.2 by default): its own sshd, keys, hostrun config, state dir, slice cgroup and home
 (the work root is ``<peer home>/hostrun-work``). The controller's private config enables peers and
 sets ``toolchain_probes = ["rsync --version"]``, as the tests do; hostrun runs from inside the tree.
@@ -80,7 +80,7 @@ session that failed and a peer copy that differs from the tree at the end (``rsy
 
 Needs root, ``/usr/sbin/sshd`` (openssh-server), ``ssh``, ``rsync``, ``git``, ``bash``, a memory-cap
 backend (cgroup v1 on the reference machines), ~700 MB free under /tmp, and ``strace`` for the timeline
-(skipped without it). Standard library only, plus the repository's ``tests/sshd.py``; what comes from
+(skipped without it). Standard library only, plus the repository's ``tests/support/sshd.py``; what comes from
 hostrun's code is read through a subprocess running hostrun's interpreter. Run by hand::
 
     .venv/bin/python bench/bench_peer.py            # --runs 15 --timeline-runs 5 --snapshot --keep
@@ -123,7 +123,7 @@ from _common import (  # noqa: E402 - after the sys.path set-up above
     sources_digest,
 )
 
-from tests.sshd import SshdPeer  # noqa: E402  (a real sshd peer, as in the tests)
+from tests.support.sshd import SshdPeer  # noqa: E402  (a real sshd peer, as in the tests)
 
 TARGET_RATIO = 1.1
 STRETCH_RATIO = 1.0

@@ -4,7 +4,7 @@ warm (through a ControlMaster) and cold (no master yet), measured in the same ru
 
 What is measured
 ----------------
-One real OpenSSH peer is started with ``tests/sshd.py``'s ``SshdPeer`` on a loopback address
+One real OpenSSH peer is started with ``tests/support/sshd.py``'s ``SshdPeer`` on a loopback address
 (127.0.0.2 by default): its own sshd, host key, user key, known_hosts, ssh_config, hostrun config,
 state dir and slice cgroup. The controller's private config names ``local`` and that peer.
 
@@ -60,7 +60,7 @@ ControlPath is killed by pid), sshd and everything below it is stopped, both sli
 directory are removed. Bookings, job cgroups or processes left behind are reported first as a failure.
 
 Needs root, ``/usr/sbin/sshd`` (openssh-server), the ``ssh`` client and a memory-cap backend (cgroup
-v1 on the reference machines). Standard library only (plus the repository's own ``tests/sshd.py`` and
+v1 on the reference machines). Standard library only (plus the repository's own ``tests/support/sshd.py`` and
 ``dispatch.hosts.transport.control_dir``/``dispatch.hosts.bundle``/``dispatch.hosts.peer`` for the exact
 paths and command hostrun uses). Run by hand, e.g.::
 
@@ -99,7 +99,7 @@ from _common import (  # noqa: E402 - after the sys.path set-up above
 )
 
 from dispatch.hosts.transport import control_dir, remote_command  # noqa: E402
-from tests.sshd import SshdPeer  # noqa: E402
+from tests.support.sshd import SshdPeer  # noqa: E402
 
 WARM_TARGET = 5.0  # issue 13: warm two-host report --json <= 5x a warm ssh true
 COLD_TARGET = 1.5

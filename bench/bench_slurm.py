@@ -4,7 +4,7 @@ private one-node Slurm cluster, measured in the same run (issue 12's evidence).
 
 What is measured
 ----------------
-The bench starts its own cluster (``tests/slurmcluster.py``: munged, slurmctld, slurmd, all in a
+The bench starts its own cluster (``tests/support/slurmcluster.py``: munged, slurmctld, slurmd, all in a
 temporary directory, nothing of the machine's own Slurm touched) and a private hostrun config naming
 it (``kind = "slurm"``, ``slurm_conf``, its own ``state_dir`` and config cache). The job prints a
 wall-clock stamp as its first instruction: ``sh -c 'date +%s.%N'``; ``time.time()`` is taken just
@@ -41,7 +41,7 @@ every run would compile ``dispatch/*.py`` again, which no installed hostrun does
 At the end the cluster is stopped (also on Ctrl-C or an error) and what it left (step processes,
 job cgroups) and any booking left in hostrun's ledger are reported as failures. The exit status is 0
 only when the target is met, every run succeeded and nothing was left. Needs root, Slurm and munge
-installed, cgroup v1 (``tests.slurmcluster.missing_parts`` says what is missing). Standard library
+installed, cgroup v1 (``tests.support.slurmcluster.missing_parts`` says what is missing). Standard library
 only. Run by hand, e.g.::
 
     .venv/bin/python bench/bench_slurm.py --runs 20 --json /tmp/slurm-bench.json
@@ -66,7 +66,7 @@ if REPO not in sys.path:
 
 from _common import find_hostrun, interpreter_of, ledger_leftovers, pct, ratio_table  # noqa: E402
 
-from tests.slurmcluster import ClusterError, SlurmCluster, missing_parts  # noqa: E402
+from tests.support.slurmcluster import ClusterError, SlurmCluster, missing_parts  # noqa: E402
 
 TARGET_RATIO = 1.2
 CLUSTER = "farm"

@@ -91,7 +91,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     last = [item for item in vm_items if item.get_closest_marker("vm_last") is not None]
     items[:] = ([item for item in items if item not in vm_items]
                 + [item for item in vm_items if item not in last] + last)
-    from tests.vm import missing_tools
+    from tests.support.vm import missing_tools
 
     if missing_tools() is None:
         _VM_START.start()
@@ -140,6 +140,7 @@ class Hostrun:
         self.slice_dir = Path(mount + self.cgroup)
         self.state_dir = tmp_path / "state"
         self.config_path = tmp_path / "hosts.toml"
+        self.started: list[subprocess.Popen[str]] = []  # their pipes are closed at teardown
         self.configure()
 
     def configure(self, slice: str = "300M", top: str = "", host: str = "", peers: str = "") -> None:
@@ -165,7 +166,17 @@ class Hostrun:
     def popen(self, *args: str, **kw: Any) -> subprocess.Popen[str]:
         kw.setdefault("stdout", subprocess.PIPE)
         kw.setdefault("stderr", subprocess.PIPE)
-        return subprocess.Popen(self.argv(*args), text=True, **kw)
+        proc = subprocess.Popen(self.argv(*args), text=True, **kw)
+        self.started.append(proc)
+        return proc
+
+    def close_pipes(self) -> None:
+        """The pipes of every process ``popen`` started (a test that only ``wait``s leaves them to
+        the garbage collector, which warns: warnings are errors here)."""
+        for proc in self.started:
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
 
     def bookings(self) -> list[tuple[Any, ...]]:
         db = self.state_dir / "ledger.sqlite3"
@@ -206,6 +217,7 @@ def hostrun(tmp_path: Path) -> Iterator[Hostrun]:
         assert not leaks, f"left behind: {leaks}"
     finally:
         _kill_tree(h.slice_dir)
+        h.close_pipes()
 
 
 def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> Any:
@@ -258,7 +270,7 @@ def _stop_masters(state_dir: Path) -> None:
 def peers(hostrun: Hostrun, tmp_path: Path) -> Iterator[Any]:
     """A factory of real sshd peers: ``peers("peer1", "127.0.0.2")``. Each has its own config, state
     dir and slice cgroup; teardown checks that nothing is left running or booked on any of them."""
-    from tests.sshd import SshdPeer
+    from tests.support.sshd import SshdPeer
 
     made: list[SshdPeer] = []
     mount, own = hostrun.mount, hostrun.cgroup.rsplit("/", 1)[0]
@@ -358,7 +370,8 @@ def other_user(other_user_account: tuple[str, int, int]) -> Iterator[OtherUser]:
 
 @pytest.fixture
 def slurm() -> Iterator[Any]:
-    """A private one-node Slurm cluster (tests/slurmcluster.py), started for the test and stopped after.
+    """A private one-node Slurm cluster (tests/support/slurmcluster.py), started for the test and
+    stopped after.
 
     Its teardown is a leak check: the test fails if a slurmstepd or a job cgroup is left. Where Slurm,
     root or cgroup v1 are missing, or the cluster does not come up, the test is skipped off CI and
@@ -367,7 +380,7 @@ def slurm() -> Iterator[Any]:
     import shutil
     import tempfile
 
-    from tests.slurmcluster import ClusterError, SlurmCluster, missing_parts
+    from tests.support.slurmcluster import ClusterError, SlurmCluster, missing_parts
 
     problem = missing_parts()
     # munged's socket path must stay under the 108-byte limit: a short directory, not tmp_path.
@@ -417,7 +430,7 @@ class _VmStart:
             self.thread.start()
 
     def _run(self) -> None:
-        from tests.vm import VM, ensure_image, install_hostrun
+        from tests.support.vm import VM, ensure_image, install_hostrun
 
         assert self.workdir is not None
         try:
@@ -441,11 +454,11 @@ _VM_START = _VmStart()
 @pytest.fixture(scope="session")
 def vm() -> Iterator[Any]:
     """A real Debian 12 machine (systemd as PID 1, cgroup v2) in qemu, booted once per session with
-    hostrun installed (tests/vm.py), started in the background at collection. Teardown: qemu gone and
+    hostrun installed (tests/support/vm.py), started in the background at collection. Teardown: qemu gone and
     its overlay removed."""
     import shutil
 
-    from tests.vm import VmError, missing_tools
+    from tests.support.vm import VmError, missing_tools
 
     problem = missing_tools()
     if problem:
@@ -472,7 +485,7 @@ def guest(vm: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     """A factory of hostrun set-ups inside the VM: ``guest("dev")`` (a normal user) or
     ``guest("root")``, each with its own directory, config, state and slice unit. Teardown is a leak
     check: no job scope, no scope keeper, no booking left, for every set-up made."""
-    from tests.vmguest import Guest
+    from tests.support.vmguest import Guest
 
     made: list[Guest] = []
 
@@ -528,7 +541,7 @@ def wheelhouse(vm: Any) -> Iterator[Path]:
     import shutil
     import tempfile
 
-    from tests.vm import VmError, build_wheelhouse
+    from tests.support.vm import VmError, build_wheelhouse
 
     directory = Path(tempfile.mkdtemp(prefix="hostrun-wheels-"))
     try:

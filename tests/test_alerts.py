@@ -21,8 +21,8 @@ from dispatch.local.alertlog import FIELDS, append, checked_figures, record
 from dispatch.local.capacity import half_rule_cap
 from dispatch.placement import alerts
 from tests.conftest import Hostrun, wait_for
-from tests.sshd import keygen
-from tests.test_peer_run import setup
+from tests.support.peers import setup
+from tests.support.sshd import keygen
 
 PY = sys.executable
 MiB = 1 << 20

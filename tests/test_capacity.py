@@ -398,7 +398,7 @@ def test_capacity_cli_on_real_runs(hostrun: Hostrun) -> None:
 
 
 def test_capacity_reads_each_peers_own_peak_table(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
-    from tests.test_peer_run import TOP, make_tree
+    from tests.support.peers import TOP, make_tree
 
     peer = peers("peer1", "127.0.0.2", slice="512M")
     hostrun.configure(slice="1G", top=TOP, peers=peer.host_table())

@@ -6,7 +6,7 @@ controller, so no real systemd is asked anything here (tests/test_vm_systemd.py 
 - PID 1 is faked with a directory passed as ``proc_root`` (``1/comm`` reads ``systemd`` or ``init``);
 - /proc/self/mountinfo is passed in as text (``files=``), pointing the cgroup2 mount at a tmp_path
   directory that holds a hand-written ``cgroup.controllers`` (and the user manager's, for delegation);
-- the manager is ``tests.fakesystemd.FakeManager``, a thread on a Unix socket that answers the calls
+- the manager is ``tests.support.fakesystemd.FakeManager``, a thread on a Unix socket that answers the calls
   hostrun makes and records them (it decodes with hostrun's own codec);
 - the keeper is a real ``cat`` forked by the real code.
 
@@ -39,7 +39,7 @@ from dispatch.capping.systemd import (
 )
 from dispatch.core.errors import BackendError
 from dispatch.core.exitcodes import ExitCode
-from tests.fakesystemd import FakeManager
+from tests.support.fakesystemd import FakeManager
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -9,54 +9,18 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
-import subprocess
 from pathlib import Path
 
 from dispatch.local import wakeup
 from tests.conftest import Hostrun, OtherUser, wait_for
-
-NO_POLL = {**os.environ, "HOSTRUN_WAIT_RECHECK": "3600"}
-
-
-def _no_status(hostrun: Hostrun, **settings: str) -> None:
-    """Configure, with the waiting line (and the plain read that comes with it) once an hour."""
-    hostrun.configure(**settings)
-    text = hostrun.config_path.read_text()
-    hostrun.config_path.write_text(text.replace('status_interval = "1s"', 'status_interval = "1h"'))
-
-
-def _waiting_id(hostrun: Hostrun, label: str) -> int | None:
-    return next((b[0] for b in hostrun.bookings() if b[1] == label and b[2] == "waiting"), None)
-
-
-def _bell(hostrun: Hostrun, label: str) -> Path | None:
-    """The waiter's FIFO once it listens, checked private and its own."""
-    booking = _waiting_id(hostrun, label)
-    path = hostrun.state_dir / "wake" / str(booking)
-    if booking is None or not path.exists():
-        return None
-    st = path.lstat()
-    assert stat.S_ISFIFO(st.st_mode) and st.st_uid == os.geteuid()
-    assert stat.S_IMODE(st.st_mode) == 0o600
-    assert stat.S_IMODE((hostrun.state_dir / "wake").stat().st_mode) == 0o700
-    return path
-
-
-def _holder(hostrun: Hostrun, tmp_path: Path, size: str, name: str = "holder", *more: str
-            ) -> tuple[subprocess.Popen[str], Path]:
-    started, go = tmp_path / f"{name}.started", tmp_path / f"{name}.go"
-    holder = hostrun.popen("-m", size, "--label", name, *more, "--", "sh", "-c",
-                           f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done")
-    wait_for(started.exists, timeout=30)
-    return holder, go
+from tests.support.handoff import NO_POLL, bell, no_status, start_holder, waiting_id
 
 
 def test_a_release_rings_the_head_and_each_admission_the_next(hostrun: Hostrun, tmp_path: Path) -> None:
     """One 300M release lets three 100M waiters in: the head is rung, each admitted one rings the
     next; all three run at once (each waits for the others' marks)."""
-    _no_status(hostrun)
-    holder, go = _holder(hostrun, tmp_path, "300M")
+    no_status(hostrun)
+    holder, go = start_holder(hostrun, tmp_path, "300M")
     marks = tmp_path / "marks"
     marks.mkdir()
     waiters = []
@@ -65,7 +29,7 @@ def test_a_release_rings_the_head_and_each_admission_the_next(hostrun: Hostrun, 
             "-m", "100M", "--label", name, "--", "sh", "-c",
             f"touch {marks}/{name}; n=0; while [ $(ls {marks} | wc -l) -lt 3 ] && [ $n -lt 400 ];"
             f" do sleep 0.05; n=$((n+1)); done; [ $(ls {marks} | wc -l) -eq 3 ]", env=NO_POLL))
-        wait_for(lambda name=name: _bell(hostrun, name), timeout=30)  # type: ignore[misc]
+        wait_for(lambda name=name: bell(hostrun, name), timeout=30)  # type: ignore[misc]
     go.touch()
     assert holder.wait(timeout=30) == 0
     for w in waiters:
@@ -77,17 +41,17 @@ def test_a_release_rings_the_head_and_each_admission_the_next(hostrun: Hostrun, 
 def test_a_head_held_by_its_group_passes_the_ring_on(hostrun: Hostrun, tmp_path: Path) -> None:
     """The head waits for its group's cap, which reserves no memory: a release it cannot use is
     passed on to the waiter behind it, which gets in."""
-    _no_status(hostrun, peers="[groups.build]\nmax_running = 1\n")
-    build, build_go = _holder(hostrun, tmp_path, "100M", "build-holder", "--group", "build")
-    other, other_go = _holder(hostrun, tmp_path, "200M", "other-holder")
+    no_status(hostrun, peers="[groups.build]\nmax_running = 1\n")
+    build, build_go = start_holder(hostrun, tmp_path, "100M", "build-holder", "--group", "build")
+    other, other_go = start_holder(hostrun, tmp_path, "200M", "other-holder")
     head = hostrun.popen("-m", "100M", "--group", "build", "--label", "head", "--", "true", env=NO_POLL)
-    wait_for(lambda: _bell(hostrun, "head"), timeout=30)
+    wait_for(lambda: bell(hostrun, "head"), timeout=30)
     behind = hostrun.popen("-m", "100M", "--label", "behind", "--", "true", env=NO_POLL)
-    wait_for(lambda: _bell(hostrun, "behind"), timeout=30)
+    wait_for(lambda: bell(hostrun, "behind"), timeout=30)
     other_go.touch()  # frees 200M: the head is still held by its group; the one behind fits
     assert other.wait(timeout=30) == 0
     assert behind.wait(timeout=60) == 0, behind.stderr.read() if behind.stderr else ""
-    assert head.poll() is None and _waiting_id(hostrun, "head") is not None
+    assert head.poll() is None and waiting_id(hostrun, "head") is not None
     build_go.touch()
     assert build.wait(timeout=30) == 0
     assert head.wait(timeout=60) == 0, head.stderr.read() if head.stderr else ""
@@ -97,12 +61,12 @@ def test_a_head_held_by_its_group_passes_the_ring_on(hostrun: Hostrun, tmp_path:
 def test_a_killed_head_waiter_passes_the_ring_to_the_next(hostrun: Hostrun, tmp_path: Path) -> None:
     """The head waiter is SIGKILLed: its FIFO has no reader, so the ring goes on to the next waiter,
     which reclaims the dead one's booking and its FIFO."""
-    _no_status(hostrun)
-    holder, go = _holder(hostrun, tmp_path, "250M")
+    no_status(hostrun)
+    holder, go = start_holder(hostrun, tmp_path, "250M")
     first = hostrun.popen("-m", "250M", "--label", "first", "--", "true", env=NO_POLL)
-    dead_bell = wait_for(lambda: _bell(hostrun, "first"), timeout=30)
+    dead_bell = wait_for(lambda: bell(hostrun, "first"), timeout=30)
     second = hostrun.popen("-m", "250M", "--label", "second", "--", "true", env=NO_POLL)
-    wait_for(lambda: _bell(hostrun, "second"), timeout=30)
+    wait_for(lambda: bell(hostrun, "second"), timeout=30)
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert dead_bell.exists()  # left behind by the kill
@@ -123,7 +87,7 @@ def test_a_fifo_another_user_made_is_refused(hostrun: Hostrun, tmp_path: Path,
     planted = wake / "3"
     os.mkfifo(planted, 0o666)
     other_user.chown(planted)
-    holder, go = _holder(hostrun, tmp_path, "250M")  # booking 2
+    holder, go = start_holder(hostrun, tmp_path, "250M")  # booking 2
     waiter = hostrun.run("-m", "250M", "--label", "w", "--", "true", timeout=60)  # booking 3
     assert waiter.returncode == 2
     errors = [line for line in waiter.stderr.splitlines() if line.startswith("hostrun: error:")]

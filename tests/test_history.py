@@ -183,7 +183,7 @@ def test_an_older_ledger_gains_the_runs_table(hostrun: Hostrun) -> None:
 
 
 def test_a_peer_run_is_in_both_histories(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
-    from tests.test_peer_run import setup
+    from tests.support.peers import setup
 
     peer, tree = setup(hostrun, peers, tmp_path)
     proc = hostrun.run("--peer", "-m", "100M", "--label", "remote", "--session", "s1", "--",

@@ -25,11 +25,10 @@ from dispatch.core.exitcodes import ExitCode
 from dispatch.hooks import claude, install, permissions, selftest, table
 from dispatch.placement import alerts
 from dispatch.placement.reports import HostReading
+from tests.support.claude import ROOT, event, real_hook
 
 from .conftest import Hostrun, wait_for
 
-RECORDED = Path(__file__).parent / "recorded" / "claude"
-ROOT = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
 
 # hookSpecificOutput per event, as the hooks reference documents it
@@ -62,15 +61,6 @@ def schema_problems(event: str, answer: Any) -> list[str]:
     if "permissionDecision" in out and out["permissionDecision"] not in ("allow", "deny", "ask"):
         problems.append("permissionDecision")
     return problems
-
-
-def event(name: str, **changes: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((RECORDED / f"{name}.json").read_text())
-    command = changes.pop("command", None)
-    if command is not None:
-        data["tool_input"] = {**data["tool_input"], "command": command}
-    data.update(changes)
-    return data
 
 
 def cap_of(command: str) -> str | None:
@@ -624,14 +614,6 @@ def test_install_usage_errors_exit_2(tmp_path: Path) -> None:
                  ["install", "claude-code", "--mode", "block"], ["frobnicate"]):
         proc = agents(*args, cwd=tmp_path, home=tmp_path)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, args
-
-
-# -------------------------------------------------------------------- with a real ledger and jobs
-def real_hook(hostrun: Hostrun, data: dict[str, Any], *argv: str,
-              env: dict[str, str] | None = None) -> dict[str, Any] | None:
-    proc = hostrun.run("hook", *argv, input=json.dumps(data), env={**os.environ, **(env or {})})
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    return json.loads(proc.stdout) if proc.stdout else None
 
 
 def test_wrapped_command_runs_through_hostrun_with_its_exit_code_and_cwd(hostrun: Hostrun,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import Hostrun
-from tests.test_peer_run import setup as peer_setup
+from tests.support.peers import setup as peer_setup
 
 HEAVY = {"pydantic", "rich", "asyncio", "typing", "argparse"}
 # Light enough alone, but each pulls in more (shutil: bz2, lzma, fnmatch; random: hashlib bits;

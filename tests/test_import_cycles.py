@@ -169,3 +169,18 @@ def test_the_part_check_sees_an_upward_import() -> None:
     assert "dispatch.core.errors" in edges["dispatch.local.runner"]
     rank = {part: i for i, part in enumerate(PART_ORDER)}
     assert rank[_part("dispatch.local.runner") or ""] > rank[_part("dispatch.core.errors") or ""]
+
+
+def test_no_test_module_imports_another() -> None:
+    """Helpers and fakes that several test modules use live in ``tests/support``; a test module that
+    imports another runs that module's import-time code and ties the two together."""
+    tests = Path(__file__).resolve().parent
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                if name.split(".")[-1].startswith("test_") or name.startswith("tests.test_"):
+                    found.append(f"{path.relative_to(tests)}: {name}")
+    assert found == []

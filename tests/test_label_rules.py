@@ -22,9 +22,9 @@ from dispatch.local.ledger import Ledger
 from dispatch.placement.labelrules import vram_booking
 
 from .conftest import Hostrun
-from .test_gpu import FakeGpus
-from .test_hooks import ROOT, event, real_hook
-from .test_shims import env_with, fake_tools, install, sh
+from .support.claude import ROOT, event, real_hook
+from .support.gpus import FakeGpus
+from .support.shimtools import env_with, fake_tools, install, sh
 
 MiB, GiB = 1 << 20, 1 << 30
 LONG = "--long-job=sharded=per crate;resumable=checkpoints;multi-host=two boxes"

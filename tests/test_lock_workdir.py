@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,45 +21,7 @@ import pytest
 from dispatch.core.procinfo import start_time
 from dispatch.guards import lock, workdirs
 from tests.conftest import wait_for
-
-
-class Cli:
-    """``python -m dispatch`` with its own config (status lines every 0.5 s) and state dir."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp = tmp_path
-        self.config = tmp_path / "hosts.toml"
-        self.config.write_text(f'state_dir = "{tmp_path / "state"}"\nstatus_interval = "500ms"\n')
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def env(self, session: str | None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("HOSTRUN_SESSION", "HOSTRUN_JOB")}
-        if session is not None:
-            env["HOSTRUN_SESSION"] = session
-        return env
-
-    def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "dispatch", "--config", str(self.config), *args]
-
-    def run(self, *args: str, session: str | None = "tester", timeout: float = 60,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout,
-                              env=self.env(session), check=False, cwd=cwd)
-
-    def popen(self, *args: str, session: str | None = "tester", stderr: Path) -> subprocess.Popen[str]:
-        with open(stderr, "w") as err:
-            proc = subprocess.Popen(self.argv(*args), stdout=subprocess.PIPE, stderr=err, text=True,
-                                    env=self.env(session))
-        self.procs.append(proc)
-        return proc
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+from tests.support.lockcli import Cli
 
 
 @pytest.fixture
@@ -473,7 +434,7 @@ def test_peer_sync_target_is_claimed_and_the_claim_survives_the_sync(hostrun: An
                                                                       tmp_path: Path) -> None:
     """A real ``--peer`` run: the agent claims the work directory for the controller's session, and
     ``rsync --delete`` neither removes that owner file nor sends the tree's own one."""
-    from tests.test_peer_run import remote_tree, setup
+    from tests.support.peers import remote_tree, setup
 
     peer, tree = setup(hostrun, peers, tmp_path)
     assert workdirs.claim(str(tree), "the local checkout", "local-owner")[2]

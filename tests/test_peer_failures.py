@@ -20,8 +20,8 @@ from typing import Any
 
 from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun, pid_alive, wait_for
-from tests.sshd import descendants, free_port, keygen
-from tests.test_peer_run import PY, peer_bookings, remote_tree, setup
+from tests.support.peers import PY, peer_bookings, remote_tree, setup
+from tests.support.sshd import descendants, free_port, keygen
 
 REAL_SSH = shutil.which("ssh") or "/usr/bin/ssh"
 REAL_RSYNC = shutil.which("rsync") or "/usr/bin/rsync"

@@ -1,4 +1,5 @@
-"""The phases of a peer run (``dispatch.hosts.peerrun.PeerRun``) against a fake peer (tests/fakepeer.py).
+"""The phases of a peer run (``dispatch.hosts.peerrun.PeerRun``) against a fake peer
+(tests/support/fakepeer.py).
 
 Real: ``PeerRun`` itself, the frames and wire records, a subprocess playing the agent, rsync copying
 locally, the controller's toolchain probe and its ledger's history row in a temporary state dir.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -19,7 +20,6 @@ import pytest
 
 from dispatch.agent.frames import Frame
 from dispatch.agent.wire import RunSpec
-from dispatch.core.configfile import make_host
 from dispatch.core.errors import (
     ConnectionLostError,
     PeerAuthError,
@@ -27,51 +27,13 @@ from dispatch.core.errors import (
     ToolchainMismatchError,
 )
 from dispatch.core.exitcodes import SIGNAL_BASE, ExitCode
-from dispatch.core.outcome import Outcome
-from dispatch.core.request import RunRequest
-from dispatch.core.settings import LOCAL, HostSettings, Settings
-from dispatch.hosts.peerrun import PeerRun, tree_id
-from dispatch.hosts.sshkeys import SPEC as SSH_KIND
-from tests.fakepeer import HOST_SSH, LOST_MESSAGE, FakeLink, Script
-
-PROBE = "echo faketool 1.0"  # the toolchain probe, run on this host by the controller
-ARGV = ["make", "all"]
-
-
-class Driver:
-    """One ``PeerRun`` against one ``FakeLink``, and what it said."""
-
-    def __init__(self, tmp: Path, tree: Path, script: Script, returns: Sequence[str] = (),
-                 on_line: Callable[[Driver, str], None] | None = None) -> None:
-        self.lines: list[str] = []
-        self.on_line = on_line
-        self.link = FakeLink(tmp / "fake", script)
-        state = tmp / "state"
-        state.mkdir(mode=0o700, exist_ok=True)
-        self.host = make_host("fake", SSH_KIND, ssh=HOST_SSH)
-        settings = Settings(state_dir=str(state), hosts={LOCAL: HostSettings(LOCAL), "fake": self.host},
-                            toolchain_probes=(PROBE,))
-        self.run = PeerRun(settings, self.host, RunRequest(argv=ARGV, label="build"), self.say,
-                           tree=str(tree), returns=returns, link=self.link)
-        self.peer_tree = self.link.peer_root / tree_id(str(tree))
-
-    def say(self, line: str) -> None:
-        self.lines.append(line)
-        if self.on_line is not None:
-            self.on_line(self, line)
-
-    def __call__(self) -> Outcome:
-        return self.run.run()
+from tests.support.fakepeer import LOST_MESSAGE, Script
+from tests.support.phases import ARGV, PROBE, Driver, source_tree
 
 
 @pytest.fixture
 def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A source tree; the job runs in its ``sub`` directory."""
-    top = tmp_path / "tree"
-    (top / "sub").mkdir(parents=True)
-    (top / "sub" / "main.c").write_text("int main(void) { return 0; }\n")
-    monkeypatch.chdir(top / "sub")
-    return top
+    return source_tree(tmp_path, monkeypatch)
 
 
 @pytest.fixture(autouse=True)

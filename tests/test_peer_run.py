@@ -13,8 +13,6 @@ import os
 import shutil
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,47 +21,10 @@ import pytest
 
 from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun, _stop_masters, pid_alive, wait_for
-from tests.fakerustup import FakeRustup
+from tests.support.fakerustup import FakeRustup
+from tests.support.peers import PY, TOP, make_tree, peer_bookings, remote_tree, setup
 
-PY = sys.executable
 MiB = 1 << 20
-TOP = 'enable_across_machines = true\ntoolchain_probes = ["rsync --version"]'
-
-
-def make_tree(tmp_path: Path) -> Path:
-    tree = tmp_path / "tree"
-    (tree / "src").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q", str(tree)], check=True)
-    (tree / ".gitignore").write_text("target/\n*.log\n")
-    (tree / "src" / "main.txt").write_text("fn main\n")
-    (tree / "README").write_text("readme v1\n")
-    (tree / "target").mkdir()
-    (tree / "target" / "big.bin").write_text("ignored build output\n")
-    (tree / "debug.log").write_text("ignored log\n")
-    return tree
-
-
-def setup(hostrun: Hostrun, peers: Any, tmp_path: Path, slice: str = "300M", host_extra: str = "",
-          **peer_kw: Any) -> tuple[Any, Path]:
-    peer = peers("peer1", "127.0.0.2", slice=slice, **peer_kw)
-    hostrun.configure(top=TOP, peers=peer.host_table(host_extra))
-    return peer, make_tree(tmp_path)
-
-
-def remote_tree(peer: Any) -> Path:
-    (tree,) = (peer.home / "hostrun-work").iterdir()
-    return tree
-
-
-def peer_bookings(peer: Any) -> list[tuple[Any, ...]]:
-    db = peer.state_dir / "ledger.sqlite3"
-    if not db.exists():
-        return []
-    con = sqlite3.connect(db, timeout=30)
-    try:
-        return con.execute("SELECT id, label, state FROM bookings").fetchall()
-    finally:
-        con.close()
 
 
 def test_build_like_job_runs_on_the_peer_and_returns_its_result(hostrun: Hostrun, peers: Any,
@@ -255,7 +216,7 @@ def test_stdin_is_forwarded_only_when_asked(hostrun: Hostrun, peers: Any, tmp_pa
 
 def test_cut_link_is_251_and_nothing_is_left_on_the_peer(hostrun: Hostrun, peers: Any,
                                                          tmp_path: Path) -> None:
-    from tests.sshd import NetNs
+    from tests.support.sshd import NetNs
 
     ns = NetNs(7)
     ns.create()
@@ -282,7 +243,7 @@ RUSTC = 'enable_across_machines = true\ntoolchain_probes = ["rustc -Vv"]'
 
 def rustup_pair(hostrun: Hostrun, peers: Any, tmp_path: Path, here: dict[str, str],
                 there: dict[str, str]) -> tuple[Any, Path, FakeRustup, dict[str, str]]:
-    """A FAKE rustup (tests/fakerustup.py) on each host, default toolchain "stable": the peer's on its
+    """A FAKE rustup (tests/support/fakerustup.py) on each host, default toolchain "stable": the peer's on its
     login PATH, ours in the environment hostrun is run with (returned)."""
     ours = FakeRustup(tmp_path / "here", "stable", here)
     theirs = FakeRustup(tmp_path / "there", "stable", there)

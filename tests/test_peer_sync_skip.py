@@ -15,13 +15,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dispatch.agent.frames import Frame
 from dispatch.agent.treestate import MANIFEST, walk
 from tests.conftest import Hostrun, OtherUser
-from tests.fakepeer import Script
-from tests.test_peer_phases import Driver
-from tests.test_peer_phases import tree as tree  # the same source tree fixture
-from tests.test_peer_run import remote_tree, setup
+from tests.support.fakepeer import Script
+from tests.support.peers import remote_tree, setup
+from tests.support.phases import Driver, source_tree
+
+
+@pytest.fixture
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return source_tree(tmp_path, monkeypatch)
 
 
 def run(tmp_path: Path, tree_dir: Path, script: Script | None = None) -> Driver:

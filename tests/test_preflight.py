@@ -26,7 +26,7 @@ import pytest
 from dispatch.core.errors import UsageError
 from dispatch.local.preflight import Condition, Script, declared, fingerprint, path_digest
 from tests.conftest import Hostrun, wait_for
-from tests.test_gpu import FakeGpus
+from tests.support.gpus import FakeGpus
 
 PY = sys.executable
 MiB = 1 << 20
@@ -530,7 +530,7 @@ def test_on_a_peer_the_peer_checks_and_records_and_force_travels(hostrun: Hostru
                                                                  tmp_path: Path) -> None:
     """With --peer the headers are checked where the job runs: the peer's agent, its state dir (a
     real sshd peer on 127.0.0.2 with its own config, ledger and slice; tests/test_peer_run.py)."""
-    from tests.test_peer_run import setup
+    from tests.support.peers import setup
 
     peer, tree = setup(hostrun, peers, tmp_path)
     job = tree / "job.sh"

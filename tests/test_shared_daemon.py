@@ -24,7 +24,7 @@ import pytest
 from dispatch.capping.systemd import Manager, SystemdBackend
 from dispatch.local.sharedd import WAITING_MAX, Daemon
 from tests.conftest import OtherUser, wait_for
-from tests.fakesystemd import FakeManager
+from tests.support.fakesystemd import FakeManager
 
 MiB = 1 << 20
 LIMIT = 400 * MiB

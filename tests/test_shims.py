@@ -8,51 +8,19 @@ it runs inside a hostrun job (``$HOSTRUN_JOB``), and exits with ``$FAKE_EXIT``.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from tests.conftest import Hostrun
-
-FAKE_CARGO = """#!/bin/sh
-echo "fake cargo $*"
-[ -n "$HOSTRUN_JOB" ] && echo "in-job $HOSTRUN_JOB"
-exit "${FAKE_EXIT:-0}"
-"""
-
-
-def fake_tools(tmp_path: Path) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "cargo").write_text(FAKE_CARGO)
-    (bin_dir / "cargo").chmod(0o755)
-    return bin_dir
-
-
-def install(hostrun: Hostrun, directory: Path, *tools: str) -> subprocess.CompletedProcess[str]:
-    args = ["shims", "install", str(directory)] + (["--tools", ",".join(tools)] if tools else [])
-    return hostrun.run(*args)
-
-
-def env_with(hostrun: Hostrun, *path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("HOSTRUN_JOB", "HOSTRUN_SESSION")}
-    env["PATH"] = os.pathsep.join([*map(str, path), env["PATH"]])
-    env["HOSTRUN_CONFIG"] = str(hostrun.config_path)
-    env.update(extra)
-    return env
+from tests.support.shimtools import env_with, fake_tools, install, sh
 
 
 def runs(hostrun: Hostrun) -> list[dict[str, Any]]:
     proc = hostrun.run("history", "--json", "--limit", "0")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)  # type: ignore[no-any-return]
-
-
-def sh(command: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sh", "-c", command], env=env, cwd=cwd, text=True, capture_output=True,
-                          timeout=120, check=False)
 
 
 def test_heavy_runs_capped_and_booked_light_runs_directly(hostrun: Hostrun, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The private Slurm cluster of tests/slurmcluster.py against the real Slurm here, and the facts read live.
+"""The private Slurm cluster of tests/support/slurmcluster.py against the real Slurm here, and the
+facts read live.
 
 What a ``SlurmHost`` kind will rely on: a job's own status comes back through srun, a job over its
 ``--mem`` is killed by Slurm's cgroup and ends OUT_OF_MEMORY (srun itself exits 1 then, so the state
@@ -14,7 +15,7 @@ from __future__ import annotations
 import time
 
 from dispatch.hosts import slurmfacts as sf
-from tests.slurmcluster import SlurmCluster
+from tests.support.slurmcluster import SlurmCluster
 
 
 def test_srun_passes_the_exit_status_through(slurm: SlurmCluster) -> None:

@@ -1,5 +1,5 @@
-"""A cluster reached through a login node over SSH: a real sshd (tests/sshd.py, root on 127.0.0.x with
-a home of its own) whose Slurm client commands talk to the private cluster (tests/slurmcluster.py).
+"""A cluster reached through a login node over SSH: a real sshd (tests/support/sshd.py, root on 127.0.0.x with
+a home of its own) whose Slurm client commands talk to the private cluster (tests/support/slurmcluster.py).
 The tree is rsynced to the login node's work root, srun runs there, the job's argv travels as bytes
 on the session's stdin (never through the login shell), and ``--return`` brings files back."""
 
@@ -17,7 +17,7 @@ import pytest
 
 from dispatch.core.exitcodes import ExitCode
 from dispatch.guards.workdirs import owner_path, read_owner
-from tests.slurmcluster import SlurmCluster
+from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.system
 TOP = "enable_across_machines = true"

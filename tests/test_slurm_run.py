@@ -1,4 +1,4 @@
-"""``hostrun --peer=CLUSTER -- CMD`` against a real private Slurm cluster (tests/slurmcluster.py):
+"""``hostrun --peer=CLUSTER -- CMD`` against a real private Slurm cluster (tests/support/slurmcluster.py):
 exit codes, streams, --mem from the recorded peak, Ctrl-C, a killed client, odd bytes.
 
 The cluster's jobs run here (one node, this machine), so the "shared filesystem" is this one. Each
@@ -21,7 +21,7 @@ import pytest
 
 from dispatch.core.exitcodes import ExitCode
 from dispatch.hosts import slurmfacts as sf
-from tests.slurmcluster import SlurmCluster
+from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.system
 MiB = 1 << 20

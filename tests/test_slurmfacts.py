@@ -1,7 +1,7 @@
 """The Slurm fact parsers (dispatch/hosts/slurmfacts.py) on outputs recorded from Slurm 22.05 here.
 
 The files in tests/recorded/slurm were captured from the private one-node cluster of
-tests/slurmcluster.py (Slurm 22.05.8, node "vm", 2 CPUs, RealMemory 21695 MiB, no slurmdbd): an idle
+tests/support/slurmcluster.py (Slurm 22.05.8, node "vm", 2 CPUs, RealMemory 21695 MiB, no slurmdbd): an idle
 node, one fully allocated, one drained while a job completed, one DOWN; a queue with running, pending
 (Resources) and held jobs; job records of a running, a pending, a held, an OUT_OF_MEMORY and a TIMEOUT
 job; and what sacct prints without accounting storage. Only the sacct-with-accounting sample is

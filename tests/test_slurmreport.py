@@ -1,5 +1,5 @@
 """A Slurm cluster's report and judgement without a cluster: the new parsers on outputs recorded from
-the private cluster of tests/slurmcluster.py (a node with ``Gres=gpu:fake:2`` in partitions ``test``
+the private cluster of tests/support/slurmcluster.py (a node with ``Gres=gpu:fake:2`` in partitions ``test``
 and ``other``, one GPU job running; a queue with a pending job; ``scontrol show config``), the report
 built from them (the client commands replaced by the recorded text, the ledger a real one), and
 ``judge_cluster`` on hand-built reports: partition, drained node, GPU gres, pending notes, defaults."""

@@ -1,5 +1,5 @@
 """``hostrun report``, ``dispatch``, ``--auto`` and ``doctor`` with a Slurm cluster host, against the
-private one-node cluster of tests/slurmcluster.py (real slurmctld/slurmd; the figures are checked
+private one-node cluster of tests/support/slurmcluster.py (real slurmctld/slurmd; the figures are checked
 against scontrol's own while an sbatch job holds node memory)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from dispatch.hosts import slurmfacts as sf
 from tests.conftest import Hostrun
-from tests.slurmcluster import SlurmCluster
+from tests.support.slurmcluster import SlurmCluster
 
 MiB = 1 << 20
 

@@ -1,7 +1,7 @@
 """Which probes a job needs, the toolchain probe's cache and the toolchain files seeded on the peer, on
 this machine only (the end-to-end checks with real sshd peers are in test_peer_run.py and, against a
 peer without Rust, test_vm_peer.py). Uses the FAKE rustup of
-tests/fakerustup.py: a proxy file that never changes while the toolchain behind it does."""
+tests/support/fakerustup.py: a proxy file that never changes while the toolchain behind it does."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from dispatch.core.fingerprint import short_hash
 from dispatch.guards.toolchain import _key, probe_here, probes_for, seed, selector_files
-from tests.fakerustup import FakeRustup
+from tests.support.fakerustup import FakeRustup
 
 STABLE, BETA, NIGHTLY = "rustc 1.80.0 (fake)", "rustc 1.81.0-beta (fake)", "rustc 1.83.0-nightly (fake)"
 

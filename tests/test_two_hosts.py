@@ -1,7 +1,7 @@
 """Two machines: reports, the dispatcher and alerts, against real OpenSSH peers.
 
 The peers are real ``sshd`` processes on loopback addresses with their own keys, host keys, hostrun
-configuration, state directory and slice cgroup (see tests/sshd.py); hostrun reaches them with the
+configuration, state directory and slice cgroup (see tests/support/sshd.py); hostrun reaches them with the
 real ``ssh`` client through its ControlMaster and runs the real agent zipapp there.
 """
 
@@ -84,7 +84,7 @@ def test_unknown_host_key_is_a_clear_error_and_nothing_runs(hostrun: Hostrun, pe
 
 
 def test_changed_host_key_is_refused(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
-    from tests.sshd import keygen
+    from tests.support.sshd import keygen
 
     peer = peers("peer1", "127.0.0.2")
     other = keygen(tmp_path / "impostor")
@@ -162,7 +162,7 @@ def test_a_peer_run_is_pending_memory_and_vram_until_its_booking_shows(
     """FAKE GPU (tests/test_gpu.py): the peer reports one 80 GiB device. A slow toolchain probe holds
     the --peer run between recording its note and booking on the peer, so the window is observable."""
     from tests.conftest import wait_for
-    from tests.test_gpu import FakeGpus
+    from tests.support.gpus import FakeGpus
 
     fake = FakeGpus(tmp_path)
     fake.set((81920, 0, 81920))
@@ -322,7 +322,7 @@ def test_vram_aware_choice_with_a_fake_nvidia_smi_on_the_peer(hostrun: Hostrun, 
                                                               tmp_path: Path) -> None:
     """FAKE GPU: no GPU exists here; the peer's PATH starts with a fake nvidia-smi (tests/test_gpu.py)
     reporting one 80 GiB device. This checks the report's GPU list and the dispatcher's VRAM rule."""
-    from tests.test_gpu import FakeGpus
+    from tests.support.gpus import FakeGpus
 
     fake = FakeGpus(tmp_path)
     fake.set((81920, 1024, 80896))

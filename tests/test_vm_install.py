@@ -2,7 +2,7 @@
 as a normal user (and as root) in the test VM (Debian 12, systemd + cgroup v2), then ``hostrun
 doctor`` and capped runs with nothing configured but a slice size (the VM has 2 GiB, so its default
 reserve leaves none). The VM reaches no index: the wheel and its dependencies' wheels are built and
-downloaded here first (``tests.vm.build_wheelhouse``).
+downloaded here first (``tests.support.vm.build_wheelhouse``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import pytest
 
 from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun, _stop_masters, wait_for
-from tests.vmguest import Guest
+from tests.support.vmguest import Guest
 
 MiB = 1 << 20
 HOG = ["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"]

@@ -1,7 +1,7 @@
 """The README's first command on a stock workstation: ``./scripts/demo`` run from a checkout in the
 test VM (Debian 12, systemd + cgroup v2) by its normal user, with nothing set up beforehand. The
 demo's own ``scripts/setup`` makes the virtualenv; the VM reaches no index, so pip is pointed at the
-wheels built and downloaded here (``tests.vm.build_wheelhouse``, the ``wheelhouse`` fixture).
+wheels built and downloaded here (``tests.support.vm.build_wheelhouse``, the ``wheelhouse`` fixture).
 
 Not run in the VM: ``./scripts/test`` itself (mypy and 1,400 tests in an emulated machine take far
 longer than the suite's budget); as a normal user it is run on this machine instead
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.vm import copy_checkout
+from tests.support.vm import copy_checkout
 
 REPO = Path(__file__).resolve().parent.parent
 WHEELS = "/tmp/hostrun-wheels"

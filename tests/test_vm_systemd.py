@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.vmguest import Guest
+from tests.support.vmguest import Guest
 
 MiB = 1 << 20
 RUNS = {"root": 20, "dev": 10}

@@ -22,7 +22,7 @@ import pytest
 
 from dispatch.guards import workdirs
 from tests.conftest import ON_CI, OtherUser
-from tests.test_lock_workdir import Cli
+from tests.support.lockcli import Cli
 
 SESSION = "root-session"
 

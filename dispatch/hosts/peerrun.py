@@ -60,7 +60,7 @@ if MYPY:
     from dispatch.hosts.syncstate import Loaded
 
     class PeerLink(Protocol):
-        """What ``PeerRun`` does to its peer (``SshLink`` for real; tests/fakepeer.py for a fake)."""
+        """What ``PeerRun`` does to its peer (``SshLink`` for real; tests/support/fakepeer.py for a fake)."""
 
         def open_agent(self) -> subprocess.Popen[bytes]: ...
         def send_agent(self) -> None: ...
@@ -102,7 +102,7 @@ def tree_id(tree: str) -> str:
 class SshLink:
     """How a run reaches its peer: the agent's session over ssh, rsync over the same ControlMaster.
     The one seam between ``PeerRun`` and the network, so that a test can play the peer locally
-    (tests/fakepeer.py) and drive every phase without sshd."""
+    (tests/support/fakepeer.py) and drive every phase without sshd."""
 
     def __init__(self, client: PeerClient) -> None:
         self.client = client

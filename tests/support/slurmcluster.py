@@ -90,7 +90,7 @@ class SlurmCluster:
         cpus = os.cpu_count() or 1
         r = self.root
         self.conf.write_text(
-            f"""# private one-node test cluster (tests/slurmcluster.py)
+            f"""# private one-node test cluster (tests/support/slurmcluster.py)
 ClusterName={self.cluster}
 SlurmctldHost={self.node}(127.0.0.1)
 SlurmctldPort={ctld_port}

@@ -1,4 +1,4 @@
-"""One hostrun set-up inside the test VM (tests/vm.py), as root or as a normal user.
+"""One hostrun set-up inside the test VM (tests/support/vm.py), as root or as a normal user.
 
 Each has its own directory under /tmp/hostrun-tests (owned by that user, so the trust rules accept
 its config), a state directory in it and its own slice unit (``hostrun-t<hex>.slice``, inside
@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any
 
-from tests.vm import VM
+from tests.support.vm import VM
 
 ROOT = "/tmp/hostrun-tests"
 
