@@ -37,13 +37,13 @@ from dispatch.core.errors import (
     ToolchainMismatchError,
     UsageError,
 )
-from dispatch.core.exitcodes import SIGNAL_BASE, ExitCode
-from dispatch.core.fingerprint import short_hash
+from dispatch.core.exitcodes import SIGNAL_BASE
 from dispatch.core.outcome import Outcome
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.guards.toolchain import compare, probe_here
 from dispatch.hosts import bundle as agent
 from dispatch.hosts.peer import _RUN, AGENT_MISSING, PeerClient
+from dispatch.hosts.remotetree import job_place, remote_tree_spec, returns_failed, rsync_failure, tree_id
 from dispatch.hosts.sshkeys import options_of
 from dispatch.hosts.sync import PROTECT_ARGS, die_with_parent, protects_args, shell_unsafe, tree_sync_options
 from dispatch.hosts.transport import RETRIES, backoff, classify, is_transient
@@ -66,7 +66,6 @@ if MYPY:
         def send_agent(self) -> None: ...
         def rsync_argv(self, options: list[str], args: list[str]) -> list[str]: ...
 
-DEFAULT_WORK_ROOT = "~/hostrun-work"
 RETURN_TIMEOUT = 300.0
 # The peer refused or never started the job: nothing of this run to bring back.
 _NOT_RUN_OUTCOMES = ("never-fits", "not-run", "usage", "error")
@@ -74,29 +73,6 @@ _NOT_RUN_OUTCOMES = ("never-fits", "not-run", "usage", "error")
 
 class _AgentMissing(Exception):
     """The peer lacks this version of the agent (the session exited 97 before saying anything)."""
-
-
-def source_tree(explicit: str | None) -> str:
-    """The tree to sync: ``--tree``, else the git top level around the current directory, else it."""
-    if explicit:
-        path = os.path.abspath(explicit)
-        if not os.path.isdir(path):
-            raise HostrunError(f"--tree {explicit}: not a directory")
-        return path
-    try:
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
-                             timeout=10, check=False)
-        if top.returncode == 0 and top.stdout.strip():
-            return top.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return os.getcwd()
-
-
-def tree_id(tree: str) -> str:
-    """Stable per source tree (and per controller host), so the peer's copy stays incremental."""
-    base = os.path.basename(tree.rstrip("/")) or "root"
-    return f"{base}-{short_hash(f'{socket.gethostname()}:{tree}'.encode(), 12)}"
 
 
 class SshLink:
@@ -137,17 +113,11 @@ class PeerRun:
         self.say = say
         self.client = PeerClient(settings, host)
         self.link = link or SshLink(self.client)
-        self.tree = source_tree(tree)
-        cwd = os.getcwd()
-        rel = os.path.relpath(cwd, self.tree)
-        if rel.startswith(".."):
-            raise HostrunError(f"the current directory {cwd} is outside the tree {self.tree} (use --tree)")
-        self.rel_cwd = "" if rel == "." else rel
+        self.tree, self.rel_cwd = job_place(tree)
         self.returns = list(returns)
         self.forward_stdin = forward_stdin
         self.options = options_of(host)
-        work_root = (self.options.work_root or DEFAULT_WORK_ROOT).rstrip("/")
-        self.remote_tree_spec = f"{work_root}/{tree_id(self.tree)}"
+        self.remote_tree_spec = remote_tree_spec(self.options.work_root, self.tree)
         self.remote_tree = ""
         self._rsync_proc: subprocess.Popen[str] | None = None
         self.sync_mark = os.urandom(8).hex()
@@ -242,11 +212,7 @@ class PeerRun:
         finally:
             self._rsync_proc = None
         if proc.returncode != 0:
-            lines = stderr.strip().splitlines() or [f"exit {proc.returncode}"]
-            # rsync's first complaint names the cause ("No such file ..."); its last is the aftermath.
-            cause = next((line for line in lines if line.startswith("rsync:")), lines[-1])
-            raise SyncFailedError(f"{what} with {self.host.name} failed (rsync exit "
-                                  f"{proc.returncode}): {cause}")
+            raise rsync_failure(what, self.host.name, proc.returncode, stderr)
 
     def _stop_rsync(self) -> None:
         proc = self._rsync_proc
@@ -361,9 +327,8 @@ class PeerRun:
                                          request=self.request))
         ran = outcome.outcome not in _NOT_RUN_OUTCOMES and outcome.booking_kind is not None
         failures = self._bring_back_and_say() if ran else []  # even after a failed job
-        if failures and outcome.exit_code == 0:
-            outcome.mark(ExitCode.SYNC_FAILED)
-            outcome.message = "the job succeeded but --return could not bring everything back"
+        if failures:
+            returns_failed(outcome)
         if ran:  # the peer's agent wrote its own row in the peer's ledger; this is ours
             from dispatch.local.history import record_peer_run
 

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Sequence
 
 from dispatch.core.errors import SyncFailedError
+from dispatch.hosts.remotetree import remote_tree_spec, rsync_failure
 from dispatch.hosts.slurmcommands import Done, SlurmCommands
 from dispatch.hosts.sync import (
     PROTECT_ARGS,
@@ -31,7 +32,6 @@ if MYPY:
     from dispatch.core.settings import HostSettings, Settings
     from dispatch.hosts.slurmkeys import SlurmOptions
 
-DEFAULT_WORK_ROOT = "~/hostrun-work"
 RSYNC_TIMEOUT = 3600.0
 # Reads exactly its header from fd 0 (no buffered stdin: the rest stays for srun), then execs.
 SHIM = ("import os\n"
@@ -128,14 +128,14 @@ class LoginCommands(SlurmCommands):
         return proc
 
     # -- the tree --
-    def sync(self, tree: str, tree_id: str, excludes: Sequence[str], session: str) -> str:
+    def sync(self, tree: str, excludes: Sequence[str], session: str) -> str:
         """The tree to its work directory on the login node (``work_root``/``tree_id``, made private
         there, ``~`` as that side's $HOME says, as a peer's agent reads it, and claimed for
         ``session`` unless claimed already), as ``--peer`` syncs it; returns the directory's absolute
         path there."""
         import socket
 
-        wanted = f"{(self.options.work_root or DEFAULT_WORK_ROOT).rstrip('/')}/{tree_id}"
+        wanted = remote_tree_spec(self.options.work_root, tree)
         purpose = f"hostrun --peer sync target of {socket.gethostname()}:{tree}"
         done = self.ssh.run([self.options.python or "python3", "-c", MAKE_DIR, wanted, session, purpose],
                             timeout=self.config.report_timeout)
@@ -165,9 +165,7 @@ class LoginCommands(SlurmCommands):
         except subprocess.TimeoutExpired:
             raise SyncFailedError(f"{what} with {self.name}: no end within {RSYNC_TIMEOUT:g} s") from None
         if done.returncode != 0:
-            lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
-            cause = next((line for line in lines if line.startswith("rsync:")), lines[-1])
-            raise SyncFailedError(f"{what} with {self.name} failed (rsync exit {done.returncode}): {cause}")
+            raise rsync_failure(what, self.name, done.returncode, done.stderr)
 
 
 def _copy_stdin(pipe: object) -> None:

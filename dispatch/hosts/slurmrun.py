@@ -21,7 +21,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from dispatch.core.errors import ConfigError, HostrunError, NotRunError, UsageError
+from dispatch.core.errors import ConfigError, HostrunError, NotRunError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.outcome import Outcome
 from dispatch.core.request import job_environment
@@ -232,17 +232,12 @@ class SlurmRun:
 
     def _sync(self) -> str:
         """Login-node mode: the tree to its work directory there; the job's directory in it."""
-        from dispatch.hosts.peerrun import source_tree, tree_id
+        from dispatch.hosts.remotetree import job_place
 
-        self.tree = source_tree(self.extras.tree)
-        rel = os.path.relpath(os.getcwd(), self.tree)
-        if rel.startswith(".."):
-            raise UsageError(f"the current directory {os.getcwd()} is outside the tree {self.tree} "
-                             "(use --tree)")
-        self.rel_cwd = "" if rel == "." else rel
+        self.tree, self.rel_cwd = job_place(self.extras.tree)
         from dispatch.guards.workdirs import fallback_session
 
-        self.remote_tree = self._login().sync(self.tree, tree_id(self.tree), self.config.sync_excludes,
+        self.remote_tree = self._login().sync(self.tree, self.config.sync_excludes,
                                               self.request.session or fallback_session())
         return os.path.join(self.remote_tree, self.rel_cwd)
 
@@ -262,9 +257,10 @@ class SlurmRun:
             except HostrunError as exc:
                 self.say(f"error: {exc}")
                 failed = True
-        if failed and outcome.exit_code == 0:
-            outcome.mark(ExitCode.SYNC_FAILED)
-            outcome.message = "the job succeeded but --return could not bring everything back"
+        if failed:
+            from dispatch.hosts.remotetree import returns_failed
+
+            returns_failed(outcome)
 
     def _srun(self, argv: list[str], env: dict[str, str], guardian: SlurmGuardian
               ) -> tuple[int, bytes, int | None, int | None]:

@@ -11,7 +11,8 @@ from dispatch.core.configfile import make_host
 from dispatch.core.outcome import Outcome
 from dispatch.core.request import RunRequest
 from dispatch.core.settings import LOCAL, HostSettings, Settings
-from dispatch.hosts.peerrun import PeerRun, tree_id
+from dispatch.hosts.peerrun import PeerRun
+from dispatch.hosts.remotetree import tree_id
 from dispatch.hosts.sshkeys import SPEC as SSH_KIND
 from tests.support.fakepeer import HOST_SSH, FakeLink, Script
 
