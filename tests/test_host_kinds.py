@@ -208,3 +208,25 @@ def test_waiting_on_the_only_peer_that_could_hold_it_is_still_action_peer() -> N
     decision = Decision("queue", "box", 0, [], [], here=False)
     assert decision.action == "peer"
     assert Decision("refuse", None, 243, [], []).action == "refuse"
+
+
+def test_the_hook_table_line_is_what_each_kind_says_of_itself(tmp_path: Path) -> None:
+    """The agent hooks' table asks the host (``Host.summary``): nothing there branches on a kind."""
+    from dispatch.hooks import table
+
+    settings = load(tmp_path, "[hosts.farm]\nkind = 'slurm'\npartition = 'x'\n")
+    machine = {"load": [1.25, 1.0, 1.0], "cores": 8, "heavy_threads": 6, "threads_free": 5,
+               "memory": {"available_for_jobs": 3 * GiB}, "slice": {"free": GiB, "limit": 4 * GiB},
+               "queue_length": 1, "running": [{}, {}], "gpus": [], "gpu_error": None}
+    cluster = {"kind": "slurm", "running": [{}], "queue_length": 2,
+               "totals": {"nodes_up": 3, "nodes": 4, "memory_free": 96 * GiB, "gpus_total": 8,
+                          "most_free_node": {"memory": 40 * GiB}}}
+    text = table.text(settings, [HostReading("local", machine, None, 0.1),
+                                 HostReading("farm", cluster, None, 0.2),
+                                 HostReading("gone", None, "connection refused", 0.3)], peers=True)
+    lines = text.splitlines()
+    assert lines[1] == ("- local: load 1.2 on 8 cores, 5 of 6 heavy threads free, memory available "
+                        "3.0 GiB, slice 1.0 GiB free of 4.0 GiB, 1 queued, 2 running, GPUs: none")
+    assert lines[2] == ("- farm: Slurm cluster, 3 of 4 nodes up, 96.0 GiB free to allocate (most on one "
+                        "node 40.0 GiB), 1 running, 2 pending, 8 GPUs")
+    assert lines[3] == "- gone: could not read: connection refused"

@@ -405,7 +405,7 @@ def _table(settings: Settings, label: str | None) -> tuple[list[Any], str]:
     except (HostrunError, OSError) as exc:
         return [], f"hostrun resources: could not read: {exc}"
     peers = settings.enable_across_machines and len(settings.hosts) > 1
-    return readings, table.text(readings, peers)
+    return readings, table.text(settings, readings, peers)
 
 
 # -------------------------------------------------------------------- SessionStart

@@ -9,11 +9,8 @@ booked but not yet reached (they will take it), which is what a new job can real
 
 from __future__ import annotations
 
-from dispatch.core.units import format_size
-
 MYPY = False
 if MYPY:
-    from typing import Any
 
     from dispatch.core.settings import Settings
     from dispatch.placement.reports import HostReading
@@ -83,43 +80,26 @@ def _save_missed(missed: dict[str, float]) -> None:
     hookstate.save(MISSED, missed)
 
 
-def _gpus(report: dict[str, Any]) -> str:
-    gpus = report.get("gpus") or []
-    if report.get("gpu_error"):
-        return f"unreadable ({report['gpu_error']})"
-    if not gpus:
-        return "none"
-    return ", ".join(f"{g.get('index')}: {format_size(g.get('free'))} free of {format_size(g.get('total'))}"
-                     for g in gpus)
-
-
-def host_line(reading: HostReading) -> str:
-    """One host's line of the table."""
+def host_line(settings: Settings, reading: HostReading) -> str:
+    """One host's line of the table: what its kind says of it (``Host.summary``)."""
     if reading.report is None:
         return f"- {reading.host}: could not read: {reading.error}"
-    r = reading.report
-    if r.get("kind") == "slurm":  # a cluster: no load or slice of its own (dispatch.hosts.slurmreport)
-        t = r.get("totals") or {}
-        most = t.get("most_free_node") or {}
-        return (f"- {reading.host}: Slurm cluster, {t.get('nodes_up', '?')} of {t.get('nodes', '?')} "
-                f"nodes up, {format_size(t.get('memory_free'))} free to allocate (most on one node "
-                f"{format_size(most.get('memory'))}), {len(r.get('running') or [])} running, "
-                f"{r.get('queue_length', 0)} pending, {t.get('gpus_total', 0)} GPUs")
-    load = r.get("load") or [0.0]
-    slice_ = r.get("slice") or {}
-    memory = r.get("memory") or {}
-    return (f"- {reading.host}: load {load[0]:.1f} on {r.get('cores', '?')} cores, "
-            f"{r.get('threads_free', '?')} of {r.get('heavy_threads', '?')} heavy threads free, "
-            f"memory available {format_size(memory.get('available_for_jobs'))}, "
-            f"slice {format_size(slice_.get('free'))} free of {format_size(slice_.get('limit'))}, "
-            f"{r.get('queue_length', 0)} queued, {len(r.get('running') or [])} running, "
-            f"GPUs: {_gpus(r)}")
+    from dispatch.hosts.base import Host
+    from dispatch.hosts.kinds import host_for
+
+    if reading.host in settings.hosts:
+        host = host_for(settings, reading.host)
+    else:  # a reading of a host no longer configured: as a machine
+        from dispatch.core.settings import HostSettings
+
+        host = Host(settings, HostSettings(reading.host))
+    return f"- {reading.host}: {host.summary(reading.report)}"
 
 
-def text(readings: list[HostReading], peers: bool) -> str:
+def text(settings: Settings, readings: list[HostReading], peers: bool) -> str:
     """The table as ``additionalContext``: a heading, one line per host, and how to use it."""
     lines = ["hostrun resources now (heavy work should run through hostrun, under a memory cap):"]
-    lines += [host_line(r) for r in readings]
+    lines += [host_line(settings, r) for r in readings]
     if peers:
         lines.append("Choose where it fits: `hostrun -m CAP -- CMD` here, `hostrun --peer NAME -m CAP "
                      "-- CMD` on a peer, `hostrun --auto -- CMD` to let hostrun choose.")

@@ -95,8 +95,35 @@ class Host:
         """Run the job there, to its end; the outcome is the caller's to render."""
         raise NotImplementedError
 
+    def summary(self, report: dict[str, Any]) -> str:
+        """One line on what the host has free now, from its report just read (the agent hooks'
+        resource table): here a machine running hostrun's own runner; a kind with another shape
+        says its own."""
+        from dispatch.core.units import format_size
+
+        load = report.get("load") or [0.0]
+        slice_ = report.get("slice") or {}
+        memory = report.get("memory") or {}
+        return (f"load {load[0]:.1f} on {report.get('cores', '?')} cores, "
+                f"{report.get('threads_free', '?')} of {report.get('heavy_threads', '?')} heavy "
+                f"threads free, memory available {format_size(memory.get('available_for_jobs'))}, "
+                f"slice {format_size(slice_.get('free'))} free of {format_size(slice_.get('limit'))}, "
+                f"{report.get('queue_length', 0)} queued, {len(report.get('running') or [])} running, "
+                f"GPUs: {_gpus(report)}")
+
     def diagnose(self, reading: Any) -> dict[str, Any] | None:
         """``hostrun doctor``'s entry for this host from its report just read (a ``HostReading``), or
         None when doctor's own checks of this machine cover it."""
         return None
 
+
+def _gpus(report: dict[str, Any]) -> str:
+    from dispatch.core.units import format_size
+
+    gpus = report.get("gpus") or []
+    if report.get("gpu_error"):
+        return f"unreadable ({report['gpu_error']})"
+    if not gpus:
+        return "none"
+    return ", ".join(f"{g.get('index')}: {format_size(g.get('free'))} free of {format_size(g.get('total'))}"
+                     for g in gpus)

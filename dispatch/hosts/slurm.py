@@ -59,6 +59,17 @@ class SlurmHost(Host):
 
         return SlurmRun(self, self.commands(), request, say, extras).run()
 
+    def summary(self, report: dict[str, Any]) -> str:
+        """A cluster has no load or slice of its own (``dispatch.hosts.slurmreport``): its nodes."""
+        from dispatch.core.units import format_size
+
+        t = report.get("totals") or {}
+        most = t.get("most_free_node") or {}
+        return (f"Slurm cluster, {t.get('nodes_up', '?')} of {t.get('nodes', '?')} nodes up, "
+                f"{format_size(t.get('memory_free'))} free to allocate (most on one node "
+                f"{format_size(most.get('memory'))}), {len(report.get('running') or [])} running, "
+                f"{report.get('queue_length', 0)} pending, {t.get('gpus_total', 0)} GPUs")
+
     def diagnose(self, reading: Any) -> dict[str, Any] | None:
         """Can its commands be read, which Slurm answers (``scontrol --version``), how many nodes
         take jobs; problems: none usable, or a ``partition`` the cluster does not have."""
