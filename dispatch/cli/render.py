@@ -218,31 +218,12 @@ def doctor(data: dict[str, Any]) -> None:
     console.print(table)
     for problem in data["problems"]:
         console.print(f"[red]problem:[/red] {_t(problem)}")
-    for peer in data.get("peers", []):
-        if peer.get("kind") == "slurm":
-            _doctor_cluster(peer)
-            continue
-        state = "[green]ok[/green]" if peer["ok"] and not peer["problems"] else (
-            "[yellow]warnings[/yellow]" if peer["ok"] else "[red]unreachable[/red]")
-        rt = f", {peer['round_trip_ms']} ms per command" if "round_trip_ms" in peer else ""
-        details = (f", agent {_t(peer['agent_version'])} on python {_t(peer['python'])}, backend "
-                   f"{_t(peer['backend'])}") if peer["ok"] else ""
-        console.print(f"peer {_t(peer['host'])} ({_t(peer['ssh'])}): {state}{details}{rt}")
-        for problem in peer["problems"]:
+    for entry in data.get("peers", []):  # each as its kind describes itself (Host.diagnose)
+        state = "[green]ok[/green]" if entry["ok"] and not entry["problems"] else (
+            "[yellow]warnings[/yellow]" if entry["ok"] else f"[red]{_t(entry['unread'])}[/red]")
+        console.print(f"{_t(entry['title'])}: {state}{_t(entry['details'])}")
+        for problem in entry["problems"]:
             console.print(f"  [red]problem:[/red] {_t(problem)}")
-
-
-def _doctor_cluster(entry: dict[str, Any]) -> None:
-    state = "[green]ok[/green]" if entry["ok"] and not entry["problems"] else (
-        "[yellow]warnings[/yellow]" if entry["ok"] else "[red]could not read[/red]")
-    details = ""
-    if entry["ok"]:
-        details = (f", Slurm {_t(entry.get('slurm_version') or '?')}, {entry['nodes_up']} of "
-                   f"{entry['nodes']} nodes usable")
-    part = f", partition {_t(entry['partition'])}" if entry.get("partition") else ""
-    console.print(f"cluster {_t(entry['host'])}{part}: {state}{details}")
-    for problem in entry["problems"]:
-        console.print(f"  [red]problem:[/red] {_t(problem)}")
 
 
 def capacity(hosts: Sequence[Any]) -> None:

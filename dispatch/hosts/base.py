@@ -113,7 +113,9 @@ class Host:
 
     def diagnose(self, reading: Any) -> dict[str, Any] | None:
         """``hostrun doctor``'s entry for this host from its report just read (a ``HostReading``), or
-        None when doctor's own checks of this machine cover it."""
+        None when doctor's own checks of this machine cover it. Besides ``ok`` and ``problems``, the
+        entry carries how doctor names it: ``title``, ``details`` (what it found, when it could read
+        it) and ``unread`` (the word for a host it could not read)."""
         return None
 
 

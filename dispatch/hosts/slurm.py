@@ -76,8 +76,11 @@ class SlurmHost(Host):
         from dispatch.core.errors import HostrunError
         from dispatch.hosts import slurmfacts as sf
 
+        part = f", partition {self.options.partition}" if self.options.partition else ""
         entry: dict[str, Any] = {"host": self.name, "kind": self.kind, "ok": reading.ok,
-                                 "partition": self.options.partition, "problems": []}
+                                 "partition": self.options.partition, "problems": [],
+                                 "title": f"cluster {self.name}{part}", "details": "",
+                                 "unread": "could not read"}
         if reading.report is None:
             entry["problems"].append(f"could not read: {reading.error}")
             return entry
@@ -92,6 +95,8 @@ class SlurmHost(Host):
             entry["problems"].append(str(exc))
         totals = report["totals"]
         entry.update(cluster=report.get("hostname"), nodes=totals["nodes"], nodes_up=totals["nodes_up"])
+        entry["details"] = (f", Slurm {entry.get('slurm_version') or '?'}, {entry['nodes_up']} of "
+                            f"{entry['nodes']} nodes usable")
         partition = self.options.partition
         if partition is not None and partition not in report.get("partitions", []):
             known = ", ".join(report.get("partitions") or []) or "none"

@@ -73,7 +73,9 @@ class SshPeer(Host):
         from dispatch.core.errors import HostrunError
         from dispatch.hosts.transport import SshTransport
 
-        entry: dict[str, Any] = {"host": self.name, "ssh": self.options.ssh, "problems": []}
+        entry: dict[str, Any] = {"host": self.name, "ssh": self.options.ssh, "problems": [],
+                                 "title": f"peer {self.name} ({self.options.ssh})", "details": "",
+                                 "unread": "unreachable"}
         entry["ok"] = reading.ok
         if reading.report is None:
             entry["problems"].append(f"could not read: {reading.error}")
@@ -81,6 +83,8 @@ class SshPeer(Host):
         report = reading.report
         entry.update(agent_version=report.get("agent_version"), python=report.get("python"),
                      backend=report.get("backend"), config=report.get("config"))
+        entry["details"] = (f", agent {entry['agent_version']} on python {entry['python']}, backend "
+                            f"{entry['backend']}")
         if report.get("config_error"):
             entry["problems"].append(f"its config could not be read: {report['config_error']}")
         for d in report.get("disagreements", []):
@@ -96,6 +100,7 @@ class SshPeer(Host):
             entry["problems"].append(str(exc))
             return entry
         entry["round_trip_ms"] = round(statistics.median(times) * 1000, 1)
+        entry["details"] += f", {entry['round_trip_ms']} ms per command"
         if statistics.median(times) > SLOW_ROUND_TRIP:
             entry["problems"].append(
                 f"every command there takes ~{entry['round_trip_ms']:.0f} ms through a warm connection "
