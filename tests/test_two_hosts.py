@@ -278,6 +278,10 @@ def test_doctor_reads_peers_and_warns_about_a_slow_login_shell(hostrun: Hostrun,
     assert entry["ok"] and entry["backend"] == "cgroup1" and entry["round_trip_ms"] > 0
     assert any("slice_bytes: the peer's own config says" in p for p in entry["problems"])
     assert not any("login shell" in p for p in entry["problems"])
+    assert entry["title"] == f"peer peer1 ({entry['ssh']})" and entry["unread"] == "unreachable"
+    lines = hostrun.run("doctor", timeout=120).stdout.splitlines()
+    (line,) = [x for x in lines if x.startswith("peer peer1 (")]
+    assert line.startswith(f"peer peer1 ({entry['ssh']}): warnings, agent ") and "ms per command" in line
     # Debian's bash reads ~/.bashrc for commands run by sshd: make it slow, as a pyenv set-up would.
     (peer.home / ".bashrc").write_text("sleep 0.2\n")
     slow = json.loads(hostrun.run("doctor", "--json", timeout=120).stdout)
