@@ -50,7 +50,7 @@ def test_a_slurm_table_parses_into_its_options(tmp_path: Path) -> None:
     assert host.options == SlurmOptions(partition="gpu", account="ml", qos="low",
                                         srun_args=("--constraint=a100", "--exclusive"),
                                         slurm_conf="/etc/slurm/x.conf")
-    assert (host.settings.default_cap, host.settings.heavy_threads, host.settings.max_runtime) == (
+    assert (host.table.default_cap, host.table.heavy_threads, host.table.max_runtime) == (
         8 * GiB, 4, 7200.0)
 
 

@@ -111,7 +111,7 @@ def test_report_from_recorded_outputs(tmp_path: Path, monkeypatch: pytest.Monkey
     ledger.record_peak("build", "local", 9 * GiB, False, 1.0, cap=None)  # another host's: not read
     ledger.close()
     report = cluster_report(host, "build", peaks=True)
-    assert [timeout for _, timeout in commands.calls] == [host.config.report_timeout] * 3
+    assert [timeout for _, timeout in commands.calls] == [host.settings.report_timeout] * 3
     assert (report["kind"], report["hostname"], report["slurm_version"]) == ("slurm", "hr17555", "22.05.8")
     [node] = report["nodes"]
     assert node == {"name": "vm", "state": "ALLOCATED", "usable": True, "partitions": ["test", "other"],

@@ -37,21 +37,22 @@ class RunExtras(NamedTuple):
 class Host:
     """One configured host (``[hosts.NAME]``) of one kind.
 
-    ``config`` is the whole configuration, ``settings`` this host's table. The methods are the
-    questions the dispatcher, ``--auto``/``--peer``, ``report`` and ``doctor`` ask a host.
+    ``settings`` is the whole configuration (as everywhere in hostrun), ``table`` this host's own
+    (``[hosts.NAME]``, a ``HostSettings``). The methods are the questions the dispatcher,
+    ``--auto``/``--peer``, ``report`` and ``doctor`` ask a host.
     """
 
     kind = ""  # the ``kind`` key's value
     spec = KindSpec("")  # its settings: its own keys and rules (``dispatch.core.hostkeys``)
     is_here = False  # this machine: its report is read in this process, a job queues here
 
-    def __init__(self, config: Settings, settings: HostSettings) -> None:
-        self.config = config
+    def __init__(self, settings: Settings, table: HostSettings) -> None:
         self.settings = settings
+        self.table = table
 
     @property
     def name(self) -> str:
-        return self.settings.name
+        return self.table.name
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -88,8 +89,8 @@ class Host:
     def pending_estimate(self, cap: int | None) -> int:
         """What a job sent there without reading its report will book: the cap it will run under
         (a peak booking is never larger), else its gamble size."""
-        size = self.job_cap(cap, self.settings.default_cap)
-        return size if size is not None else self.config.gamble_size_for(self.settings)
+        size = self.job_cap(cap, self.table.default_cap)
+        return size if size is not None else self.settings.gamble_size_for(self.table)
 
     def run(self, request: RunRequest, say: Callable[[str], None], extras: RunExtras) -> Outcome:
         """Run the job there, to its end; the outcome is the caller's to render."""

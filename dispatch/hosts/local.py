@@ -23,9 +23,9 @@ class LocalHost(Host):
     def report(self, label: str | None = None, peaks: bool = False) -> dict[str, Any]:
         from dispatch.local.report import local_report
 
-        return local_report(self.config, label, peaks)
+        return local_report(self.settings, label, peaks)
 
     def run(self, request: RunRequest, say: Callable[[str], None], extras: RunExtras) -> Outcome:
         from dispatch.local.runner import run_local
 
-        return run_local(self.config, request, say, extras.watch)
+        return run_local(self.settings, request, say, extras.watch)

@@ -30,4 +30,4 @@ def choose_peer(settings: Settings, wanted: str | bool, cap: int | None, by_host
 def effective_cap(host: Host, cap: int | None) -> int | None:
     """The cap a job runs under on ``host`` as far as the controller knows before contacting it
     (``Host.job_cap`` with this controller's ``default_cap`` for it)."""
-    return host.job_cap(cap, host.settings.default_cap)
+    return host.job_cap(cap, host.table.default_cap)

@@ -25,16 +25,16 @@ class SlurmHost(Host):
     kind = SLURM
     spec = SPEC
 
-    def __init__(self, config: Settings, settings: HostSettings) -> None:
-        super().__init__(config, settings)
-        self.options = options_of(settings)
+    def __init__(self, settings: Settings, table: HostSettings) -> None:
+        super().__init__(settings, table)
+        self.options = options_of(table)
 
     def commands(self) -> SlurmCommands:
         """Where its client commands run: here, or on its login node (``ssh`` set)."""
         if self.options.ssh:
             from dispatch.hosts.slurmlogin import LoginCommands
 
-            return LoginCommands(self.name, self.options, self.settings, self.config)
+            return LoginCommands(self.name, self.options, self.table, self.settings)
         from dispatch.hosts.slurmcommands import SlurmCommands
 
         return SlurmCommands(self.name, self.options)
@@ -52,7 +52,7 @@ class SlurmHost(Host):
     def pending_estimate(self, cap: int | None) -> int:
         """What a job sent there will hold of a node: its ``--mem`` as far as known here (the
         cluster's own default is not: then nothing is counted)."""
-        return cap if cap is not None else (self.settings.default_cap or 0)
+        return cap if cap is not None else (self.table.default_cap or 0)
 
     def run(self, request: RunRequest, say: Callable[[str], None], extras: RunExtras) -> Outcome:
         from dispatch.hosts.slurmrun import SlurmRun
@@ -86,7 +86,7 @@ class SlurmHost(Host):
             return entry
         report = reading.report
         try:
-            done = self.commands().run(sf.version_command(), timeout=self.config.report_timeout)
+            done = self.commands().run(sf.version_command(), timeout=self.settings.report_timeout)
             entry["slurm_version"] = sf.parse_version(done.stdout) if done.returncode == 0 else None
             if done.returncode != 0:
                 entry["problems"].append(f"scontrol --version failed: {' '.join(done.stderr.split())}")

@@ -37,8 +37,8 @@ if MYPY:
     class SlurmHost(Protocol):
         """What this module asks of ``dispatch.hosts.slurm.SlurmHost`` (which imports this module)."""
 
-        config: Settings
-        settings: HostSettings
+        settings: Settings
+        table: HostSettings
         options: SlurmOptions
 
         @property
@@ -49,7 +49,7 @@ if MYPY:
 
 def read(host: SlurmHost, argv: list[str]) -> str:
     """One client command's output; its failure is "could not read" (246), with Slurm's own words."""
-    done = host.commands().run(argv, timeout=host.config.report_timeout)
+    done = host.commands().run(argv, timeout=host.settings.report_timeout)
     if done.returncode != 0:
         said = " ".join(done.stderr.split()) or f"exit status {done.returncode}"
         raise PeerUnreachableError(f"{host.name}: {' '.join(argv[:2])} failed: {said}")
@@ -117,7 +117,7 @@ def cluster_report(host: SlurmHost, label: str | None, peaks: bool) -> dict[str,
         # the keys a machine's report has, as a cluster means them (module docstring)
         "slice": {"limit": largest["memory"]["total"] if largest else 0,
                   "free": roomiest["memory"]["free"] if roomiest else 0},
-        "settings": {"default_cap": host.settings.default_cap, "gamble_size": None},
+        "settings": {"default_cap": host.table.default_cap, "gamble_size": None},
         "gpus": [],
         "running": [{"id": j.job_id, "label": j.name, "state": j.state, "booked": j.memory,
                      "nodes": j.nodes, "age_s": _age(now, j.started)} for j in running],
@@ -150,7 +150,7 @@ def _add_peaks(data: dict[str, Any], host: SlurmHost, label: str | None, peaks: 
     run path records a cluster's peaks under the cluster's host name."""
     from dispatch.local.ledger import Ledger
 
-    ledger = Ledger(host.config.state_dir)
+    ledger = Ledger(host.settings.state_dir)
     try:
         peak = ledger.peak(label, host.name) if label else None
         data["label_peak"] = peak._asdict() if peak else None
@@ -177,7 +177,7 @@ def judge_cluster(host: SlurmHost, job: Job, report: dict[str, Any], waiting: Ho
     from dispatch.hosts.slurmjob import job_mem
 
     peak = report.get("label_peak") or {}
-    mem, _ = job_mem(job.cap, peak.get("max_peak"), host.settings.default_cap)
+    mem, _ = job_mem(job.cap, peak.get("max_peak"), host.table.default_cap)
     need, what = _need(mem, report.get("default_mem") or {})
     pending = waiting.memory if waiting is not None else 0
     nodes: list[dict[str, Any]] = report.get("nodes") or []

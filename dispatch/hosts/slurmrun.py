@@ -122,8 +122,8 @@ class SlurmRun:
     def __init__(self, host: Host, commands: SlurmCommands, request: RunRequest,
                  say: Callable[[str], None], extras: RunExtras) -> None:
         self.host = host
-        self.options = options_of(host.settings)
-        self.config = host.config
+        self.options = options_of(host.table)
+        self.config = host.settings
         self.request = request
         self.say = say
         self.extras = extras
@@ -167,7 +167,7 @@ class SlurmRun:
         return self._run()
 
     def _run(self) -> Outcome:
-        request, settings = self.request, self.host.settings
+        request, settings = self.request, self.host.table
         if not request.argv:
             raise NotRunError("no command to run")
         conf = self.options.slurm_conf

@@ -25,9 +25,9 @@ class SshPeer(Host):
     kind = SSH
     spec = SPEC
 
-    def __init__(self, config: Settings, settings: HostSettings) -> None:
-        super().__init__(config, settings)
-        self.options = options_of(settings)
+    def __init__(self, settings: Settings, table: HostSettings) -> None:
+        super().__init__(settings, table)
+        self.options = options_of(table)
 
     @classmethod
     def before_reading(cls, config: Settings) -> None:
@@ -39,8 +39,8 @@ class SshPeer(Host):
     def report(self, label: str | None = None, peaks: bool = False) -> dict[str, Any]:
         from dispatch.hosts.peer import PeerClient
 
-        return PeerClient(self.config, self.settings).report(label, timeout=self.config.report_timeout,
-                                                             peaks=peaks)
+        return PeerClient(self.settings, self.table).report(label, timeout=self.settings.report_timeout,
+                                                            peaks=peaks)
 
     def job_cap(self, cap: int | None, default_cap: int | None) -> int | None:
         """What its agent will run the job under: ``booking.peer_cap``, bounded by ``peer_memory_cap``."""
@@ -55,14 +55,14 @@ class SshPeer(Host):
         return f"cap {format_size(limit)} exceeds its peer_memory_cap ({format_size(bound)})"
 
     def check_cap(self, cap: int | None) -> None:
-        problem = self.cap_problem(self.job_cap(cap, self.settings.default_cap))
+        problem = self.cap_problem(self.job_cap(cap, self.table.default_cap))
         if problem is not None:
             raise OverPeerCapError(f"--peer={self.name}: {problem}")
 
     def run(self, request: RunRequest, say: Callable[[str], None], extras: RunExtras) -> Outcome:
         from dispatch.hosts.peerrun import PeerRun
 
-        return PeerRun(self.config, self.settings, request, say, tree=extras.tree,
+        return PeerRun(self.settings, self.table, request, say, tree=extras.tree,
                        returns=extras.returns, forward_stdin=extras.stdin).run()
 
     def diagnose(self, reading: Any) -> dict[str, Any] | None:
@@ -92,8 +92,8 @@ class SshPeer(Host):
                                      f"{d['controller']} (the peer's value is used)")
         if report.get("backend") == "none":
             entry["problems"].append("no memory-cap backend works there: jobs would run uncapped")
-        config = self.config
-        peer = SshTransport(self.settings, config.state_dir, config.report_timeout, config.control_persist)
+        config = self.settings
+        peer = SshTransport(self.table, config.state_dir, config.report_timeout, config.control_persist)
         try:
             times = [peer.run(["true"], timeout=config.report_timeout).elapsed for _ in range(3)]
         except HostrunError as exc:
