@@ -18,6 +18,8 @@ import os
 import struct
 import threading
 
+from dispatch.core.fdio import write_all
+
 HEADER = struct.Struct(">cI")
 HEARTBEAT = 2.0
 SILENCE_LIMIT = 15.0  # no frame for this long: the connection is gone
@@ -59,10 +61,7 @@ class FrameWriter:
     def send(self, kind: bytes, payload: bytes = b"") -> None:
         data = encode(kind, payload)
         with self._lock:
-            view = memoryview(data)
-            while view:
-                written = os.write(self.fd, view)
-                view = view[written:]
+            write_all(self.fd, data)
 
 
 def read_spec(fd: int) -> bytes:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from dispatch.core.fdio import write_all
+
 
 def write_atomic(path: str, data: bytes, mode: int = 0o600, *, exact_mode: bool = False,
                  fsync: bool = False) -> None:
@@ -26,9 +28,7 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600, *, exact_mode: bool 
         try:
             if exact_mode:
                 os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, data)
             if fsync:
                 os.fsync(fd)
         finally:

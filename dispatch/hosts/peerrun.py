@@ -38,6 +38,7 @@ from dispatch.core.errors import (
     UsageError,
 )
 from dispatch.core.exitcodes import SIGNAL_BASE
+from dispatch.core.fdio import forward
 from dispatch.core.outcome import Outcome
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.guards.toolchain import compare, probe_here
@@ -457,9 +458,9 @@ class PeerRun:
                         break
                     for kind, payload in frames:
                         if kind == Frame.OUT:
-                            _write_all(1, payload)
+                            forward(1, payload)
                         elif kind == Frame.ERR:
-                            _write_all(2, payload)
+                            forward(2, payload)
                         elif kind == Frame.MSG:
                             self.say(f"{self.host.name}: {payload.decode(errors='replace')}")
                         elif kind == Frame.ALERT:
@@ -559,15 +560,6 @@ def _capture(work: Callable[[], None], errors: list[BaseException]) -> None:
         work()
     except BaseException as exc:
         errors.append(exc)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except BrokenPipeError:
-            return
 
 
 def _forward_stdin(send: Callable[[bytes, bytes], None]) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from dispatch.core.errors import ConfigError, HostrunError, NotRunError
 from dispatch.core.exitcodes import ExitCode
+from dispatch.core.fdio import forward
 from dispatch.core.outcome import Outcome
 from dispatch.core.request import job_environment
 from dispatch.hosts import slurmfacts as sf
@@ -308,11 +309,11 @@ class SlurmRun:
                 break
             out = marker.feed(data)
             if out:
-                _write_stderr(out)
+                forward(2, out)
                 tail = (tail + out)[-STDERR_TAIL:]
         rest = marker.finish()
         if rest:
-            _write_stderr(rest)
+            forward(2, rest)
             tail = (tail + rest)[-STDERR_TAIL:]
         status = proc.wait()
         proc.stderr.close()
@@ -412,11 +413,3 @@ class SlurmRun:
             ledger.close()
 
 
-def _write_stderr(data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            written = os.write(2, view)
-        except InterruptedError:
-            continue
-        view = view[written:]
