@@ -21,7 +21,7 @@ from dispatch.core.settings import Settings
 from dispatch.hosts import bundle
 from dispatch.hosts.agentd import ask, local_socket
 from dispatch.hosts.peer import PeerClient
-from tests.conftest import Hostrun, _stop_masters
+from tests.conftest import Hostrun, _stop_masters, pid_alive
 
 MiB = 1 << 20
 
@@ -122,8 +122,7 @@ def test_killed_daemon_is_replaced(hostrun: Hostrun, peers: Any) -> None:
     report(hostrun)
     (pid,) = peer.daemon_pids()
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not os.path.exists(f"/proc/{pid}/stat")
-               or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z", "the daemon gone")
+    wait_until(lambda: not pid_alive(pid), "the daemon gone")
     assert report(hostrun)["slice"]["limit"] == 400 * MiB
     (new,) = peer.daemon_pids()
     assert new != pid and starts(peer) == ["send", "serve", "serve"]

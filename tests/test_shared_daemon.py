@@ -71,6 +71,7 @@ class Setup:
         self.manager = Manager(self.fake.path, "", False)
         backend = SystemdBackend(str(root / "cg"), "hostrun.slice", self.manager)
         self.path = str(root / "shared.sock")
+        self.clients: list[Client] = []
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.path)
         os.chmod(self.path, 0o777)  # the group's 0660 in real life: here any user may connect
@@ -81,9 +82,13 @@ class Setup:
         self.thread.start()
 
     def client(self) -> Client:
-        return Client(self.path)
+        client = Client(self.path)
+        self.clients.append(client)  # closed at teardown (closing twice is harmless)
+        return client
 
     def close(self) -> None:
+        for client in self.clients:
+            client.close()
         self.daemon.stop()
         try:
             Client(self.path).close()  # wakes the loop
@@ -149,7 +154,7 @@ class OtherClient:
 
     def close(self) -> None:
         self.proc.kill()
-        self.proc.wait()
+        self.proc.communicate()  # and its pipes closed
 
 
 def test_one_queue_for_every_user_first_come_first_served(setup: Setup, other_user: OtherUser) -> None:

@@ -132,6 +132,8 @@ class Daemon:
                 self.evaluate()
         for client in list(self.clients.values()):
             self._drop(client, evaluate=False)
+        self.selector.close()
+        self.listener.close()
 
     def _stop(self, _signum: int, _frame: object) -> None:
         self.stopping = True
