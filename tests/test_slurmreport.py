@@ -130,7 +130,7 @@ def test_report_from_recorded_outputs(tmp_path: Path, monkeypatch: pytest.Monkey
     capacity = host_capacity("c", report)
     assert (capacity.ok, capacity.slice_limit, capacity.default_cap) == (True, 21695 * MiB, GiB)
     assert [a.label for a in capacity.labels] == ["build"]
-    line = host_line(HostReading("c", report, None, 0.1))
+    line = host_line(host.settings, HostReading("c", report, None, 0.1))
     assert line == "- c: Slurm cluster, 1 of 1 nodes up, 915 MiB free to allocate (most on one node " \
                    "915 MiB), 2 running, 1 pending, 2 GPUs"
 
