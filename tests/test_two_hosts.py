@@ -8,6 +8,7 @@ real ``ssh`` client through its ControlMaster and runs the real agent zipapp the
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -279,7 +280,7 @@ def test_doctor_reads_peers_and_warns_about_a_slow_login_shell(hostrun: Hostrun,
     assert any("slice_bytes: the peer's own config says" in p for p in entry["problems"])
     assert not any("login shell" in p for p in entry["problems"])
     assert entry["title"] == f"peer peer1 ({entry['ssh']})" and entry["unread"] == "unreachable"
-    lines = hostrun.run("doctor", timeout=120).stdout.splitlines()
+    lines = hostrun.run("doctor", timeout=120, env={**os.environ, "COLUMNS": "250"}).stdout.splitlines()
     (line,) = [x for x in lines if x.startswith("peer peer1 (")]
     assert line.startswith(f"peer peer1 ({entry['ssh']}): warnings, agent ") and "ms per command" in line
     # Debian's bash reads ~/.bashrc for commands run by sshd: make it slow, as a pyenv set-up would.
