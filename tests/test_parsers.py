@@ -331,6 +331,8 @@ def children() -> Iterator[list[subprocess.Popen[str]]]:
         if p.poll() is None:
             p.kill()
             p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
 
 
 # Sets its own comm to one with spaces and parentheses, says so, then waits.

@@ -189,6 +189,9 @@ def test_memory_taken_outside_the_slice_holds_a_peer_job_and_says_so(root_pair: 
     finally:
         if hog.poll() is None:
             hog.kill()
+            hog.wait()
+        assert hog.stdout is not None
+        hog.stdout.close()
         g.sh("pkill -f 'bytearray.1300'", check=False)
 
 

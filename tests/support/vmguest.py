@@ -46,6 +46,30 @@ class Guest:
         return self.vm.ssh(self.user, f"cd {ROOT} || exit 99\n{script}", timeout=timeout, check=check,
                            input=input)
 
+    def detached(self, script: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """``script`` run in the guest apart from any ssh session, read back when it ends. For a
+        script that takes the whole VM to its memory limit: while the kernel reclaims its last page
+        cache (an emulated machine can spend minutes there before its OOM killer acts), no ssh
+        session answers its keepalives, and one that carried the script would end 255 with it."""
+        run = f"{self.dir}/detached-{uuid.uuid4().hex[:8]}"
+        self.sh(f"cat > {run}.sh", input=script)
+        self.sh(f"setsid sh -c 'cd {ROOT} && sh {run}.sh > {run}.out 2> {run}.err; "
+                f"echo $? > {run}.rc.tmp && mv {run}.rc.tmp {run}.rc' < /dev/null > /dev/null 2>&1 &")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                done = self.sh(f"cat {run}.rc 2>/dev/null", timeout=60, check=False)
+                if done.returncode == 0 and done.stdout.strip():
+                    break
+            except subprocess.TimeoutExpired:
+                pass  # the guest too busy to answer yet: ask again
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the detached script did not end within {timeout:g} s")
+            time.sleep(2)
+        out = self.sh(f"cat {run}.out").stdout
+        err = self.sh(f"cat {run}.err").stdout
+        return subprocess.CompletedProcess(["detached", run], int(done.stdout.strip()), out, err)
+
     def hostrun_cmd(self, *args: str) -> str:
         return shlex.join(["hostrun", "--config", self.config, *args])
 
