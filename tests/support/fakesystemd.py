@@ -88,6 +88,14 @@ class FakeManager:
                    signature, body)
 
     def _serve(self, conn: socket.socket) -> None:
+        """One client's connection, until it closes. A client that goes away while an answer or a
+        signal is on its way (a job's keeper, a test's connection) ends it quietly, as for systemd."""
+        try:
+            self._serve_one(conn)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _serve_one(self, conn: socket.socket) -> None:
         with conn:
             data = b""
             answered = False
