@@ -28,7 +28,7 @@ if MYPY:
 
     from dispatch.core.outcome import Outcome
     from dispatch.core.request import RunRequest
-    from dispatch.placement.dispatcher import Job
+    from dispatch.hosts.judgement import Job
 
 
 def print_run_help() -> None:
@@ -127,7 +127,7 @@ def _label_rules(command: list[str], opts: RunOptions, long_rule: bool) -> RunOp
     if long_rule:
         refused = labelrules.long_job_here(settings, _job(command, opts), record)
         if refused is not None:
-            raise LongJobError("; ".join(refused.reasons))
+            raise LongJobError("; ".join(refused))
     return opts
 
 
@@ -143,7 +143,7 @@ def _peer_watch(settings: Any, options: list[str], command: list[str], opts: Run
 
 
 def _job(command: list[str], opts: RunOptions) -> Job:
-    from dispatch.placement.auto import make_job
+    from dispatch.placement.longrule import make_job
 
     return make_job(command, label=opts.label, cap=opts.memory_cap,
                     gpu_memory=_gpu_bytes(opts), expect_duration=opts.expect_duration,

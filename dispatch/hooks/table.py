@@ -11,7 +11,6 @@ from __future__ import annotations
 
 MYPY = False
 if MYPY:
-
     from dispatch.core.settings import Settings
     from dispatch.placement.reports import HostReading
 

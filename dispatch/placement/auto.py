@@ -13,11 +13,8 @@ from collections.abc import Callable, Sequence
 
 from dispatch.core.settings import Settings
 from dispatch.core.units import format_size
-from dispatch.guards.headers import read_headers
-from dispatch.guards.longjob import KEYS, from_headers, parse_spec
 from dispatch.hosts.judgement import HostPending
 from dispatch.hosts.kinds import host_for, hosts_of
-from dispatch.local.booking import default_label
 from dispatch.placement import alerts
 from dispatch.placement.dispatcher import Decision, Job, Judgement, decide, judge
 from dispatch.placement.pending import Pending
@@ -30,17 +27,6 @@ from dispatch.placement.sent import place_on_peer as place_on_peer
 MYPY = False
 if MYPY:
     from typing import Any
-
-
-def make_job(argv: Sequence[str], *, label: str | None, cap: int | None, gpu_memory: int | None,
-             expect_duration: float | None, long_job: str | bool | None) -> Job:
-    """The job as the dispatcher sees it. The long-job answers come from ``--long-job=SPEC`` (a bare
-    ``--long-job`` answers nothing) together with the script's ``# long-job:`` header lines."""
-    answers = from_headers(value for key, value in read_headers(argv) if key == "long-job")
-    if isinstance(long_job, str):
-        answers.update(parse_spec(long_job))
-    return Job(label=label or default_label(argv), cap=cap, gpu_memory=gpu_memory,
-               expect_duration=expect_duration, long_job=tuple(k for k in KEYS if k in answers))
 
 
 def consider(settings: Settings, job: Job) -> Decision:

@@ -17,14 +17,11 @@ Rules, in order:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from dispatch.core.errors import NeverFitsError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.records import NamedTuple
 from dispatch.core.settings import Settings
-from dispatch.core.units import format_duration, format_size
-from dispatch.guards.longjob import missing
+from dispatch.core.units import format_size
 from dispatch.hosts.base import Host
 from dispatch.hosts.judgement import HostPending
 from dispatch.hosts.judgement import Job as Job
@@ -32,6 +29,7 @@ from dispatch.hosts.judgement import Judgement as Judgement
 from dispatch.hosts.kinds import hosts_of
 from dispatch.local.booking import plan_booking
 from dispatch.local.ledgerdb import PeakRecord
+from dispatch.placement.longrule import long_job_rule
 from dispatch.placement.pending import gpu_free_after
 from dispatch.placement.reports import HostReading
 
@@ -69,39 +67,6 @@ class Decision(NamedTuple):
 def _peak(report: dict[str, Any]) -> PeakRecord | None:
     record = report.get("label_peak")
     return PeakRecord(**record) if record else None
-
-
-def expected_duration(job: Job, recorded: Sequence[tuple[PeakRecord | None, str]]
-                      ) -> tuple[float | None, str]:
-    """The declared duration, else the longest recorded on any host (``recorded``: each host's
-    record of the label, None where it has none), with where it comes from."""
-    if job.expect_duration is not None:
-        return job.expect_duration, "declared"
-    durations = [(p.max_duration, host) for p, host in recorded if p is not None and p.max_duration]
-    if not durations:
-        return None, "no history"
-    seconds, host = max(durations)
-    return seconds, f"recorded on {host}"
-
-
-def long_job_rule(settings: Settings, job: Job, recorded: Sequence[tuple[PeakRecord | None, str]]
-                  ) -> tuple[list[str], Decision | None]:
-    """Rule 0 alone: the reasons it gives, and the refusal (244) when the job is too long for one
-    host and not declared long. Also what a run here applies with ``--long-job-rule`` (the agent
-    hooks and shims add it), from this host's record only."""
-    reasons: list[str] = []
-    duration, source = expected_duration(job, recorded)
-    if duration is not None:
-        reasons.append(f"expected duration {format_duration(duration)} ({source})")
-    lacking = missing(job.long_job)
-    if duration is not None and duration > settings.long_job_threshold and lacking:
-        reasons.append(f"longer than {format_duration(settings.long_job_threshold)} on one host: "
-                       f"its long-job declaration lacks {', '.join(lacking)} (say how it is "
-                       "sharded, resumes after an interruption, uses more than one machine: "
-                       "'# long-job: KEY: how' header lines or "
-                       "--long-job='sharded=...;resumable=...;multi-host=...')")
-        return reasons, Decision(REFUSE, None, ExitCode.LONG_SINGLE_HOST, reasons, [])
-    return reasons, None
 
 
 def judge(host: Host, job: Job, reading: HostReading, waiting: HostPending | None = None
@@ -167,8 +132,8 @@ def decide(settings: Settings, job: Job, readings: list[HostReading],
            pending: dict[str, HostPending]) -> Decision:
     reasons, refused = long_job_rule(
         settings, job, [(_peak(r.report), r.host) for r in readings if r.report is not None])
-    if refused is not None:
-        return refused
+    if refused:
+        return Decision(REFUSE, None, ExitCode.LONG_SINGLE_HOST, reasons, [])
     hosts = {h.name: h for h in hosts_of(settings)}
     across = settings.enable_across_machines
     considered = [r for r in readings if hosts[r.host].is_here or across]

@@ -13,7 +13,11 @@ from __future__ import annotations
 from dispatch.core.settings import Settings
 from dispatch.core.units import MiB, format_size
 from dispatch.local.ledgerdb import PeakRecord
-from dispatch.placement.dispatcher import Decision, Job, long_job_rule
+from dispatch.placement.longrule import long_job_rule
+
+MYPY = False
+if MYPY:
+    from dispatch.hosts.judgement import Job
 
 VRAM_STEP = 256 * MiB
 
@@ -44,9 +48,11 @@ def record_here(settings: Settings, label: str) -> PeakRecord | None:
         ledger.close()
 
 
-def long_job_here(settings: Settings, job: Job, record: PeakRecord | None) -> Decision | None:
-    """``--long-job-rule``: the dispatcher's rule 0 over this host's record; the refusal or None."""
-    return long_job_rule(settings, job, [(record, settings.local.name)])[1]
+def long_job_here(settings: Settings, job: Job, record: PeakRecord | None) -> list[str] | None:
+    """``--long-job-rule``: the dispatcher's rule 0 over this host's record; the refusal's reasons,
+    or None when the job may run."""
+    reasons, refused = long_job_rule(settings, job, [(record, settings.local.name)])
+    return reasons if refused else None
 
 
 def gpu_memory_auto(settings: Settings, record: PeakRecord | None) -> tuple[int, str]:
