@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import marshal
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +15,15 @@ from dispatch.config.model import validate_file
 from dispatch.core.configfile import settings_from_dict
 from dispatch.core.errors import ConfigError, OverPeerCapError
 from dispatch.core.exitcodes import ExitCode
-from dispatch.core.hostkeys import MEMORY_SIZE, PATH, TEXT, Key, KindSpec
-from dispatch.core.outcome import Outcome
-from dispatch.core.request import RunRequest
 from dispatch.core.settings import Settings
 from dispatch.hosts import kinds
-from dispatch.hosts.base import Host, RunExtras
 from dispatch.hosts.kinds import KINDS, host_for
 from dispatch.hosts.local import LocalHost
 from dispatch.hosts.peer import PeerClient
 from dispatch.hosts.ssh import SshPeer
 from dispatch.placement.dispatcher import Decision, Job, decide
 from dispatch.placement.reports import HostReading
+from tests.support.toykind import ToyHost
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -84,20 +80,7 @@ def test_the_agent_leaves_out_hosts_of_kinds_it_does_not_know() -> None:
 
 
 # ------------------------------------------------------------- a kind's table drives both parsers
-class ToyHost(Host):
-    """A throwaway kind: its keys exist only in this table."""
-
-    kind = "toy"
-    spec = KindSpec("toy", (
-        Key("queue", "queue", TEXT, required="a toy needs queue = 'name'"),
-        Key("limit", "limit", MEMORY_SIZE, env="TOY_LIMIT"),
-        Key("toy_config", "toy_config", PATH),
-    ))
-
-    def run(self, request: RunRequest, say: Callable[[str], None], extras: RunExtras) -> Outcome:
-        raise NotImplementedError
-
-
+# The toy kind (tests/support/toykind.py) is registered here only; tests/test_toy_kind.py runs it.
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(KINDS, "toy", ToyHost)

@@ -20,8 +20,7 @@ from __future__ import annotations
 import json
 import sys
 
-from dispatch import __version__
-from dispatch.agent.prepare import peer_settings, probe
+from dispatch.agent.prepare import probe
 
 
 def _option(argv: list[str], name: str) -> str | None:
@@ -35,14 +34,9 @@ def main(argv: list[str]) -> int:
     command = argv[0]
     fallback = json.loads(_option(argv, "--fallback") or "{}")
     if command == "report":
-        from dispatch.local.report import local_report
+        from dispatch.agent.prepare import agent_report
 
-        settings, notes = peer_settings(fallback)
-        data = local_report(settings, label=_option(argv, "--label"), peaks="--peaks" in argv)
-        data.update(notes)
-        data["agent_version"] = __version__
-        data["python"] = sys.version.split()[0]
-        json.dump(data, sys.stdout)
+        json.dump(agent_report(fallback, _option(argv, "--label"), "--peaks" in argv), sys.stdout)
         return 0
     if command == "run":
         from dispatch.agent.frames import read_spec

@@ -14,6 +14,7 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.core.reportshape import MachineReport, PeerNotes
     from dispatch.core.settings import Settings
 
 
@@ -30,14 +31,28 @@ def _load_toml(path: str) -> dict[str, Any]:
         return tomllib.load(fh)
 
 
-def peer_settings(fallback: dict[str, Any]) -> tuple[Settings, dict[str, Any]]:
+def agent_report(fallback: dict[str, Any], label: str | None, peaks: bool) -> MachineReport:
+    """This peer's report as the controller reads it: the machine's, with the agent's version, its
+    python and its notes on its own configuration (``agent report``, and the report daemon)."""
+    from dispatch.local.report import local_report
+
+    settings, notes = peer_settings(fallback)
+    data = local_report(settings, label=label, peaks=peaks)
+    data["config"], data["config_error"] = notes["config"], notes["config_error"]
+    data["disagreements"] = notes["disagreements"]
+    data["agent_version"] = __version__
+    data["python"] = sys.version.split()[0]
+    return data
+
+
+def peer_settings(fallback: dict[str, Any]) -> tuple[Settings, PeerNotes]:
     """The peer's settings, and notes for the controller (config source, disagreements)."""
     from dispatch.core.configfile import settings_from_dict
     from dispatch.core.configpath import find_config
     from dispatch.core.hostkeys import FALLBACK_FIELDS, LOCAL
     from dispatch.core.settings import Settings
 
-    notes: dict[str, Any] = {"config": None, "config_error": None, "disagreements": []}
+    notes: PeerNotes = {"config": None, "config_error": None, "disagreements": []}
     settings = Settings.default()
     try:
         path = find_config(None, os.environ)

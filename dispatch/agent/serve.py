@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 
-from dispatch.agent.prepare import peer_settings
 from dispatch.agent.socketframes import frame, read_frame
 
 MYPY = False
@@ -76,18 +75,14 @@ def private_dir_problem(directory: str, create: bool) -> str | None:
 
 def answer(request: dict[str, Any], name: str) -> dict[str, Any]:
     """The report the per-call ``agent report`` would print, for one request."""
-    from dispatch import __version__
-    from dispatch.local.report import local_report
+    from dispatch.agent.prepare import agent_report
 
     if request.get("agent") != name:
         return {"agent": name, "error": f"this daemon is agent {name}, not {request.get('agent')}"}
     if request.get("command") != "report":
         return {"agent": name, "error": f"unknown command {request.get('command')!r}"}
-    settings, notes = peer_settings(dict(request.get("fallback") or {}))
-    data = local_report(settings, label=request.get("label"), peaks=bool(request.get("peaks")))
-    data.update(notes)
-    data["agent_version"] = __version__
-    data["python"] = sys.version.split()[0]
+    data = agent_report(dict(request.get("fallback") or {}), request.get("label"),
+                        bool(request.get("peaks")))
     return {"agent": name, "report": data}
 
 

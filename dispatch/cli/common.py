@@ -17,6 +17,8 @@ if MYPY:
     import argparse
     from typing import Any, NoReturn, TypeVar
 
+    from dispatch.core.settings import Settings
+
 
     T = TypeVar("T")
 
@@ -128,7 +130,8 @@ def print_lines(lines: Sequence[str]) -> None:
         print("\n".join(printable(line) for line in lines), flush=True)
 
 
-def load_config(config: str | None):  # type: ignore[no-untyped-def]
+def load_config(config: str | None) -> Settings:
+    """The settings (``--config`` or the usual places), pydantic imported only when they are validated."""
     from dispatch.config import load_settings
 
     return load_settings(config)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -12,7 +12,11 @@ from rich.table import Table
 
 from dispatch.core.text import printable
 from dispatch.core.units import format_duration, format_size
+from dispatch.core.view import Line, Span
 from dispatch.local.ledgerdb import Booking, PeakRecord, RunRecord
+
+if TYPE_CHECKING:
+    from dispatch.core.view import Block
 
 console = Console()
 
@@ -106,13 +110,33 @@ def history(runs: Sequence[RunRecord]) -> None:
 
 
 def readings(items: Sequence[Any]) -> None:
-    """Every host's report, or why it could not be read."""
+    """Every host's report as its host describes it (``Host.describe``), or why it could not be read."""
     for reading in items:
         if reading.report is None:
             console.print(f"[bold]{_t(reading.host)}[/bold]: [red]could not read:[/red] "
                           f"{_t(reading.error)}")
         else:
-            report(reading.report)
+            blocks(reading.source.describe(reading.report))
+
+
+def _spans(spans: Sequence[Span]) -> str:
+    return "".join(f"[{s.style}]{_t(s.text)}[/{s.style}]" if s.style else _t(s.text) for s in spans)
+
+
+def blocks(items: Sequence[Block]) -> None:
+    """Lines and tables (``dispatch.core.view``): every text escaped, styles as rich markup."""
+    for block in items:
+        if isinstance(block, Line):
+            console.print(_spans(block.spans))
+        elif not block.rows and block.empty is not None:
+            console.print(_t(block.empty))
+        else:
+            table = Table(title=_t(block.title), show_header=block.header)
+            for column in block.columns:
+                table.add_column(column)
+            for row in block.rows:
+                table.add_row(*(_spans((cell,)) for cell in row))
+            console.print(table)
 
 
 def decision(d: Any) -> None:
@@ -129,74 +153,6 @@ def decision(d: Any) -> None:
             table.add_row(_t(j.host), "yes" if j.fits else "no", format_size(j.need),
                           format_size(j.free), _t(j.reason))
         console.print(table)
-
-
-def report(data: dict[str, Any]) -> None:
-    if data.get("kind") == "slurm":
-        cluster(data)
-        return
-    s = data["slice"]
-    table = Table(title=f"host {_t(data['host'])} ({_t(data['hostname'])}), backend "
-                        f"{_t(data['backend'])}, hostrun {_t(data.get('agent_version') or data['version'])}",
-                  show_header=False)
-    table.add_column("what")
-    table.add_column("value")
-    mem = data["memory"]
-    table.add_row("memory", f"{format_size(mem['available'])} available of {format_size(mem['total'])}")
-    if "available_for_jobs" in mem:  # an older peer's agent does not report it
-        table.add_row("available", f"{format_size(mem['available_for_jobs'])} (available less booked "
-                                   "not yet at peak)")
-    table.add_row("slice", f"{format_size(s['limit'])} limit, {format_size(s['used'])} used "
-                           f"(page cache excluded; {format_size(s['reclaimable'])} reclaimable)")
-    table.add_row("booked", f"{format_size(s['booked'])} ({format_size(s['booked_not_at_peak'])} "
-                            f"not yet at peak); {format_size(s['free'])} free to book")
-    table.add_row("load", " ".join(f"{x:.2f}" for x in data["load"]) + f" on {data['cores']} cores")
-    free = f" ({data['threads_free']} free)" if "threads_free" in data else ""
-    table.add_row("heavy threads", f"{data['heavy_threads']}{free}")
-    for gpu in data.get("gpus") or []:
-        table.add_row(f"GPU {_t(gpu.get('index', '?'))}", f"{_t(gpu.get('name', ''))}: "
-                      f"{format_size(gpu.get('free'))} free of {format_size(gpu.get('total'))}")
-    table.add_row("running", str(len(data["running"])))
-    table.add_row("queue", str(data["queue_length"]))
-    console.print(table)
-    if data["running"]:
-        jobs = Table(title="running jobs")
-        for col in ("label", "pid", "kind", "booked", "in use", "age"):
-            jobs.add_column(col)
-        for j in data["running"]:
-            jobs.add_row(_t(j["label"]), str(j["pid"]), _t(j["kind"]), format_size(j["booked"]),
-                         format_size(j["in_use"]), format_duration(j["age_s"]))
-        console.print(jobs)
-
-
-def cluster(data: dict[str, Any]) -> None:
-    """A Slurm cluster's report: its nodes (memory free to allocate is RealMemory less AllocMem) and
-    its jobs."""
-    t = data["totals"]
-    part = f", partition {_t(data['partition'])}" if data.get("partition") else ""
-    console.print(f"[bold]{_t(data['host'])}[/bold]: Slurm cluster {_t(data.get('hostname') or '?')} "
-                  f"(Slurm {_t(data.get('slurm_version') or '?')}){part}: {t['nodes_up']} of "
-                  f"{t['nodes']} nodes up; {format_size(t['memory_free'])} free to allocate of "
-                  f"{format_size(t['memory_total'])} ({format_size(t['memory_allocated'])} allocated)")
-    nodes = Table(title=f"nodes of {_t(data['host'])}")
-    for col in ("node", "state", "memory", "allocated", "free to allocate", "CPUs", "GPUs", "reason"):
-        nodes.add_column(col)
-    for n in data["nodes"]:
-        mem, cpus, gpus = n["memory"], n["cpus"], n["gpus"]
-        state = _t(n["state"]) if n["usable"] else f"[red]{_t(n['state'])}[/red]"
-        gpu = "-" if not gpus["total"] else (
-            f"{gpus['used']}/{gpus['total']} used" if gpus["used"] is not None else str(gpus["total"]))
-        nodes.add_row(_t(n["name"]), state, format_size(mem["total"]), format_size(mem["allocated"]),
-                      format_size(mem["free"]), f"{cpus['allocated']}/{cpus['total']} allocated", gpu,
-                      _t(n["reason"] or ""))
-    console.print(nodes if nodes.row_count else "nodes: none")
-    pending: dict[str, int] = {}
-    for job in data["queue"]:
-        reason = str(job.get("reason") or "none")
-        pending[reason] = pending.get(reason, 0) + 1
-    why = ", ".join(f"{count} {_t(reason)}" for reason, count in sorted(pending.items()))
-    console.print(f"jobs: {len(data['running'])} running, {data['queue_length']} pending"
-                  + (f" ({why})" if why else ""))
 
 
 def doctor(data: dict[str, Any]) -> None:

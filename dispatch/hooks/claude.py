@@ -344,7 +344,8 @@ def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: st
         return _answer(PRE_TOOL_USE, additionalContext="\n".join(context))
     from dispatch.hooks import table
 
-    cap = rewrite.half_rule_cap(table.label_peak(readings), table.slice_limit(readings))
+    cap = rewrite.half_rule_cap(table.label_peak(settings, readings),
+                                table.slice_limit(settings, readings))
     from dispatch.core.hostfacts import has_nvidia_gpus
 
     gpu = verdict.gpu and has_nvidia_gpus()

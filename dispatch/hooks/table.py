@@ -38,13 +38,14 @@ def read(settings: Settings, label: str | None = None) -> list[HostReading]:
                                 report_timeout=min(settings.report_timeout, budget))
     missed = _missed()
     now = time.time()
+    here = settings.local.name  # this machine is always read: its reading costs no timeout
     skipped = {name: at for name, at in missed.items()
-               if name in settings.hosts and name != "local" and 0 <= now - at < MISSED_FOR}
+               if name in settings.hosts and name != here and 0 <= now - at < MISSED_FOR}
     names = [name for name in settings.hosts if name not in skipped]
     readings = {r.host: r for r in read_reports(bounded, names=names, label=label)}
     changed = False
     for name, reading in readings.items():
-        if name == "local":
+        if name == here:
             continue
         if reading.ok and name in missed:
             del missed[name]
@@ -83,15 +84,9 @@ def host_line(settings: Settings, reading: HostReading) -> str:
     """One host's line of the table: what its kind says of it (``Host.summary``)."""
     if reading.report is None:
         return f"- {reading.host}: could not read: {reading.error}"
-    from dispatch.hosts.base import Host
     from dispatch.hosts.kinds import host_for
 
-    if reading.host in settings.hosts:
-        host = host_for(settings, reading.host)
-    else:  # a reading of a host no longer configured: as a machine
-        from dispatch.core.settings import HostSettings
-
-        host = Host(settings, HostSettings(reading.host))
+    host = reading.source or host_for(settings, reading.host)
     return f"- {reading.host}: {host.summary(reading.report)}"
 
 
@@ -107,17 +102,22 @@ def text(settings: Settings, readings: list[HostReading], peers: bool) -> str:
     return "\n".join(lines)
 
 
-def slice_limit(readings: list[HostReading]) -> int | None:
+def _here(settings: Settings, readings: list[HostReading]) -> HostReading | None:
+    """This machine's reading, when it was read."""
+    return next((r for r in readings if r.report is not None and r.host == settings.local.name), None)
+
+
+def slice_limit(settings: Settings, readings: list[HostReading]) -> int | None:
     """This host's slice size, from its reading (None when it could not be read)."""
-    local = next((r for r in readings if r.host == "local" and r.report is not None), None)
+    local = _here(settings, readings)
     if local is None or local.report is None:
         return None
-    value = (local.report.get("slice") or {}).get("limit")
+    value = local.report["slice"].get("limit")
     return int(value) if isinstance(value, int) else None
 
 
-def label_peak(readings: list[HostReading]) -> int:
+def label_peak(settings: Settings, readings: list[HostReading]) -> int:
     """The worst recorded peak of the label asked for, on this host (0 when unknown)."""
-    local = next((r for r in readings if r.host == "local" and r.report is not None), None)
-    peak = (local.report or {}).get("label_peak") if local is not None else None
+    local = _here(settings, readings)
+    peak = local.report.get("label_peak") if local is not None and local.report is not None else None
     return int(peak.get("max_peak") or 0) if isinstance(peak, dict) else 0

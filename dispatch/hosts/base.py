@@ -2,12 +2,15 @@
 a host's name or kind (docs/design.md, "Where to add a host kind").
 
 A kind is a subclass in its own module (``dispatch.hosts.local.LocalHost``,
-``dispatch.hosts.ssh.SshPeer``), its settings declared once as a ``KindSpec``
-(``dispatch.core.hostkeys``), registered in ``dispatch.hosts.kinds``.
+``dispatch.hosts.ssh.SshPeer``, ``dispatch.hosts.slurm.SlurmHost``), its settings declared once as a
+``KindSpec`` (``dispatch.core.hostkeys``), registered in ``dispatch.hosts.kinds``. A kind whose
+hosts run hostrun's own runner (this machine, an ssh peer's agent) derives from ``MachineHost``
+(``dispatch.hosts.machine``), which reads and describes that runner's report.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from dispatch.core.hostkeys import KindSpec
@@ -18,8 +21,10 @@ if MYPY:
     from typing import Any, Optional
 
     from dispatch.core.outcome import Outcome
+    from dispatch.core.reportshape import Report
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import HostSettings, Settings
+    from dispatch.core.view import Block
     from dispatch.hosts.judgement import HostPending, Job, Judgement
 
 
@@ -34,12 +39,14 @@ class RunExtras(NamedTuple):
     watch: Optional[Callable[[Any], None]] = None
 
 
-class Host:
+class Host(ABC):
     """One configured host (``[hosts.NAME]``) of one kind.
 
     ``settings`` is the whole configuration (as everywhere in hostrun), ``table`` this host's own
     (``[hosts.NAME]``, a ``HostSettings``). The methods are the questions the dispatcher,
-    ``--auto``/``--peer``, ``report`` and ``doctor`` ask a host.
+    ``--auto``/``--peer``, ``report``, ``doctor`` and the agent hooks ask a host; a kind must answer
+    the abstract ones (read its report, run a job, say what it has free, describe its report), the
+    others have the answer of a machine running hostrun's own runner.
     """
 
     kind = ""  # the ``kind`` key's value
@@ -61,17 +68,18 @@ class Host:
     def before_reading(cls, config: Settings) -> None:
         """Called once per kind before its hosts' reports are read in parallel: a check that must
         refuse (exit 2) before any of them is contacted."""
+        return None  # most kinds have none
 
-    def report(self, label: str | None = None, peaks: bool = False) -> dict[str, Any]:
-        """The host's report (``dispatch.local.report``'s shape) with ``label``'s peak record;
+    @abstractmethod
+    def report(self, label: str | None = None, peaks: bool = False) -> Report:
+        """The host's report (``dispatch.core.reportshape``) with ``label``'s peak record;
         ``peaks``: its whole peak table. Raises HostrunError when it cannot be read."""
-        raise NotImplementedError
 
-    def judge(self, job: Job, report: dict[str, Any], waiting: HostPending | None) -> Judgement | None:
-        """Whether ``job`` fits there now, by the kind's own rule, from the ``report`` just read and
-        the bookings still ``waiting`` to show in it; None: the dispatcher's slice rule applies (a
-        machine running hostrun's own runner: its slice's free room covers the job's booking)."""
-        return None
+    @abstractmethod
+    def judge(self, job: Job, report: Report, waiting: HostPending | None) -> Judgement:
+        """Whether ``job`` fits there now (and could ever), by the kind's own rule, from the
+        ``report`` just read and the bookings still ``waiting`` to show in it (a machine: its
+        slice's free room covers the job's booking; a cluster: one node's)."""
 
     def job_cap(self, cap: int | None, default_cap: int | None) -> int | None:
         """The cap a job with ``-m cap`` runs under there, given the ``default_cap`` that applies
@@ -85,6 +93,7 @@ class Host:
 
     def check_cap(self, cap: int | None) -> None:
         """Refuse a job sent there with ``-m cap`` that it would not take (249), before contacting it."""
+        return None  # most kinds refuse no cap
 
     def pending_estimate(self, cap: int | None) -> int:
         """What a job sent there without reading its report will book: the cap it will run under
@@ -92,25 +101,18 @@ class Host:
         size = self.job_cap(cap, self.table.default_cap)
         return size if size is not None else self.settings.gamble_size_for(self.table)
 
+    @abstractmethod
     def run(self, request: RunRequest, say: Callable[[str], None], extras: RunExtras) -> Outcome:
         """Run the job there, to its end; the outcome is the caller's to render."""
-        raise NotImplementedError
 
-    def summary(self, report: dict[str, Any]) -> str:
+    @abstractmethod
+    def summary(self, report: Report) -> str:
         """One line on what the host has free now, from its report just read (the agent hooks'
-        resource table): here a machine running hostrun's own runner; a kind with another shape
-        says its own."""
-        from dispatch.core.units import format_size
+        resource table)."""
 
-        load = report.get("load") or [0.0]
-        slice_ = report.get("slice") or {}
-        memory = report.get("memory") or {}
-        return (f"load {load[0]:.1f} on {report.get('cores', '?')} cores, "
-                f"{report.get('threads_free', '?')} of {report.get('heavy_threads', '?')} heavy "
-                f"threads free, memory available {format_size(memory.get('available_for_jobs'))}, "
-                f"slice {format_size(slice_.get('free'))} free of {format_size(slice_.get('limit'))}, "
-                f"{report.get('queue_length', 0)} queued, {len(report.get('running') or [])} running, "
-                f"GPUs: {_gpus(report)}")
+    @abstractmethod
+    def describe(self, report: Report) -> list[Block]:
+        """Its report as ``hostrun report`` shows it (``dispatch.core.view``: lines and tables)."""
 
     def diagnose(self, reading: Any) -> dict[str, Any] | None:
         """``hostrun doctor``'s entry for this host from its report just read (a ``HostReading``), or
@@ -119,14 +121,3 @@ class Host:
         it) and ``unread`` (the word for a host it could not read)."""
         return None
 
-
-def _gpus(report: dict[str, Any]) -> str:
-    from dispatch.core.units import format_size
-
-    gpus = report.get("gpus") or []
-    if report.get("gpu_error"):
-        return f"unreadable ({report['gpu_error']})"
-    if not gpus:
-        return "none"
-    return ", ".join(f"{g.get('index')}: {format_size(g.get('free'))} free of {format_size(g.get('total'))}"
-                     for g in gpus)

@@ -10,6 +10,8 @@ MYPY = False
 if MYPY:
     from typing import Optional
 
+    from dispatch.core.reportshape import Gpu
+
 
 class Job(NamedTuple):
     label: str
@@ -36,3 +38,17 @@ class Judgement(NamedTuple):
     reason: str
     gpu_index: Optional[int] = None  # with --gpu-memory: the GPU judged (most free after pending)
     too_big: bool = False  # never fits because the cap is over the host's whole slice (243, not 78)
+
+
+def gpu_free_after(gpus: list[Gpu], pending: HostPending) -> dict[int, int]:
+    """Free VRAM per GPU index after the host's pending VRAM: placed notes on their device, each
+    unplaced one on the device with the most left (where admission would put it)."""
+    free: dict[int, int] = {}
+    for position, gpu in enumerate(gpus):
+        index = int(gpu["index"]) if gpu.get("index") is not None else position
+        free[index] = int(gpu.get("free") or 0) - pending.vram.get(index, 0)  # "[N/A]" counts as none
+    for size in pending.vram_unplaced:
+        if free:
+            best = max(free, key=lambda i: free[i])
+            free[best] -= size
+    return free

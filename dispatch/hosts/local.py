@@ -5,22 +5,22 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dispatch.core.hostkeys import LOCAL, LOCAL_KIND
-from dispatch.hosts.base import Host, RunExtras
+from dispatch.hosts.base import RunExtras
+from dispatch.hosts.machine import MachineHost
 
 MYPY = False
 if MYPY:
-    from typing import Any
-
     from dispatch.core.outcome import Outcome
+    from dispatch.core.reportshape import MachineReport
     from dispatch.core.request import RunRequest
 
 
-class LocalHost(Host):
+class LocalHost(MachineHost):
     kind = LOCAL
     spec = LOCAL_KIND
     is_here = True
 
-    def report(self, label: str | None = None, peaks: bool = False) -> dict[str, Any]:
+    def report(self, label: str | None = None, peaks: bool = False) -> MachineReport:
         from dispatch.local.report import local_report
 
         return local_report(self.settings, label, peaks)

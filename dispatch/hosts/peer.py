@@ -17,6 +17,8 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.core.reportshape import MachineReport
+
 AGENT_MISSING = 97
 # Run the agent if this exact version is there; say so (exit 97) if not. "$@" keeps argv intact.
 # Paths are relative to $HOME (sshd starts in the passwd home, which $HOME may override).
@@ -119,7 +121,7 @@ class PeerClient:
         return data
 
     def report(self, label: str | None = None, timeout: float | None = None,
-               peaks: bool = False) -> dict[str, Any]:
+               peaks: bool = False) -> MachineReport:
         """The peer's report: from its daemon when ``agent_idle`` > 0 (within half of ``timeout``,
         starting or replacing it as needed: ``dispatch.hosts.agentd``), else, or when that fails,
         from a per-call agent over ssh within what is left. The same JSON either way."""
@@ -143,4 +145,5 @@ class PeerClient:
         if data.get("agent_version") is None:
             raise PeerUnreachableError(f"peer {self.host.name}: unexpected answer from the agent")
         data["host"] = self.host.name
-        return data
+        report: MachineReport = data  # type: ignore[assignment]  # an agent's report, by its version key
+        return report

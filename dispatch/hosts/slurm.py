@@ -15,10 +15,13 @@ if MYPY:
     from typing import Any
 
     from dispatch.core.outcome import Outcome
+    from dispatch.core.reportshape import Report
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import HostSettings, Settings
+    from dispatch.core.view import Block
     from dispatch.hosts.judgement import HostPending, Job, Judgement
     from dispatch.hosts.slurmcommands import SlurmCommands
+    from dispatch.hosts.slurmshape import ClusterReport
 
 
 class SlurmHost(Host):
@@ -39,15 +42,15 @@ class SlurmHost(Host):
 
         return SlurmCommands(self.name, self.options)
 
-    def report(self, label: str | None = None, peaks: bool = False) -> dict[str, Any]:
+    def report(self, label: str | None = None, peaks: bool = False) -> ClusterReport:
         from dispatch.hosts.slurmreport import cluster_report
 
         return cluster_report(self, label, peaks)
 
-    def judge(self, job: Job, report: dict[str, Any], waiting: HostPending | None) -> Judgement | None:
-        from dispatch.hosts.slurmreport import judge_cluster
+    def judge(self, job: Job, report: Report, waiting: HostPending | None) -> Judgement:
+        from dispatch.hosts.slurmreport import cluster_of, judge_cluster
 
-        return judge_cluster(self, job, report, waiting)
+        return judge_cluster(self, job, cluster_of(report), waiting)
 
     def pending_estimate(self, cap: int | None) -> int:
         """What a job sent there will hold of a node: its ``--mem`` as far as known here (the
@@ -59,16 +62,16 @@ class SlurmHost(Host):
 
         return SlurmRun(self, self.commands(), request, say, extras).run()
 
-    def summary(self, report: dict[str, Any]) -> str:
+    def summary(self, report: Report) -> str:
         """A cluster has no load or slice of its own (``dispatch.hosts.slurmreport``): its nodes."""
-        from dispatch.core.units import format_size
+        from dispatch.hosts.slurmview import summary
 
-        t = report.get("totals") or {}
-        most = t.get("most_free_node") or {}
-        return (f"Slurm cluster, {t.get('nodes_up', '?')} of {t.get('nodes', '?')} nodes up, "
-                f"{format_size(t.get('memory_free'))} free to allocate (most on one node "
-                f"{format_size(most.get('memory'))}), {len(report.get('running') or [])} running, "
-                f"{report.get('queue_length', 0)} pending, {t.get('gpus_total', 0)} GPUs")
+        return summary(report)
+
+    def describe(self, report: Report) -> list[Block]:
+        from dispatch.hosts.slurmview import describe
+
+        return describe(report)
 
     def diagnose(self, reading: Any) -> dict[str, Any] | None:
         """Can its commands be read, which Slurm answers (``scontrol --version``), how many nodes

@@ -30,9 +30,11 @@ MYPY = False
 if MYPY:
     from typing import Any, Protocol
 
+    from dispatch.core.reportshape import QueuedJob, Report
     from dispatch.core.settings import HostSettings, Settings
     from dispatch.hosts.judgement import HostPending, Job
     from dispatch.hosts.slurmkeys import SlurmOptions
+    from dispatch.hosts.slurmshape import ClusterJob, ClusterReport, DefaultMem, NamedSize, Node
 
     class SlurmHost(Protocol):
         """What this module asks of ``dispatch.hosts.slurm.SlurmHost`` (which imports this module)."""
@@ -56,7 +58,12 @@ def read(host: SlurmHost, argv: list[str]) -> str:
     return str(done.stdout)
 
 
-def node_entry(node: sf.SlurmNode) -> dict[str, Any]:
+def cluster_of(report: Report) -> ClusterReport:
+    """A cluster's report as what it is: ``cluster_report`` built it."""
+    return report  # type: ignore[return-value]  # a SlurmHost's reports are ClusterReports
+
+
+def node_entry(node: sf.SlurmNode) -> Node:
     return {"name": node.name, "state": node.state, "usable": node.usable,
             "partitions": list(node.partitions),
             "memory": {"total": node.real_memory, "allocated": node.alloc_memory,
@@ -66,7 +73,7 @@ def node_entry(node: sf.SlurmNode) -> dict[str, Any]:
             "reason": node.reason}
 
 
-def cluster_report(host: SlurmHost, label: str | None, peaks: bool) -> dict[str, Any]:
+def cluster_report(host: SlurmHost, label: str | None, peaks: bool) -> ClusterReport:
     """The cluster's report (the module's docstring says which keys mean what there)."""
     partition = host.options.partition
     conf = host.options.slurm_conf
@@ -91,7 +98,12 @@ def cluster_report(host: SlurmHost, label: str | None, peaks: bool) -> dict[str,
     now = time.time()
     running = [j for j in jobs if j.state in ("RUNNING", "COMPLETING", "CONFIGURING")]
     pending = [j for j in jobs if j.state == "PENDING"]
-    data: dict[str, Any] = {
+    running_jobs: list[ClusterJob] = [
+        {"id": j.job_id, "label": j.name, "state": j.state, "booked": j.memory, "nodes": j.nodes,
+         "age_s": _age(now, j.started)} for j in running]
+    queue: list[QueuedJob] = [{"id": j.job_id, "label": j.name, "need": j.memory, "reason": j.reason,
+                               "waited_s": _age(now, j.submitted)} for j in pending]
+    data: ClusterReport = {
         "kind": "slurm",
         "host": host.name,
         "hostname": config.get("ClusterName"),
@@ -100,7 +112,7 @@ def cluster_report(host: SlurmHost, label: str | None, peaks: bool) -> dict[str,
         "time": now,
         "partition": partition,
         "partitions": partitions,
-        "default_mem": default._asdict(),
+        "default_mem": {"per_node": default.per_node, "per_cpu": default.per_cpu},
         "nodes": entries,
         "totals": {
             "nodes": len(entries),
@@ -114,15 +126,13 @@ def cluster_report(host: SlurmHost, label: str | None, peaks: bool) -> dict[str,
             "largest_node": _named_size(largest, "total"),
             "most_free_node": _named_size(roomiest, "free"),
         },
-        # the keys a machine's report has, as a cluster means them (module docstring)
+        # the room one job could have, as the shared rules read it (module docstring)
         "slice": {"limit": largest["memory"]["total"] if largest else 0,
                   "free": roomiest["memory"]["free"] if roomiest else 0},
         "settings": {"default_cap": host.table.default_cap, "gamble_size": None},
         "gpus": [],
-        "running": [{"id": j.job_id, "label": j.name, "state": j.state, "booked": j.memory,
-                     "nodes": j.nodes, "age_s": _age(now, j.started)} for j in running],
-        "queue": [{"id": j.job_id, "label": j.name, "need": j.memory, "reason": j.reason,
-                   "waited_s": _age(now, j.submitted)} for j in pending],
+        "running": running_jobs,
+        "queue": queue,
         "queue_length": len(pending),
         "label_peak": None,
     }
@@ -137,23 +147,27 @@ def _version() -> str:
     return __version__
 
 
-def _named_size(entry: dict[str, Any] | None, which: str) -> dict[str, Any] | None:
-    return None if entry is None else {"name": entry["name"], "memory": entry["memory"][which]}
+def _named_size(entry: Node | None, which: str) -> NamedSize | None:
+    if entry is None:
+        return None
+    memory = entry["memory"]
+    return {"name": entry["name"], "memory": memory["total"] if which == "total" else memory["free"]}
 
 
 def _age(now: float, since: float | None) -> float | None:
     return None if since is None else round(max(0.0, now - since), 1)
 
 
-def _add_peaks(data: dict[str, Any], host: SlurmHost, label: str | None, peaks: bool) -> None:
+def _add_peaks(data: ClusterReport, host: SlurmHost, label: str | None, peaks: bool) -> None:
     """The label's record (and with ``peaks`` the whole table) from this machine's ledger, where the
     run path records a cluster's peaks under the cluster's host name."""
     from dispatch.local.ledger import Ledger
+    from dispatch.local.report import peak_data
 
     ledger = Ledger(host.settings.state_dir)
     try:
         peak = ledger.peak(label, host.name) if label else None
-        data["label_peak"] = peak._asdict() if peak else None
+        data["label_peak"] = peak_data(peak) if peak else None
         if peaks:
             from dispatch.local.capacity import peak_table
 
@@ -164,7 +178,7 @@ def _add_peaks(data: dict[str, Any], host: SlurmHost, label: str | None, peaks: 
 
 
 # ----------------------------------------------------------------------------------- judgement
-def judge_cluster(host: SlurmHost, job: Job, report: dict[str, Any], waiting: HostPending | None
+def judge_cluster(host: SlurmHost, job: Job, report: ClusterReport, waiting: HostPending | None
                   ) -> Judgement:
     """Fits now: a usable node has the job's ``--mem`` free to allocate (less what is pending for the
     cluster) and, with ``--gpu-memory``, a GPU not in use; would queue: some node of the partition
@@ -176,28 +190,28 @@ def judge_cluster(host: SlurmHost, job: Job, report: dict[str, Any], waiting: Ho
     """
     from dispatch.hosts.slurmjob import job_mem
 
-    peak = report.get("label_peak") or {}
-    mem, _ = job_mem(job.cap, peak.get("max_peak"), host.table.default_cap)
-    need, what = _need(mem, report.get("default_mem") or {})
+    peak = report.get("label_peak")
+    mem, _ = job_mem(job.cap, peak["max_peak"] if peak else None, host.table.default_cap)
+    need, what = _need(mem, report["default_mem"])
     pending = waiting.memory if waiting is not None else 0
-    nodes: list[dict[str, Any]] = report.get("nodes") or []
+    nodes = report["nodes"]
     where = f"partition {report['partition']}" if report.get("partition") else "the cluster"
     if not nodes:
         return Judgement(host.name, False, False, need, None, f"no node in {where}")
     gpu = bool(job.gpu_memory)
     usable = [n for n in nodes if n["usable"]]
 
-    def free(node: dict[str, Any]) -> int:
+    def free(node: Node) -> int:
         return int(node["memory"]["free"]) - pending
 
-    def room(node: dict[str, Any]) -> bool:
+    def room(node: Node) -> bool:
         if need is None:  # a whole node
             return int(node["memory"]["allocated"]) == 0 and pending == 0
         return free(node) >= need
 
-    def gpu_free(node: dict[str, Any]) -> bool:
-        gpus = node.get("gpus") or {}
-        return int(gpus.get("total") or 0) > int(gpus.get("used") or 0)
+    def gpu_free(node: Node) -> bool:
+        gpus = node["gpus"]
+        return int(gpus["total"] or 0) > int(gpus["used"] or 0)
 
     best = max((free(n) for n in usable), default=None)
     pend = f" (after {format_size(pending)} pending)" if pending else ""
@@ -210,7 +224,7 @@ def judge_cluster(host: SlurmHost, job: Job, report: dict[str, Any], waiting: Ho
                          f"allocate{on_gpu} for {what}{pend}")
     big = [n for n in nodes if need is None or int(n["memory"]["total"]) >= need]
     largest = max(nodes, key=lambda n: int(n["memory"]["total"]))
-    if gpu and not any(int((n.get("gpus") or {}).get("total") or 0) for n in big):
+    if gpu and not any(int(n["gpus"]["total"] or 0) for n in big):
         return Judgement(host.name, False, False, need, best,
                          f"no node of {where} big enough for {what} has a GPU in its Gres")
     if big:
@@ -224,12 +238,13 @@ def judge_cluster(host: SlurmHost, job: Job, report: dict[str, Any], waiting: Ho
                      f"RealMemory {format_size(int(largest['memory']['total']))})", too_big=True)
 
 
-def _need(mem: int | None, default: dict[str, Any]) -> tuple[int | None, str]:
+def _need(mem: int | None, default: DefaultMem) -> tuple[int | None, str]:
     """The memory a job takes on a node, and how to say it; None: a whole node."""
     if mem is not None:
         return mem, f"--mem {format_size(mem)}"
-    if default.get("per_node"):
-        return int(default["per_node"]), f"the cluster's DefMemPerNode {format_size(default['per_node'])}"
-    if default.get("per_cpu"):
-        return int(default["per_cpu"]), f"the cluster's DefMemPerCPU {format_size(default['per_cpu'])}"
+    per_node, per_cpu = default.get("per_node"), default.get("per_cpu")
+    if per_node:
+        return per_node, f"the cluster's DefMemPerNode {format_size(per_node)}"
+    if per_cpu:
+        return per_cpu, f"the cluster's DefMemPerCPU {format_size(per_cpu)}"
     return None, "a whole node (no --mem and no DefMemPerNode)"

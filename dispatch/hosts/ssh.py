@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 from dispatch.core.errors import OverPeerCapError
 from dispatch.core.units import format_size
-from dispatch.hosts.base import Host, RunExtras
+from dispatch.hosts.base import RunExtras
+from dispatch.hosts.machine import MachineHost
 from dispatch.hosts.sshkeys import SPEC, SSH, options_of
 
 MYPY = False
@@ -15,13 +16,14 @@ if MYPY:
     from typing import Any
 
     from dispatch.core.outcome import Outcome
+    from dispatch.core.reportshape import MachineReport
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import HostSettings, Settings
 
 SLOW_ROUND_TRIP = 0.08  # a no-op through a warm ControlMaster costs ~16 ms on these machines
 
 
-class SshPeer(Host):
+class SshPeer(MachineHost):
     kind = SSH
     spec = SPEC
 
@@ -36,7 +38,7 @@ class SshPeer(Host):
 
         ensure_control_dir(control_dir(config.state_dir))
 
-    def report(self, label: str | None = None, peaks: bool = False) -> dict[str, Any]:
+    def report(self, label: str | None = None, peaks: bool = False) -> MachineReport:
         from dispatch.hosts.peer import PeerClient
 
         return PeerClient(self.settings, self.table).report(label, timeout=self.settings.report_timeout,

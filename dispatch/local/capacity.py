@@ -33,6 +33,7 @@ MYPY = False
 if MYPY:
     from typing import Any, Optional
 
+    from dispatch.core.reportshape import Report
     from dispatch.local.ledgerdb import PeakRun
 
 STEP = 512 * MiB  # caps are rounded up to a multiple of this
@@ -286,15 +287,15 @@ class HostCapacity(NamedTuple):
         return data
 
 
-def host_capacity(host: str, report: dict[str, Any] | None, error: str | None = None,
+def host_capacity(host: str, report: Report | None, error: str | None = None,
                   what_if: int | None = None) -> HostCapacity:
     """One host's capacity from its report (read with ``peaks=True``); an unread host says why."""
     if report is None:
         return HostCapacity(host, False, error or "could not read", None, None, what_if, None, None, [])
-    settings = report.get("settings") or {}
+    settings = report["settings"]
     limit = int(report["slice"]["limit"])
     default_cap = settings.get("default_cap")
-    gamble = int(settings.get("gamble_size") or 0)
+    gamble = int(settings.get("gamble_size") or 0)  # a cluster books no gamble
     hostname = report.get("hostname")
     labels = [assess(p, slice_limit=limit, default_cap=default_cap, gamble_size=gamble,
                      what_if=what_if, hostname=hostname)

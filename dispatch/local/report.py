@@ -17,10 +17,11 @@ from dispatch.local.ledger import Ledger
 
 MYPY = False
 if MYPY:  # typing stays off the report path (a report is asked before every heavy command)
-    from typing import Any
+    from dispatch.core.reportshape import Gpu, MachineJob, MachineReport, PeakRecordData
+    from dispatch.local.ledgerdb import PeakRecord
 
 
-def local_report(settings: Settings, label: str | None = None, peaks: bool = False) -> dict[str, Any]:
+def local_report(settings: Settings, label: str | None = None, peaks: bool = False) -> MachineReport:
     """This host's report; with ``label``, also that label's record in this host's peak table; with
     ``peaks``, this host's whole peak table and peak history (``peak_table``, for capacity planning)."""
     here = LocalSlice(settings)
@@ -41,7 +42,7 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
     running = [b for b in bookings if b.state == "running"]
     waiting = [b for b in bookings if b.state == "waiting"]
     now = time.time()
-    jobs = []
+    jobs: list[MachineJob] = []
     yet = 0
     for b in running:
         job = booking_job(backend, b)
@@ -55,7 +56,7 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
     load = read_loadavg()
     gpus, gpu_error = _gpus()
     booked = sum(b.size for b in running)
-    data = {
+    data: MachineReport = {
         "host": host.name,
         "hostname": os.uname().nodename,
         "version": __version__,
@@ -82,7 +83,7 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
         "gpu_error": gpu_error,
         "running": jobs,
         "queue_length": len(waiting),
-        "label_peak": peak._asdict() if peak else None,
+        "label_peak": peak_data(peak) if peak else None,
         "settings": {
             "slice_bytes": host.slice_bytes, "reserve_bytes": host.reserve_bytes,
             "default_cap": host.default_cap, "gamble_size": settings.gamble_size_for(host),
@@ -100,6 +101,11 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
     return data
 
 
+def peak_data(peak: PeakRecord) -> PeakRecordData:
+    """A peak record as a report carries it."""
+    return peak._asdict()  # type: ignore[return-value]  # its fields are PeakRecordData's keys
+
+
 def threads_free(heavy_threads: int, load1: float) -> int:
     """Heavy threads still free: the heavy-thread default less the 1-minute load average (rounded).
     The load counts every runnable thread on the host, hostrun's jobs or not, so it says what a new
@@ -107,13 +113,13 @@ def threads_free(heavy_threads: int, load1: float) -> int:
     return max(0, heavy_threads - int(load1 + 0.5))
 
 
-def _gpus() -> tuple[list[dict[str, Any]], str | None]:
+def _gpus() -> tuple[list[Gpu], str | None]:
     """Per device: index, uuid, name, total/used/free bytes; no nvidia-smi means no GPUs, not an
     error. A failing nvidia-smi is reported, and the rest of the report still stands."""
     from dispatch.core.errors import GpuError
     from dispatch.local.gpu import read_gpus
 
     try:
-        return [g._asdict() for g in read_gpus()], None
+        return [g._asdict() for g in read_gpus()], None  # type: ignore[misc]  # Gpu's keys
     except GpuError as exc:
         return [], str(exc)

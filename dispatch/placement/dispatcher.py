@@ -17,25 +17,23 @@ Rules, in order:
 
 from __future__ import annotations
 
-from dispatch.core.errors import NeverFitsError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.records import NamedTuple
 from dispatch.core.settings import Settings
-from dispatch.core.units import format_size
 from dispatch.hosts.base import Host
 from dispatch.hosts.judgement import HostPending
 from dispatch.hosts.judgement import Job as Job
 from dispatch.hosts.judgement import Judgement as Judgement
 from dispatch.hosts.kinds import hosts_of
-from dispatch.local.booking import plan_booking
 from dispatch.local.ledgerdb import PeakRecord
 from dispatch.placement.longrule import long_job_rule
-from dispatch.placement.pending import gpu_free_after
 from dispatch.placement.reports import HostReading
 
 MYPY = False
 if MYPY:
     from typing import Any, Optional
+
+    from dispatch.core.reportshape import Report
 
 
 RUN, QUEUE, REFUSE = "run", "queue", "refuse"
@@ -64,7 +62,7 @@ class Decision(NamedTuple):
                 "reasons": self.reasons, "judgements": [j._asdict() for j in self.judgements]}
 
 
-def _peak(report: dict[str, Any]) -> PeakRecord | None:
+def _peak(report: Report) -> PeakRecord | None:
     record = report.get("label_peak")
     return PeakRecord(**record) if record else None
 
@@ -75,57 +73,7 @@ def judge(host: Host, job: Job, reading: HostReading, waiting: HostPending | Non
     still ``waiting`` to show there."""
     if reading.report is None:
         return Judgement(reading.host, False, False, None, None, f"could not read: {reading.error}")
-    report = reading.report
-    own = host.judge(job, report, waiting)
-    if own is not None:  # a kind that judges by its own rules (a cluster: per node)
-        return own
-    s = report["slice"]
-    limit = int(s["limit"])
-    cap = host.job_cap(job.cap, report["settings"].get("default_cap"))
-    try:
-        plan = plan_booking(cap=cap, peak=_peak(report), slice_limit=limit,
-                            gamble_size=int(report["settings"]["gamble_size"]))
-    except NeverFitsError:
-        return Judgement(reading.host, False, False, cap, None,
-                         f"cap {format_size(cap)} is larger than its slice ({format_size(limit)})",
-                         too_big=True)
-    waiting = waiting or HostPending(0, {}, ())
-    pending = waiting.memory
-    free = int(s["free"]) - int(s.get("queued", 0)) - pending
-    # The machine, not just the slice: memory used outside it can leave less than the slice's room.
-    available = report.get("memory", {}).get("available_for_jobs")  # an older agent lacks it
-    on_machine = None if available is None else int(available) - int(s.get("queued", 0)) - pending
-    machine_short = on_machine is not None and on_machine < free
-    if machine_short:
-        assert on_machine is not None
-        free = on_machine
-    refused = host.cap_problem(plan.limit)
-    if refused is not None:
-        return Judgement(reading.host, False, False, plan.size, free, refused)
-    if job.gpu_memory:
-        gpus = report.get("gpus") or []
-        if not gpus:
-            return Judgement(reading.host, False, False, plan.size, free, "no GPU")
-        vram = gpu_free_after(gpus, waiting)
-        gpu_index = max(vram, key=lambda i: vram[i])
-        best = vram[gpu_index]
-        if best < job.gpu_memory:
-            ever = any(int(g.get("total") or 0) >= job.gpu_memory for g in gpus)
-            vpend = " after pending" if waiting.vram or waiting.vram_unplaced else ""
-            return Judgement(reading.host, False, ever, plan.size, free,
-                             f"needs {format_size(job.gpu_memory)} VRAM, most free on a GPU "
-                             f"{format_size(max(0, best))}{vpend}", gpu_index)
-    else:
-        gpu_index = None
-    pend = f" (after {format_size(pending)} pending)" if pending else ""
-    if machine_short:
-        pend += " on the machine (less available than in its slice)"
-    if free >= plan.size:
-        return Judgement(reading.host, True, True, plan.size, free, f"fits: {plan.kind} booking "
-                         f"{format_size(plan.size)}, {format_size(free)} free{pend}", gpu_index)
-    return Judgement(reading.host, False, True, plan.size, free,
-                     f"full: needs {format_size(plan.size)}, {format_size(max(0, free))} free{pend}",
-                     gpu_index)
+    return host.judge(job, reading.report, waiting)
 
 
 def decide(settings: Settings, job: Job, readings: list[HostReading],

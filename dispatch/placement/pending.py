@@ -19,7 +19,7 @@ from dispatch.hosts.judgement import HostPending
 
 MYPY = False
 if MYPY:
-    from typing import Any
+    from dispatch.core.reportshape import Report
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (
@@ -67,7 +67,7 @@ class Pending:
     def remove(self, note: int) -> None:
         self.db.execute("DELETE FROM pending WHERE id = ?", (note,))
 
-    def settle(self, reports: Iterable[tuple[str, dict[str, Any] | None]]) -> None:
+    def settle(self, reports: Iterable[tuple[str, Report | None]]) -> None:
         """Drop the notes whose booking a host's report now shows (running or queued, same label,
         booked no earlier than the note was sent): from then on that report counts it itself."""
         now = time.time()
@@ -77,8 +77,8 @@ class Pending:
             ages: dict[str, list[float]] = {}
             for job in report.get("running") or []:
                 ages.setdefault(str(job.get("label")), []).append(float(job.get("age_s") or 0))
-            for job in report.get("queue") or []:
-                ages.setdefault(str(job.get("label")), []).append(float(job.get("waited_s") or 0))
+            for queued in report.get("queue") or []:
+                ages.setdefault(str(queued.get("label")), []).append(float(queued.get("waited_s") or 0))
             rows = self.db.execute("SELECT id, label, sent FROM pending WHERE host = ?",
                                    (host,)).fetchall()
             for note, label, sent in rows:
@@ -104,17 +104,3 @@ class Pending:
 
     def close(self) -> None:
         self.db.close()
-
-
-def gpu_free_after(gpus: list[dict[str, Any]], pending: HostPending) -> dict[int, int]:
-    """Free VRAM per GPU index after the host's pending VRAM: placed notes on their device, each
-    unplaced one on the device with the most left (where admission would put it)."""
-    free: dict[int, int] = {}
-    for position, gpu in enumerate(gpus):
-        index = int(gpu["index"]) if gpu.get("index") is not None else position
-        free[index] = int(gpu.get("free") or 0) - pending.vram.get(index, 0)  # "[N/A]" counts as none
-    for size in pending.vram_unplaced:
-        if free:
-            best = max(free, key=lambda i: free[i])
-            free[best] -= size
-    return free

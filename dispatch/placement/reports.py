@@ -13,16 +13,21 @@ from dispatch.core.settings import Settings
 
 MYPY = False
 if MYPY:
-    from typing import Any, Optional
+    from typing import Optional
 
+    from dispatch.core.reportshape import Report
     from dispatch.hosts.base import Host
 
 
 class HostReading(NamedTuple):
+    """One host's report, or why it could not be read; ``source`` is the ``Host`` it was read from
+    (what the renderer and the hooks' table ask how to say it), None for a host not asked."""
+
     host: str
-    report: Optional[dict[str, Any]]
+    report: Optional[Report]
     error: Optional[str]
     elapsed: float
+    source: Optional[Host] = None
 
     @property
     def ok(self) -> bool:
@@ -33,12 +38,12 @@ def _timed(host: Host, label: str | None, peaks: bool) -> HostReading:
     started = time.monotonic()
     try:
         report = host.report(label, peaks)
-        return HostReading(host.name, report, None, time.monotonic() - started)
+        return HostReading(host.name, report, None, time.monotonic() - started, host)
     except HostrunError as exc:
         why = str(exc)
     except OSError as exc:
         why = f"{exc.strerror or exc}"
-    return HostReading(host.name, None, why, time.monotonic() - started)
+    return HostReading(host.name, None, why, time.monotonic() - started, host)
 
 
 def read_reports(settings: Settings, names: list[str] | None = None, label: str | None = None,
@@ -77,4 +82,4 @@ def read_reports(settings: Settings, names: list[str] | None = None, label: str 
         thread.join(max(0.0, settings.report_deadline - (time.monotonic() - started)))
     return [results.get(host.name) or HostReading(
         host.name, None, f"no answer within the {settings.report_deadline:g} s deadline",
-        settings.report_deadline) for host in chosen]
+        settings.report_deadline, host) for host in chosen]

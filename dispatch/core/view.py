@@ -1,0 +1,57 @@
+"""What a host says about itself in ``hostrun report``: plain text in lines and tables, with a style
+name on the parts a terminal shows in colour.
+
+The host (``Host.describe``) decides what to say, because only its kind knows its report's shape;
+the renderer (``dispatch.cli.render``, the one module that imports rich) decides how it looks, and
+escapes every text it is given. So a new host kind is shown without editing the renderer.
+"""
+
+from __future__ import annotations
+
+from dispatch.core.records import NamedTuple
+
+MYPY = False
+if MYPY:
+    from typing import Optional, Union
+
+# style names the renderer knows
+BOLD = "bold"
+RED = "red"
+
+
+class Span(NamedTuple):
+    """A piece of text, ``style`` one of the names above or empty."""
+
+    text: str
+    style: str = ""
+
+
+class Line(NamedTuple):
+    """One line of text."""
+
+    spans: tuple[Span, ...]
+
+
+class Grid(NamedTuple):
+    """A table: a ``title``, its ``columns`` (``header`` False: a what/value table shown without
+    them), its rows of cells; with no rows, ``empty`` is said instead (None: the empty table)."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Span, ...], ...]
+    header: bool = True
+    empty: Optional[str] = None
+
+
+if MYPY:  # for annotations only: no run-time name, as typing stays off the report path
+    Block = Union[Line, Grid]
+
+
+def line(*parts: str | Span) -> Line:
+    """A line from texts and spans."""
+    return Line(tuple(p if isinstance(p, Span) else Span(p) for p in parts))
+
+
+def row(*cells: str | Span) -> tuple[Span, ...]:
+    """A table row from texts and spans."""
+    return tuple(c if isinstance(c, Span) else Span(c) for c in cells)

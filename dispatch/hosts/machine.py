@@ -1,0 +1,148 @@
+"""``MachineHost``: the kinds whose hosts run hostrun's own runner (this machine; an ssh peer, through
+its agent), so their report is a ``MachineReport`` (``dispatch.core.reportshape``): what the agent
+hooks' table and ``hostrun report`` say of such a host is said here, once for both kinds."""
+
+from __future__ import annotations
+
+from dispatch.core import view
+from dispatch.core.units import format_duration, format_size
+from dispatch.hosts.base import Host
+
+MYPY = False
+if MYPY:
+    from dispatch.core.reportshape import MachineReport, Report
+    from dispatch.core.view import Block
+    from dispatch.hosts.judgement import HostPending, Job, Judgement
+    from dispatch.local.ledgerdb import PeakRecord
+
+
+def machine_report(report: Report) -> MachineReport:
+    """A machine kind's report as what it is: its own ``report()`` built it."""
+    return report  # type: ignore[return-value]  # a MachineHost's reports are MachineReports
+
+
+class MachineHost(Host):
+    """A host running hostrun's own runner: a slice, a ledger, heavy threads."""
+
+    def summary(self, report: Report) -> str:
+        data = machine_report(report)
+        load = data.get("load") or [0.0]
+        slice_ = data["slice"]
+        return (f"load {load[0]:.1f} on {data.get('cores', '?')} cores, "
+                f"{data.get('threads_free', '?')} of {data.get('heavy_threads', '?')} heavy "
+                f"threads free, memory available "
+                f"{format_size(data['memory'].get('available_for_jobs'))}, "
+                f"slice {format_size(slice_.get('free'))} free of {format_size(slice_.get('limit'))}, "
+                f"{data.get('queue_length', 0)} queued, {len(data.get('running') or [])} running, "
+                f"GPUs: {_gpus(data)}")
+
+    def judge(self, job: Job, report: Report, waiting: HostPending | None) -> Judgement:
+        """The slice rule: its slice's free room, less its queue, less the bookings still
+        ``waiting`` to show (and no more than the machine has available for jobs), covers the job's
+        booking at the cap it would run under there; the kind may refuse the cap
+        (``cap_problem``); with ``--gpu-memory``, one GPU has that much free after pending VRAM."""
+        from dispatch.core.errors import NeverFitsError
+        from dispatch.hosts.judgement import HostPending, Judgement, gpu_free_after
+        from dispatch.local.booking import plan_booking
+
+        data = machine_report(report)
+        s = data["slice"]
+        limit = int(s["limit"])
+        cap = self.job_cap(job.cap, data["settings"].get("default_cap"))
+        try:
+            plan = plan_booking(cap=cap, peak=_peak(data), slice_limit=limit,
+                                gamble_size=int(data["settings"]["gamble_size"]))
+        except NeverFitsError:
+            return Judgement(self.name, False, False, cap, None,
+                             f"cap {format_size(cap)} is larger than its slice ({format_size(limit)})",
+                             too_big=True)
+        waiting = waiting or HostPending(0, {}, ())
+        pending = waiting.memory
+        free = int(s["free"]) - int(s.get("queued", 0)) - pending
+        # The machine, not just the slice: memory used outside it can leave less than the slice's room.
+        memory = data.get("memory")
+        available = memory.get("available_for_jobs") if memory else None  # an older agent lacks it
+        on_machine = None if available is None else int(available) - int(s.get("queued", 0)) - pending
+        machine_short = on_machine is not None and on_machine < free
+        if machine_short:
+            assert on_machine is not None
+            free = on_machine
+        refused = self.cap_problem(plan.limit)
+        if refused is not None:
+            return Judgement(self.name, False, False, plan.size, free, refused)
+        if job.gpu_memory:
+            gpus = data.get("gpus") or []
+            if not gpus:
+                return Judgement(self.name, False, False, plan.size, free, "no GPU")
+            vram = gpu_free_after(gpus, waiting)
+            gpu_index = max(vram, key=lambda i: vram[i])
+            best = vram[gpu_index]
+            if best < job.gpu_memory:
+                ever = any(int(g.get("total") or 0) >= job.gpu_memory for g in gpus)
+                vpend = " after pending" if waiting.vram or waiting.vram_unplaced else ""
+                return Judgement(self.name, False, ever, plan.size, free,
+                                 f"needs {format_size(job.gpu_memory)} VRAM, most free on a GPU "
+                                 f"{format_size(max(0, best))}{vpend}", gpu_index)
+        else:
+            gpu_index = None
+        pend = f" (after {format_size(pending)} pending)" if pending else ""
+        if machine_short:
+            pend += " on the machine (less available than in its slice)"
+        if free >= plan.size:
+            return Judgement(self.name, True, True, plan.size, free, f"fits: {plan.kind} booking "
+                             f"{format_size(plan.size)}, {format_size(free)} free{pend}", gpu_index)
+        return Judgement(self.name, False, True, plan.size, free,
+                         f"full: needs {format_size(plan.size)}, {format_size(max(0, free))} free{pend}",
+                         gpu_index)
+
+    def describe(self, report: Report) -> list[Block]:
+        """Its memory, slice, bookings, load, heavy threads and GPUs; then its running jobs."""
+        data = machine_report(report)
+        s, mem = data["slice"], data["memory"]
+        version = data.get("agent_version") or data["version"]
+        rows = [view.row("memory", f"{format_size(mem['available'])} available of "
+                                   f"{format_size(mem['total'])}")]
+        if "available_for_jobs" in mem:  # an older peer's agent does not report it
+            rows.append(view.row("available", f"{format_size(mem['available_for_jobs'])} (available "
+                                              "less booked not yet at peak)"))
+        rows += [
+            view.row("slice", f"{format_size(s['limit'])} limit, {format_size(s['used'])} used "
+                              f"(page cache excluded; {format_size(s['reclaimable'])} reclaimable)"),
+            view.row("booked", f"{format_size(s['booked'])} ({format_size(s['booked_not_at_peak'])} "
+                               f"not yet at peak); {format_size(s['free'])} free to book"),
+            view.row("load", " ".join(f"{x:.2f}" for x in data["load"]) + f" on {data['cores']} cores"),
+        ]
+        free = f" ({data['threads_free']} free)" if "threads_free" in data else ""
+        rows.append(view.row("heavy threads", f"{data['heavy_threads']}{free}"))
+        for gpu in data.get("gpus") or []:
+            rows.append(view.row(f"GPU {gpu.get('index', '?')}", f"{gpu.get('name', '')}: "
+                                 f"{format_size(gpu.get('free'))} free of {format_size(gpu.get('total'))}"))
+        rows += [view.row("running", str(len(data["running"]))),
+                 view.row("queue", str(data["queue_length"]))]
+        blocks: list[Block] = [view.Grid(
+            f"host {data['host']} ({data['hostname']}), backend {data['backend']}, hostrun {version}",
+            ("what", "value"), tuple(rows), header=False)]
+        if data["running"]:
+            jobs = tuple(view.row(j["label"] or "", str(j["pid"]), j["kind"], format_size(j["booked"]),
+                                  format_size(j["in_use"]), format_duration(j["age_s"]))
+                         for j in data["running"])
+            blocks.append(view.Grid("running jobs", ("label", "pid", "kind", "booked", "in use", "age"),
+                                    jobs))
+        return blocks
+
+
+def _peak(report: MachineReport) -> PeakRecord | None:
+    from dispatch.local.ledgerdb import PeakRecord
+
+    record = report.get("label_peak")
+    return PeakRecord(**record) if record else None
+
+
+def _gpus(report: MachineReport) -> str:
+    gpus = report.get("gpus") or []
+    if report.get("gpu_error"):
+        return f"unreadable ({report['gpu_error']})"
+    if not gpus:
+        return "none"
+    return ", ".join(f"{g.get('index')}: {format_size(g.get('free'))} free of {format_size(g.get('total'))}"
+                     for g in gpus)
