@@ -557,6 +557,7 @@ def test_importing_and_classifying_a_light_command_stays_light() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout.split()
     assert "dispatch.hooks.classify" in out
+    assert "dispatch.hooks.scripts" not in out  # read only for a shell, python or a script by path
     heavy = {"re", "json", "typing", "argparse", "sqlite3", "pydantic", "rich", "shlex", "fnmatch"}
     assert sorted(heavy & set(out)) == []
 

@@ -22,7 +22,7 @@ import pytest
 
 from dispatch.core.errors import ConfigError
 from dispatch.core.exitcodes import ExitCode
-from dispatch.hooks import claude, install, permissions, selftest, table
+from dispatch.hooks import claude, claudealerts, install, permissions, selftest, table
 from dispatch.placement import alerts
 from dispatch.placement.reports import HostReading
 from tests.support.claude import ROOT, event, real_hook
@@ -427,15 +427,15 @@ def test_session_start_after_compaction_shows_unread_alerts_once(hook: Hook) -> 
 
 def test_many_alerts_show_the_latest_and_say_where_the_rest_are(hook: Hook) -> None:
     assert post(hook) == (None, "")
-    for i in range(claude.MAX_ALERTS + 3):
+    for i in range(claudealerts.MAX_ALERTS + 3):
         alert(hook, f"job{i:02d}")
     said = context(post(hook)[0]).splitlines()
-    assert said[0].startswith(f"hostrun: {claude.MAX_ALERTS + 3} new alerts")
+    assert said[0].startswith(f"hostrun: {claudealerts.MAX_ALERTS + 3} new alerts")
     assert said[1] == f"- (3 older ones: `hostrun alerts --session {SESSION}`)"
-    assert "job03" in said[2] and "job22" in said[-1] and len(said) == claude.MAX_ALERTS + 2
+    assert "job03" in said[2] and "job22" in said[-1] and len(said) == claudealerts.MAX_ALERTS + 2
     alert(hook, "x" * 3000)  # a huge label: its line is cut, the answer stays whole
     (line,) = context(post(hook)[0]).splitlines()[1:]
-    assert line.endswith("...") and len(line) == claude.MAX_ALERT_LINE + 2
+    assert line.endswith("...") and len(line) == claudealerts.MAX_ALERT_LINE + 2
 
 
 def test_an_unusable_alert_cursor_is_one_line_and_no_answer(hook: Hook) -> None:
@@ -563,7 +563,7 @@ def test_agents_status_exits_78_when_a_hook_does_not_deliver(tmp_path: Path,
     monkeypatch.setattr(table, "read", lambda settings, label=None: fake_readings())
     assert install.status(["--config", str(config)]) == 0
     assert capsys.readouterr().out.count("self-test ok") == 15
-    monkeypatch.setattr(claude, "_alerts", lambda *args: [])  # alerts never delivered
+    monkeypatch.setattr(claudealerts, "alert_lines", lambda *args: [])  # alerts never delivered
     assert install.status(["--config", str(config)]) == ExitCode.NOT_RUN == 78
     out = capsys.readouterr().out
     assert "self-test FAIL after a tool, an alert: delivered: no answer" in out

@@ -240,6 +240,13 @@ class _Parser:
         return i
 
     def run(self) -> None:
+        """One pass over the text, a character at a time, for the lines ``plain_lines`` cannot split.
+
+        Kept whole, one branch per character class: every branch moves the same position ``i`` and
+        the same word being built (``word``, ``in_word``), which live in locals; split into methods,
+        each would hand them back and forth through ``self`` on every character of the classifier's
+        hottest loop, and the branches would no longer read as the one table of shell syntax they are.
+        """
         text, n = self.text, len(self.text)
         i = self.plain_lines(0)
         word: list[str] = []

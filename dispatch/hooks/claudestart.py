@@ -1,0 +1,86 @@
+"""SessionStart (also after ``/compact``): what a compaction summary loses, told again.
+
+The mode and what it means, the session's hostrun name, what it holds on this host (running and
+queued jobs, workspace locks, claimed work directories; ``dispatch.hooks.session``) and its unread
+alerts, as ``additionalContext``; and ``HOSTRUN_SESSION`` for the session's later shell commands,
+through ``$CLAUDE_ENV_FILE``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from dispatch.hooks import claudealerts
+from dispatch.hooks.claudeconfig import hook_settings, problem_answer
+from dispatch.hooks.claudeevent import SESSION_START, answer, event_cwd, note
+from dispatch.hooks.session import claude_session
+
+MYPY = False
+if MYPY:
+    from collections.abc import Callable
+    from typing import Any, TextIO
+
+    from dispatch.hooks.claudeevent import HookArgs
+
+MODE_LINES = {
+    "remind": "before each heavy command you see every host's resources; run heavy work as "
+              "`hostrun [-m CAP] -- CMD`.",
+    "wrap": "heavy commands are rewritten to run through hostrun (`hostrun ... -- bash -c '...'`).",
+    "guard": "heavy commands that do not run through hostrun are refused; run them as "
+             "`hostrun [-m CAP] -- CMD`.",
+}
+
+
+def session_start(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | None:
+    """The session's context (always answered, given a ``session_id``); each part that cannot be
+    read is said so, and the rest shown."""
+    from dispatch.hooks import rewrite, session
+
+    name = claude_session(data.get("session_id"))
+    if name is None:
+        note("no session_id in the event: nothing to do", err)
+        return None
+    settings = hook_settings(args, err, data)
+    if settings is None:
+        return problem_answer(args)
+    _export_session(name, err)
+    mode = args.mode or settings.agents.mode
+    cwd = event_cwd(data)
+    lines = [f"hostrun ({mode} mode): {MODE_LINES[mode]} This session is hostrun session {name} "
+             "($HOSTRUN_SESSION)."]
+    root = rewrite.project_root(cwd)
+    sections: list[tuple[str, Callable[[], list[str]]]] = [
+        ("Its hostrun jobs on this host", lambda: session.jobs(settings, name)),
+        ("Workspace locks it holds", lambda: session.locks(name)),
+        (f"Work directories it claimed under {root}", lambda: session.workdirs(name, root))]
+    for title, read in sections:
+        try:
+            found = read()
+        except Exception as exc:  # one part unreadable: say so, show the rest
+            found = [f"- could not read: {exc}"]
+        if found:
+            lines += [f"{title}:", *found]
+    lines += claudealerts.alert_lines(settings, name, SESSION_START, err)
+    return answer(SESSION_START, additionalContext="\n".join(lines))
+
+
+def _export_session(name: str, err: TextIO) -> None:
+    """``export HOSTRUN_SESSION=NAME`` into ``$CLAUDE_ENV_FILE`` (sourced before each of the
+    session's shell commands), once."""
+    path = os.environ.get("CLAUDE_ENV_FILE")
+    if not path:
+        return
+    import shlex
+
+    line = f"export HOSTRUN_SESSION={shlex.quote(name)}\n"
+    try:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                if line in fh.read():
+                    return
+        except FileNotFoundError:
+            pass
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+    except OSError as exc:
+        note(f"could not write HOSTRUN_SESSION to $CLAUDE_ENV_FILE ({path}): {exc.strerror}", err)
