@@ -32,8 +32,6 @@ def _duration(value: Any) -> float:
     return parse_duration(value)
 
 
-
-
 def _memory_size(value: Any) -> int:
     size = _size(value)
     if size < MIN_SIZE:
@@ -43,6 +41,8 @@ def _memory_size(value: Any) -> int:
 
 Size = Annotated[int, BeforeValidator(_size)]
 MemorySize = Annotated[int, BeforeValidator(_memory_size)]
+
+
 def _positive_duration(value: Any) -> float:
     seconds = parse_duration(value)
     if seconds <= 0:
@@ -52,6 +52,8 @@ def _positive_duration(value: Any) -> float:
 
 Duration = Annotated[float, BeforeValidator(_duration)]
 PositiveDuration = Annotated[float, BeforeValidator(_positive_duration)]
+
+
 def _number(value: Any) -> Any:
     """A plain TOML number: ``true`` or ``"90"`` is a mistake, not 1 or 90."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -68,16 +70,27 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False)
 
 
+def _queue_policy(value: Any) -> str:
+    problem = queue_policy_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return str(value)
+
+
 _ANNOTATIONS: dict[str, Any] = {
     hostkeys.SIZE: Optional[Size], hostkeys.MEMORY_SIZE: Optional[MemorySize],
-    hostkeys.POSITIVE_DURATION: Optional[PositiveDuration], hostkeys.INT: Optional[int],
-    hostkeys.WORDS: Optional[list[str]],
+    hostkeys.DURATION: Optional[Duration], hostkeys.POSITIVE_DURATION: Optional[PositiveDuration],
+    hostkeys.INT: Optional[int], hostkeys.COUNT: Optional[Count], hostkeys.BOOL: Optional[bool],
+    hostkeys.POSITIVE_NUMBER: Optional[Number], hostkeys.WORDS: Optional[list[str]],
+    hostkeys.QUEUE_POLICY: Optional[Annotated[str, BeforeValidator(_queue_policy)]],
 }
 
 
 def _field(key: Key) -> tuple[Any, Any]:
     """The pydantic field of a key, from its type tag (a string unless the tag says otherwise)."""
-    return (_ANNOTATIONS.get(key.type, Optional[str]), Field(default=None, ge=key.low, le=key.high))
+    positive = 0 if key.type == hostkeys.POSITIVE_NUMBER else None
+    return (_ANNOTATIONS.get(key.type, Optional[str]),
+            Field(default=None, ge=key.low, le=key.high, gt=positive))
 
 
 class _HostBase(_Strict):
@@ -129,13 +142,6 @@ def _agent_mode(value: Any) -> str:
     return str(value)
 
 
-def _queue_policy(value: Any) -> str:
-    problem = queue_policy_problem(value)
-    if problem is not None:
-        raise ValueError(problem)
-    return str(value)
-
-
 def _patterns(value: Any) -> list[str]:
     """Patterns (``dispatch.hooks.rules``): a list of non-blank strings."""
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -164,35 +170,13 @@ class AgentsModel(_Strict):
     subagent_suite: Literal["refuse", "allow"] = AGENT_DEFAULTS["subagent_suite"]
 
 
-DEFAULTS = Settings._field_defaults  # the one place the top-level defaults are written
-
-
 class _ConfigBase(_Strict):
-    """The top level. Its defaults are ``Settings``' own (``settings_from_dict`` builds the Settings
-    from the file; this model only says what is allowed)."""
+    """The top level's tables; its scalar keys are ``hostkeys.TOP``'s (``config_model`` adds them).
+    Every default is ``Settings``' own: ``settings_from_dict`` builds the Settings from the file,
+    this model only says what is allowed."""
 
-    state_dir: Optional[str] = None  # unset: resolved from $XDG_STATE_HOME/$HOME on every load
-    alert_file: Optional[str] = DEFAULTS["alert_file"]
-    long_job_threshold: Duration = DEFAULTS["long_job_threshold"]
-    pending_window: Duration = DEFAULTS["pending_window"]
-    report_timeout: PositiveDuration = DEFAULTS["report_timeout"]
-    report_deadline: PositiveDuration = DEFAULTS["report_deadline"]
-    enable_across_machines: bool = DEFAULTS["enable_across_machines"]
-    gamble_size: MemorySize = DEFAULTS["gamble_size"]
-    default_gpu_memory: MemorySize = DEFAULTS["default_gpu_memory"]
-    status_interval: PositiveDuration = DEFAULTS["status_interval"]
-    alert_wait_after: Duration = DEFAULTS["alert_wait_after"]
-    kill_grace: Duration = DEFAULTS["kill_grace"]
-    control_persist: Duration = DEFAULTS["control_persist"]
-    agent_idle: Duration = DEFAULTS["agent_idle"]
-    toolchain_probes: list[str] = Field(default_factory=lambda: list(DEFAULTS["toolchain_probes"]))
     toolchain_programs: dict[str, list[str]] = Field(default_factory=dict)
-    sync_excludes: list[str] = Field(default_factory=lambda: list(DEFAULTS["sync_excludes"]))
     groups: dict[str, GroupModel] = Field(default_factory=dict)  # Settings: no groups either
-    clear_mark_after: int = Field(default=DEFAULTS["clear_mark_after"], ge=1, le=1000)
-    queue_policy: Annotated[str, BeforeValidator(_queue_policy)] = DEFAULTS["queue_policy"]
-    history_days: Number = Field(default=DEFAULTS["history_days"], gt=0)
-    history_rows: Count = Field(default=DEFAULTS["history_rows"], ge=1)
     agents: AgentsModel = Field(default_factory=AgentsModel)
 
 
@@ -205,7 +189,8 @@ def config_model(kinds: tuple[KindSpec, ...]) -> type[BaseModel]:
     for spec in kinds:
         fields.update({key.key: _field(key) for key in spec.keys if key.key not in fields})
     host_model = create_model("HostModel", __base__=_HostBase, **fields)
-    return create_model("ConfigModel", __base__=_ConfigBase,
+    top: dict[str, Any] = {key.key: _field(key) for key in hostkeys.TOP}
+    return create_model("ConfigModel", __base__=_ConfigBase, **top,
                         hosts=(dict[str, host_model], Field(default_factory=dict)))  # type: ignore[valid-type]
 
 

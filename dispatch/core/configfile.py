@@ -12,14 +12,21 @@ import os
 
 from dispatch.core.errors import ConfigError
 from dispatch.core.hostkeys import (
+    BOOL,
     CGROUP,
     COMMON,
+    COUNT,
+    DURATION,
+    INT,
     LOCAL,
     LOCAL_KIND,
     MEMORY_SIZE,
     PATH,
     POSITIVE_DURATION,
+    POSITIVE_NUMBER,
+    QUEUE_POLICY,
     SIZE,
+    TOP,
     WORDS,
     inferred_kind,
     kind_problem,
@@ -40,8 +47,6 @@ if MYPY:
 
     from dispatch.core.hostkeys import Key, KindSpec
 
-_TOP_DURATIONS = ("long_job_threshold", "pending_window", "report_timeout", "report_deadline",
-                  "status_interval", "kill_grace", "control_persist", "alert_wait_after", "agent_idle")
 # What the agent on a peer knows: hostrun's own runner there, i.e. this machine (``local``).
 AGENT_KINDS: dict[str, KindSpec] = {LOCAL: LOCAL_KIND}
 
@@ -51,11 +56,23 @@ def _expand(path: Any) -> Any:
 
 
 def _value(key: Key, value: Any, where: str) -> Any:
-    """A value as its key's type tag says (already validated by pydantic on the controller)."""
+    """A value as its key's type tag says (already validated by pydantic on the controller; the
+    agent's path has no pydantic, so what would break a run is checked here too)."""
     if key.type in (SIZE, MEMORY_SIZE):
         return parse_size(value)
-    if key.type == POSITIVE_DURATION:
+    if key.type in (DURATION, POSITIVE_DURATION):
         return parse_duration(value)
+    if key.type == BOOL:
+        return bool(value)
+    if key.type in (INT, COUNT):
+        return int(value) if key.low is None else max(key.low, int(value))
+    if key.type == POSITIVE_NUMBER:
+        return float(value)
+    if key.type == QUEUE_POLICY:
+        problem = queue_policy_problem(value)
+        if problem is not None:
+            raise ConfigError(f"{where}: {key.key}: {problem}")
+        return value
     if key.type == PATH:
         return _expand(value)
     if key.type == WORDS:
@@ -123,35 +140,14 @@ def settings_from_dict(raw: Mapping[str, Any], source: str,
     registered kind, ``dispatch.hosts.kinds``; the agent only ``local``): a host of another kind is
     left out. A ``state_dir`` left unset stays "" so that it is resolved from the environment on
     every load (see ``Settings.with_env_overrides``)."""
-    values: dict[str, Any] = {}
-    for key in _TOP_DURATIONS:
-        if raw.get(key) is not None:
-            values[key] = parse_duration(raw[key])
-    for key in ("gamble_size", "default_gpu_memory"):
-        if raw.get(key) is not None:
-            values[key] = parse_size(raw[key])
+    values: dict[str, Any] = {key.field: _value(key, raw[key.key], source) for key in TOP
+                              if raw.get(key.key) is not None}
     if raw.get("groups"):
         values["groups"] = {name: int(table["max_running"]) for name, table in raw["groups"].items()
                             if (table or {}).get("max_running") is not None}
-    for key in ("toolchain_probes", "sync_excludes"):
-        if raw.get(key) is not None:
-            values[key] = tuple(str(item) for item in raw[key])
     if raw.get("toolchain_programs"):
         values["toolchain_programs"] = {str(name): tuple(str(p) for p in probes)
                                         for name, probes in raw["toolchain_programs"].items()}
-    if raw.get("queue_policy") is not None:  # checked here too: the agent's path has no pydantic
-        problem = queue_policy_problem(raw["queue_policy"])
-        if problem is not None:
-            raise ConfigError(f"{source}: queue_policy: {problem}")
-        values["queue_policy"] = raw["queue_policy"]
-    if raw.get("clear_mark_after") is not None:
-        values["clear_mark_after"] = max(1, int(raw["clear_mark_after"]))
-    if raw.get("history_days") is not None:
-        values["history_days"] = float(raw["history_days"])
-    if raw.get("history_rows") is not None:
-        values["history_rows"] = int(raw["history_rows"])
-    if raw.get("enable_across_machines") is not None:
-        values["enable_across_machines"] = bool(raw["enable_across_machines"])
     if raw.get("agents") is not None:
         values["agents"] = agents_from_dict(raw["agents"])
     hosts = {}
@@ -162,9 +158,9 @@ def settings_from_dict(raw: Mapping[str, Any], source: str,
     hosts.setdefault(LOCAL, HostSettings(LOCAL, LOCAL))
     overrides = {key.env: (spec.name, key.field) for spec in kinds.values() for key in spec.keys
                  if key.env}
+    values["state_dir"] = values.get("state_dir") or ""  # "": resolved from the environment per load
+    values["alert_file"] = values.get("alert_file") or None
     return Settings.default(
-        state_dir=_expand(raw.get("state_dir")) or "",
-        alert_file=_expand(raw.get("alert_file")) or None,
         hosts=hosts,
         source=os.path.abspath(source),
         overrides=overrides,

@@ -1,4 +1,5 @@
-"""The ``[hosts.NAME]`` keys, declared once (standard library only: the agent parses with them too).
+"""The keys of ``hosts.toml``, declared once (standard library only: the agent parses with them too):
+the top level's scalar keys (``TOP``) and the ``[hosts.NAME]`` keys.
 
 A host *kind* (``local``, ``ssh``, ...) is declared by a ``KindSpec``: its own keys, each a ``Key``
 with a type tag, plus the rules that are the kind's to make. Every kind shares ``COMMON``: the keys
@@ -32,6 +33,11 @@ PATH = "path"  # a file on this machine: a leading ~ is expanded; trust-checked 
 CGROUP = "cgroup"  # an absolute path in the cgroup hierarchy (checked by ``cgroup_path_problem``)
 BACKEND = "backend"  # one of the cap backends' names
 WORDS = "words"  # a list of strings (arguments handed on as they are), kept as a tuple
+DURATION = "duration"  # seconds: 90m, >= 0
+BOOL = "bool"  # true or false
+COUNT = "count"  # a plain TOML integer (not true, not "9") within low..high
+POSITIVE_NUMBER = "positive_number"  # a plain TOML number > 0
+QUEUE_POLICY = "queue_policy"  # one of ``settings.QUEUE_POLICIES``
 
 
 class Key(NamedTuple):
@@ -68,6 +74,31 @@ COMMON: tuple[Key, ...] = (
     Key("max_runtime", "max_runtime", POSITIVE_DURATION),
 )
 FALLBACK_FIELDS = tuple(k.field for k in COMMON if k.fallback)
+
+# The top level's scalar keys, each a ``Settings`` field of the same name (its default is there); the
+# tables (``[hosts.*]``, ``[groups.*]``, ``[toolchain_programs]``, ``[agents]``) have their own models.
+TOP: tuple[Key, ...] = (
+    Key("state_dir", "state_dir", PATH),  # unset: resolved from $XDG_STATE_HOME/$HOME on every load
+    Key("alert_file", "alert_file", PATH),
+    Key("long_job_threshold", "long_job_threshold", DURATION),
+    Key("pending_window", "pending_window", DURATION),
+    Key("report_timeout", "report_timeout", POSITIVE_DURATION),
+    Key("report_deadline", "report_deadline", POSITIVE_DURATION),
+    Key("enable_across_machines", "enable_across_machines", BOOL),
+    Key("gamble_size", "gamble_size", MEMORY_SIZE),
+    Key("default_gpu_memory", "default_gpu_memory", MEMORY_SIZE),
+    Key("status_interval", "status_interval", POSITIVE_DURATION),
+    Key("alert_wait_after", "alert_wait_after", DURATION),
+    Key("kill_grace", "kill_grace", DURATION),
+    Key("control_persist", "control_persist", DURATION),
+    Key("agent_idle", "agent_idle", DURATION),
+    Key("toolchain_probes", "toolchain_probes", WORDS),
+    Key("sync_excludes", "sync_excludes", WORDS),
+    Key("clear_mark_after", "clear_mark_after", INT, 1, 1000),
+    Key("queue_policy", "queue_policy", QUEUE_POLICY),
+    Key("history_days", "history_days", POSITIVE_NUMBER),
+    Key("history_rows", "history_rows", COUNT, 1),
+)
 
 LOCAL_KIND = KindSpec(LOCAL, here=True, foreign="{key} is for peers; local is this machine")
 
