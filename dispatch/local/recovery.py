@@ -1,8 +1,8 @@
 """Recovering a damaged ledger: confirm the damage, move the file aside, start a fresh one.
 
-Imported only when a ledger operation failed (``dispatch.local.ledger``), by ``hostrun doctor``, and to find
-the running jobs to re-book. The fresh ledger is built under a temporary name and renamed into place,
-so no process ever opens a half-built one:
+Imported only when a ledger operation failed (``dispatch.local.ledgerfile``), by ``hostrun doctor``,
+and to find the running jobs to re-book. The fresh ledger is built under a temporary name and
+renamed into place, so no process ever opens a half-built one:
 
 - the peak table and history are replayed from the journal (``dispatch.local.peakjournal``);
 - each job still running in the slice is re-booked from its cgroup ``job-<hostrun pid>-<start>``:
