@@ -55,7 +55,6 @@ def _stopped(b: Booking) -> bool:
 class Ledger(LedgerFile):
     """The store's operations on bookings, peaks and runs; ``LedgerFile`` keeps it usable."""
 
-
     # -- wake-ups: a change that may free room rings the waiter that can use it (local/wakeup.py) --
     def wake_next(self, host: str, after: int = 0) -> None:
         """Ring the first waiter of ``host`` after booking ``after`` (0: the head) that listens.
