@@ -35,6 +35,7 @@ from dispatch.core.errors import GpuError
 from dispatch.core.hostfacts import NVIDIA_PROC_ENV, has_nvidia_gpus
 from dispatch.core.procinfo import start_time
 from dispatch.local.admission import status_line, wait_reason
+from dispatch.local.admitpolicy import Admission, Room, choose_gpu
 from dispatch.local.gpu import (
     KERNEL_LOG_ENV,
     KERNEL_PATTERNS,
@@ -53,7 +54,7 @@ from dispatch.local.gpu import (
     read_gpus,
     visible,
 )
-from dispatch.local.ledger import Admission, Ledger, Room, choose_gpu
+from dispatch.local.ledger import Ledger
 from dispatch.local.ledgerdb import SCHEMA_VERSION, Booking
 from tests.conftest import Hostrun, wait_for
 from tests.support.gpus import FakeGpus

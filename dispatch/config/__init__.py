@@ -112,9 +112,9 @@ def _validate_once(path: str, environ: Mapping[str, str], directory: str, cache_
         trust.private_dir(directory)
         lock_fd = os.open(os.path.join(directory, "lock"),
                           os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        import fcntl
+        from dispatch.core.flocking import flock_wait
 
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        flock_wait(lock_fd)
     except (OSError, ConfigError):
         if lock_fd is not None:
             os.close(lock_fd)

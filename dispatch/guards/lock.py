@@ -25,7 +25,6 @@ an ancestor process) runs its command inside that lock instead of waiting for it
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -36,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dispatch.core.atomicfile import write_atomic
 from dispatch.core.errors import LockTimeoutError, UsageError
 from dispatch.core.exitcodes import from_wait_status
+from dispatch.core.flocking import try_flock
 from dispatch.core.procinfo import cmdline, is_alive, start_time
 from dispatch.core.records import NamedTuple
 
@@ -201,12 +201,9 @@ def flock_held(path: str) -> bool:
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        return not try_flock(fd, shared=True)
     finally:
         os.close(fd)  # also releases the shared lock just taken
-    return False
 
 
 def _ancestors() -> set[tuple[int, int]]:
@@ -240,9 +237,7 @@ def acquire(paths: LockPaths, me: Holder, say: Callable[[str], None], interval: 
     while True:
         fd = _open_lock_file(paths.lock)
         blocker: Holder | None = None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not try_flock(fd):
             os.close(fd)
             blocker = read_record(paths.record)
         else:

@@ -29,7 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dispatch.capping.base import CapBackend, JobCgroup
 from dispatch.core.hostfacts import MemInfo, read_meminfo
 from dispatch.core.units import format_duration, format_size
-from dispatch.local.ledger import Admission, Ledger, Room
+from dispatch.local.admitpolicy import Admission, Room
+from dispatch.local.ledger import Ledger
 from dispatch.local.ledgerdb import Booking
 
 MYPY = False

@@ -1,8 +1,8 @@
 """The ledger's store: its SQLite schema and the records its rows become (standard library only).
 
-Apart from ``dispatch.local.ledger`` (the operations), because a recovery
-(``dispatch.local.recovery``) and the peak journal (``dispatch.local.peakjournal``) build and replay
-the same tables without needing the ledger.
+Apart from ``dispatch.local.ledger`` (the operations) and ``dispatch.local.ledgerfile`` (the
+connection), because a recovery (``dispatch.local.recovery``) and the peak journal
+(``dispatch.local.peakjournal``) build and replay the same tables without needing the ledger.
 """
 
 from __future__ import annotations
@@ -218,6 +218,40 @@ def create_tables(db: sqlite3.Connection) -> None:
     for statement in SCHEMA.split(";"):
         if statement.strip():
             db.execute(statement)
+
+
+def migrate(db: sqlite3.Connection) -> None:
+    """Create the tables, or add the columns an older ledger lacks, then write the version last (in
+    the caller's write transaction: a crash leaves the old version, and the next open migrates)."""
+    create_tables(db)
+    for table, added in (("bookings", ADDED_COLUMNS), ("peaks", ADDED_PEAK_COLUMNS)):
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        for name, declaration in added:
+            if name not in have:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+def booking_rows(db: sqlite3.Connection, where: str, params: tuple[object, ...]) -> list[Booking]:
+    """The bookings matching ``where``, in id order (queue order)."""
+    cur = db.execute(f"SELECT {BOOKING_COLUMNS} FROM bookings WHERE {where} ORDER BY id", params)
+    return [Booking(*row) for row in cur.fetchall()]
+
+
+def peak_rows(db: sqlite3.Connection) -> list[PeakRecord]:
+    """The whole peak table, by host and label."""
+    rows = db.execute(f"SELECT {PEAK_COLUMNS} FROM peaks ORDER BY host, label").fetchall()
+    return [peak_record(r) for r in rows]
+
+
+def peak_run_rows(db: sqlite3.Connection, host: str | None = None) -> list[PeakRun]:
+    """The peak history (oldest first per label), of one host or all."""
+    where, params = ("WHERE host = ?", (host,)) if host else ("", ())
+    rows = db.execute(
+        "SELECT label, host, peak, cap, hit_ceiling, duration, at FROM peak_runs"
+        f" {where} ORDER BY host, label, id", params
+    ).fetchall()
+    return [PeakRun(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6]) for r in rows]
 
 
 def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ceiling: bool,

@@ -1,8 +1,8 @@
 """Recovering a damaged ledger: confirm the damage, move the file aside, start a fresh one.
 
-Imported only when a ledger operation failed (``dispatch.local.ledger``), by ``hostrun doctor``, and to find
-the running jobs to re-book. The fresh ledger is built under a temporary name and renamed into place,
-so no process ever opens a half-built one:
+Imported only when a ledger operation failed (``dispatch.local.ledgerfile``), by ``hostrun doctor``,
+and to find the running jobs to re-book. The fresh ledger is built under a temporary name and
+renamed into place, so no process ever opens a half-built one:
 
 - the peak table and history are replayed from the journal (``dispatch.local.peakjournal``);
 - each job still running in the slice is re-booked from its cgroup ``job-<hostrun pid>-<start>``:
@@ -18,11 +18,11 @@ Standard library only: a peer's agent recovers its own ledger the same way.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sqlite3
 import time
 
+from dispatch.core.flocking import flock_wait
 from dispatch.core.procinfo import cmdline, is_alive
 from dispatch.local import peakjournal
 from dispatch.local.ledgerdb import PEAK_COLUMNS, SCHEMA_VERSION, Booking, create_tables, record_fold
@@ -45,7 +45,7 @@ class Lock:
 
     def __enter__(self) -> Lock:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        flock_wait(self.fd)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -35,10 +35,11 @@ from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
 from dispatch.local.admission import wait_for_room
+from dispatch.local.admitpolicy import Admission, Room
 from dispatch.local.booking import Plan, default_label, plan_booking
 from dispatch.local.guardian import DEADLINE_MARGIN, Guardian
 from dispatch.local.hostslice import LocalSlice
-from dispatch.local.ledger import Admission, Ledger, Room
+from dispatch.local.ledger import Ledger
 from dispatch.local.ledgerdb import record_outcome
 from dispatch.local.signals import FORWARDED as FORWARDED
 from dispatch.local.signals import ForwardedSignals as _Signals

@@ -180,11 +180,11 @@ def _cursor_text(ident: object, offset: int, since: float) -> bytes:
 def unread(settings: Settings, session: str, mark: bool = True) -> list[dict[str, Any]]:
     """The alerts for ``session`` that it has not read yet, oldest first; with ``mark`` its cursor
     moves past them (and past every alert for other sessions), so each is returned once."""
-    import fcntl
+    from dispatch.core.flocking import flock_wait
 
     fd = _open_cursor(cursor_path(settings, session))
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        flock_wait(fd)
         raw = os.pread(fd, 4096, 0)
         try:
             state = loads(raw.decode("utf-8")) if raw.strip() else {}

@@ -33,8 +33,7 @@ PID_FILE = "watch.pid"
 
 def hold_instance_lock(state_dir: str) -> int:
     """The pid file, locked for this process; NotRunError (78) while another watchdog holds it."""
-    import fcntl
-
+    from dispatch.core.flocking import try_flock
     from dispatch.guards.trust import private_dir
 
     path = os.path.join(private_dir(state_dir), PID_FILE)
@@ -44,13 +43,11 @@ def hold_instance_lock(state_dir: str) -> int:
         os.close(fd)
         raise UsageError(f"refusing {path}: not a private file of yours (mode "
                          f"{st.st_mode & 0o7777:04o}); remove it")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not try_flock(fd):
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
         os.close(fd)
         raise NotRunError(f"another 'hostrun watch' (pid {holder}) already watches {state_dir}; "
-                          "one per state directory") from None
+                          "one per state directory")
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
