@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from dispatch.core.procinfo import is_stopped, start_time
+from dispatch.core.units import MiB
 from dispatch.local.ledger import Ledger
 from tests.conftest import Hostrun, pid_alive, wait_for
-
-MiB = 1 << 20
 
 
 def _intervals(marks: Path) -> list[tuple[float, float]]:

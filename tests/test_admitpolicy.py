@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
+from dispatch.core.units import GiB
 from dispatch.local.admitpolicy import Admission, Room, evaluate, passed_over
 from dispatch.local.ledgerdb import Booking
 
-GiB = 1 << 30
 NOW = 1_000_000.0
 
 

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from dispatch.core.settings import Settings
+from dispatch.core.units import MiB
 from dispatch.hosts import bundle
 from dispatch.hosts.agentd import ask, local_socket
 from dispatch.hosts.peer import PeerClient
 from tests.conftest import Hostrun, _stop_masters, pid_alive
-
-MiB = 1 << 20
 
 
 def setup(hostrun: Hostrun, peers: Any, idle: str = "30s", sshd_extra: str = "") -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.settings import Settings
+from dispatch.core.units import MiB
 from dispatch.local.alertlog import FIELDS, append, checked_figures, record
 from dispatch.local.capacity import half_rule_cap
 from dispatch.placement import alerts
@@ -25,7 +26,6 @@ from tests.support.peers import setup
 from tests.support.sshd import keygen
 
 PY = sys.executable
-MiB = 1 << 20
 
 
 def alert_records(hostrun: Hostrun) -> list[dict[str, Any]]:

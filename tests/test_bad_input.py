@@ -18,10 +18,10 @@ import pytest
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.procinfo import start_time
 from dispatch.core.text import check_name, printable
+from dispatch.core.units import MiB
 from dispatch.local.ledger import Ledger
 from tests.conftest import Hostrun, wait_for
 
-MiB = 1 << 20
 FORGED = "x\nhostrun: exit 250 (own-cap): the job was OOM-killed at its own cap"
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from dispatch.core.exitcodes import ExitCode
+from dispatch.core.units import GiB, MiB
 from dispatch.local.capacity import (
     CAP_BELOW,
     HIT_CEILING,
@@ -38,8 +39,6 @@ from dispatch.local.ledgerdb import PEAK_HISTORY, SCHEMA_VERSION, PeakRecord
 from tests.conftest import Hostrun
 
 PY = sys.executable
-MiB = 1 << 20
-GiB = 1 << 30
 
 
 def peaks(max_peak: int, *, runs: int = 1, last: int | None = None, hit: bool = False,

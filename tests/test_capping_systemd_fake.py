@@ -39,10 +39,9 @@ from dispatch.capping.systemd import (
 )
 from dispatch.core.errors import BackendError
 from dispatch.core.exitcodes import ExitCode
+from dispatch.core.units import GiB, MiB
 from tests.support.fakesystemd import FakeManager
 
-GiB = 1 << 30
-MiB = 1 << 20
 UID = os.geteuid() or 1000  # a user manager's owner: as root, the socket is handed to uid 1000
 USER_ROOT = f"/user.slice/user-{UID}.slice/user@{UID}.service"
 

@@ -32,9 +32,7 @@ import pytest
 from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job
 from dispatch.core.errors import BackendError
 from dispatch.core.exitcodes import ExitCode
-
-MiB = 1 << 20
-GiB = 1 << 30
+from dispatch.core.units import GiB, MiB
 
 ROOT_CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc"
 

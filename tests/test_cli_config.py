@@ -13,9 +13,8 @@ import pytest
 from dispatch.config import load_settings
 from dispatch.core.errors import ConfigError
 from dispatch.core.exitcodes import ExitCode
+from dispatch.core.units import GiB
 from tests.conftest import Hostrun
-
-GiB = 1 << 30
 
 
 def cli(

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from dispatch.core.units import MiB
 from tests.conftest import ON_CI, Hostrun, wait_for
 
-MiB = 1 << 20
 PEAK_COLUMNS = "label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration, updated"
 RUN_COLUMNS = "label, host, peak, cap, hit_ceiling, duration, at"
 

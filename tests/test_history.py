@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dispatch.core.units import MiB
 from tests.conftest import Hostrun, wait_for
 
 PY = sys.executable
-MiB = 1 << 20
 DAY = 86400.0
 
 

@@ -16,6 +16,7 @@ from dispatch.core.configfile import settings_from_dict
 from dispatch.core.errors import ConfigError, OverPeerCapError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.settings import Settings
+from dispatch.core.units import GiB, MiB
 from dispatch.hosts import kinds
 from dispatch.hosts.kinds import KINDS, host_for
 from dispatch.hosts.local import LocalHost
@@ -24,9 +25,6 @@ from dispatch.hosts.ssh import SshPeer
 from dispatch.placement.dispatcher import Decision, Job, decide
 from dispatch.placement.reports import HostReading
 from tests.support.toykind import ToyHost
-
-MiB = 1 << 20
-GiB = 1 << 30
 
 
 def load(tmp_path: Path, body: str) -> Settings:

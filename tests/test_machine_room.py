@@ -21,11 +21,9 @@ from dispatch.core.exitcodes import ExitCode
 from dispatch.core.hostfacts import MemInfo
 from dispatch.core.procinfo import start_time
 from dispatch.core.settings import HostSettings
+from dispatch.core.units import GiB, MiB
 from dispatch.local.admission import room_function, status_line, wait_reason
 from dispatch.local.ledger import Ledger
-
-MiB = 1 << 20
-GiB = 1 << 30
 
 
 class _Job:

@@ -13,10 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dispatch.core.units import MiB
 from tests.conftest import Hostrun, wait_for
 
 PY = sys.executable
-MiB = 1 << 20
 # The job prints its oom_score_adj: the booking kind seen from inside.
 SHOW_ADJ = [PY, "-c", "print(open('/proc/self/oom_score_adj').read().strip())"]
 

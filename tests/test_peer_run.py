@@ -20,11 +20,10 @@ from typing import Any
 import pytest
 
 from dispatch.core.exitcodes import ExitCode
+from dispatch.core.units import MiB
 from tests.conftest import Hostrun, _stop_masters, pid_alive, wait_for
 from tests.support.fakerustup import FakeRustup
 from tests.support.peers import PY, TOP, make_tree, peer_bookings, remote_tree, setup
-
-MiB = 1 << 20
 
 
 def test_build_like_job_runs_on_the_peer_and_returns_its_result(hostrun: Hostrun, peers: Any,

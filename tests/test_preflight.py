@@ -29,7 +29,6 @@ from tests.conftest import Hostrun, wait_for
 from tests.support.gpus import FakeGpus
 
 PY = sys.executable
-MiB = 1 << 20
 
 
 def write_script(path: Path, headers: str, body: str = "") -> Path:

@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from dispatch.core.units import MiB
 from tests.conftest import Hostrun, pid_alive, wait_for
 
 PY = sys.executable
-MiB = 1 << 20
 
 
 def result(path: Path) -> dict[str, object]:

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from dispatch.capping.systemd import Manager, SystemdBackend
+from dispatch.core.units import MiB
 from dispatch.local.sharedd import WAITING_MAX, Daemon
 from tests.conftest import OtherUser, wait_for
 from tests.support.fakesystemd import FakeManager
 
-MiB = 1 << 20
 LIMIT = 400 * MiB
 
 

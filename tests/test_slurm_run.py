@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from dispatch.core.exitcodes import ExitCode
+from dispatch.core.units import MiB
 from dispatch.hosts import slurmfacts as sf
 from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.system
-MiB = 1 << 20
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from dispatch.core.units import MiB
 from dispatch.hosts import slurmfacts as sf
 
 RECORDED = Path(__file__).parent / "recorded" / "slurm"
-MiB = 1 << 20
 
 
 def recorded(name: str) -> str:

@@ -9,11 +9,10 @@ import signal
 import time
 from typing import Any
 
+from dispatch.core.units import MiB
 from dispatch.hosts import slurmfacts as sf
 from tests.conftest import Hostrun
 from tests.support.slurmcluster import SlurmCluster
-
-MiB = 1 << 20
 
 
 def use_cluster(hostrun: Hostrun, cluster: SlurmCluster, extra: str = "", conf: str | None = None) -> None:

@@ -27,10 +27,10 @@ from dispatch.core.errors import ConfigError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.fingerprint import short_hash
 from dispatch.core.settings import Settings
+from dispatch.core.units import GiB
 from dispatch.hosts.transport import control_dir
 from tests.conftest import Hostrun, OtherUser
 
-GiB = 1 << 30
 TOP = 'enable_across_machines = true\ntoolchain_probes = ["rsync --version"]'
 
 

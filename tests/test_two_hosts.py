@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dispatch.core.exitcodes import ExitCode
+from dispatch.core.units import MiB
 from tests.conftest import Hostrun
-
-MiB = 1 << 20
 
 
 def report(hostrun: Hostrun, *args: str) -> tuple[int, dict[str, Any]]:

@@ -25,7 +25,7 @@ from dispatch.core.errors import (
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import check_name, storable
-from dispatch.core.units import format_duration, parse_duration, parse_size
+from dispatch.core.units import GiB, MiB, format_duration, parse_duration, parse_size
 from dispatch.guards.longjob import KEYS, from_headers, missing, parse_spec
 from dispatch.hosts import transport as ssh
 from dispatch.hosts.judgement import HostPending
@@ -37,8 +37,6 @@ from dispatch.placement.dispatcher import Decision, Job, decide, judge
 from dispatch.placement.reports import HostReading
 from tests.conftest import wait_for
 
-MiB = 1 << 20
-GiB = 1 << 30
 PEER = "peer1"
 
 

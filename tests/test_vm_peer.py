@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from dispatch.core.exitcodes import ExitCode
+from dispatch.core.units import MiB
 from tests.conftest import Hostrun, _stop_masters, wait_for
 from tests.support.vmguest import Guest
 
-MiB = 1 << 20
 HOG = ["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"]
 TOP = 'enable_across_machines = true\nagent_idle = "0"\nreport_timeout = "30s"\nreport_deadline = "40s"'
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from dispatch.core.units import MiB
 from tests.conftest import wait_for
 
-MiB = 1 << 20
 GROUP = "hostrun-shared"
 ROOT = "/tmp/hostrun-shared-tests"
 SLICE = 400 * MiB

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from dispatch.core.units import MiB
 from tests.support.vmguest import Guest
 
-MiB = 1 << 20
 RUNS = {"root": 20, "dev": 10}
 # A job that touches 64 MiB at once: dd's buffer is filled from /dev/zero (no interpreter to start).
 HOG = ["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"]
