@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dispatch.core.records import NamedTuple
 from dispatch.core.text import printable
 from dispatch.core.units import format_duration, format_size
 from dispatch.core.view import Line, Span
@@ -18,7 +19,8 @@ from dispatch.local.ledgerdb import Booking, PeakRecord, RunRecord
 if TYPE_CHECKING:
     from dispatch.core.view import Block
 
-console = Console()
+# a line of text is never broken here: a terminal wraps it, a pipe gets it whole
+console = Console(soft_wrap=True)
 
 
 def _t(value: object) -> str:
@@ -27,14 +29,66 @@ def _t(value: object) -> str:
     return escape(printable(str(value)))
 
 
+class Col(NamedTuple):
+    """A column of a table that fits the terminal: ``drop`` orders which go first when the width is
+    short (0: never); a ``flex`` column (a label, a command, a reason) gives up width first, cut
+    with an ellipsis; the others keep their natural width (sizes, durations, ids are compact)."""
+
+    name: str
+    drop: int = 0
+    flex: bool = False
+    justify: str = "left"
+
+
+FLEX_MIN = 8  # a flex column is never narrower than this (or its header) ...
+MAIN_MIN = 12  # ... nor one never dropped (what the row is about: a label, a reason)
+
+
+def fitted(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]]) -> Table:
+    """A table of one line per row within the console's width (``rows``: rich markup, already
+    escaped): columns dropped in ``drop`` order while even their minimum widths do not fit, then the
+    flex columns share what is left, each cut with an ellipsis (the full text stays in ``--json``)."""
+    from rich.text import Text
+
+    natural = [max([len(c.name)] + [Text.from_markup(r[i]).cell_len for r in rows])
+               for i, c in enumerate(cols)]
+    least = [min(n, max(len(c.name), FLEX_MIN if c.drop else MAIN_MIN)) if c.flex else n
+             for c, n in zip(cols, natural)]
+    keep = list(range(len(cols)))
+    width = console.width
+
+    def overhead(n: int) -> int:
+        return 3 * n + 1  # a border and a space either side of each cell
+
+    for i in sorted(keep, key=lambda i: -cols[i].drop):
+        if sum(least[k] for k in keep) + overhead(len(keep)) <= width or cols[i].drop == 0:
+            break
+        keep.remove(i)
+    slack = width - overhead(len(keep)) - sum(natural[k] for k in keep if not cols[k].flex)
+    flex = [k for k in keep if cols[k].flex]
+    widths = {k: natural[k] for k in keep}
+    if flex and sum(natural[k] for k in flex) > slack:
+        # each its least, then what is left shared by how much more each would take
+        spare = max(0, slack - sum(least[k] for k in flex))
+        more = sum(natural[k] - least[k] for k in flex) or 1
+        for k in flex:
+            widths[k] = least[k] + spare * (natural[k] - least[k]) // more
+    heading = Text.from_markup(title, overflow="ellipsis")
+    heading.no_wrap = True
+    table = Table(title=heading if title else None)
+    for k in keep:
+        c = cols[k]
+        table.add_column(c.name, justify=c.justify, no_wrap=True, overflow="ellipsis",  # type: ignore[arg-type]
+                         max_width=widths[k] if c.flex else None, min_width=None)
+    for r in rows:
+        table.add_row(*(r[k] for k in keep))
+    return table
+
+
 def codes(rows: Sequence[tuple[int, str, str]]) -> None:
-    table = Table(title="hostrun exit codes (a job's own status passes through; signal N → 128+N)")
-    table.add_column("code", justify="right")
-    table.add_column("name")
-    table.add_column("meaning")
-    for code, name, meaning in rows:
-        table.add_row(str(code), name, meaning)
-    console.print(table)
+    console.print(fitted("hostrun exit codes (a job's own status passes through; signal N → 128+N)",
+                         (Col("code", justify="right"), Col("name", 1), Col("meaning", 0, flex=True)),
+                         [(str(code), name, meaning) for code, name, meaning in rows]))
 
 
 QUEUE_SHOWN = 50  # a terminal's worth: a queue of thousands is a count, not a table (--json has all)
@@ -46,12 +100,8 @@ def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
     from dispatch.local.booking import mark_reasons
 
     now = time.time()
-    running = Table(title="running")
-    for col in ("id", "host", "label", "pid", "kind", "booked", "cap", "age", "session"):
-        running.add_column(col)
-    queue = Table(title="queue (FIFO)")
-    for col in ("id", "host", "label", "pid", "need", "waited", "reason"):
-        queue.add_column(col)
+    running: list[tuple[str, ...]] = []
+    queue: list[tuple[str, ...]] = []
     waiting = 0
     for b in bookings:
         if b.state != "running":
@@ -62,28 +112,33 @@ def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
         if b.id in invalid:  # nothing acts on its cgroup; see dispatch.capping.base.checked_job_path
             label += " [red](invalid: cgroup outside the slice)[/red]"
         if b.state == "running":
-            running.add_row(str(b.id), _t(b.host), label, str(b.pid), _t(b.kind), format_size(b.size),
+            running.append((str(b.id), _t(b.host), label, str(b.pid), _t(b.kind), format_size(b.size),
                             format_size(b.cap), format_duration(now - (b.since or now)),
-                            _t(b.session or ""))
+                            _t(b.session or "")))
         else:
-            queue.add_row(str(b.id), _t(b.host), label, str(b.pid), format_size(b.size),
-                          format_duration(now - b.queued), _t(b.reason or ""))
-    table = Table(title="peak table")
-    for col in ("label", "host", "max peak", "last peak", "runs", "hit ceiling", "last duration"):
-        table.add_column(col)
-    marks = []
+            queue.append((str(b.id), _t(b.host), label, str(b.pid), format_size(b.size),
+                          format_duration(now - b.queued), _t(b.reason or "")))
+    rows, marks = [], []
     for p in peaks:
-        table.add_row(_t(p.label), _t(p.host), format_size(p.max_peak), format_size(p.last_peak),
-                      str(p.runs), "yes" if p.hit_ceiling else "no", format_duration(p.last_duration))
+        rows.append((_t(p.label), _t(p.host), format_size(p.max_peak), format_size(p.last_peak),
+                     str(p.runs), "yes" if p.hit_ceiling else "no", format_duration(p.last_duration)))
         reasons = mark_reasons(p, clear_after)
         if reasons:
             marks.append(f"{_t(p.label)} on {_t(p.host)}: booked at its cap: {'; '.join(reasons)}")
-    console.print(running if running.row_count else "running: none")
-    console.print(queue if queue.row_count else "queue: empty")
+    console.print(fitted("running", (Col("id"), Col("host", 4), Col("label", 0, flex=True), Col("pid", 3),
+                                     Col("kind", 5), Col("booked"), Col("cap", 2), Col("age", 1),
+                                     Col("session", 6, flex=True)), running)
+                  if running else "running: none")
+    console.print(fitted("queue (FIFO)", (Col("id"), Col("host", 3), Col("label", 0, flex=True),
+                                          Col("pid", 2), Col("need"), Col("waited", 1),
+                                          Col("reason", 4, flex=True)), queue)
+                  if queue else "queue: empty")
     if waiting > QUEUE_SHOWN:
         console.print(f"… and {waiting - QUEUE_SHOWN} more waiting ({waiting} in all; "
                       "'hostrun ledger --json' lists every one)")
-    console.print(table if table.row_count else "peak table: empty")
+    peak_cols = (Col("label", 0, flex=True), Col("host", 3), Col("max peak"), Col("last peak", 1),
+                 Col("runs", 2), Col("hit ceiling", 4), Col("last duration", 5))
+    console.print(fitted("peak table", peak_cols, rows) if rows else "peak table: empty")
     for line in marks:
         console.print(line)
 
@@ -94,19 +149,19 @@ def history(runs: Sequence[RunRecord]) -> None:
     if not runs:
         console.print("history: no runs")
         return
-    table = Table(title="run history (oldest first)")
-    for col in ("started", "duration", "host", "label", "session", "exit", "peak", "cap", "booked"):
-        table.add_column(col, no_wrap=col in ("started", "duration"))
-    table.add_column("command", overflow="fold")
+    cols = (Col("started", 1), Col("duration", 2), Col("host", 4), Col("label", 0, flex=True),
+            Col("session", 5, flex=True), Col("exit"), Col("peak", 3), Col("cap", 6), Col("booked", 7),
+            Col("command", 3, flex=True))
+    rows = []
     for r in runs:
         code = str(r.exit_code) if r.outcome in ("exit", "signal") \
             else f"{r.exit_code} {_t(r.outcome)}"
         peak = format_size(r.peak) + (" [red]ceiling[/red]" if r.hit_ceiling else "")
         booked = f"{format_size(r.booked)} {_t(r.kind)}" if r.kind else "-"
-        table.add_row(time.strftime("%m-%d %H:%M:%S", time.localtime(r.started)),
-                      format_duration(r.duration), _t(r.host), _t(r.label), _t(r.session or ""),
-                      code, peak, format_size(r.cap), booked, _t(r.command))
-    console.print(table)
+        rows.append((time.strftime("%m-%d %H:%M:%S", time.localtime(r.started)),
+                     format_duration(r.duration), _t(r.host), _t(r.label), _t(r.session or ""),
+                     code, peak, format_size(r.cap), booked, _t(r.command)))
+    console.print(fitted("run history (oldest first)", cols, rows))
 
 
 def readings(items: Sequence[Any]) -> None:
@@ -130,12 +185,11 @@ def blocks(items: Sequence[Block]) -> None:
             console.print(_spans(block.spans))
         elif not block.rows and block.empty is not None:
             console.print(_t(block.empty))
-        else:
-            table = Table(title=_t(block.title), show_header=block.header)
-            for column in block.columns:
-                table.add_column(column)
-            for row in block.rows:
-                table.add_row(*(_spans((cell,)) for cell in row))
+        else:  # the last column takes what is left (a value, a reason), cut to fit
+            last = len(block.columns) - 1
+            table = fitted(_t(block.title), [Col(c, 0, flex=i == last) for i, c in enumerate(block.columns)],
+                           [[_spans((cell,)) for cell in row] for row in block.rows])
+            table.show_header = block.header
             console.print(table)
 
 
@@ -146,13 +200,10 @@ def decision(d: Any) -> None:
     for reason in d.reasons:
         console.print(f"  - {_t(reason)}")
     if d.judgements:
-        table = Table(title="hosts")
-        for col in ("host", "fits", "need", "free", "why"):
-            table.add_column(col)
-        for j in d.judgements:
-            table.add_row(_t(j.host), "yes" if j.fits else "no", format_size(j.need),
-                          format_size(j.free), _t(j.reason))
-        console.print(table)
+        rows = [(_t(j.host), "yes" if j.fits else "no", format_size(j.need), format_size(j.free),
+                 _t(j.reason)) for j in d.judgements]
+        console.print(fitted("hosts", (Col("host"), Col("fits"), Col("need", 1), Col("free", 2),
+                                       Col("why", 0, flex=True)), rows))
 
 
 def doctor(data: dict[str, Any]) -> None:
@@ -164,14 +215,10 @@ def doctor(data: dict[str, Any]) -> None:
     console.print(f"slice:    {data['slice'] or '-'}, limit {format_size(data['slice_limit'])} "
                   f"of {format_size(data['memory_total'])} RAM")
     console.print(f"threads:  {data['heavy_threads']}")
-    table = Table(title="memory-cap backends, in order of preference")
-    table.add_column("backend")
-    table.add_column("usable")
-    table.add_column("detail")
-    for p in data["probes"]:
-        table.add_row(p["backend"], "yes" if p["ok"] else "no", _t(p["detail"]))
-    table.add_row("none", "yes", "always; only with --no-cap")
-    console.print(table)
+    rows = [(p["backend"], "yes" if p["ok"] else "no", _t(p["detail"])) for p in data["probes"]]
+    rows.append(("none", "yes", "always; only with --no-cap"))
+    console.print(fitted("memory-cap backends, in order of preference",
+                         (Col("backend"), Col("usable"), Col("detail", 0, flex=True)), rows))
     for problem in data["problems"]:
         console.print(f"[red]problem:[/red] {_t(problem)}")
     for entry in data.get("peers", []):  # each as its kind describes itself (Host.diagnose)
@@ -195,10 +242,10 @@ def capacity(hosts: Sequence[Any]) -> None:
             console.print(f"[bold]{where}[/bold]: peak table empty (slice {format_size(h.slice_limit)})")
             continue
         then = f" → {format_size(h.what_if)}" if h.what_if is not None else ""
-        table = Table(title=f"{where}, its own peak table; slice {format_size(h.slice_limit)}{then}")
-        for col in ("label", "runs", "worst / last peak", "booked as", f"fits{then and ' now→what-if'}",
-                    "cap", "half-rule cap", "fits at it", "flags"):
-            table.add_column(col)
+        cols = (Col("label", 0, flex=True), Col("runs", 5), Col("worst / last peak", 2), Col("booked as", 1),
+                Col(f"fits{then and ' now→what-if'}"), Col("cap", 3), Col("half-rule cap", 4),
+                Col("fits at it", 6), Col("flags", 7, flex=True))
+        rows = []
         for a in h.labels:
             fits, at_half = str(a.now.fits), str(a.now.fits_at_half_rule_cap)
             booked = f"{a.now.kind} {format_size(a.now.booked)}"
@@ -212,10 +259,11 @@ def capacity(hosts: Sequence[Any]) -> None:
             else:
                 cap = format_size(a.cap) if a.cap is not None else "none"
                 cap += " (default)" if a.cap_source == "default-cap" else ""
-            table.add_row(_t(a.label), str(a.runs), f"{format_size(a.max_peak)} / {format_size(a.last_peak)}",
-                          booked, fits, cap, format_size(a.half_rule_cap), at_half,
-                          " ".join(short.get(f, f) for f in a.flags) or "-")
-        console.print(table)
+            rows.append((_t(a.label), str(a.runs), f"{format_size(a.max_peak)} / {format_size(a.last_peak)}",
+                         booked, fits, cap, format_size(a.half_rule_cap), at_half,
+                         " ".join(short.get(f, f) for f in a.flags) or "-"))
+        console.print(fitted(f"{where}, its own peak table; slice {format_size(h.slice_limit)}{then}",
+                             cols, rows))
         for a in h.labels:
             for note in a.notes:
                 console.print(f"  [yellow]{_t(a.label)}[/yellow] on {_t(h.host)}: {_t(note)}")
@@ -230,19 +278,18 @@ def workdirs(data: dict[str, Any]) -> None:
     if not data["directories"]:
         console.print(f"no claimed directories under {shown_root}")
     else:
-        table = Table(title=f"claimed directories under {shown_root}")
-        for col in ("directory", "session", "purpose", "age", "size", "open by"):
-            table.add_column(col)
+        rows = []
         for d in data["directories"]:
             size = format_size(d["size_bytes"])
             if not d["size_complete"]:
                 size = f">= {size}"
             opened = ", ".join(f"pid {o['pid']} ({o['comm']}) {o['how']}" for o in d["open_by"]) or "-"
             session = _t(d["session"]) if d["session"] else "(unknown)"
-            table.add_row(_t(os.path.relpath(d["path"], root)),
-                          f"{session} (you)" if d["mine"] else session,
-                          _t(d["purpose"]), format_duration(d["age_s"]), size, _t(opened))
-        console.print(table)
+            rows.append((_t(os.path.relpath(d["path"], root)), f"{session} (you)" if d["mine"] else session,
+                         _t(d["purpose"]), format_duration(d["age_s"]), size, _t(opened)))
+        cols = (Col("directory", 0, flex=True), Col("session", 2, flex=True), Col("purpose", 3, flex=True),
+                Col("age", 1), Col("size", 4), Col("open by", 5, flex=True))
+        console.print(fitted(f"claimed directories under {shown_root}", cols, rows))
     if data["hidden_processes"]:
         from dispatch.guards.workdirs import hidden_note
 

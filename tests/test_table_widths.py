@@ -1,0 +1,82 @@
+"""Every table fits the terminal: at 80 and 200 columns each line of the tables of ``history``,
+``ledger``, ``report``, ``dispatch``, ``capacity``, ``codes`` and ``doctor`` is within the width and
+each row is one line (long labels, commands and sessions cut with an ellipsis), while ``--json``
+keeps the full text. Real runs through the real command line, the width set by ``COLUMNS`` as a
+terminal sets it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+from rich.cells import cell_len
+
+from tests.conftest import Hostrun, wait_for
+
+LABEL = "a-label-long-enough-to-need-cutting-at-eighty-columns-" + "x" * 30
+SESSION = "session-with-a-name-as-long-as-some-agents-give-them-" + "y" * 20
+WORDS = "and on " * 40
+BOX = set("┏┃┡│└┌├╭╰")
+
+
+def shown(h: Hostrun, width: int, *args: str) -> list[str]:
+    done = h.run(*args, env={**os.environ, "COLUMNS": str(width), "HOSTRUN_SESSION": SESSION})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    # a table's lines (prose after a table, e.g. capacity's notes, is wrapped by the terminal)
+    too_wide = [line for line in lines if line[:1] in BOX and cell_len(line) > width]
+    assert not too_wide, f"{args} at {width}: {too_wide}"
+    return lines
+
+
+def rows_of(lines: list[str]) -> list[str]:
+    """A box table's body rows (between its header rule and its bottom rule)."""
+    start = next(i for i, line in enumerate(lines) if line.startswith("┡"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("└"))
+    return lines[start + 1:end]
+
+
+@pytest.fixture
+def busy(hostrun: Hostrun) -> Iterator[Hostrun]:
+    """Two finished runs with a long label and command, one running job filling the slice and one
+    waiting behind it, all in the same long-named session."""
+    env = {**os.environ, "HOSTRUN_SESSION": SESSION}
+    for code in (0, 3):
+        hostrun.run("-l", LABEL, "--", "sh", "-c", f"exit {code}; echo {WORDS}", env=env)
+    # a label with no record: booked at its cap, the whole slice
+    holder = hostrun.popen("-l", LABEL + "-holds", "-m", "300M", "--", "sleep", "60", env=env)
+    wait_for(lambda: any(b[2] == "running" for b in hostrun.bookings()), timeout=30)
+    waiter = hostrun.popen("-l", LABEL + "-waits", "-m", "64M", "--", "true", env=env)
+    wait_for(lambda: any(b[2] == "waiting" for b in hostrun.bookings()), timeout=30)
+    try:
+        yield hostrun
+    finally:
+        for proc in (holder, waiter):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_each_table_fits_with_one_line_per_row(busy: Hostrun, width: int) -> None:
+    history = rows_of(shown(busy, width, "history"))
+    assert len(history) == 2 and all("…" in row for row in history)  # the command is 300 characters
+    assert ("a-label-long-enough" in history[0]) == (width == 200)  # more of the label where there is room
+    ledger = shown(busy, width, "ledger")
+    assert len(rows_of(ledger)) == 1 and any(line.startswith("│") and "…" in line for line in ledger)
+    waiting = ledger[ledger.index(next(line for line in ledger if "queue (FIFO)" in line)):]
+    assert len(rows_of(waiting)) == 1
+    assert len(rows_of(shown(busy, width, "capacity"))) == 1
+    assert len(rows_of(shown(busy, width, "dispatch", "-m", "64M", "--", "true"))) == 1
+    assert len(rows_of(shown(busy, width, "codes"))) == len(json.loads(busy.run("codes", "--json").stdout))
+    shown(busy, width, "report")
+    shown(busy, width, "doctor")
+
+
+def test_json_keeps_what_the_table_cuts(busy: Hostrun) -> None:
+    runs = json.loads(busy.run("history", "--json").stdout)
+    runs = runs["runs"] if isinstance(runs, dict) else runs
+    assert [r["label"] for r in runs] == [LABEL, LABEL] and WORDS.strip() in runs[0]["command"]
+    assert runs[0]["session"] == SESSION
