@@ -1,8 +1,8 @@
 """Every table fits the terminal: at 80 and 200 columns each line of the tables of ``history``,
-``ledger``, ``report``, ``dispatch``, ``capacity``, ``codes`` and ``doctor`` is within the width and
-each row is one line (long labels, commands and sessions cut with an ellipsis), while ``--json``
-keeps the full text. Real runs through the real command line, the width set by ``COLUMNS`` as a
-terminal sets it."""
+``ledger``, ``report``, ``dispatch``, ``capacity``, ``codes``, ``doctor`` and ``workdir list`` is
+within the width and each row is one line (long labels, commands and sessions cut with an ellipsis),
+while ``--json`` keeps the full text. Real runs through the real command line, the width set by
+``COLUMNS`` as a terminal sets it."""
 
 from __future__ import annotations
 
@@ -73,6 +73,12 @@ def test_each_table_fits_with_one_line_per_row(busy: Hostrun, width: int) -> Non
     assert len(rows_of(shown(busy, width, "codes"))) == len(json.loads(busy.run("codes", "--json").stdout))
     shown(busy, width, "report")
     shown(busy, width, "doctor")
+    claimed = busy.tmp / "work" / ("a-work-directory-named-at-length-" + "z" * 60)
+    done = busy.run("workdir", "claim", str(claimed), "--purpose", "a purpose told in many words " * 5,
+                    env={**os.environ, "HOSTRUN_SESSION": SESSION})
+    assert done.returncode == 0, done.stderr
+    listed = rows_of(shown(busy, width, "workdir", "list", str(busy.tmp / "work")))
+    assert len(listed) == 1 and "…" in listed[0]
 
 
 def test_json_keeps_what_the_table_cuts(busy: Hostrun) -> None:
