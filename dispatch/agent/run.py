@@ -23,6 +23,8 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.core.settings import Settings
+
 
 class _Link:
     """Reads control frames; notices when the controller is gone."""
@@ -120,18 +122,89 @@ def _stop_sync(mark: str) -> None:
             continue
 
 
-def run_job(spec: RunSpec) -> int:
-    writer = FrameWriter(os.dup(1))
-    control_fd = os.dup(0)
-    stdin_w = None
-    if spec.stdin:
+class _Session:
+    """This run's end of the link: the frames out (the job's output, hostrun's lines, alerts, beats,
+    the result) and the control frames in (``_Link``), with the threads that move them. Opening it
+    points this process's stdin, stdout and stderr at the job's pipes, which ``run_local`` hands on."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.writer = FrameWriter(os.dup(1))
+        control_fd = os.dup(0)
+        stdin_w = _job_stdin(spec.stdin)
+        self.pumps = _pump_outputs(self.writer)
+        self.link = _Link(control_fd, stdin_w)
+        self.done = threading.Event()
+        threading.Thread(target=self.link.read_loop, daemon=True).start()
+        threading.Thread(target=self.link.watchdog, args=(self.done,), daemon=True).start()
+        threading.Thread(target=self._beat, daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self.done.wait(HEARTBEAT):
+            try:
+                self.writer.send(Frame.BEAT)
+            except OSError:
+                return
+
+    def say(self, line: str) -> None:
+        try:
+            self.writer.send(Frame.MSG, line.encode())
+        except OSError:
+            pass
+
+    def alert(self, figures: dict[str, Any]) -> None:
+        try:
+            self.writer.send(Frame.ALERT, json.dumps(figures).encode())
+        except OSError:
+            pass
+
+    def wait_for_go(self) -> bool:
+        """Whether the controller said go; False after an abort, or once it went away or silent."""
+        link = self.link
+        while not link.decided.wait(0.5):
+            if time.monotonic() - link.last_seen > SILENCE_LIMIT:
+                break
+        return link.go
+
+    def end_output(self) -> None:
+        """The job is over: stop the beats and the watchdog, and close our copies of the pipes'
+        write ends, so the pumps see EOF once the job's are gone too (its cgroup was emptied by
+        run_local)."""
+        self.done.set()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+
+    def join_pumps(self) -> None:
+        for thread in self.pumps:
+            thread.join(timeout=10)
+
+    def send_result(self, result: dict[str, Any]) -> int:
+        """The last frame, after all the job's output: 0, or 1 when the controller is gone."""
+        try:
+            self.writer.send(Frame.RESULT, json.dumps(result).encode())
+        except OSError:
+            return 1
+        sys.stdout.flush()
+        return 0
+
+
+def _job_stdin(from_controller: bool) -> int | None:
+    """The job's stdin on fd 0: a pipe the link writes ``D`` frames into (its write end returned),
+    or /dev/null."""
+    if from_controller:
         stdin_r, stdin_w = os.pipe()
         os.dup2(stdin_r, 0)
         os.close(stdin_r)
-    else:
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
+        return stdin_w
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return None
+
+
+def _pump_outputs(writer: FrameWriter) -> list[threading.Thread]:
+    """Fds 1 and 2 become pipes whose contents go out as ``O`` and ``E`` frames, one thread each."""
     pumps = []
     for target, kind in ((1, Frame.OUT), (2, Frame.ERR)):
         read_end, write_end = os.pipe()
@@ -140,78 +213,73 @@ def run_job(spec: RunSpec) -> int:
         thread = threading.Thread(target=_pump, args=(read_end, kind, writer), daemon=True)
         thread.start()
         pumps.append(thread)
-    link = _Link(control_fd, stdin_w)
-    done = threading.Event()
-    threading.Thread(target=link.read_loop, daemon=True).start()
-    threading.Thread(target=link.watchdog, args=(done,), daemon=True).start()
+    return pumps
 
-    def beat() -> None:
-        while not done.wait(HEARTBEAT):
-            try:
-                writer.send(Frame.BEAT)
-            except OSError:
-                return
 
-    threading.Thread(target=beat, daemon=True).start()
-
-    def say(line: str) -> None:
-        try:
-            writer.send(Frame.MSG, line.encode())
-        except OSError:
-            pass
-
-    def alert(figures: dict[str, Any]) -> None:
-        try:
-            writer.send(Frame.ALERT, json.dumps(figures).encode())
-        except OSError:
-            pass
-
-    prepare = spec.prepare
-    if prepare is not None:
-        # Steps 3-4 in this same session: report probes and the work directory, then wait while the
-        # controller compares and syncs (it keeps beating), for go or abort.
-        from dispatch.agent.prepare import probe
-
-        prepared = probe(prepare)
-        walked = None
-        copy = prepare.get("copy")
-        if isinstance(copy, dict) and "workdir" in prepared:  # is the copy as the last sync left it?
-            from dispatch.agent.treestate import check_copy
-
-            try:
-                prepared["copy"], walked = check_copy(prepared["workdir"],
-                                                      list(copy.get("excludes") or []))
-            except Exception:  # any doubt about the copy: the controller then rsyncs in full
-                prepared["copy"] = {"token": None, "clean": False}
-        writer.send(Frame.PROBE, json.dumps(prepared).encode())
-        # While the controller compares and syncs: load what the run needs (off the critical path).
-        from dispatch.agent.prepare import peer_settings
-        from dispatch.local.runner import run_local
-
-        settings, _notes = peer_settings(spec.fallback or {})
-        while not link.decided.wait(0.5):
-            if time.monotonic() - link.last_seen > SILENCE_LIMIT:
-                break
-        if not link.go:
-            done.set()
-            _stop_sync(str(prepare.get("sync_mark") or ""))
+def run_job(spec: RunSpec) -> int:
+    """Run the job ``spec`` describes under this peer's ledger and caps, framed on stdout: with
+    ``prepare``, the probes first and the wait for the controller's go; then the run; the result
+    last. Exit 0 once the result is sent (or nothing ran), 1 when it could not be."""
+    session = _Session(spec)
+    settings = None
+    if spec.prepare is not None:
+        settings = _prepare(spec, spec.prepare, session)
+        if settings is None:
             return 0  # aborted (toolchain, sync, Ctrl-C) or the controller went away: nothing ran
-        if isinstance(copy, dict) and "workdir" in prepared and link.go_payload:
-            from dispatch.agent.treestate import save_after_go
+    result = _run_here(spec, settings, session)
+    session.join_pumps()
+    if session.link.silent_for and not session.link.lost.is_set():
+        _stopped_for_silence(result, session.link.silent_for)
+    return session.send_result(result)
 
-            try:
-                go = json.loads(link.go_payload)
-            except ValueError:
-                go = {}
-            # Before the job runs: the manifest describes the copy as the sync left it.
-            save_after_go(prepared["workdir"], list(copy.get("excludes") or []), walked,
-                          go if isinstance(go, dict) else {})
 
+def _prepare(spec: RunSpec, prepare: dict[str, Any], session: _Session) -> Settings | None:
+    """Steps 3-4 in this same session: report probes and the work directory, then wait while the
+    controller compares and syncs (it keeps beating), for go or abort. The peer's settings once it
+    said go; None when it did not."""
+    from dispatch.agent.prepare import probe
+
+    prepared = probe(prepare)
+    walked = None
+    copy = prepare.get("copy")
+    if isinstance(copy, dict) and "workdir" in prepared:  # is the copy as the last sync left it?
+        from dispatch.agent.treestate import check_copy
+
+        try:
+            prepared["copy"], walked = check_copy(prepared["workdir"], list(copy.get("excludes") or []))
+        except Exception:  # any doubt about the copy: the controller then rsyncs in full
+            prepared["copy"] = {"token": None, "clean": False}
+    session.writer.send(Frame.PROBE, json.dumps(prepared).encode())
+    # While the controller compares and syncs: load what the run needs (off the critical path).
+    import dispatch.local.runner  # noqa: F401
+    from dispatch.agent.prepare import peer_settings
+
+    settings, _notes = peer_settings(spec.fallback or {})
+    if not session.wait_for_go():
+        session.done.set()
+        _stop_sync(str(prepare.get("sync_mark") or ""))
+        return None
+    if isinstance(copy, dict) and "workdir" in prepared and session.link.go_payload:
+        from dispatch.agent.treestate import save_after_go
+
+        try:
+            go = json.loads(session.link.go_payload)
+        except ValueError:
+            go = {}
+        # Before the job runs: the manifest describes the copy as the sync left it.
+        save_after_go(prepared["workdir"], list(copy.get("excludes") or []), walked,
+                      go if isinstance(go, dict) else {})
+    return settings
+
+
+def _run_here(spec: RunSpec, settings: Settings | None, session: _Session) -> dict[str, Any]:
+    """The job through ``run_local``, under the peer's cap rule and the controller's alert and status
+    settings: its result frame's payload (an error's, when hostrun itself failed)."""
     from dispatch.agent.prepare import peer_settings
     from dispatch.local.booking import peer_cap
     from dispatch.local.runner import run_local
 
-    if prepare is None:
+    if settings is None:
         settings, _notes = peer_settings(spec.fallback or {})
     result: dict[str, Any]
     try:
@@ -224,32 +292,24 @@ def run_job(spec: RunSpec) -> int:
         # The waiting lines are shown there too: the controller's interval, when it sent one.
         settings = settings._replace(alert_wait_after=spec.alert_wait_after,
                                      status_interval=spec.status_interval or settings.status_interval)
-        result = result_of(run_local(settings, request, say, alerts=False, wait_alert=alert))
+        result = result_of(run_local(settings, request, session.say, alerts=False,
+                                     wait_alert=session.alert))
     except Exception as exc:
         result = error_result(exc)
     finally:
-        done.set()
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)  # our copies of the pipes' write ends: the pumps see EOF once the
-        os.dup2(devnull, 2)  # job's are gone too (its cgroup was emptied by run_local)
-        os.close(devnull)
-    for thread in pumps:
-        thread.join(timeout=10)
-    if link.silent_for and not link.lost.is_set():
-        # We stopped the job because the controller went silent, and yet it is still there to
-        # read this: it was suspended (Ctrl-Z, SIGSTOP) or the link stalled. Say so, with the code
-        # for a broken link, not the SIGTERM the job died of.
-        from dispatch.core.exitcodes import ExitCode, outcome_name
+        session.end_output()
+    return result
 
-        result.update(exit_code=int(ExitCode.CONNECTION_LOST),
-                      outcome=outcome_name(ExitCode.CONNECTION_LOST),
-                      message=(f"the peer stopped the job: no word from this hostrun for "
-                               f"{link.silent_for:.0f}s (over {SILENCE_LIMIT:.0f}s: was it suspended, "
-                               f"or the link stalled?); the job's own status was "
-                               f"{result.get('exit_code')}"))
-    try:
-        writer.send(Frame.RESULT, json.dumps(result).encode())
-    except OSError:
-        return 1
-    sys.stdout.flush()
-    return 0
+
+def _stopped_for_silence(result: dict[str, Any], silent_for: float) -> None:
+    """We stopped the job because the controller went silent, and yet it is still there to read
+    this: it was suspended (Ctrl-Z, SIGSTOP) or the link stalled. Say so, with the code for a broken
+    link, not the SIGTERM the job died of."""
+    from dispatch.core.exitcodes import ExitCode, outcome_name
+
+    result.update(exit_code=int(ExitCode.CONNECTION_LOST),
+                  outcome=outcome_name(ExitCode.CONNECTION_LOST),
+                  message=(f"the peer stopped the job: no word from this hostrun for "
+                           f"{silent_for:.0f}s (over {SILENCE_LIMIT:.0f}s: was it suspended, "
+                           f"or the link stalled?); the job's own status was "
+                           f"{result.get('exit_code')}"))

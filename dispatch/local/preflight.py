@@ -21,6 +21,7 @@ without waiting and held for the whole run. The kernel drops it when its holders
 SIGKILLed hostrun cannot leave it behind; hostrun's guardian (forked after the lock was taken) shares
 it until the job's cgroup has been emptied.
 
+The headers are parsed in ``dispatch.local.preflightparse`` (``declared``); this module checks them.
 Everything lives in ``<state_dir>/preflight/`` (mode 0700; files 0600). Standard library only: the
 same checks run on a peer, inside the agent. Heavy or slow imports (``json``, ``shlex``, the ledger,
 nvidia-smi) happen only for a script that declares something.
@@ -30,62 +31,29 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from dispatch.core.atomicfile import write_atomic
-from dispatch.core.errors import UsageError
 from dispatch.core.records import NamedTuple
-from dispatch.guards.headers import PREFLIGHT_KEYS, parse_numbered, read_script
+from dispatch.local.preflightparse import ADMISSION as ADMISSION
+from dispatch.local.preflightparse import ADMISSION_KINDS as ADMISSION_KINDS
+from dispatch.local.preflightparse import CONDITION_KINDS as CONDITION_KINDS
+from dispatch.local.preflightparse import DEVICES as DEVICES
+from dispatch.local.preflightparse import RUN_CONDITION as RUN_CONDITION
+from dispatch.local.preflightparse import Condition as Condition
+from dispatch.local.preflightparse import Script as Script
+from dispatch.local.preflightparse import declared as declared
+from dispatch.local.preflightparse import parse_condition as parse_condition
 
 MYPY = False
 if MYPY:
-    from typing import Any, Optional
+    from typing import Any
 
     from dispatch.core.settings import Settings
 
-ADMISSION = "admission"
-RUN_CONDITION = "run-condition"
-ADMISSION_KINDS = ("inputs-changed",)
-CONDITION_KINDS = ("command", "single-instance", "device", "min-free")
-DEVICES = ("gpu",)
 STATE_SUBDIR = "preflight"
 LOCK_PATIENCE = 0.25  # a `hostrun preflight` probe holds the lock for microseconds: retry that long
 CHUNK = 1 << 20
-
-
-class Condition(NamedTuple):
-    """One declared condition, as parsed from its header line."""
-
-    line: int
-    header: str  # ADMISSION or RUN_CONDITION
-    kind: str  # "inputs-changed", "command", "single-instance", "device" or "min-free"
-    args: tuple[str, ...] = ()
-    size: Optional[int] = None  # min-free, in bytes
-
-    @property
-    def text(self) -> str:
-        return f"{self.header}: {' '.join((self.kind, *self.args))}"
-
-
-class Script(NamedTuple):
-    """A script and the preflight conditions it declares (several admission lines merge into one)."""
-
-    path: str  # as the command names it
-    args: tuple[str, ...]  # the script's own arguments
-    conditions: tuple[Condition, ...]
-
-    @property
-    def real(self) -> str:
-        return os.path.realpath(self.path)
-
-    @property
-    def directory(self) -> str:
-        """Where relative input paths start: the script's directory as named (``dirname "$0"``)."""
-        return os.path.dirname(os.path.abspath(self.path))
-
-    @property
-    def admission(self) -> Condition | None:
-        return next((c for c in self.conditions if c.header == ADMISSION), None)
 
 
 class Check(NamedTuple):
@@ -159,79 +127,6 @@ def report_lines(verdict: Verdict) -> list[str]:
         head = f"{name}: would not run (exit 78): {n} condition{'s' if n != 1 else ''} unmet"
     return [head] + [f"  {'met  ' if c.met else 'UNMET'}  line {c.condition.line}: {c.condition.text}"
                      f" — {c.detail}" for c in v.checks]
-
-
-# ------------------------------------------------------------------------------------------ parsing
-def declared(argv: Sequence[str]) -> Script | None:
-    """The script ``argv`` runs and its preflight conditions; None when it declares none (or no
-    script file is involved). A malformed header raises UsageError naming ``SCRIPT:LINE``."""
-    found = read_script(argv)
-    if found is None:
-        return None
-    path, text = found
-    rows = [(n, k, v) for n, k, v in parse_numbered(text) if k in PREFLIGHT_KEYS]
-    if not rows:
-        return None
-    conditions: list[Condition] = []
-    admission: Condition | None = None
-    for number, key, value in rows:
-        condition = parse_condition(path, number, key, value)
-        if condition.header != ADMISSION:
-            conditions.append(condition)
-        elif admission is None:
-            admission = condition
-        else:  # any change among all the admission lines' inputs lets the script run
-            admission = admission._replace(args=admission.args + condition.args)
-    if admission is not None:
-        conditions.insert(0, admission)
-    first = 0 if argv[0] == path else 1
-    return Script(path=path, args=tuple(argv[first + 1 :]), conditions=tuple(conditions))
-
-
-def parse_condition(path: str, line: int, key: str, value: str) -> Condition:
-    """One ``# admission:``/``# run-condition:`` header; UsageError ``SCRIPT:LINE: …`` if malformed."""
-    import shlex
-
-    where = f"{path}:{line}: {key}"
-    try:
-        words = shlex.split(value)
-    except ValueError as exc:
-        raise UsageError(f"{where}: {exc}") from None
-    known = ADMISSION_KINDS if key == ADMISSION else CONDITION_KINDS
-    if not words:
-        raise UsageError(f"{where}: nothing declared (known: {', '.join(known)})")
-    kind, args = words[0], tuple(words[1:])
-    if kind not in known:
-        what = "admission kind" if key == ADMISSION else "condition"
-        raise UsageError(f"{where}: unknown {what} {kind!r} (known: {', '.join(known)})")
-    if kind == "inputs-changed":
-        if not args:
-            raise UsageError(f"{where}: inputs-changed needs at least one PATH or env:VAR")
-        for arg in args:
-            name = arg[4:] if arg.startswith("env:") else None
-            if name is not None and not (name.isascii() and name.isidentifier()):
-                raise UsageError(f"{where}: {arg!r} is not an environment variable name")
-    elif kind == "command":
-        if not args:
-            raise UsageError(f"{where}: command needs at least one TOOL")
-    elif kind == "single-instance":
-        if args:
-            raise UsageError(f"{where}: single-instance takes no argument (got {' '.join(args)!r})")
-    elif kind == "device":
-        if len(args) != 1 or args[0] not in DEVICES:
-            got = f" (got {' '.join(args)!r})" if args else ""
-            raise UsageError(f"{where}: device needs exactly one of: {', '.join(DEVICES)}{got}")
-    elif kind == "min-free":
-        if len(args) != 1:
-            raise UsageError(f"{where}: min-free needs exactly one SIZE (e.g. 4G)")
-        from dispatch.core.units import parse_size
-
-        try:
-            size = parse_size(args[0])
-        except ValueError as exc:
-            raise UsageError(f"{where}: min-free: {exc}") from None
-        return Condition(line, key, kind, args, size)
-    return Condition(line, key, kind, args)
 
 
 # ----------------------------------------------------------------------------------------- checking

@@ -5,8 +5,9 @@ hostrun's own work: make the job's cgroup, start the guardian, fork the job's pr
 cgroup and waits), enqueue and wait for admission in the ledger, then let the process exec.
 
 The job runs in its own process group. hostrun forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to that group,
-then kills the whole cgroup after ``kill_grace``; a second signal kills at once. When the main process
-exits, whatever it left in the cgroup is killed too. A forked guardian does the same if hostrun dies.
+then kills the whole cgroup after ``kill_grace``; a second signal kills at once (the watch while it
+runs: ``dispatch.local.jobwatch``). When the main process exits, whatever it left in the cgroup is
+killed too. A forked guardian does the same if hostrun dies.
 
 With ``--gpu-memory`` the job is booked on a GPU as well, gets that device in ``CUDA_VISIBLE_DEVICES``,
 has its stdout/stderr teed through pipes and scanned, and the kernel log is watched during the run: a
@@ -19,7 +20,6 @@ read per job: ``has_nvidia_gpus``) every other job has the kernel log watched to
 from __future__ import annotations
 
 import os
-import select
 import signal
 import time
 from collections.abc import Callable
@@ -37,8 +37,9 @@ from dispatch.core.units import format_size
 from dispatch.local.admission import wait_for_room
 from dispatch.local.admitpolicy import Admission, Room
 from dispatch.local.booking import Plan, default_label, plan_booking
-from dispatch.local.guardian import DEADLINE_MARGIN, Guardian
+from dispatch.local.guardian import Guardian
 from dispatch.local.hostslice import LocalSlice
+from dispatch.local.jobwatch import Foreground, JobWatch
 from dispatch.local.ledger import Ledger
 from dispatch.local.ledgerdb import record_outcome
 from dispatch.local.signals import FORWARDED as FORWARDED
@@ -53,71 +54,8 @@ if MYPY:
     from dispatch.local.kernlog import KernelWatch
     from dispatch.local.ledgerdb import Booking
 
-SAMPLE_INTERVAL = 0.05
-FAST_SAMPLE_INTERVAL = 0.01  # short jobs are over before a 50 ms sample would see them
-FAST_SAMPLING_FOR = 1.0
 # They end a wait for room, as SIGINT does (KeyboardInterrupt).
 WAIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
-
-class _Foreground:
-    """Give the terminal to the job while it runs, so it can read from it and gets Ctrl-C directly.
-
-    The job has its own process group; without this, a job reading the terminal would be stopped by
-    SIGTTIN. Only when hostrun itself holds the terminal's foreground.
-    """
-
-    def __init__(self, pgid: int) -> None:
-        self.pgid = pgid
-        self.fd = -1
-        self._old_ttou: object = None
-
-    @property
-    def active(self) -> bool:
-        return self.fd >= 0
-
-    def __enter__(self) -> _Foreground:
-        try:
-            if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
-                # In the background we must still print (status lines) and take the terminal back,
-                # even under ``stty tostop``.
-                self._old_ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-                os.tcsetpgrp(0, self.pgid)
-                self.fd = 0
-        except OSError:
-            self.fd = -1
-        return self
-
-    def follow_stop(self, pid: int) -> int | None:
-        """Job control, as a shell does it: when the job is stopped (Ctrl-Z), take the terminal
-        back and stop hostrun too, so the user's shell regains it; on ``fg`` (SIGCONT) hand the
-        terminal to the job again and continue it. Returns the wait status if the job has exited."""
-        try:
-            reaped, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
-        except ChildProcessError:
-            return None
-        if reaped == 0:
-            return None
-        if not os.WIFSTOPPED(status):
-            return status
-        os.tcsetpgrp(self.fd, os.getpgrp())
-        os.kill(os.getpid(), signal.SIGSTOP)  # returns once our shell continues us
-        try:
-            os.tcsetpgrp(self.fd, self.pgid)
-        except OSError:
-            pass
-        _signal_group(self.pgid, signal.SIGCONT)
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd < 0:
-            return
-        try:
-            os.tcsetpgrp(self.fd, os.getpgrp())
-        except OSError:
-            pass
-        finally:
-            signal.signal(signal.SIGTTOU, self._old_ttou)  # type: ignore[arg-type]
 
 
 class _Interrupted(Exception):
@@ -201,9 +139,40 @@ def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str],
 def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
                on_wait: Callable[[Admission], None] | None = None, alerts: bool = False,
                wait_alert: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
+    """The steps of a local run in their order (docs/design.md, "A local run"); what each step
+    takes is held by a ``_LocalRun`` and given back by its ``release``, however the run ends."""
     if not request.argv:
         raise UsageError("no command given (usage: hostrun [OPTIONS] -- CMD [ARGS...])")
     here = LocalSlice(settings)
+    run = _LocalRun(settings, request, say, here, _checked_cap(here, request))
+    try:
+        guardian, child, ledger = run.start()
+        label = storable(request.label or default_label(request.argv))  # a text key in the ledger
+        plan, booking_id = run.enqueue(guardian, ledger, label)
+        if (alerts or wait_alert is not None) and settings.alert_wait_after > 0:
+            on_wait = _wait_alert(settings, run.host.name, label, request, say, on_wait, wait_alert)
+        waited, signum = _wait(settings, ledger, run.backend, run.host, booking_id, run.limit, say,
+                               run.gpu, on_wait,
+                               (run.job, plan, label) if run.backend.name == "shared" else None)
+        if waited is None:
+            child.cancel()
+            return Outcome(
+                exit_code=SIGNAL_BASE + signum, outcome="signal", host=run.host.name, label=label,
+                argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
+            )
+        run.take_device(ledger, booking_id)
+        outcome = _run(settings, run.host, run.backend, run.job, child, request, label, plan, say,
+                       run.gpu, run.watch, guardian)
+        outcome.waited_s = round(waited, 3)
+        run.record(ledger, outcome, plan, alerts)
+        return outcome
+    finally:
+        run.release()
+
+
+def _checked_cap(here: LocalSlice, request: RunRequest) -> int | None:
+    """The job's cap, once this host can run it at all: a backend that caps memory (or
+    ``--no-cap``) and a cap the slice could ever admit; else refused before anything is made."""
     host, backend = here.host, here.backend
     if not backend.caps_memory and not request.no_cap:
         raise NoCapBackendError(
@@ -217,98 +186,126 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             f"cap {format_size(cap)} is larger than the whole slice ({format_size(limit)}); "
             "it could never be admitted"
         )
-    base_env = dict(os.environ if request.env is None else request.env)
-    gpu: GpuRun | None = None
-    watch: KernelWatch | None = None  # the kernel log, on a host with GPUs; gpu when there is one
-    if request.gpu_memory is not None:
-        from dispatch.local.gpu import GpuRun, preflight
+    return cap
 
-        # Refuse at once what has no GPU or could never fit: before anything is created or booked.
-        gpu = watch = GpuRun(request.gpu_memory, preflight(request.gpu_memory, base_env))
-    elif has_nvidia_gpus():
-        from dispatch.local.kernlog import KernelWatch
 
-        watch = KernelWatch()
-    backend.ensure_slice(limit)
-    env = job_environment(base_env, request.threads or host.threads(), request.threads is not None)
-    me = os.getpid()
-    job = backend.create_job(f"{me}-{start_time(me) or 0}", cap if cap is not None else limit)
-    if job.path:
-        env[JOB_ENV] = job.path
-    guardian: Guardian | None = None
-    child: PreparedChild | None = None
-    ledger: Ledger | None = None
-    booking_id: int | None = None
-    old_mask: set[int | signal.Signals] | None = None
-    try:
-        guardian = Guardian.start(settings.state_dir, job)
+class _LocalRun:
+    """What one local run holds, from its job cgroup to its booking, so that ``release`` gives it
+    all back in one place, in the order that lets the next job start soonest.
+
+    Made before anything is booked: a ``--gpu-memory`` request no GPU here could take is refused
+    first; then the slice and the job's cgroup are made, so the kernel's slow cgroup entry overlaps
+    the booking and the wait that follow.
+    """
+
+    def __init__(self, settings: Settings, request: RunRequest, say: Callable[[str], None],
+                 here: LocalSlice, cap: int | None) -> None:
+        self.settings, self.request, self.say, self.here, self.cap = settings, request, say, here, cap
+        self.host, self.backend, self.limit = here.host, here.backend, here.limit
+        base_env = dict(os.environ if request.env is None else request.env)
+        self.gpu: GpuRun | None = None
+        self.watch: KernelWatch | None = None  # the kernel log, on a host with GPUs; gpu when there is one
+        if request.gpu_memory is not None:
+            from dispatch.local.gpu import GpuRun, preflight
+
+            # Refuse at once what has no GPU or could never fit: before anything is created or booked.
+            self.gpu = self.watch = GpuRun(request.gpu_memory, preflight(request.gpu_memory, base_env))
+        elif has_nvidia_gpus():
+            from dispatch.local.kernlog import KernelWatch
+
+            self.watch = KernelWatch()
+        self.backend.ensure_slice(self.limit)
+        self.env = job_environment(base_env, request.threads or self.host.threads(),
+                                   request.threads is not None)
+        me = os.getpid()
+        self.job = self.backend.create_job(f"{me}-{start_time(me) or 0}",
+                                           cap if cap is not None else self.limit)
+        if self.job.path:
+            self.env[JOB_ENV] = self.job.path
+        self.guardian: Guardian | None = None
+        self.child: PreparedChild | None = None
+        self.ledger: Ledger | None = None
+        self.booking_id: int | None = None
+        self.old_mask: set[int | signal.Signals] | None = None
+
+    def start(self) -> tuple[Guardian, PreparedChild, Ledger]:
+        """The guardian, then the job's process (it enters the cgroup and blocks until ``go``),
+        then the ledger."""
+        self.guardian = guardian = Guardian.start(self.settings.state_dir, self.job)
+        gpu = self.gpu
         outputs = gpu.start_output() if gpu is not None else None
-        child = PreparedChild.fork(job, request.argv, env, outputs)
+        self.child = child = PreparedChild.fork(self.job, self.request.argv, self.env, outputs)
         if gpu is not None and gpu.tee is not None:
             gpu.tee.parent_side()
         guardian.job_started(child.pid)
-        ledger = Ledger(settings.state_dir, say, here.live_jobs)
-        label = storable(request.label or default_label(request.argv))  # a text key in the ledger
-        plan = plan_booking(cap=cap, peak=ledger.peak(label, host.name), slice_limit=limit,
-                            gamble_size=settings.gamble_size_for(host))
+        self.ledger = ledger = Ledger(self.settings.state_dir, self.say, self.here.live_jobs)
+        return guardian, child, ledger
+
+    def enqueue(self, guardian: Guardian, ledger: Ledger, label: str) -> tuple[Plan, int]:
+        """Plan the booking from the label's peak here and queue it: (plan, booking id)."""
+        request, host = self.request, self.host
+        plan = plan_booking(cap=self.cap, peak=ledger.peak(label, host.name), slice_limit=self.limit,
+                            gamble_size=self.settings.gamble_size_for(host))
         # From the moment the booking exists, a SIGTERM/SIGHUP/SIGQUIT must end the wait cleanly
         # (release it, say "nothing ran"): held back until _wait has its handlers in place.
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)
-        booking_id = ledger.enqueue(
+        self.old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)
+        me = os.getpid()
+        self.booking_id = booking_id = ledger.enqueue(
             host=host.name, label=label, pid=me, pid_start=start_time(me) or 0, size=plan.size,
             cap=plan.limit, kind=plan.kind, command=" ".join(request.argv), session=request.session,
-            cgroup=job.path or None, gpu_bytes=request.gpu_memory, group=request.group,
+            cgroup=self.job.path or None, gpu_bytes=request.gpu_memory, group=request.group,
             when_idle=request.when_idle,
         )
         guardian.booked(booking_id)
-        if (alerts or wait_alert is not None) and settings.alert_wait_after > 0:
-            on_wait = _wait_alert(settings, host.name, label, request, say, on_wait, wait_alert)
-        waited, signum = _wait(settings, ledger, backend, host, booking_id, limit, say, gpu, on_wait,
-                               (job, plan, label) if backend.name == "shared" else None)
-        if waited is None:
-            child.cancel()
-            return Outcome(
-                exit_code=SIGNAL_BASE + signum, outcome="signal", host=host.name, label=label,
-                argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
-            )
-        if gpu is not None:
-            booked = ledger.booking(booking_id)
-            index = booked.gpu_index if booked is not None else None
-            gpu.device = gpu.snapshot.device(index) if index is not None else None
-            if gpu.device is None:
-                raise BackendError(f"booked on GPU {index}, which nvidia-smi no longer lists")
-        outcome = _run(settings, host, backend, job, child, request, label, plan, say, gpu, watch,
-                       guardian)
-        outcome.waited_s = round(waited, 3)
-        record_outcome(settings, ledger, outcome, request, cap, plan.kind, say)
+        return plan, booking_id
+
+    def take_device(self, ledger: Ledger, booking_id: int) -> None:
+        """A ``--gpu-memory`` job, admitted: the GPU its booking was given."""
+        gpu = self.gpu
+        if gpu is None:
+            return
+        booked = ledger.booking(booking_id)
+        index = booked.gpu_index if booked is not None else None
+        gpu.device = gpu.snapshot.device(index) if index is not None else None
+        if gpu.device is None:
+            raise BackendError(f"booked on GPU {index}, which nvidia-smi no longer lists")
+
+    def record(self, ledger: Ledger, outcome: Outcome, plan: Plan, alerts: bool) -> None:
+        """The peak and the history row; with ``alerts``, an alert for a kill at the job's own cap
+        (250) or a full slice (254)."""
+        record_outcome(self.settings, ledger, outcome, self.request, self.cap, plan.kind, self.say)
         if alerts and outcome.exit_code in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
             from dispatch.local import alertlog
 
-            alert = alertlog.for_outcome(outcome, request.session, slice_limit=limit, request=request)
+            alert = alertlog.for_outcome(outcome, self.request.session, slice_limit=self.limit,
+                                         request=self.request)
             if alert is not None:
-                alertlog.write(settings.alerts_path, alert, say)
-        return outcome
-    finally:
-        if child is not None:
-            child.cancel()
-        job.kill_all()
-        if watch is not None:
-            watch.close()
-        if ledger is not None:
-            if booking_id is not None:
+                alertlog.write(self.settings.alerts_path, alert, self.say)
+
+    def release(self) -> None:
+        """Give back whatever was taken: the job's processes killed, the booking released first
+        (the next job may start while we tidy up), then the cgroup, the guardian; a signal held back
+        before the wait acts last, as it would have."""
+        if self.child is not None:
+            self.child.cancel()
+        self.job.kill_all()
+        if self.watch is not None:
+            self.watch.close()
+        if self.ledger is not None:
+            if self.booking_id is not None:
                 try:
-                    ledger.release(booking_id)  # first: the next job may start while we tidy up
+                    self.ledger.release(self.booking_id)
                 except LedgerError as exc:  # a dead holder's booking: the next admission reclaims it
-                    say(f"warning: could not release booking {booking_id}: {exc}")
-            ledger.close()
+                    self.say(f"warning: could not release booking {self.booking_id}: {exc}")
+            self.ledger.close()
         try:
-            job.remove()
+            self.job.remove()
         except OSError as exc:
-            say(f"warning: could not remove {job.path}: {exc.strerror}")
-        if guardian is not None:
-            guardian.dismiss()
-        if old_mask is not None:  # last: a signal held back before the wait now acts as it would have
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            self.say(f"warning: could not remove {self.job.path}: {exc.strerror}")
+        if self.guardian is not None:
+            self.guardian.dismiss()
+        if self.old_mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.old_mask)
 
 
 def _wait_alert(settings: Settings, host: str, label: str, request: RunRequest,
@@ -377,6 +374,7 @@ def _run(
     request: RunRequest, label: str, plan: Plan, say: Callable[[str], None], gpu: GpuRun | None = None,
     watch: KernelWatch | None = None, guardian: Guardian | None = None,
 ) -> Outcome:
+    """Let the admitted job exec, watch it to its end (``JobWatch``), then judge how it ended."""
     result = Outcome(
         exit_code=0, outcome="exit", host=host.name, label=label, argv=list(request.argv),
         cap_bytes=plan.limit, booking_kind=plan.kind, booked_bytes=plan.size,
@@ -391,7 +389,7 @@ def _run(
     if watch is not None:
         watch.job_starts()  # the kernel log counts from here
     started = time.monotonic()
-    with _Signals() as signals, _Foreground(child.pid) as foreground:
+    with _Signals() as signals, Foreground(child.pid) as foreground:
         failed = child.go(plan.oom_score_adj, extra_env)
         if failed is not None:
             code, reason = failed
@@ -403,13 +401,22 @@ def _run(
         if gpu is not None:
             gpu.start_sampling(job.pids)  # the VRAM peak, recorded for the label (--gpu-memory auto)
         max_runtime = request.max_runtime if request.max_runtime is not None else host.max_runtime
-        status, peak, timed_out = _watch(settings, job, child.pid, max_runtime, signals, say,
-                                         foreground, watch, guardian)
+        status, peak, timed_out = JobWatch(settings, job, child.pid, max_runtime, signals, say,
+                                           foreground, watch, guardian).wait()
     result.duration_s = round(time.monotonic() - started, 3)
     job.kill_all()
     vram = watch.finish() if watch is not None else None  # the rest of its output, then the verdict
     if gpu is not None:
         result.vram_peak_bytes = gpu.vram_peak
+    _judge(result, job, status, peak, timed_out, vram, say)
+    return result
+
+
+def _judge(result: Outcome, job: JobCgroup, status: int, peak: int, timed_out: bool, vram: str | None,
+           say: Callable[[str], None]) -> None:
+    """The ended job's verdict into ``result``, first cause first: its max runtime (253), its own cap
+    (250), a full slice (254), a GPU out-of-memory (245), else its own wait status. An OOM kill or a
+    GPU OOM that did not fail the job, or a machine-wide OOM kill, is said as a warning."""
     verdict = job.verdict()
     result.counters = verdict.counters
     # Sampling can miss a short spike; the kernel's high-water mark less the page cache still
@@ -442,93 +449,3 @@ def _run(
     if vram is not None and not failed_run:
         result.vram_evidence = vram
         say(f"warning: {vram} (a GPU out-of-memory), but the job exited 0; passing 0 through")
-    return result
-
-
-def _watch(
-    settings: Settings, job: JobCgroup, pid: int, max_runtime: float | None, signals: _Signals,
-    say: Callable[[str], None], foreground: _Foreground | None = None, watch: KernelWatch | None = None,
-    guardian: Guardian | None = None,
-) -> tuple[int, int, bool]:
-    """Wait for the main process, sampling memory; enforce max runtime and forwarded signals.
-
-    With ``watch``, also scan the kernel log each sample, and forward a ``--gpu-memory`` job's teed
-    output as it comes.
-    Returns (raw wait status, peak bytes sampled, whether max runtime stopped it).
-    """
-    pidfd = os.pidfd_open(pid)
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    tee = watch.tee if watch is not None else None
-    if tee is not None:
-        tee.register(poller)
-    begun = last = time.monotonic()
-    deadline = begun + max_runtime if max_runtime is not None else None
-    if deadline is not None and guardian is not None:
-        guardian.deadline(deadline, settings.kill_grace)  # kept even while this process is stopped
-    kill_at: float | None = None
-    timed_out = False
-    peak = 0
-    status: int | None = None
-    try:
-        while True:
-            interval = FAST_SAMPLE_INTERVAL if last - begun < FAST_SAMPLING_FOR else SAMPLE_INTERVAL
-            events = poller.poll(max(0.0, last + interval - time.monotonic()) * 1000)
-            if events:
-                if any(fd == pidfd for fd, _ in events):
-                    break
-                for fd, mask in events:
-                    if tee is not None:
-                        tee.handle(poller, fd, mask)
-                if time.monotonic() - last < interval:
-                    continue  # only output to forward: not yet time to sample
-            last = time.monotonic()
-            if foreground is not None and foreground.active:
-                status = foreground.follow_stop(pid)
-                if status is not None:
-                    break  # reaped while checking for a stop: it has exited
-            peak = max(peak, job.sample())
-            if watch is not None:
-                watch.tick()
-            now = time.monotonic()
-            if signals.pending:
-                sig = signals.pending.pop(0)
-                if kill_at is not None:
-                    job.kill_all()
-                else:
-                    _signal_group(pid, sig)
-                    kill_at = now + settings.kill_grace
-            if deadline is not None and now >= deadline and not timed_out:
-                timed_out = True
-                if now >= deadline + DEADLINE_MARGIN and guardian is not None:
-                    # This process was not running at the deadline (stopped): the guardian kept it.
-                    say(f"max runtime ({max_runtime:g} s) passed while hostrun was stopped; its "
-                        "guardian stopped the job")
-                else:
-                    if guardian is not None:
-                        guardian.stopping()
-                    say(f"max runtime reached; stopping the job (SIGTERM, SIGKILL after "
-                        f"{settings.kill_grace:g} s)")
-                    _signal_group(pid, signal.SIGTERM)
-                    job.signal_all(signal.SIGTERM)
-                kill_at = now + settings.kill_grace
-            if kill_at is not None and now >= kill_at:
-                job.kill_all()
-                kill_at = now + 3600
-        if status is None:
-            _, status = os.waitpid(pid, 0)
-    finally:
-        os.close(pidfd)
-    if (deadline is not None and not timed_out and guardian is not None
-            and time.monotonic() >= deadline + DEADLINE_MARGIN):
-        timed_out = True  # it ended while this process was stopped: the guardian stopped it
-        say(f"max runtime ({max_runtime:g} s) passed while hostrun was stopped; its guardian stopped "
-            "the job")
-    return status, peak, timed_out
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
