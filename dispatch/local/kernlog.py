@@ -2,7 +2,7 @@
 
 Every job on a host with NVIDIA GPUs carries a :class:`KernelWatch`, so this module is on the path of
 a plain ``hostrun -- CMD`` there and is kept small: standard library only, nothing of ``nvidia-smi``
-or the output tee (``dispatch.local.gpu``, loaded for ``--gpu-memory`` jobs alone). On a host without GPUs
+or the output tee (``dispatch.local.gputee``, loaded for ``--gpu-memory`` jobs alone). On a host without GPUs
 nothing here is loaded.
 """
 
@@ -18,7 +18,7 @@ if MYPY:
     from typing import Protocol
 
     class OutputTee(Protocol):
-        """What the run loop asks of a ``--gpu-memory`` job's output tee (``dispatch.local.gpu``)."""
+        """What the run loop asks of a ``--gpu-memory`` job's output tee (``dispatch.local.gputee``)."""
 
         @property
         def evidence(self) -> str | None: ...
