@@ -47,6 +47,7 @@ from dispatch.hosts.remotetree import (
     job_place,
     remote_tree_spec,
     returns_failed,
+    rsync_over,
     tree_id,
     work_claim,
 )
@@ -96,7 +97,7 @@ class SshLink:
 
     def rsync_argv(self, options: list[str], args: list[str]) -> list[str]:
         """rsync with ``options`` and ``args`` (remote paths as ``<host.ssh>:PATH``), over ssh."""
-        return ["rsync", *options, "-e", self.client.ssh.rsync_rsh(), *args]
+        return rsync_over(self.client.ssh, options, args)
 
 
 class PeerRun:

@@ -21,6 +21,7 @@ from dispatch.hosts.sync import PROTECT_ARGS, die_with_parent, shell_unsafe
 MYPY = False
 if MYPY:
     from dispatch.core.outcome import Outcome
+    from dispatch.hosts.transport import SshTransport
 
 DEFAULT_WORK_ROOT = "~/hostrun-work"  # ``work_root`` of a peer or a login node, when not set
 RETURN_FAILED = "the job succeeded but --return could not bring everything back"
@@ -103,6 +104,12 @@ def returns_failed(outcome: Outcome) -> None:
     if outcome.exit_code == 0:
         outcome.mark(ExitCode.SYNC_FAILED)
         outcome.message = RETURN_FAILED
+
+
+def rsync_over(ssh: SshTransport, options: list[str], args: list[str]) -> list[str]:
+    """rsync with ``options`` and ``args`` (remote paths as ``<ssh destination>:PATH``), its ``-e``
+    riding on ``ssh``'s ControlMaster."""
+    return ["rsync", *options, "-e", ssh.rsync_rsh(), *args]
 
 
 class Rsync:

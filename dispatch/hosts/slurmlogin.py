@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from dispatch.core.errors import SyncFailedError
 from dispatch.core.fdio import write_all
-from dispatch.hosts.remotetree import LOGIN_RSYNC, Rsync, pump_stdin, remote_tree_spec
+from dispatch.hosts.remotetree import LOGIN_RSYNC, Rsync, pump_stdin, remote_tree_spec, rsync_over
 from dispatch.hosts.slurmcommands import Done, SlurmCommands
 from dispatch.hosts.sync import protects_args, tree_sync_options
 
@@ -128,8 +128,7 @@ class LoginCommands(SlurmCommands):
 
     # -- the tree --
     def _rsync(self) -> Rsync:
-        return Rsync(self.name, lambda options, args: ["rsync", *options, "-e", self.ssh.rsync_rsh(),
-                                                      *args],
+        return Rsync(self.name, lambda options, args: rsync_over(self.ssh, options, args),
                      protects_args(self.config.state_dir),
                      guard=(f"{self.options.ssh}:", "the login node's shell"))
 
