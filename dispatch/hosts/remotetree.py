@@ -154,6 +154,9 @@ class Rsync:
                 None if stdin is None else stdin.decode("utf-8", "surrogateescape"), timeout=limit.seconds)
         except subprocess.TimeoutExpired:
             proc.kill()
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):  # not waiting for them: an ssh child
+                if pipe is not None:  # of rsync's may hold them open
+                    pipe.close()
             proc.wait()
             raise SyncFailedError(f"{what} with {self.where}: {limit.says} {limit.seconds:g} s") from None
         finally:
