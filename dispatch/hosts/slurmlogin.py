@@ -116,8 +116,7 @@ class LoginCommands(SlurmCommands):
         proc = subprocess.Popen(self.ssh.argv([python, "-c", SHIM]), stdin=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
         assert proc.stdin is not None
-        proc.stdin.write(header(env, directory or ".", argv))
-        proc.stdin.flush()
+        write_all(proc.stdin.fileno(), header(env, directory or ".", argv))
         if stdin:
             pipe = proc.stdin
             threading.Thread(target=pump_stdin, args=(lambda data: write_all(pipe.fileno(), data),
