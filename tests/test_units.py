@@ -338,6 +338,42 @@ def test_backoff_stays_within_the_cap_and_the_deadline() -> None:
     assert ssh.backoff(5, deadline=time.monotonic() - 1) == 0.0
 
 
+def test_retry_transient_retries_weather_not_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one retry rule (an ssh command's and a peer session's): transient failures are tried
+    again at most ``retries`` times and never past the deadline; others are raised at once."""
+    import time
+
+    monkeypatch.setattr(ssh.time, "sleep", lambda _s: None)
+    calls: list[int] = []
+
+    def failing(error: PeerUnreachableError) -> Any:
+        def attempt() -> None:
+            calls.append(1)
+            raise error
+        return attempt
+
+    refused = PeerUnreachableError("peer p: Connection refused", transient=True)
+    with pytest.raises(PeerUnreachableError):
+        ssh.retry_transient(failing(refused), None, retries=3)
+    assert len(calls) == 4
+    calls.clear()
+    with pytest.raises(PeerUnreachableError):
+        ssh.retry_transient(failing(PeerUnreachableError("peer p: no such host")), None)
+    assert len(calls) == 1
+    calls.clear()
+    with pytest.raises(PeerUnreachableError):
+        ssh.retry_transient(failing(refused), time.monotonic() - 1)
+    assert len(calls) == 1
+    answers = iter([refused, None])
+
+    def flaky() -> str:
+        error = next(answers)
+        if error is not None:
+            raise error
+        return "ok"
+    assert ssh.retry_transient(flaky, None) == "ok"
+
+
 # ------------------------------------------------------------------------------------------- frames
 STREAM = [(b"M", b"hostrun: waiting for 1.0 GiB"), (b"O", b"out\x00\xff"), (b"E", b""),
           (b"R", b'{"exit_code": 0}')]

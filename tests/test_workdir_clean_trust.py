@@ -283,3 +283,30 @@ def test_the_peer_work_directory_claim_names_its_directory(tmp_path: Path) -> No
         os.close(fd)
     assert owner is not None and owner.session == SESSION and owner.purpose == "slurm work"
     assert untrusted is None
+
+
+def test_the_inline_claim_writes_the_owner_file_workdirs_writes(tmp_path: Path) -> None:
+    """``slurmlogin.MAKE_DIR`` cannot import ``workdirs`` on the login node, so it copies its owner
+    format: the same fields and the same bytes as ``workdirs`` writes for the same owner, 0644.
+    A field added to, or a format changed in, either one alone fails here."""
+    import socket
+    import sys
+
+    from dispatch.hosts.slurmlogin import MAKE_DIR
+
+    target = tmp_path / "work"
+    subprocess.run([sys.executable, "-c", MAKE_DIR, str(target), SESSION, "slurm work"],
+                   capture_output=True, check=True)
+    written = (target / workdirs.OWNER_FILE).read_bytes()
+    data = json.loads(written)
+    assert set(data) == {*workdirs.Owner._fields, "created_at"}
+    owner = workdirs.Owner(**{field: data[field] for field in workdirs.Owner._fields})
+    here = target.stat()
+    assert owner == owner._replace(session=SESSION, purpose="slurm work", host=socket.gethostname(),
+                                   user=workdirs._user(), pid=os.getpid(), dir_dev=here.st_dev,
+                                   dir_ino=here.st_ino)
+    assert (target / workdirs.OWNER_FILE).stat().st_mode & 0o7777 == 0o644
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    workdirs._write_owner(str(twin), owner)
+    assert (twin / workdirs.OWNER_FILE).read_bytes() == written

@@ -14,25 +14,21 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dispatch.core.errors import SyncFailedError
-from dispatch.hosts.remotetree import remote_tree_spec, rsync_failure
+from dispatch.core.fdio import write_all
+from dispatch.hosts.remotetree import LOGIN_RSYNC, Rsync, pump_stdin, remote_tree_spec, rsync_over
 from dispatch.hosts.slurmcommands import Done, SlurmCommands
-from dispatch.hosts.sync import (
-    PROTECT_ARGS,
-    die_with_parent,
-    protects_args,
-    shell_unsafe,
-    tree_sync_options,
-)
+from dispatch.hosts.sync import protects_args, tree_sync_options
 
 MYPY = False
 if MYPY:
+    from typing import IO
+
     from dispatch.core.settings import HostSettings, Settings
     from dispatch.hosts.slurmkeys import SlurmOptions
 
-RSYNC_TIMEOUT = 3600.0
 # Reads exactly its header from fd 0 (no buffered stdin: the rest stays for srun), then execs.
 SHIM = ("import os\n"
         "def take(n):\n"
@@ -55,7 +51,8 @@ SHIM = ("import os\n"
 
 
 # Makes the work directory (private) and claims it for the session unless claimed already: the
-# owner file of ``dispatch.guards.workdirs`` (same fields, 0644, never over a link or another's).
+# owner file of ``dispatch.guards.workdirs`` (same fields, 0644, never over a link or another's;
+# tests/test_workdir_clean_trust.py fails when the two differ).
 MAKE_DIR = ("import json, os, pwd, socket, sys, time\n"
             "d = os.path.abspath(os.path.expanduser(sys.argv[1]))\n"
             "os.makedirs(d, mode=0o700, exist_ok=True)\n"
@@ -119,68 +116,46 @@ class LoginCommands(SlurmCommands):
         proc = subprocess.Popen(self.ssh.argv([python, "-c", SHIM]), stdin=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
         assert proc.stdin is not None
-        proc.stdin.write(header(env, directory or ".", argv))
-        proc.stdin.flush()
+        write_all(proc.stdin.fileno(), header(env, directory or ".", argv))
         if stdin:
-            threading.Thread(target=_copy_stdin, args=(proc.stdin,), daemon=True).start()
+            pipe = proc.stdin
+            threading.Thread(target=pump_stdin, args=(lambda data: write_all(pipe.fileno(), data),
+                                                      lambda: _close(pipe)), daemon=True).start()
         else:
             proc.stdin.close()
         return proc
 
     # -- the tree --
-    def sync(self, tree: str, excludes: Sequence[str], session: str) -> str:
-        """The tree to its work directory on the login node (``work_root``/``tree_id``, made private
-        there, ``~`` as that side's $HOME says, as a peer's agent reads it, and claimed for
-        ``session`` unless claimed already), as ``--peer`` syncs it; returns the directory's absolute
-        path there."""
-        import socket
+    def _rsync(self) -> Rsync:
+        return Rsync(self.name, lambda options, args: rsync_over(self.ssh, options, args),
+                     protects_args(self.config.state_dir),
+                     guard=(f"{self.options.ssh}:", "the login node's shell"))
 
+    def sync(self, tree: str, excludes: Sequence[str], claim: dict[str, str]) -> str:
+        """The tree to its work directory on the login node (``work_root``/``tree_id``, made private
+        there, ``~`` as that side's $HOME says, as a peer's agent reads it, and claimed as ``claim``
+        says (``remotetree.work_claim``) unless claimed already), as ``--peer`` syncs it; returns the
+        directory's absolute path there."""
         wanted = remote_tree_spec(self.options.work_root, tree)
-        purpose = f"hostrun --peer sync target of {socket.gethostname()}:{tree}"
-        done = self.ssh.run([self.options.python or "python3", "-c", MAKE_DIR, wanted, session, purpose],
-                            timeout=self.config.report_timeout)
+        done = self.ssh.run([self.options.python or "python3", "-c", MAKE_DIR, wanted, claim["session"],
+                             claim["purpose"]], timeout=self.config.report_timeout)
         remote = done.stdout.decode(errors="replace").strip()
         if done.returncode != 0 or not remote.startswith("/"):
             why = done.stderr.decode(errors="replace").strip().splitlines() or [f"exit {done.returncode}"]
             raise SyncFailedError(f"cannot make {wanted} on {self.name}'s login node: {why[-1]}")
-        self._rsync(["--delete", *tree_sync_options(excludes), f"{tree}/", f"{self.options.ssh}:{remote}/"],
-                    "sync")
+        self._rsync().run(["--delete", *tree_sync_options(excludes), f"{tree}/",
+                           f"{self.options.ssh}:{remote}/"], "sync", LOGIN_RSYNC)
         return remote
 
-    def bring_back(self, remote_dir: str, local_dir: str, path: str) -> None:
-        self._rsync(["--relative", f"{self.options.ssh}:{remote_dir}/./{path}", f"{local_dir}/"],
-                    f"--return {path}")
-
-    def _rsync(self, args: list[str], what: str) -> None:
-        protect = protects_args(self.config.state_dir)
-        if not protect and any(shell_unsafe(a) for a in args if a.startswith(f"{self.options.ssh}:")):
-            raise SyncFailedError(f"{what}: the local rsync cannot protect a remote path from the "
-                                  "login node's shell (no -s): use a newer rsync")
-        argv = ["rsync", "-a", *([PROTECT_ARGS] if protect else []), "-e", self.ssh.rsync_rsh(), *args]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=RSYNC_TIMEOUT,
-                                  check=False, start_new_session=True, preexec_fn=die_with_parent())
-        except OSError as exc:
-            raise SyncFailedError(f"{what}: cannot run rsync: {exc.strerror}") from None
-        except subprocess.TimeoutExpired:
-            raise SyncFailedError(f"{what} with {self.name}: no end within {RSYNC_TIMEOUT:g} s") from None
-        if done.returncode != 0:
-            raise rsync_failure(what, self.name, done.returncode, done.stderr)
+    def bring_back(self, returns: Sequence[str], remote_dir: str, local_dir: str,
+                   say: Callable[[str], None]) -> bool:
+        """``--return`` paths from the job's directory there to here; whether any failed."""
+        return self._rsync().bring_back(returns, f"{self.options.ssh}:{remote_dir}", local_dir,
+                                        LOGIN_RSYNC, say)
 
 
-def _copy_stdin(pipe: object) -> None:
-    """Our stdin to the session's, until EOF (then the job sees EOF too)."""
+def _close(pipe: IO[bytes]) -> None:
     try:
-        while True:
-            data = os.read(0, 65536)
-            if not data:
-                break
-            pipe.write(data)  # type: ignore[attr-defined]
-            pipe.flush()  # type: ignore[attr-defined]
-    except (OSError, ValueError):
+        pipe.close()
+    except OSError:
         pass
-    finally:
-        try:
-            pipe.close()  # type: ignore[attr-defined]
-        except OSError:
-            pass

@@ -233,13 +233,11 @@ class SlurmRun:
 
     def _sync(self) -> str:
         """Login-node mode: the tree to its work directory there; the job's directory in it."""
-        from dispatch.hosts.remotetree import job_place
+        from dispatch.hosts.remotetree import job_place, work_claim
 
         self.tree, self.rel_cwd = job_place(self.extras.tree)
-        from dispatch.guards.workdirs import fallback_session
-
         self.remote_tree = self._login().sync(self.tree, self.config.sync_excludes,
-                                              self.request.session or fallback_session())
+                                              work_claim(self.tree, self.request.session))
         return os.path.join(self.remote_tree, self.rel_cwd)
 
     def _login(self) -> LoginCommands:
@@ -250,15 +248,8 @@ class SlurmRun:
 
     def _bring_back(self, outcome: Outcome) -> None:
         """``--return`` paths, even after a failed job; a failure after a success is 252."""
-        failed = False
-        for path in self.extras.returns:
-            try:
-                self._login().bring_back(os.path.join(self.remote_tree, self.rel_cwd),
-                                         os.path.join(self.tree, self.rel_cwd), path)
-            except HostrunError as exc:
-                self.say(f"error: {exc}")
-                failed = True
-        if failed:
+        if self._login().bring_back(self.extras.returns, os.path.join(self.remote_tree, self.rel_cwd),
+                                    os.path.join(self.tree, self.rel_cwd), self.say):
             from dispatch.hosts.remotetree import returns_failed
 
             returns_failed(outcome)

@@ -16,13 +16,19 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dispatch.core.errors import HostKeyError, PeerAuthError, PeerUnreachableError
 from dispatch.core.fingerprint import short_hash
 from dispatch.core.records import NamedTuple
 from dispatch.core.settings import HostSettings
 from dispatch.hosts.sshkeys import options_of
+
+MYPY = False
+if MYPY:
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 SSH_FAILED = 255
 RETRIES = 5
@@ -80,6 +86,22 @@ def backoff(attempt: int, deadline: float | None = None) -> float:
     if deadline is not None:
         pause = min(pause, max(0.0, deadline - time.monotonic()))
     return pause
+
+
+def retry_transient(attempt: Callable[[], T], deadline: float | None, retries: int = RETRIES) -> T:
+    """``attempt()``, tried again while it fails transiently (``is_transient``): at most ``retries``
+    more times, full jitter between tries, none started past ``deadline`` (None: no deadline); the
+    last failure is raised. The one retry rule of an ssh command and of a peer's run session."""
+    tries = 0
+    while True:
+        try:
+            return attempt()
+        except PeerUnreachableError as exc:
+            if not is_transient(exc) or tries >= retries or (
+                    deadline is not None and time.monotonic() >= deadline):
+                raise
+            tries += 1
+            time.sleep(backoff(tries, deadline))
 
 
 def control_dir(state_dir: str) -> str:
@@ -170,21 +192,17 @@ class SshTransport:
         """
         self.ensure_control_dir()
         deadline = None if timeout is None else time.monotonic() + timeout
-        attempt = 0
-        while True:
+
+        def attempt() -> RemoteResult:
             left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise PeerUnreachableError(f"peer {self.name}: no answer within {timeout:g} s")
-            result = self._once(remote, input, left)
+            result = None if left is not None and left <= 0 else self._once(remote, input, left)
             if result is None:
                 raise PeerUnreachableError(f"peer {self.name}: no answer within {timeout:g} s")
-            if result.returncode != SSH_FAILED:
-                return result
-            error = classify(self.name, result.stderr.decode(errors="replace"))
-            if not is_transient(error) or attempt >= retries:
-                raise error
-            attempt += 1
-            time.sleep(backoff(attempt, deadline))
+            if result.returncode == SSH_FAILED:
+                raise classify(self.name, result.stderr.decode(errors="replace"))
+            return result
+
+        return retry_transient(attempt, deadline, retries)
 
     def _once(self, remote: Sequence[str], input: bytes | None, timeout: float | None
               ) -> RemoteResult | None:
