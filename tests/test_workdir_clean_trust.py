@@ -292,6 +292,7 @@ def test_the_inline_claim_writes_the_owner_file_workdirs_writes(tmp_path: Path) 
     import socket
     import sys
 
+    from dispatch.guards import workdirowner
     from dispatch.hosts.slurmlogin import MAKE_DIR
 
     target = tmp_path / "work"
@@ -303,10 +304,10 @@ def test_the_inline_claim_writes_the_owner_file_workdirs_writes(tmp_path: Path) 
     owner = workdirs.Owner(**{field: data[field] for field in workdirs.Owner._fields})
     here = target.stat()
     assert owner == owner._replace(session=SESSION, purpose="slurm work", host=socket.gethostname(),
-                                   user=workdirs._user(), pid=os.getpid(), dir_dev=here.st_dev,
+                                   user=workdirowner._user(), pid=os.getpid(), dir_dev=here.st_dev,
                                    dir_ino=here.st_ino)
     assert (target / workdirs.OWNER_FILE).stat().st_mode & 0o7777 == 0o644
     twin = tmp_path / "twin"
     twin.mkdir()
-    workdirs._write_owner(str(twin), owner)
+    workdirowner._write_owner(str(twin), owner)
     assert (twin / workdirs.OWNER_FILE).read_bytes() == written
