@@ -36,7 +36,11 @@ class Client:
     def __init__(self, path: str) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(10)
-        self.sock.connect(path)
+        try:
+            self.sock.connect(path)
+        except OSError:  # e.g. the daemon already stopped listening: no socket left open
+            self.sock.close()
+            raise
         self.buf = b""
 
     def send(self, message: dict[str, Any]) -> None:
