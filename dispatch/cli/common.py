@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "preflight": ("guardcmds", "cmd_preflight"), "history": ("statecmds", "cmd_history"),
     "hook": ("setupcmds", "cmd_hook"), "agents": ("setupcmds", "cmd_agents"),
     "watch": ("alertcmds", "cmd_watch"), "shims": ("setupcmds", "cmd_shims"),
-    "shared": ("setupcmds", "cmd_shared"),
+    "shared": ("setupcmds", "cmd_shared"), "top": ("topcmd", "cmd_top"),
 }
 SUBCOMMANDS = tuple(COMMANDS)
 USAGE = (f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{{','.join(SUBCOMMANDS[1:])}}} ...")

@@ -56,7 +56,7 @@ SKIPPED_KEYWORDS = frozenset(("!", "if", "then", "elif", "else", "do", "while", 
 HEADER_KEYWORDS = frozenset(("for", "select", "case", "function", "in"))
 HOSTRUN_SUBCOMMANDS = frozenset(("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts",
                                  "capacity", "lock", "workdir", "preflight", "history", "hook",
-                                 "agents", "shims", "watch"))
+                                 "agents", "shims", "watch", "top"))
 
 
 class Verdict(NamedTuple):
