@@ -177,3 +177,22 @@ def test_a_kind_without_gauges_shows_its_summary(tmp_path: Path) -> None:
     report = machine_report("local", [], [])
     [gauge] = Host.gauges(host, report)  # type: ignore[arg-type]  # the base class's answer
     assert gauge.text == host.summary(report)  # type: ignore[arg-type]
+
+
+def test_a_new_kind_is_shown_by_what_it_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The toy kind (tests/support/toykind.py) has no gauges of its own: its summary stands."""
+    from dispatch.cli.main import main
+    from dispatch.hosts.kinds import KINDS
+    from tests.support.toykind import ToyHost
+
+    monkeypatch.setitem(KINDS, "toy", ToyHost)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("HOSTRUN_SESSION", raising=False)
+    cfg = tmp_path / "hosts.toml"
+    cfg.write_text(f"state_dir = '{tmp_path}/state'\n[hosts.local]\nslice = '1G'\n"
+                   "[hosts.farm]\nkind = 'toy'\nqueue = 'q1'\nlimit = '2G'\n")
+    assert main(["--config", str(cfg), "top", "--once", "--host", "farm"]) == 0
+    out = capsys.readouterr().out
+    assert "farm, hostrun toy\n  toy queue q1, 2.0 GiB free of 2.0 GiB, 0 running\n" in out, out
+    assert "running: none" in out and "last outcomes here: none" in out

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from dispatch.cli.common import load_config, option_value, sub_parser
+from dispatch.cli.common import check_hosts, load_config, option_value, sub_parser
 from dispatch.core.errors import UsageError
 from dispatch.core.exitcodes import interrupted
 
@@ -50,12 +50,14 @@ def cmd_top(argv: list[str]) -> int:
                    help="print one frame as text and exit (no colours unless stdout is a terminal)")
     p.add_argument("--interval", metavar="SECONDS", default="1",
                    help="refresh every SECONDS (default: %(default)s)")
+    p.add_argument("--host", action="append", metavar="NAME", help="only this host (repeatable)")
     args = p.parse_args(argv)
     interval = option_value("--interval", args.interval, interval_seconds)
     settings = load_config(args.config)
+    check_hosts(settings, args.host)
     from dispatch.placement.hostwatch import HostWatch
 
-    watch = HostWatch(settings, interval)
+    watch = HostWatch(settings, interval, args.host)
     if args.once:
         return _once(watch)
     if not (os.isatty(sys.stdin.fileno()) and os.isatty(sys.stdout.fileno())):
@@ -79,13 +81,13 @@ def _once(watch: HostWatch) -> int:
     from dispatch.placement.reports import read_reports
     from dispatch.placement.topframe import build
 
-    readings = read_reports(watch.settings)
+    readings = read_reports(watch.settings, watch.names)
     now = time.time()
     runs, alerts, notes = watch.history_and_alerts()
     frame = build(readings, {r.host: now for r in readings if r.ok}, runs, alerts,
                   watch.alerts_title(), now, notes=notes)
     lines = _lines(frame, None, None)
-    if os.isatty(sys.stdout.fileno()):
+    if sys.stdout.isatty():
         from dispatch.cli import render
 
         render.top_print(lines)

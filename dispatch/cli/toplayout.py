@@ -144,7 +144,8 @@ def host_lines(host: HostPanel, now: float, width: int, ellipsis: str) -> list[L
                        width, ellipsis)]
     lines = [fitted((Span(host.title, view.BOLD),), width, ellipsis)]
     names = max([cells(g.name) for g in host.gauges] + [0])
-    bar_width = max(10, min(32, (width - names - 4) // 6)) if width >= 60 else 0
+    bars = width >= 60 and any(g.total for g in host.gauges)
+    bar_width = max(10, min(32, (width - names - 4) // 6)) if bars else 0
     for gauge in host.gauges:
         spans = [Span(" " + gauge.name + " " * (names - cells(gauge.name)) + " ")]
         if bar_width:

@@ -29,12 +29,13 @@ NOT_READ = "not read yet"  # without a session, the recent alerts are read from 
 class HostWatch:
     """Every host's latest reading, refreshed every ``interval`` seconds in background threads."""
 
-    def __init__(self, settings: Settings, interval: float) -> None:
+    def __init__(self, settings: Settings, interval: float, names: list[str] | None = None) -> None:
         from dispatch.hosts.kinds import hosts_of
 
         self.settings = settings
         self.interval = interval
-        self.hosts: list[Host] = hosts_of(settings)
+        self.names = names  # None: every configured host
+        self.hosts: list[Host] = hosts_of(settings, names)
         for kind in dict.fromkeys(type(h) for h in self.hosts):
             kind.before_reading(settings)
         self._stop = threading.Event()
