@@ -196,3 +196,39 @@ def test_a_new_kind_is_shown_by_what_it_says(tmp_path: Path, monkeypatch: pytest
     out = capsys.readouterr().out
     assert "farm, hostrun toy\n  toy queue q1, 2.0 GiB free of 2.0 GiB, 0 running\n" in out, out
     assert "running: none" in out and "last outcomes here: none" in out
+
+
+def test_a_slow_host_never_holds_the_view(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each host is read in a thread of its own: one that does not answer is said to be so past the
+    deadline, while the view goes on drawing; once it answers, its reading is shown again."""
+    import threading
+
+    from dispatch.hosts.kinds import KINDS
+    from dispatch.placement.hostwatch import NOT_READ, HostWatch
+    from tests.conftest import wait_for
+    from tests.support.toykind import ToyHost
+
+    gate = threading.Event()
+
+    class SlowToy(ToyHost):
+        def report(self, label: str | None = None, peaks: bool = False) -> Any:
+            gate.wait(30)
+            return super().report(label, peaks)
+
+    monkeypatch.setitem(KINDS, "toy", SlowToy)
+    monkeypatch.delenv("HOSTRUN_SESSION", raising=False)
+    cfg = tmp_path / "hosts.toml"
+    cfg.write_text(f"state_dir = '{tmp_path}/state'\nreport_deadline = '1s'\n[hosts.local]\n"
+                   "[hosts.farm]\nkind = 'toy'\nqueue = 'q1'\nlimit = '2G'\n")
+    watch = HostWatch(validate_file(str(cfg)), 0.2, ["farm"])
+    watch.start()
+    try:
+        assert watch.readings()[0][0].error == NOT_READ  # at once, not after the read
+        wait_for(lambda: "no answer for" in (watch.readings()[0][0].error or ""), timeout=10)
+        assert not watch.answered()
+        gate.set()
+        wait_for(lambda: watch.readings()[0][0].ok, timeout=10)
+        assert "farm" in watch.readings()[1] and watch.answered()
+    finally:
+        gate.set()
+        watch.stop()

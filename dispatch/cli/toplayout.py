@@ -22,6 +22,7 @@ if MYPY:
     from dispatch.core.view import Gauge
     from dispatch.placement.topframe import Frame, HostPanel
 
+STALE = 5.0  # seconds: a panel older than this says when it was read
 KEYS = (("q", "quit"), ("s", "sort the running jobs by the next column"),
         ("/", "filter by session or label: type, Enter applies, Esc clears"),
         ("h", "this help (again: back)"), ("Ctrl-C", "quit"))
@@ -142,7 +143,9 @@ def host_lines(host: HostPanel, now: float, width: int, ellipsis: str) -> list[L
         return [fitted((Span(host.name, view.BOLD), Span(": "), Span("could not read", view.RED),
                         Span(f" ({ago(host.read_at, now)}): "), Span(host.error, view.RED)),
                        width, ellipsis)]
-    lines = [fitted((Span(host.title, view.BOLD),), width, ellipsis)]
+    stale = host.read_at is not None and now - host.read_at >= STALE
+    lines = [fitted((Span(host.title, view.BOLD), Span(f" ({ago(host.read_at, now)})" if stale else "",
+                                                       view.YELLOW)), width, ellipsis)]
     names = max([cells(g.name) for g in host.gauges] + [0])
     bars = width >= 60 and any(g.total for g in host.gauges)
     bar_width = max(10, min(32, (width - names - 4) // 6)) if bars else 0

@@ -63,7 +63,11 @@ class HostWatch:
             started = time.monotonic()
             with self._lock:
                 self._asked[host.name] = started
-            reading = read_host(host)
+            try:
+                reading = read_host(host)
+            except Exception as exc:  # a kind's bug must not end its thread unseen: say it instead
+                reading = HostReading(host.name, None, f"{type(exc).__name__}: {exc}",
+                                      time.monotonic() - started, host)
             with self._lock:
                 self._latest[host.name] = reading
                 self._asked[host.name] = None

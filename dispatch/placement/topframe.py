@@ -104,11 +104,17 @@ def panel(reading: HostReading, read_at: Optional[float]) -> HostPanel:
     """A host's panel from its latest reading; ``read_at``: when it was last read successfully."""
     report = reading.report
     if report is None or reading.source is None:
-        return HostPanel(reading.host, reading.host, (), reading.error or "could not read", read_at)
+        return HostPanel(reading.host, reading.host, (), _text(reading.error or "?"), read_at)
     version = report.get("version")
     where = f" ({_text(report.get('hostname'))})" if report.get("hostname") else ""
     title = f"{reading.host}{where}" + (f", hostrun {_text(version)}" if version else "")
-    return HostPanel(reading.host, title, tuple(reading.source.gauges(report)), None, read_at)
+    try:
+        gauges = reading.source.gauges(report)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a peer's odd report, unsaid
+        return HostPanel(reading.host, title, (), f"could not show its report ({type(exc).__name__}: "
+                                                  f"{_text(exc)})", read_at)
+    shown = tuple(g._replace(name=_text(g.name), text=_text(g.text)) for g in gauges)
+    return HostPanel(reading.host, title, shown, None, read_at)
 
 
 def jobs_of(readings: Sequence[HostReading]) -> tuple[list[JobRow], list[QueueRow]]:
