@@ -112,6 +112,7 @@ def test_no_line_is_wider_than_the_terminal(readings: list[HostReading], width: 
         assert "connect to host" in text
     else:
         assert "the job was OOM-killed at its own cap" in text and "held by build" in text
+        assert "Resources; held by wide, hold-gpu" in text  # the cluster's pending job: its holders
 
 
 def test_80x24_drops_rows_and_sections_never_wraps(readings: list[HostReading]) -> None:

@@ -22,8 +22,9 @@ if MYPY:
 
 OUTCOMES = 20  # the history's latest runs a frame may show
 ALERTS = 10  # the alerts a frame may show
-ALERT_TAIL = 64 * 1024
-NOT_READ = "not read yet"  # without a session, the recent alerts are read from the file's last bytes
+ALERT_TAIL = 64 * 1024  # without a session, the recent alerts are read from the file's last bytes
+NOT_READ = "not read yet"
+RETRY = 5.0  # seconds between tries of a host that could not be read (each may cost an ssh login)
 
 
 class HostWatch:
@@ -73,7 +74,8 @@ class HostWatch:
                 self._asked[host.name] = None
                 if reading.ok:
                     self._read_at[host.name] = time.time()
-            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+            pause = self.interval if reading.ok else max(self.interval, RETRY)
+            self._stop.wait(max(0.0, pause - (time.monotonic() - started)))
 
     def _read_here(self) -> None:
         while not self._stop.is_set():

@@ -129,10 +129,15 @@ def jobs_of(readings: Sequence[HostReading]) -> tuple[list[JobRow], list[QueueRo
             jobs.append(JobRow(reading.host, _text(job.get("label") or job.get("id")),
                                _text(job.get("session")), _size(job.get("booked")),
                                _size(job.get("in_use")), _size(job.get("cap")), _number(job.get("age_s"))))
+        here = sorted((j for j in jobs if j.host == reading.host), key=lambda j: -(j.booked or 0))
+        holders = ", ".join(j.label for j in here[:3]) + (", …" if len(here) > 3 else "")
         for waiting in report["queue"]:
+            reason = _text(waiting.get("reason"))
+            if holders and "held by" not in reason:  # who holds the room, as its waiting line says
+                reason = f"{reason}; held by {holders}" if reason else f"held by {holders}"
             queue.append(QueueRow(reading.host, _text(waiting.get("label") or waiting.get("id")),
                                   _text(waiting.get("session")), _size(waiting.get("need")),
-                                  _number(waiting.get("waited_s")), _text(waiting.get("reason"))))
+                                  _number(waiting.get("waited_s")), reason))
     return jobs, queue
 
 
