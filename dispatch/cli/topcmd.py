@@ -25,6 +25,9 @@ if MYPY:
     from dispatch.placement.topframe import Frame
 
 
+SOON = 3.0  # seconds from the start in which a frame is redrawn as soon as a first reading comes
+
+
 def interval_seconds(text: str) -> float:
     """``--interval``: seconds (``0.5``, ``2``) or a duration (``2s``), from 0.1 s to an hour."""
     from dispatch.core.units import parse_duration
@@ -119,7 +122,7 @@ def _live(watch: HostWatch) -> int:
     try:
         watch.start()
         with render.TopScreen() as screen:
-            due = 0.0
+            began, due = time.monotonic(), 0.0
             while not keys.quit and terminal.stopped is None:
                 if terminal.resized or time.monotonic() >= due:
                     terminal.resized = False
@@ -129,8 +132,9 @@ def _live(watch: HostWatch) -> int:
                                   keys.sort, keys.filter, notes)
                     size = _size()
                     screen.draw(_lines(frame, keys, size), size)
-                    # until every host has answered once, look again soon
-                    due = time.monotonic() + (watch.interval if watch.answered() else 0.1)
+                    # in the first seconds, until every host has answered once, look again soon
+                    soon = time.monotonic() - began < SOON and not watch.answered()
+                    due = time.monotonic() + (0.1 if soon else watch.interval)
                 data = terminal.wait(due - time.monotonic())
                 if data:
                     keys.feed(data)

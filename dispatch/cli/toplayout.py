@@ -103,13 +103,13 @@ def table(columns: Sequence[Column], rows: Sequence[Sequence[Span]], width: int,
         natural = max([cells(columns[flex].title)] + [cells(r[flex].text) for r in rows])
         widths[flex] = max(widths[flex], min(natural, width - need() + widths[flex]))
 
-    def line(cells_: Sequence[Span], style: str = "") -> Line:
+    def line(values: Sequence[Span], style: str = "") -> Line:
         spans: list[Span] = []
         for n, i in enumerate(shown):
-            text = cut(cells_[i].text, widths[i], ellipsis)
+            text = cut(values[i].text, widths[i], ellipsis)
             pad = " " * (widths[i] - cells(text))
             text = pad + text if columns[i].right else text + (pad if n < len(shown) - 1 else "")
-            spans += [Span(text, cells_[i].style or style), Span(" " if n < len(shown) - 1 else "")]
+            spans += [Span(text, values[i].style or style), Span(" " if n < len(shown) - 1 else "")]
         return fitted(spans, width, ellipsis)
 
     return [line([Span(c.title) for c in columns], view.BOLD), *(line(r) for r in rows)]
