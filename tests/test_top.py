@@ -233,3 +233,28 @@ def test_a_slow_host_never_holds_the_view(tmp_path: Path, monkeypatch: pytest.Mo
     finally:
         gate.set()
         watch.stop()
+
+
+def test_alerts_are_the_sessions_unread_ones_left_unread(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dispatch.placement import alerts
+    from dispatch.placement.hostwatch import HostWatch
+
+    cfg = tmp_path / "hosts.toml"
+    cfg.write_text(f"state_dir = '{tmp_path}/state'\n[hosts.local]\n")
+    settings = validate_file(str(cfg))
+    for session in ("s1", "s2"):
+        alerts.append(settings.alerts_path, alerts.record(
+            alerts.OWN_CAP, host="local", label=f"job-of-{session}", session=session, command="x",
+            action="hostrun -m 1G -- x", message=f"job job-of-{session} was killed at its own cap"))
+    monkeypatch.setenv("HOSTRUN_SESSION", "s1")
+    watch = HostWatch(settings, 1.0, ["local"])
+    runs, found, notes = watch.history_and_alerts()
+    assert (runs, notes) == ([], [])
+    assert [a["label"] for a in found] == ["job-of-s1"]
+    assert watch.alerts_title() == "unread alerts for session s1"
+    assert [a["label"] for a in alerts.unread(settings, "s1")] == ["job-of-s1"]  # still unread
+    monkeypatch.delenv("HOSTRUN_SESSION")
+    watch = HostWatch(settings, 1.0, ["local"])
+    assert [a["label"] for a in watch.history_and_alerts()[1]] == ["job-of-s1", "job-of-s2"]
+    assert watch.alerts_title() == "recent alerts"
