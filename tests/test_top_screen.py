@@ -74,7 +74,13 @@ def pane() -> Iterator[Pane]:
 
 
 def _index(lines: list[str], word: str) -> int:
-    return next(i for i, line in enumerate(lines) if word in line)
+    return next((i for i, line in enumerate(lines) if word in line), -1)
+
+
+def _before(pane: Pane, first: str, then: str) -> bool:
+    """Both on the screen (one capture), ``first`` on an earlier line."""
+    lines = pane.lines()
+    return 0 <= _index(lines, first) < _index(lines, then)
 
 
 def _fits(pane: Pane, width: int, height: int) -> bool:
@@ -90,9 +96,9 @@ def _top(hostrun: Hostrun, term: str) -> str:
 
 def test_top_follows_real_jobs_and_gives_the_terminal_back(hostrun: Hostrun, pane: Pane) -> None:
     assert hostrun.run("-l", "quick-one", "--session", "alpha", "--", "sh", "-c", "exit 3").returncode == 3
-    jobs = [hostrun.popen("-m", "128M", "-l", "holder-b", "--session", "beta", "--", "sleep", "60")]
+    jobs = [hostrun.popen("-m", "150M", "-l", "holder-b", "--session", "beta", "--", "sleep", "60")]
     wait_for(lambda: any(b[1] == "holder-b" and b[2] == "running" for b in hostrun.bookings()))
-    jobs.append(hostrun.popen("-m", "128M", "-l", "holder-a", "--session", "zulu", "--", "sleep", "60"))
+    jobs.append(hostrun.popen("-m", "100M", "-l", "holder-a", "--session", "zulu", "--", "sleep", "60"))
     wait_for(lambda: any(b[1] == "holder-a" and b[2] == "running" for b in hostrun.bookings()))
     jobs.append(hostrun.popen("-m", "128M", "-l", "waiter", "--session", "gamma", "--", "sleep", "2"))
     wait_for(lambda: any(b[1] == "waiter" and b[2] == "waiting" for b in hostrun.bookings()))
@@ -106,13 +112,11 @@ def test_top_follows_real_jobs_and_gives_the_terminal_back(hostrun: Hostrun, pan
                  timeout=30)
         assert pane.flags() == "1 0"  # the alternate screen, the cursor hidden
         assert _fits(pane, 80, 24), pane.text()
-        lines = pane.lines()
-        assert _index(lines, "holder-a") < _index(lines, "holder-b")  # sorted by host, then label
+        assert _before(pane, "holder-a", "holder-b")  # sorted by host, then label
 
-        pane.type("s")  # by elapsed time, longest first: holder-b started first
-        wait_for(lambda: "sort: elapsed" in pane.text())
-        lines = pane.lines()
-        assert _index(lines, "holder-b") < _index(lines, "holder-a"), pane.text()
+        pane.type("s", "s")  # by elapsed time, then by booking, largest first: holder-b's 150 MiB
+        wait_for(lambda: "sort: booked" in pane.text())
+        assert _before(pane, "holder-b", "holder-a"), pane.text()
 
         pane.type("/", "holder-b", "Enter")
         wait_for(lambda: "filter: holder-b" in pane.text() and "holder-a" not in pane.text())
@@ -129,7 +133,7 @@ def test_top_follows_real_jobs_and_gives_the_terminal_back(hostrun: Hostrun, pan
         jobs[1].terminate()  # holder-a ends: the waiter starts, runs 2 s and finishes
         wait_for(lambda: "queue: empty" in pane.text() and "killed by SIGTERM" in pane.text()
                  and "waiter" in pane.text(), timeout=30)
-        wait_for(lambda: _index(pane.lines(), "waiter") > _index(pane.lines(), "last outcomes"), timeout=30)
+        wait_for(lambda: _before(pane, "last outcomes", "waiter"), timeout=30)
         assert _fits(pane, 80, 24), pane.text()
 
         pane.type("q")
