@@ -22,6 +22,7 @@ if MYPY:
     from dispatch.core.view import Gauge
     from dispatch.placement.topframe import Frame, HostPanel
 
+HINTS = ("   s sort  / filter  h help  q quit", "   h help")  # the keys in the header, the most that fit
 STALE = 5.0  # seconds: a panel older than this says when it was read
 KEYS = (("q", "quit"), ("s", "sort the running jobs by the next column"),
         ("/", "filter by session or label: type, Enter applies, Esc clears"),
@@ -203,11 +204,13 @@ def sections(frame: Frame, width: int, ellipsis: str) -> list[tuple[Line, list[L
 
 
 def header(frame: Frame, width: int, ellipsis: str, typing: Optional[str]) -> Line:
+    """The time, the sort, the filter (``/text_`` while it is typed) and the keys, as many as fit."""
     shown = f"/{typing}_" if typing is not None else (frame.filter or "-")
-    return fitted((Span("hostrun top", view.BOLD),
-                   Span(f"  {clock(frame.time)}  sort: "),
-                   Span(frame.sort, view.BOLD), Span("  filter: "), Span(shown, view.BOLD),
-                   Span("   s sort  / filter  h help  q quit", view.DIM)), width, ellipsis)
+    spans = (Span("hostrun top", view.BOLD), Span(f"  {clock(frame.time)}  sort: "),
+             Span(frame.sort, view.BOLD), Span("  filter: "), Span(shown, view.BOLD))
+    used = sum(cells(s.text) for s in spans)
+    hints = next((h for h in HINTS if used + len(h) <= width), "")
+    return fitted((*spans, Span(hints, view.DIM)), width, ellipsis)
 
 
 def allot(needs: Sequence[int], room: int) -> list[int]:
