@@ -2,7 +2,7 @@
 and some finished. The view shows them and follows them as they change, ``s`` re-sorts, ``/``
 filters, a resize to 160x48 and back redraws at the new size, and ``q`` or Ctrl-C give the shell
 back as it was (alternate screen left, cursor shown, typed keys echoed). ``--once`` to a pipe prints
-plain text."""
+plain text. Over ``ssh -t``, with a real sshd peer, it shows the peer's panel and job too."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,3 +153,26 @@ def test_top_follows_real_jobs_and_gives_the_terminal_back(hostrun: Hostrun, pan
         for job in jobs:
             job.terminate()
             job.wait(timeout=30)
+
+
+def test_top_over_ssh_shows_a_real_peer(hostrun: Hostrun, peers: Any, pane: Pane, tmp_path: Path) -> None:
+    """Run over ``ssh -t`` (the terminal is ssh's), with a real sshd peer configured: the peer's
+    panel comes from its agent, its job shows in the running table, and ``q`` ends the remote
+    command and gives the local shell back as it was."""
+    from tests.support.peers import setup
+
+    peer, tree = setup(hostrun, peers, tmp_path)
+    job = hostrun.popen("--peer", "-m", "64M", "-l", "far-job", "--session", "remote", "--", "sleep", "60",
+                        cwd=tree / "src")
+    try:
+        remote = " ".join([f"PYTHONPATH={os.environ.get('PYTHONPATH', REPO)}", "TERM=vt100", sys.executable,
+                           "-m", "dispatch", "--config", str(hostrun.config_path), "top"])
+        pane.type(f"clear; ssh -t -F {peer.ssh_config} peer1 '{remote}'; echo ssh-exited-$?", "Enter")
+        wait_for(lambda: "peer1 (" in pane.text() and "far-job" in pane.text(), timeout=90)
+        assert _fits(pane, 80, 24) and "could not read" not in pane.text(), pane.text()
+        pane.type("q")
+        wait_for(lambda: "ssh-exited-0" in pane.text(), timeout=30)
+        assert pane.flags() == "0 1"
+    finally:
+        job.terminate()
+        job.wait(timeout=60)
