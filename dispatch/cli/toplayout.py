@@ -253,13 +253,14 @@ def layout(frame: Frame, width: int, height: Optional[int] = None, help_shown: b
     hosts = 0 if help_shown else len(frame.hosts)
     given = needs if height is None else share(needs[:hosts], needs[hosts:], height - len(top))
     out = top
-    for (title, body), lines in zip(parts, given):
+    for n, ((title, body), lines) in enumerate(zip(parts, given)):
         if lines == 0:
             continue
         if lines >= len(body) + 1:
             out += [title, *body]
-        else:
-            kept = body[:lines - 1] if lines >= 3 else []
+        else:  # a table's header alone says nothing: a table shows a row too, or just its title
+            table = n >= hosts and not help_shown
+            kept = body[:lines - 1] if lines >= 3 or not table else []
             note = f" - {len(body) - len(kept)} more lines: a taller terminal shows them"
             out += [fitted((*title.spans, Span(note, view.DIM)), width, ellipsis), *kept]
     return out
