@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from dispatch.core.errors import UsageError
 from dispatch.core.exitcodes import ExitCode
+from dispatch.core.runoptions import COMMANDS as COMMANDS
 from dispatch.core.runoptions import PROG, whole_number
 
 MYPY = False
@@ -23,19 +24,6 @@ if MYPY:
     T = TypeVar("T")
 
 
-# The subcommands, in the order --help lists them: name -> (module of dispatch.cli, function). A
-# command's module is imported only when it runs, so ``hostrun -- CMD`` loads ``runcmd`` alone.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("runcmd", "cmd_run"), "doctor": ("statecmds", "cmd_doctor"),
-    "codes": ("statecmds", "cmd_codes"), "ledger": ("statecmds", "cmd_ledger"),
-    "report": ("statecmds", "cmd_report"), "dispatch": ("runcmd", "cmd_dispatch"),
-    "alerts": ("alertcmds", "cmd_alerts"), "capacity": ("statecmds", "cmd_capacity"),
-    "lock": ("guardcmds", "cmd_lock"), "workdir": ("guardcmds", "cmd_workdir"),
-    "preflight": ("guardcmds", "cmd_preflight"), "history": ("statecmds", "cmd_history"),
-    "hook": ("setupcmds", "cmd_hook"), "agents": ("setupcmds", "cmd_agents"),
-    "watch": ("alertcmds", "cmd_watch"), "shims": ("setupcmds", "cmd_shims"),
-    "shared": ("setupcmds", "cmd_shared"), "completion": ("completion", "cmd_completion"),
-}
 SUBCOMMANDS = tuple(COMMANDS)
 USAGE = (f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{{','.join(SUBCOMMANDS[1:])}}} ...")
 

@@ -294,3 +294,47 @@ def workdirs(data: dict[str, Any]) -> None:
         from dispatch.guards.workdirs import hidden_note
 
         console.print(_t(hidden_note(data["hidden_processes"])))
+
+
+# -- hostrun top: the lines dispatch.cli.toplayout fitted, coloured, on the alternate screen --
+
+def _top_text(lines: Sequence[Line]) -> Any:
+    """One rich ``Text`` of the lines: no markup is read (every text is already escaped), no wrap."""
+    from rich.text import Text
+
+    text = Text(no_wrap=True, overflow="crop", end="")
+    for n, line in enumerate(lines):
+        if n:
+            text.append("\n")
+        for span in line.spans:
+            text.append(span.text, style=span.style or None)
+    return text
+
+
+def top_print(lines: Sequence[Line]) -> None:
+    """``hostrun top --once`` on a terminal: the frame in colour, on the normal screen."""
+    console.print(_top_text(lines), soft_wrap=True)
+
+
+class TopScreen:
+    """The alternate screen ``hostrun top`` draws on (rich's ``Live``, no refresh thread of its
+    own): entered with ``with``, left with the cursor shown again whatever ended the view."""
+
+    def __init__(self) -> None:
+        from rich.live import Live
+
+        self.console = Console()
+        self.live = Live(console=self.console, screen=True, auto_refresh=False,
+                         redirect_stdout=False, redirect_stderr=False)
+
+    def __enter__(self) -> TopScreen:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(None, None, None)
+
+    def draw(self, lines: Sequence[Line], size: tuple[int, int]) -> None:
+        """The lines, at the terminal's ``size`` (columns, rows) as read just now."""
+        self.console.size = size
+        self.live.update(_top_text(lines), refresh=True)

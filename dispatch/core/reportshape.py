@@ -100,14 +100,15 @@ class RunningJob(TypedDict):
     label: Optional[str]  # a Slurm job may have no name
     booked: Optional[int]
     age_s: Optional[float]
+    # what a kind may also say of a job (``hostrun top`` shows them): a machine says all three
+    cap: NotRequired[Optional[int]]
+    in_use: NotRequired[int]
+    session: NotRequired[Optional[str]]
 
 
 class MachineJob(RunningJob):
     pid: int
     kind: str
-    cap: Optional[int]
-    in_use: int
-    session: Optional[str]
     command: Optional[str]
 
 
@@ -117,6 +118,7 @@ class QueuedJob(TypedDict):
     need: Optional[int]
     reason: Optional[str]
     waited_s: Optional[float]
+    session: NotRequired[Optional[str]]  # a machine says it (an older peer's agent does not)
 
 
 class MachineQueued(QueuedJob):

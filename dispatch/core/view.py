@@ -55,3 +55,21 @@ def line(*parts: str | Span) -> Line:
 def row(*cells: str | Span) -> tuple[Span, ...]:
     """A table row from texts and spans."""
     return tuple(c if isinstance(c, Span) else Span(c) for c in cells)
+
+
+# more style names, for ``hostrun top``'s bars and marks
+YELLOW = "yellow"
+GREEN = "green"
+DIM = "dim"
+
+
+class Gauge(NamedTuple):
+    """One line of a host's panel in ``hostrun top`` (``Host.gauges``): ``name``, a bar of ``total``
+    filled to ``used`` and on to ``booked`` (promised but not used yet), and ``text`` saying it in
+    words; ``total`` 0: no bar, the text alone. Plain numbers, so any kind can say any resource."""
+
+    name: str
+    text: str
+    used: float = 0
+    booked: float = 0
+    total: float = 0

@@ -54,9 +54,6 @@ GPU_ENV = frozenset(("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBL
 SKIPPED_KEYWORDS = frozenset(("!", "if", "then", "elif", "else", "do", "while", "until", "fi", "done",
                               "esac", "{", "}", "time", "coproc"))
 HEADER_KEYWORDS = frozenset(("for", "select", "case", "function", "in"))
-HOSTRUN_SUBCOMMANDS = frozenset(("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts",
-                                 "capacity", "lock", "workdir", "preflight", "history", "hook",
-                                 "agents", "shims", "watch"))
 
 
 class Verdict(NamedTuple):
@@ -334,9 +331,11 @@ def _cd(frame: Frame, words: list[str], home: str | None) -> None:
 
 # -------------------------------------------------------------------- hostrun
 def _hostrun(ctx: Context, args: list[str], frame: Frame, gpu_env: bool) -> None:
+    from dispatch.core.runoptions import COMMANDS, split_command  # their own tables, read only here
+
     while args and (args[0] == "--config" or args[0].startswith("--config=")):
         args = args[2:] if args[0] == "--config" else args[1:]
-    if args and args[0] in HOSTRUN_SUBCOMMANDS:
+    if args and args[0] in COMMANDS:
         sub, args = args[0], args[1:]
         if sub == "lock" and "--" in args:  # the lock holds a directory, it does not cap the command
             _argv(ctx, args[args.index("--") + 1 :], frame, None, None, gpu_env)
@@ -347,8 +346,6 @@ def _hostrun(ctx: Context, args: list[str], frame: Frame, gpu_env: bool) -> None
     if args and args[0] in ("-h", "--help"):
         ctx.found(False, False, f"hostrun {args[0]}{at(frame)}", frame.through)
         return
-    from dispatch.core.runoptions import split_command  # the run options' own table, read only here
-
     options, command = split_command(list(args))
     if not command:
         ctx.found(False, False, f"hostrun {shown(options)} [no command]{at(frame)}", frame.through)

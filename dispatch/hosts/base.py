@@ -24,7 +24,7 @@ if MYPY:
     from dispatch.core.reportshape import Report
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import HostSettings, Settings
-    from dispatch.core.view import Block
+    from dispatch.core.view import Block, Gauge
     from dispatch.hosts.judgement import HostPending, Job, Judgement
 
 
@@ -113,6 +113,13 @@ class Host(ABC):
     @abstractmethod
     def describe(self, report: Report) -> list[Block]:
         """Its report as ``hostrun report`` shows it (``dispatch.core.view``: lines and tables)."""
+
+    def gauges(self, report: Report) -> list[Gauge]:
+        """Its panel in ``hostrun top``: a few lines, each a bar and its words
+        (``dispatch.core.view.Gauge``); a kind that says nothing more has its summary line."""
+        from dispatch.core.view import Gauge
+
+        return [Gauge("", self.summary(report))]
 
     def diagnose(self, reading: Any) -> dict[str, Any] | None:
         """``hostrun doctor``'s entry for this host from its report just read (a ``HostReading``), or

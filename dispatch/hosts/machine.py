@@ -11,7 +11,7 @@ from dispatch.hosts.base import Host
 MYPY = False
 if MYPY:
     from dispatch.core.reportshape import MachineReport, Report
-    from dispatch.core.view import Block
+    from dispatch.core.view import Block, Gauge
     from dispatch.hosts.judgement import HostPending, Job, Judgement
     from dispatch.local.ledgerdb import PeakRecord
 
@@ -129,6 +129,37 @@ class MachineHost(Host):
             blocks.append(view.Grid("running jobs", ("label", "pid", "kind", "booked", "in use", "age"),
                                     jobs))
         return blocks
+
+    def gauges(self, report: Report) -> list[Gauge]:
+        """Memory (used, and booked not yet at peak), the slice (used, booked), load against its
+        cores with the heavy threads, and each GPU's VRAM."""
+        data = machine_report(report)
+        s, mem = data["slice"], data["memory"]
+        total, available = int(mem["total"]), int(mem["available"])
+        for_jobs = int(mem.get("available_for_jobs", available))  # an older peer's agent lacks it
+        queued = f", {format_size(s['queued'])} queued" if s.get("queued") else ""
+        load = data.get("load") or [0.0, 0.0, 0.0]
+        cores = int(data.get("cores") or 1)
+        free = f" ({data['threads_free']} free)" if "threads_free" in data else ""
+        shown = [
+            view.Gauge("memory", f"available {format_size(available)} of {format_size(total)}, "
+                                 f"for jobs {format_size(for_jobs)}",
+                       total - available, total - for_jobs, total),
+            view.Gauge("slice", f"used {format_size(s['used'])}, booked {format_size(s['booked'])}, "
+                                f"free {format_size(s['free'])} of {format_size(s['limit'])}{queued}",
+                       s["used"], s["booked"], s["limit"]),
+            view.Gauge("load", f"{' '.join(f'{x:.2f}' for x in load)} on {cores} cores, heavy "
+                               f"threads {data.get('heavy_threads', '?')}{free}",
+                       min(load[0], cores), 0, cores),
+        ]
+        if data.get("gpu_error"):
+            shown.append(view.Gauge("GPUs", f"unreadable ({data['gpu_error']})"))
+        for gpu in data.get("gpus") or []:
+            vram, used = gpu.get("total") or 0, gpu.get("used") or 0
+            shown.append(view.Gauge(f"GPU {gpu.get('index', '?')}", f"{gpu.get('name', '')}: "
+                                    f"{format_size(gpu.get('free'))} free of {format_size(gpu.get('total'))}",
+                                    used, 0, vram))
+        return shown
 
 
 def _peak(report: MachineReport) -> PeakRecord | None:

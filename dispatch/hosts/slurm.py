@@ -18,7 +18,7 @@ if MYPY:
     from dispatch.core.reportshape import Report
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import HostSettings, Settings
-    from dispatch.core.view import Block
+    from dispatch.core.view import Block, Gauge
     from dispatch.hosts.judgement import HostPending, Job, Judgement
     from dispatch.hosts.slurmcommands import SlurmCommands
     from dispatch.hosts.slurmshape import ClusterReport
@@ -72,6 +72,11 @@ class SlurmHost(Host):
         from dispatch.hosts.slurmview import describe
 
         return describe(report)
+
+    def gauges(self, report: Report) -> list[Gauge]:
+        from dispatch.hosts.slurmview import gauges
+
+        return gauges(report)
 
     def diagnose(self, reading: Any) -> dict[str, Any] | None:
         """Can its commands be read, which Slurm answers (``scontrol --version``), how many nodes

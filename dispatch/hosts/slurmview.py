@@ -10,7 +10,7 @@ from dispatch.hosts.slurmreport import cluster_of
 MYPY = False
 if MYPY:
     from dispatch.core.reportshape import Report
-    from dispatch.core.view import Block
+    from dispatch.core.view import Block, Gauge
 
 
 def summary(report: Report) -> str:
@@ -54,3 +54,21 @@ def describe(report: Report) -> list[Block]:
     jobs = view.line(f"jobs: {len(data['running'])} running, {data['queue_length']} pending"
                      + (f" ({why})" if why else ""))
     return [heading, nodes, jobs]
+
+
+def gauges(report: Report) -> list[Gauge]:
+    """Nodes up, memory allocated of all nodes' (and the most one node has free), CPUs allocated."""
+    data = cluster_of(report)
+    t = data["totals"]
+    most = t.get("most_free_node")
+    part = f", partition {data['partition']}" if data.get("partition") else ""
+    return [
+        view.Gauge("nodes", f"Slurm cluster {data.get('hostname') or '?'}{part}: {t['nodes_up']} of "
+                            f"{t['nodes']} nodes up, {t['gpus_total']} GPUs"),
+        view.Gauge("memory", f"{format_size(t['memory_free'])} free to allocate of "
+                             f"{format_size(t['memory_total'])} (most on one node "
+                             f"{format_size(most['memory'] if most else None)})",
+                   t["memory_allocated"], 0, t["memory_total"]),
+        view.Gauge("CPUs", f"{t['cpus_allocated']} of {t['cpus_total']} allocated",
+                   t["cpus_allocated"], 0, t["cpus_total"]),
+    ]

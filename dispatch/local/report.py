@@ -92,7 +92,7 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
         },
         "queue": [
             {"id": b.id, "label": b.label, "pid": b.pid, "need": b.size, "reason": b.reason,
-             "waited_s": round(now - b.queued, 1)}
+             "waited_s": round(now - b.queued, 1), "session": b.session}
             for b in waiting
         ],
     }

@@ -46,6 +46,11 @@ def _timed(host: Host, label: str | None, peaks: bool) -> HostReading:
     return HostReading(host.name, None, why, time.monotonic() - started, host)
 
 
+def read_host(host: Host, label: str | None = None, peaks: bool = False) -> HostReading:
+    """One host's reading, timed, its failure as its ``error`` (``hostrun top`` reads each host in
+    a thread of its own, again and again; its kind's ``before_reading`` is the caller's)."""
+    return _timed(host, label, peaks)
+
 def read_reports(settings: Settings, names: list[str] | None = None, label: str | None = None,
                  peaks: bool = False) -> list[HostReading]:
     """Reports of ``names`` (default: every configured host), in the configured order; ``peaks``:
