@@ -2,9 +2,9 @@
 exit code. Nothing else lives here.
 
 Each subcommand is a ``cmd_*`` function in a module of its kind (``runcmd``: a run and ``dispatch``;
-``statecmds``; ``alertcmds``; ``guardcmds``; ``setupcmds``), found through the one registry
-``dispatch.cli.common.COMMANDS`` and imported only when it runs. Each parses its arguments, calls the
-library, renders, and returns its exit code.
+``statecmds``; ``alertcmds``; ``guardcmds``; ``setupcmds``; ``topcmd``; ``completion``), found through
+the one registry ``dispatch.core.runoptions.COMMANDS`` and imported only when it runs. Each parses
+its arguments, calls the library, renders, and returns its exit code.
 
 Errors raised by the library are translated to one ``hostrun: error: …`` line and their exit code
 here, once. Heavy imports (pydantic via config validation, rich via ``dispatch.cli.render``) happen only
