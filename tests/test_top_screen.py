@@ -34,6 +34,7 @@ class Pane:
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         self.tmux("new-session", "-d", "-x", str(width), "-y", str(height), "-s", "top", "-c", str(REPO),
                   "env", "-i", *(f"{k}={v}" for k, v in env.items()), "sh")
+        wait_for(lambda: "$" in self.text(), timeout=30)  # the shell reads what is typed from now on
 
     def tmux(self, *args: str) -> str:
         done = subprocess.run(["tmux", "-S", self.socket, "-f", "/dev/null", *args], capture_output=True,
@@ -74,6 +75,14 @@ def pane() -> Iterator[Pane]:
         made.close()
 
 
+def on_screen(pane: Pane, predicate: Any, timeout: float = 10.0) -> None:
+    """``wait_for`` that, when the screen never shows what is awaited, fails with the screen."""
+    try:
+        wait_for(predicate, timeout=timeout)
+    except pytest.fail.Exception:
+        pytest.fail(f"not on the screen within {timeout} s; the screen:\n{pane.text()}")
+
+
 def _index(lines: list[str], word: str) -> int:
     return next((i for i, line in enumerate(lines) if word in line), -1)
 
@@ -109,45 +118,45 @@ def test_top_follows_real_jobs_and_gives_the_terminal_back(hostrun: Hostrun, pan
         assert "\x1b" not in once.stdout and "holder-a" in once.stdout and "waiter" in once.stdout
 
         pane.type(_top(hostrun, "xterm"), "Enter")
-        wait_for(lambda: all(w in pane.text() for w in ("holder-a", "holder-b", "waiter", "quick-one")),
-                 timeout=30)
+        shown = ("holder-a", "holder-b", "waiter", "quick-one")
+        on_screen(pane, lambda: all(w in pane.text() for w in shown), timeout=30)
         assert pane.flags() == "1 0"  # the alternate screen, the cursor hidden
         assert _fits(pane, 80, 24), pane.text()
         assert _before(pane, "holder-a", "holder-b")  # sorted by host, then label
 
         pane.type("s", "s")  # by elapsed time, then by booking, largest first: holder-b's 150 MiB
-        wait_for(lambda: "sort: booked" in pane.text())
+        on_screen(pane, lambda: "sort: booked" in pane.text())
         assert _before(pane, "holder-b", "holder-a"), pane.text()
 
         pane.type("/", "holder-b", "Enter")
-        wait_for(lambda: "filter: holder-b" in pane.text() and "holder-a" not in pane.text())
+        on_screen(pane, lambda: "filter: holder-b" in pane.text() and "holder-a" not in pane.text())
         assert "holder-b" in pane.text()
         pane.type("Escape")
-        wait_for(lambda: "filter: -" in pane.text() and "holder-a" in pane.text())
+        on_screen(pane, lambda: "filter: -" in pane.text() and "holder-a" in pane.text())
 
         pane.resize(160, 48)
-        wait_for(lambda: any(len(line) > 80 for line in pane.lines()) and _fits(pane, 160, 48))
+        on_screen(pane, lambda: any(len(line) > 80 for line in pane.lines()) and _fits(pane, 160, 48))
         pane.resize(80, 24)
-        wait_for(lambda: _fits(pane, 80, 24) and "holder-a" in pane.text())
+        on_screen(pane, lambda: _fits(pane, 80, 24) and "holder-a" in pane.text())
         assert "Traceback" not in pane.text()
 
         jobs[1].terminate()  # holder-a ends: the waiter starts, runs 2 s and finishes
-        wait_for(lambda: "queue: empty" in pane.text() and "killed by SIGTERM" in pane.text()
+        on_screen(pane, lambda: "queue: empty" in pane.text() and "killed by SIGTERM" in pane.text()
                  and "waiter" in pane.text(), timeout=30)
-        wait_for(lambda: _before(pane, "last outcomes", "waiter"), timeout=30)
+        on_screen(pane, lambda: _before(pane, "last outcomes", "waiter"), timeout=30)
         assert _fits(pane, 80, 24), pane.text()
 
         pane.type("q")
-        wait_for(lambda: "top-exited-0" in pane.text())
+        on_screen(pane, lambda: "top-exited-0" in pane.text())
         assert pane.flags() == "0 1"  # the normal screen, the cursor shown
         pane.type("echo typed-back", "Enter")  # echo is on again: the typed line shows, then its output
-        wait_for(lambda: pane.text().count("typed-back") == 2)
+        on_screen(pane, lambda: pane.text().count("typed-back") == 2)
 
         pane.type(_top(hostrun, "vt100"), "Enter")  # a plain terminal; Ctrl-C ends it as q does
-        wait_for(lambda: "holder-b" in pane.text() and "sort: host" in pane.text())
+        on_screen(pane, lambda: "holder-b" in pane.text() and "sort: host" in pane.text())
         assert _fits(pane, 80, 24), pane.text()
         pane.type("C-c")
-        wait_for(lambda: "top-exited-130" in pane.text())
+        on_screen(pane, lambda: "top-exited-130" in pane.text())
         assert pane.flags() == "0 1" and "Traceback" not in pane.text()
     finally:
         for job in jobs:
@@ -168,10 +177,10 @@ def test_top_over_ssh_shows_a_real_peer(hostrun: Hostrun, peers: Any, pane: Pane
         remote = " ".join([f"PYTHONPATH={os.environ.get('PYTHONPATH', REPO)}", "TERM=vt100", sys.executable,
                            "-m", "dispatch", "--config", str(hostrun.config_path), "top"])
         pane.type(f"clear; ssh -t -F {peer.ssh_config} peer1 '{remote}'; echo ssh-exited-$?", "Enter")
-        wait_for(lambda: "peer1 (" in pane.text() and "far-job" in pane.text(), timeout=90)
+        on_screen(pane, lambda: "peer1 (" in pane.text() and "far-job" in pane.text(), timeout=90)
         assert _fits(pane, 80, 24) and "could not read" not in pane.text(), pane.text()
         pane.type("q")
-        wait_for(lambda: "ssh-exited-0" in pane.text(), timeout=30)
+        on_screen(pane, lambda: "ssh-exited-0" in pane.text(), timeout=30)
         assert pane.flags() == "0 1"
     finally:
         job.terminate()
