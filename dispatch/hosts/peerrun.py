@@ -299,8 +299,7 @@ class PeerRun:
         return outcome
 
     def _alert(self, record: dict[str, Any] | None) -> None:
-        if record is not None:
-            alertlog.write(self.settings.alerts_path, record, self.say)
+        alertlog.write(self.settings.alerts_path, record, self.say)
 
     def _session(self) -> Outcome:
         """One SSH session for steps 3-7 (``peersession.AgentSession``). The agent first probes and

@@ -226,10 +226,8 @@ class SlurmRun:
         cap the half rule suggests)."""
         from dispatch.local import alertlog
 
-        record = alertlog.for_outcome(outcome, self.request.session, peer=self.host.name,
-                                      request=self.request)
-        if record is not None:
-            alertlog.write(self.config.alerts_path, record, self.say)
+        alertlog.write(self.config.alerts_path, alertlog.for_outcome(
+            outcome, self.request.session, peer=self.host.name, request=self.request), self.say)
 
     def _sync(self) -> str:
         """Login-node mode: the tree to its work directory there; the job's directory in it."""

@@ -61,8 +61,11 @@ def append(path: str, data: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def write(path: str, data: dict[str, Any], say: Callable[[str], None]) -> bool:
-    """``append``, but a failure is one warning line (``say``), never an exception: the job goes on."""
+def write(path: str, data: dict[str, Any] | None, say: Callable[[str], None]) -> bool:
+    """``append``, but a failure is one warning line (``say``), never an exception: the job goes on.
+    ``data`` None (``for_outcome``'s answer for a run that raises no alert): nothing to write."""
+    if data is None:
+        return False
     try:
         append(path, data)
         return True

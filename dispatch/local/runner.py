@@ -277,10 +277,8 @@ class _LocalRun:
         if alerts and outcome.exit_code in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
             from dispatch.local import alertlog
 
-            alert = alertlog.for_outcome(outcome, self.request.session, slice_limit=self.limit,
-                                         request=self.request)
-            if alert is not None:
-                alertlog.write(self.settings.alerts_path, alert, self.say)
+            alertlog.write(self.settings.alerts_path, alertlog.for_outcome(
+                outcome, self.request.session, slice_limit=self.limit, request=self.request), self.say)
 
     def release(self) -> None:
         """Give back whatever was taken: the job's processes killed, the booking released first
