@@ -18,6 +18,7 @@ import time
 
 from dispatch.agent.frames import HEARTBEAT, SILENCE_LIMIT, SYNC_MARK, Frame, FrameReader, FrameWriter
 from dispatch.agent.wire import RunSpec, error_result, result_of
+from dispatch.core.fdio import write_all
 
 MYPY = False
 if MYPY:
@@ -61,10 +62,10 @@ class _Link:
                 elif kind == Frame.SIGNAL:
                     os.kill(os.getpid(), int(payload))
                 elif kind == Frame.DATA and self.stdin_fd is not None:
-                    try:
-                        os.write(self.stdin_fd, payload)
+                    try:  # whole: a signal handled mid-write may cut a pipe write short
+                        write_all(self.stdin_fd, payload)
                     except OSError:
-                        pass
+                        pass  # the job closed its stdin: the rest is dropped, as a pipe would
                 elif kind == Frame.EOF and self.stdin_fd is not None:
                     os.close(self.stdin_fd)
                     self.stdin_fd = None
