@@ -64,6 +64,8 @@ def test_each_table_fits_with_one_line_per_row(busy: Hostrun, width: int) -> Non
     history = rows_of(shown(busy, width, "history"))
     assert len(history) == 2 and all("…" in row for row in history)  # the command is 300 characters
     assert ("a-label-long-enough" in history[0]) == (width == 200)  # more of the label where there is room
+    header = next(line for line in shown(busy, width, "history") if line.startswith("┃"))
+    assert ("session" in header, "booked" in header, "cap" in header) == ((width == 200,) * 3)  # docs/cli.md
     ledger = shown(busy, width, "ledger")
     assert len(rows_of(ledger)) == 1 and any(line.startswith("│") and "…" in line for line in ledger)
     waiting = ledger[ledger.index(next(line for line in ledger if "queue (FIFO)" in line)):]

@@ -66,7 +66,7 @@ def fitted(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]]) -> Ta
         keep.remove(i)
     slack = width - overhead(len(keep)) - sum(natural[k] for k in keep if not cols[k].flex)
     flex = [k for k in keep if cols[k].flex]
-    widths = {k: natural[k] for k in keep}
+    widths = {k: natural[k] for k in flex}  # the others keep their natural width
     if flex and sum(natural[k] for k in flex) > slack:
         # each its least, then what is left shared by how much more each would take
         spare = max(0, slack - sum(least[k] for k in flex))
@@ -79,7 +79,7 @@ def fitted(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]]) -> Ta
     for k in keep:
         c = cols[k]
         table.add_column(c.name, justify=c.justify, no_wrap=True, overflow="ellipsis",  # type: ignore[arg-type]
-                         max_width=widths[k] if c.flex else None, min_width=None)
+                         max_width=widths.get(k))
     for r in rows:
         table.add_row(*(r[k] for k in keep))
     return table
