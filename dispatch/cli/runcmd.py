@@ -72,7 +72,7 @@ def cmd_run(argv: list[str]) -> int:
         argv=command, label=opts.label, cap=opts.memory_cap, max_runtime=opts.max_runtime,
         threads=opts.threads, no_cap=opts.no_cap, session=resolve_session(opts.session),
         gpu_memory=opts.gpu_memory if isinstance(opts.gpu_memory, int) else None,
-        force=opts.force, group=opts.group, when_idle=opts.when_idle,
+        force=opts.force, group=opts.group, when_idle=opts.when_idle, requeue=opts.requeue,
     )
     if opts.result_file:
         from dispatch.core.outcome import check_result_path

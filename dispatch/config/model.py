@@ -130,7 +130,8 @@ class _HostBase(_Strict):
 
 
 class GroupModel(_Strict):
-    max_running: int = Field(ge=1)
+    max_running: Optional[int] = Field(default=None, ge=1)
+    requeue: bool = False
 
 
 AGENT_DEFAULTS = AgentSettings._field_defaults

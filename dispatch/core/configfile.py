@@ -145,6 +145,8 @@ def settings_from_dict(raw: Mapping[str, Any], source: str,
     if raw.get("groups"):
         values["groups"] = {name: int(table["max_running"]) for name, table in raw["groups"].items()
                             if (table or {}).get("max_running") is not None}
+        values["requeue_groups"] = tuple(name for name, table in raw["groups"].items()
+                                         if (table or {}).get("requeue"))
     if raw.get("toolchain_programs"):
         values["toolchain_programs"] = {str(name): tuple(str(p) for p in probes)
                                         for name, probes in raw["toolchain_programs"].items()}

@@ -94,6 +94,7 @@ TOP: tuple[Key, ...] = (
     Key("agent_idle", "agent_idle", DURATION),
     Key("toolchain_probes", "toolchain_probes", WORDS),
     Key("sync_excludes", "sync_excludes", WORDS),
+    Key("requeue_labels", "requeue_labels", WORDS),
     Key("clear_mark_after", "clear_mark_after", INT, 1, 1000),
     Key("queue_policy", "queue_policy", QUEUE_POLICY),
     Key("history_days", "history_days", POSITIVE_NUMBER),

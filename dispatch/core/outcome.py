@@ -14,7 +14,7 @@ if MYPY:
 FIELDS = (
     "exit_code", "outcome", "host", "label", "argv", "cap_bytes", "booking_kind", "booked_bytes",
     "peak_bytes", "hit_ceiling", "duration_s", "waited_s", "backend", "cgroup", "counters", "message",
-    "gpu_index", "gpu_bytes", "vram_evidence", "vram_peak_bytes",
+    "gpu_index", "gpu_bytes", "vram_evidence", "vram_peak_bytes", "requeued",
 )
 
 
@@ -31,7 +31,7 @@ class Outcome:
         waited_s: float = 0.0, backend: str | None = None, cgroup: str | None = None,
         counters: dict[str, int] | None = None, message: str | None = None,
         gpu_index: int | None = None, gpu_bytes: int | None = None, vram_evidence: str | None = None,
-        vram_peak_bytes: int | None = None,
+        vram_peak_bytes: int | None = None, requeued: int = 0,
     ) -> None:
         self.exit_code = exit_code
         self.outcome = outcome
@@ -53,6 +53,7 @@ class Outcome:
         self.gpu_bytes = gpu_bytes  # --gpu-memory: the VRAM booked
         self.vram_evidence = vram_evidence  # what showed a GPU out-of-memory, if anything
         self.vram_peak_bytes = vram_peak_bytes  # --gpu-memory: the most VRAM the job's processes used
+        self.requeued = requeued  # times it ran again after a slice-full kill (--requeue)
 
     @classmethod
     def of(cls, code: ExitCode, *, host: str, label: str, argv: list[str], **fields: Any) -> Outcome:

@@ -31,6 +31,7 @@ class RunRequest(NamedTuple):
     force: bool = False  # --force: run although the script's '# admission:' says nothing changed
     group: Optional[str] = None  # --group: the group's max_running caps it
     when_idle: bool = False  # --when-idle: only while no other hostrun job runs here
+    requeue: bool = False  # --requeue: killed because the slice filled (254), it runs again at its cap
 
 
 

@@ -50,6 +50,7 @@ class RunOptions(NamedTuple):
     force: bool = False
     group: str | None = None
     when_idle: bool = False
+    requeue: bool = False
 
 
 def cap_size(text: str) -> int:
@@ -193,6 +194,9 @@ RUN_OPTIONS = (
            "them run at once on a host", "NAME", checked_name("--group")),
     Option(("--when-idle",), "when_idle", "start only while no other hostrun job runs on the host "
            "(low-priority background work; may wait long on a busy machine)"),
+    Option(("--requeue",), "requeue", "if the job is killed because the slice filled (254), run it "
+           "again at its cap instead of failing; a first run may then be booked below its cap (only "
+           "for jobs that are safe to run twice)"),
 )
 _BY_FLAG = {flag: opt for opt in RUN_OPTIONS for flag in opt.flags}
 

@@ -158,6 +158,10 @@ class Settings(NamedTuple):
     toolchain_programs: Mapping[str, tuple[str, ...]] = {}
     sync_excludes: tuple[str, ...] = ()
     groups: Mapping[str, int] = {}
+    # Jobs that may be run again after a slice-full kill (254), as with --requeue: label patterns
+    # (fnmatch) and groups ([groups.NAME] requeue = true).
+    requeue_labels: tuple[str, ...] = ()
+    requeue_groups: tuple[str, ...] = ()
     queue_policy: str = "backfill"  # one of QUEUE_POLICIES
     clear_mark_after: int = 3  # clean runs at its cap that clear a label's slice-full mark
     history_days: float = 90.0  # the run history keeps rows this many days ...
@@ -188,6 +192,17 @@ class Settings(NamedTuple):
     def history_keep(self) -> tuple[float, int]:
         """(days, rows) the run history keeps."""
         return (self.history_days, self.history_rows)
+
+    def may_requeue(self, label: str, group: str | None, asked: bool) -> bool:
+        """Whether a job may run again after a slice-full kill: ``--requeue``, a matching
+        ``requeue_labels`` pattern, or a group with ``requeue = true``."""
+        if asked or (group is not None and group in self.requeue_groups):
+            return True
+        if not self.requeue_labels:
+            return False
+        from fnmatch import fnmatchcase
+
+        return any(fnmatchcase(label, pattern) for pattern in self.requeue_labels)
 
     def gamble_size_for(self, host: HostSettings) -> int:
         return host.gamble_size if host.gamble_size is not None else self.gamble_size

@@ -180,9 +180,9 @@ class SlurmRun:
                             settings.default_cap)
         threads = request.threads or settings.heavy_threads or 1
         max_runtime = request.max_runtime or settings.max_runtime
-        if request.group or request.when_idle:
-            self.say(f"{self.where}: --group and --when-idle are queue policies of hostrun's own "
-                     "ledger; a cluster's queue is Slurm's: they have no effect there")
+        if request.group or request.when_idle or request.requeue:
+            self.say(f"{self.where}: --group, --when-idle and --requeue are queue policies of "
+                     "hostrun's own ledger; a cluster's queue is Slurm's: they have no effect there")
         directory: str | None = os.getcwd()
         if self.commands.remote:
             directory = self._sync()

@@ -5,7 +5,10 @@
 - ``cap``: a cap is known (``--memory-cap``, else the host's ``default_cap``) → booked at the cap.
   oom_score_adj 0. A marked label is booked this way, at the whole slice when it has no cap.
 - ``gamble``: no history and no cap → booked at ``gamble_size``, limited only by the slice.
-  oom_score_adj 1000, so the kernel kills it first.
+  oom_score_adj 1000, so the kernel kills it first. A job that may be requeued (``--requeue``) and has
+  no recorded peak here is a gamble even with a cap: booked at ``guess`` (what is known of it, else half
+  its cap), limited by its cap; if the slice fills, the kernel kills it first, and it runs again at its
+  cap. So a first pass packs the slice as well as a recorded one, and loses no job.
 
 A label is marked (in the peak table, per host) when it hit its own cap (250: for good, as its peak
 says nothing about what it needs), or when it was killed because the slice filled (254: a peak or
@@ -25,6 +28,10 @@ from dispatch.core.text import storable
 from dispatch.core.units import format_size
 from dispatch.local.ledgerdb import PeakRecord
 
+MYPY = False
+if MYPY:
+    from typing import Optional
+
 OOM_SCORE_ADJ = {"cap": 0, "peak": 500, "gamble": 1000}
 
 
@@ -33,6 +40,37 @@ class Plan(NamedTuple):
     size: int  # what the ledger books
     limit: int  # the job cgroup's memory limit
     oom_score_adj: int
+    why: Optional[str] = None  # a gamble chosen from what is known: how its size was chosen
+
+
+class Guess(NamedTuple):
+    """A requeueable first run's booking: the size and how it was chosen (the queue log says it)."""
+
+    size: int
+    why: str
+
+
+MIN_GUESS = 32 << 20  # a guess from a tiny recorded peak (``true``) books at least this
+
+
+def guess(cap: int | None, limit: int, elsewhere: Sequence[tuple[str, int]], program: str,
+          program_peaks: Sequence[int]) -> Guess | None:
+    """What to book a job at that has no recorded peak here but may be requeued, never above its
+    ``limit`` (its cap, or the slice): the label's highest peak on another host this ledger knows
+    (a cluster's, say); else the highest recent peak of its program (``argv[0]``'s name) here;
+    else half its cap (``hostrun capacity`` and the cluster kind suggest caps of twice the peak);
+    None for a job without a cap of which nothing is known (``gamble_size`` then, as always)."""
+    if elsewhere:
+        where, peak = max(elsewhere, key=lambda hp: hp[1])
+        size, why = peak, f"its recorded peak on {where}"
+    elif program_peaks:
+        size = max(program_peaks)
+        why = f"the highest peak of the last {len(program_peaks)} runs of {program} here"
+    elif cap is not None:
+        return Guess(cap // 2, "half its cap: no peak recorded for it or its program")
+    else:
+        return None
+    return Guess(min(limit, max(size, MIN_GUESS)), why)
 
 
 def peer_cap(cap: int | None, default_cap: int | None, peer_memory_cap: int | None) -> int | None:
@@ -55,8 +93,11 @@ def default_label(argv: Sequence[str]) -> str:
 
 
 def plan_booking(
-    *, cap: int | None, peak: PeakRecord | None, slice_limit: int, gamble_size: int
+    *, cap: int | None, peak: PeakRecord | None, slice_limit: int, gamble_size: int,
+    first_guess: Guess | None = None,
 ) -> Plan:
+    """The booking (module docstring). ``first_guess``: the job may be requeued and has no
+    recorded peak here (``peak`` None): a gamble at that size, when below its limit."""
     if cap is not None and cap > slice_limit:
         raise NeverFitsError(
             f"cap {format_size(cap)} is larger than the whole slice ({format_size(slice_limit)}); "
@@ -64,6 +105,8 @@ def plan_booking(
         )
     limit = cap if cap is not None else slice_limit
     marked = peak is not None and (peak.hit_ceiling or peak.slice_full_at is not None)
+    if peak is None and first_guess is not None and first_guess.size < limit:
+        return Plan("gamble", first_guess.size, limit, OOM_SCORE_ADJ["gamble"], first_guess.why)
     if peak is not None and not marked and peak.max_peak > 0 and peak.max_peak < limit:
         kind, size = "peak", peak.max_peak
     elif cap is not None:

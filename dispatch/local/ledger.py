@@ -47,6 +47,9 @@ MYPY = False
 if MYPY:
     from dispatch.local.admitpolicy import GpuRoom, RoomFunction
 
+GUESS_RUNS = 20  # a program's recent peaks a first run's guess goes on ...
+GUESS_SCAN = 500  # ... found among this many latest history rows
+
 
 def _stopped(b: Booking) -> bool:
     return is_stopped(b.pid)
@@ -85,13 +88,15 @@ class Ledger(LedgerFile):
     def enqueue(
         self, *, host: str, label: str, pid: int, pid_start: int, size: int, cap: int, kind: str,
         command: str, session: str | None, cgroup: str | None = None, gpu_bytes: int | None = None,
-        group: str | None = None, when_idle: bool = False,
+        group: str | None = None, when_idle: bool = False, booking_id: int | None = None,
     ) -> int:
+        """A waiting booking, at the back of the queue; ``booking_id``: at the place of that
+        released booking instead (a requeued job: AUTOINCREMENT never gives its id to another)."""
         cur = self.db.execute(
-            "INSERT INTO bookings (host, label, state, pid, pid_start, size, cap, kind, command,"
+            "INSERT INTO bookings (id, host, label, state, pid, pid_start, size, cap, kind, command,"
             " session, queued, cgroup, gpu_bytes, grp, when_idle)"
-            " VALUES (?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (host, storable(label), pid, pid_start, size, cap, kind, storable(command),
+            " VALUES (?, ?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (booking_id, host, storable(label), pid, pid_start, size, cap, kind, storable(command),
              None if session is None else storable(session), time.time(), cgroup, gpu_bytes,
              None if group is None else storable(group), int(when_idle)),
         )
@@ -235,6 +240,24 @@ class Ledger(LedgerFile):
     @guarded
     def peaks(self) -> list[PeakRecord]:
         return peak_rows(self.db)
+
+    @guarded
+    def guess_evidence(self, label: str, host: str, program: str
+                       ) -> tuple[list[tuple[str, int]], list[int]]:
+        """What ``booking.guess`` goes on for a label with no peak on ``host``: its peaks on other
+        hosts (never an OOM-killed one: that says nothing of what it needs), and the peaks of the
+        last ``GUESS_RUNS`` runs of ``program`` (the command's first word's name) on ``host``, from
+        the last ``GUESS_SCAN`` rows of the run history (an index range: constant cost)."""
+        elsewhere = [(h, p) for h, p in self.db.execute(
+            "SELECT host, max_peak FROM peaks WHERE label = ? AND host != ? AND hit_ceiling = 0"
+            " AND slice_full_at IS NULL AND max_peak > 0", (label, host))]
+        rows = self.db.execute(
+            "SELECT command, peak FROM runs WHERE id > (SELECT coalesce(max(id), 0) FROM runs) - ?"
+            " AND host = ? AND peak IS NOT NULL AND outcome = 'exit' ORDER BY id DESC",
+            (GUESS_SCAN, host)).fetchall()
+        peaks = [peak for command, peak in rows
+                 if os.path.basename(command.split(" ", 1)[0]) == program][:GUESS_RUNS]
+        return elsewhere, peaks
 
     @guarded
     def peak_runs(self, host: str | None = None) -> list[PeakRun]:

@@ -36,7 +36,7 @@ from dispatch.core.text import storable
 from dispatch.core.units import format_size
 from dispatch.local.admission import wait_for_room
 from dispatch.local.admitpolicy import Admission, Room
-from dispatch.local.booking import Plan, default_label, plan_booking
+from dispatch.local.booking import Plan, default_label, guess, plan_booking
 from dispatch.local.guardian import Guardian
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.jobwatch import Foreground, JobWatch
@@ -140,34 +140,40 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
                on_wait: Callable[[Admission], None] | None = None, alerts: bool = False,
                wait_alert: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
     """The steps of a local run in their order (docs/design.md, "A local run"); what each step
-    takes is held by a ``_LocalRun`` and given back by its ``release``, however the run ends."""
+    takes is held by a ``_LocalRun`` and given back by its ``release``, however the run ends.
+
+    A job that may be requeued (``Settings.may_requeue``) and was killed because the slice filled
+    (254) runs again, up to ``MAX_REQUEUES`` times: its label is marked by then, so it is booked at
+    its cap, and it keeps its place in the queue (the same booking id)."""
     if not request.argv:
         raise UsageError("no command given (usage: hostrun [OPTIONS] -- CMD [ARGS...])")
     here = LocalSlice(settings)
-    run = _LocalRun(settings, request, say, here, _checked_cap(here, request))
-    try:
-        guardian, child, ledger = run.start()
-        label = storable(request.label or default_label(request.argv))  # a text key in the ledger
-        plan, booking_id = run.enqueue(guardian, ledger, label)
-        if (alerts or wait_alert is not None) and settings.alert_wait_after > 0:
-            on_wait = _wait_alert(settings, run.host.name, label, request, say, on_wait, wait_alert)
-        waited, signum = _wait(settings, ledger, run.backend, run.host, booking_id, run.limit, say,
-                               run.gpu, on_wait,
-                               (run.job, plan, label) if run.backend.name == "shared" else None)
-        if waited is None:
-            child.cancel()
-            return Outcome(
-                exit_code=SIGNAL_BASE + signum, outcome="signal", host=run.host.name, label=label,
-                argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
-            )
-        run.take_device(ledger, booking_id)
-        outcome = _run(settings, run.host, run.backend, run.job, child, request, label, plan, say,
-                       run.gpu, run.watch, guardian)
-        outcome.waited_s = round(waited, 3)
-        run.record(ledger, outcome, plan, alerts)
-        return outcome
-    finally:
-        run.release()
+    cap = _checked_cap(here, request)
+    label = storable(request.label or default_label(request.argv))  # a text key in the ledger
+    requeue = settings.may_requeue(label, request.group, request.requeue)
+    place: int | None = None
+    for requeued in range(MAX_REQUEUES + 1):
+        run = _LocalRun(settings, request, say, here, cap)
+        try:
+            again = requeue and requeued < MAX_REQUEUES  # a slice-full kill now runs it again
+            outcome, plan = run.attempt(label, requeue, again, place, on_wait, alerts, wait_alert)
+            outcome.requeued = requeued
+            if not (again and outcome.exit_code == ExitCode.SLICE_FULL
+                    and run.booking_id is not None):
+                return outcome
+            place = run.booking_id
+            line = (f"REQUEUE {label} (booking {place}): killed when the slice filled, booked as "
+                    f"{plan.kind} {format_size(plan.size)}; runs again at its cap "
+                    f"({requeued + 1} of {MAX_REQUEUES})")
+            say(line.replace("REQUEUE ", "requeued: ", 1))
+            if run.ledger is not None:
+                run.ledger.log([line])
+        finally:
+            run.release()
+    raise AssertionError("unreachable: the last attempt returns")
+
+
+MAX_REQUEUES = 2  # a requeued job is booked at its cap: a second kill means others undercounted
 
 
 def _checked_cap(here: LocalSlice, request: RunRequest) -> int | None:
@@ -241,11 +247,49 @@ class _LocalRun:
         self.ledger = ledger = Ledger(self.settings.state_dir, self.say, self.here.live_jobs)
         return guardian, child, ledger
 
-    def enqueue(self, guardian: Guardian, ledger: Ledger, label: str) -> tuple[Plan, int]:
-        """Plan the booking from the label's peak here and queue it: (plan, booking id)."""
+    def attempt(self, label: str, requeue: bool, again: bool, place: int | None,
+                on_wait: Callable[[Admission], None] | None, alerts: bool,
+                wait_alert: Callable[[dict[str, Any]], None] | None) -> tuple[Outcome, Plan]:
+        """One run of the job: book, wait, run, record. ``requeue``: it may be booked at a guess;
+        ``again``: a slice-full kill runs it again (no alert then); ``place``: a requeued job's
+        booking id."""
+        settings, request, say = self.settings, self.request, self.say
+        guardian, child, ledger = self.start()
+        plan, booking_id = self.enqueue(guardian, ledger, label, requeue, place)
+        if (alerts or wait_alert is not None) and settings.alert_wait_after > 0:
+            on_wait = _wait_alert(settings, self.host.name, label, request, say, on_wait, wait_alert)
+        waited, signum = _wait(settings, ledger, self.backend, self.host, booking_id, self.limit, say,
+                               self.gpu, on_wait,
+                               (self.job, plan, label) if self.backend.name == "shared" else None)
+        if waited is None:
+            child.cancel()
+            return Outcome(
+                exit_code=SIGNAL_BASE + signum, outcome="signal", host=self.host.name, label=label,
+                argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
+            ), plan
+        self.take_device(ledger, booking_id)
+        outcome = _run(settings, self.host, self.backend, self.job, child, request, label, plan, say,
+                       self.gpu, self.watch, guardian)
+        outcome.waited_s = round(waited, 3)
+        again = again and outcome.exit_code == ExitCode.SLICE_FULL
+        self.record(ledger, outcome, plan, alerts and not again)  # a requeue needs no decision
+        return outcome, plan
+
+    def enqueue(self, guardian: Guardian, ledger: Ledger, label: str, requeue: bool = False,
+                place: int | None = None) -> tuple[Plan, int]:
+        """Plan the booking from the label's peak here and queue it: (plan, booking id).
+        ``requeue``: a job with no peak here is booked at a guess (``booking.guess``);
+        ``place``: the booking id it keeps (a requeued job)."""
         request, host = self.request, self.host
-        plan = plan_booking(cap=self.cap, peak=ledger.peak(label, host.name), slice_limit=self.limit,
-                            gamble_size=self.settings.gamble_size_for(host))
+        peak = ledger.peak(label, host.name)
+        first_guess = None
+        if requeue and peak is None:
+            program = storable(os.path.basename(request.argv[0]))
+            elsewhere, program_peaks = ledger.guess_evidence(label, host.name, program)
+            first_guess = guess(self.cap, self.cap if self.cap is not None else self.limit,
+                                elsewhere, program, program_peaks)
+        plan = plan_booking(cap=self.cap, peak=peak, slice_limit=self.limit,
+                            gamble_size=self.settings.gamble_size_for(host), first_guess=first_guess)
         # From the moment the booking exists, a SIGTERM/SIGHUP/SIGQUIT must end the wait cleanly
         # (release it, say "nothing ran"): held back until _wait has its handlers in place.
         self.old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)
@@ -254,9 +298,12 @@ class _LocalRun:
             host=host.name, label=label, pid=me, pid_start=start_time(me) or 0, size=plan.size,
             cap=plan.limit, kind=plan.kind, command=" ".join(request.argv), session=request.session,
             cgroup=self.job.path or None, gpu_bytes=request.gpu_memory, group=request.group,
-            when_idle=request.when_idle,
+            when_idle=request.when_idle, booking_id=place,
         )
         guardian.booked(booking_id)
+        if plan.why is not None:
+            ledger.log([f"GAMBLE {label} (booking {booking_id}) at {format_size(plan.size)} of its "
+                        f"{format_size(plan.limit)} limit: {plan.why}"])
         return plan, booking_id
 
     def take_device(self, ledger: Ledger, booking_id: int) -> None:
