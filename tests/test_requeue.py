@@ -152,6 +152,11 @@ def test_guess_rules() -> None:
     # The label elsewhere beats the program; never above the limit; never below MIN_GUESS.
     assert guess(400 * MiB, 400 * MiB, [("farm", 90 * MiB), ("peer", 120 * MiB)], "make",
                  [300 * MiB]) == Guess(120 * MiB, "its recorded peak on peer")
+    # The program's runs lower a capped guess, never raise it above half the cap.
+    assert guess(400 * MiB, 400 * MiB, [], "make", [300 * MiB, 10 * MiB]) == Guess(200 * MiB,
+                                                                                   "half its cap")
+    assert guess(400 * MiB, 400 * MiB, [], "make", [150 * MiB]) == Guess(
+        150 * MiB, "the highest peak of the last 1 runs of make here")
     assert guess(100 * MiB, 100 * MiB, [("farm", 900 * MiB)], "make", []).size == 100 * MiB  # type: ignore[union-attr]
     assert guess(None, 1000 * MiB, [], "true", [1 * MiB, 2 * MiB]) == Guess(
         MIN_GUESS, "the highest peak of the last 2 runs of true here")

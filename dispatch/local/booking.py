@@ -56,18 +56,22 @@ MIN_GUESS = 32 << 20  # a guess from a tiny recorded peak (``true``) books at le
 def guess(cap: int | None, limit: int, elsewhere: Sequence[tuple[str, int]], program: str,
           program_peaks: Sequence[int]) -> Guess | None:
     """What to book a job at that has no recorded peak here but may be requeued, never above its
-    ``limit`` (its cap, or the slice): the label's highest peak on another host this ledger knows
-    (a cluster's, say); else the highest recent peak of its program (``argv[0]``'s name) here;
-    else half its cap (``hostrun capacity`` and the cluster kind suggest caps of twice the peak);
-    None for a job without a cap of which nothing is known (``gamble_size`` then, as always)."""
+    ``limit`` (its cap, or the slice), never below ``MIN_GUESS``: the label's highest peak on
+    another host this ledger knows (a cluster's, say); else, with a cap, half of it (``hostrun
+    capacity`` and the cluster kind suggest caps of twice the peak), or the highest recent peak of
+    its program (``argv[0]``'s name) here when that is less (one program, as python, runs jobs of
+    every size: its runs may lower the guess, never raise it above half the cap); without a cap,
+    the program's highest recent peak; else None (``gamble_size`` then, as always)."""
+    top = max(program_peaks) if program_peaks else None
+    from_program = f"the highest peak of the last {len(program_peaks)} runs of {program} here"
     if elsewhere:
         where, peak = max(elsewhere, key=lambda hp: hp[1])
         size, why = peak, f"its recorded peak on {where}"
-    elif program_peaks:
-        size = max(program_peaks)
-        why = f"the highest peak of the last {len(program_peaks)} runs of {program} here"
-    elif cap is not None:
-        return Guess(cap // 2, "half its cap: no peak recorded for it or its program")
+    elif cap is not None and (top is None or top >= cap // 2):
+        size, why = cap // 2, "half its cap" + ("" if top is not None else
+                                               ": no peak recorded for it or its program")
+    elif top is not None:
+        size, why = top, from_program
     else:
         return None
     return Guess(min(limit, max(size, MIN_GUESS)), why)
