@@ -357,3 +357,18 @@ def test_a_suspended_controller_gets_251_and_is_told_why(hostrun: Hostrun, peers
     r = json.loads(out.read_text())
     assert r["exit_code"] == 251 and r["outcome"] == outcome_name(251)
     assert peer_bookings(peer) == []
+
+
+def test_requeue_travels_with_the_job_to_the_peer(hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
+    """``--requeue`` reaches the peer's ledger: a first run there is booked as a gamble at half its
+    cap (oom_score_adj 1000, seen from inside the job); without it, at its cap (0)."""
+    _, tree = setup(hostrun, peers, tmp_path)
+    show = [PY, "-c", "print(open('/proc/self/oom_score_adj').read().strip())"]
+    for args, adj, kind in ((("--requeue",), "1000", "gamble"), ((), "0", "cap")):
+        out = tmp_path / "r.json"
+        proc = hostrun.run("--peer", "-m", "200M", "--label", f"rq{len(args)}", *args,
+                           "--result-file", str(out), "--", *show, cwd=tree)
+        assert proc.returncode == 0, proc.stderr
+        r = json.loads(out.read_text())
+        assert (proc.stdout.strip(), r["booking_kind"], r["requeued"]) == (adj, kind, 0)
+        assert r["booked_bytes"] == (100 if args else 200) * MiB
