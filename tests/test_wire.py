@@ -25,7 +25,7 @@ def _full_spec() -> RunSpec:
     """Every field set to something other than its default."""
     request = RunRequest(argv=ARGV, label="build", cap=3 << 30, max_runtime=90.5, threads=3,
                          no_cap=True, session="s-1", gpu_memory=1 << 30, force=True, group="cargo",
-                         when_idle=True)
+                         when_idle=True, requeue=True)
     return RunSpec(request=request, cwd="~/hostrun-work/tree-abc/sub", cap_if_none=4 << 30, stdin=True,
                    fallback={"slice_limit": "8GiB"}, prepare={"probes": ["cc --version"],
                                                               "sync_mark": "0123"},
@@ -59,7 +59,7 @@ def test_spec_keeps_its_json_shape() -> None:
     """The keys an agent of this tree reads: a rename shows here, not as a peer-run failure."""
     assert set(_full_spec().to_dict()) == {
         "argv_b64", "cwd", "label", "cap", "cap_if_none", "max_runtime", "threads", "no_cap",
-        "session", "gpu_memory", "stdin", "force", "group", "when_idle", "fallback", "prepare",
+        "session", "gpu_memory", "stdin", "force", "group", "when_idle", "requeue", "fallback", "prepare",
         "alert_wait_after", "status_interval"}
 
 
