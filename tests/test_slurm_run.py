@@ -258,3 +258,29 @@ def test_a_scripts_preflight_is_checked_here_before_the_cluster(slurm: SlurmClus
     assert (b"tool.sh:2: run-condition command is about the machine the job runs on, a node of "
             b"cluster farm") in refused.stderr
     assert len(slurm.jobs()) == 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT])
+def test_a_forwarded_signal_reaches_the_job_itself(slurm: SlurmCluster, tmp_path: Path,
+                                                   sig: signal.Signals) -> None:
+    """The job's own handler runs, as it does locally (not only the node's wrapper shell): it
+    traps the signal, leaves a file and exits 3, which passes through."""
+    cfg = config(tmp_path, slurm)
+    caught, ready = tmp_path / "caught", tmp_path / "ready"
+    name = sig.name.removeprefix("SIG")
+    script = f'trap "touch {caught}; exit 3" {name}; touch {ready}; sleep 100 & wait'
+    proc = subprocess.Popen(hostrun_argv(cfg, "--peer=farm", "-l", "trapper", "--", "sh", "-c", script),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert caught.exists(), err
+    assert proc.returncode == 3, err

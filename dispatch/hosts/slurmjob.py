@@ -29,10 +29,28 @@ if MYPY:
 
 COMMENT_PREFIX = "hostrun:"  # --comment=hostrun:TOKEN finds the job by its token (squeue %k)
 
-# $0 is the job's own name (so sh's "not found" names the command); the marker is in the script.
+# $0 is the job's own name; the marker is in the script. The job runs as the wrapper's child in the
+# background, so that the wrapper can hand it the signals Slurm sends the task (``scancel --signal``
+# reaches the task, this shell, alone): a foreground child would be waited for before any trap ran.
+# A background child gets /dev/null as stdin and ignores SIGINT and SIGQUIT (POSIX, for a shell
+# without job control): its stdin is given back explicitly (fd 3), and ``env --default-signal``
+# (coreutils 8.31+) restores the two signals where it exists. ``wait`` returns early for a trapped
+# signal, so the loop waits until the child itself has ended.
 WRAPPER = r"""
-"$@"
-rc=$?
+exec 3<&0
+if env --default-signal=INT true 2>/dev/null; then
+  env --default-signal=INT,QUIT "$@" <&3 3<&- &
+else
+  "$@" <&3 3<&- &
+fi
+pid=$!
+exec 3<&-
+for s in INT TERM HUP QUIT USR1 USR2; do trap "kill -$s $pid 2>/dev/null" $s; done
+while :; do
+  wait $pid
+  rc=$?
+  kill -0 $pid 2>/dev/null || break
+done
 v1= v2=
 while IFS=: read -r _ c d; do
   case ",$c," in *,memory,*) v1=$d ;; ,,) v2=$d ;; esac
@@ -169,11 +187,14 @@ OVER_TIME = ("TIMEOUT", "DEADLINE")
 
 
 def verdict(state: str | None, srun_status: int, exit_signal: int = 0, interrupted: int | None = None,
-            where: str = "the cluster") -> Verdict:
+            where: str = "the cluster", finished: bool = False) -> Verdict:
     """hostrun's exit code for a job that ended in ``state`` (None: its record could not be read),
-    srun having exited with ``srun_status``; ``interrupted``: the signal hostrun cancelled it for.
+    srun having exited with ``srun_status``; ``interrupted``: the signal hostrun handed on (and then
+    cancelled it for); ``finished``: the node's wrapper saw the job end and passed its status on.
 
-    The state decides, not srun's status: srun exits 1 for a step the cgroup OOM-killed.
+    The state decides, not srun's status: srun exits 1 for a step the cgroup OOM-killed. A job that
+    ended by itself after a handed-on signal (its handler exited 3, say) gives its own status, as a
+    local one does, even though Slurm calls the step CANCELLED.
     """
     if state == "OUT_OF_MEMORY":
         return Verdict.of(ExitCode.OWN_CAP,
@@ -184,9 +205,9 @@ def verdict(state: str | None, srun_status: int, exit_signal: int = 0, interrupt
     if state in LOST:
         return Verdict.of(ExitCode.CONNECTION_LOST,
                        f"the job's allocation on {where} was lost (state {state})")
-    if interrupted is not None:
+    if interrupted is not None and not finished:
         return Verdict(SIGNAL_BASE + interrupted, "signal", None)
-    if state == "CANCELLED":
+    if state == "CANCELLED" and not finished:
         sig = exit_signal or 15
         return Verdict(SIGNAL_BASE + sig, "signal", f"the job was cancelled on {where} (scancel)")
     if srun_status > SIGNAL_BASE:

@@ -371,7 +371,8 @@ class SlurmRun:
                            f"the connection to {self.where}'s login node broke during the run; "
                            "the job was cancelled")
         if self.job_id is None:
-            return verdict(None, srun_status, interrupted=interrupted, where=self.where)
+            return verdict(None, srun_status, interrupted=interrupted, where=self.where,
+                           finished=self.ran)
         try:
             state, signal_number, record = end_state(self.commands, self.job_id)
         except HostrunError as exc:
@@ -384,7 +385,7 @@ class SlurmRun:
                 wall = outcome.duration_s or 0.0
                 outcome.waited_s = max(0.0, wall - record.run_time - 1.0)
                 outcome.duration_s = wall - outcome.waited_s
-        return verdict(state, srun_status, signal_number, interrupted, self.where)
+        return verdict(state, srun_status, signal_number, interrupted, self.where, self.ran)
 
     def _record(self, outcome: Outcome, kind: str | None) -> None:
         from dispatch.local.ledger import Ledger
