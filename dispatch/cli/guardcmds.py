@@ -78,11 +78,16 @@ def cmd_lock(argv: list[str]) -> int:
                                                  "the command not run (default: wait as long as it takes)")
     p.add_argument("--status", action="store_true", help="show who holds DIR's lock, run nothing")
     p.add_argument("dir", metavar="DIR", help="the directory to lock")
-    if not explicit:
+    # With --status there is no command: options may follow DIR (``--status DIR --json``), so no
+    # positional may swallow them; anything left over is a command --status refuses below.
+    showing = "--status" in options
+    if not explicit and not showing:
         p.add_argument("command", nargs="...", metavar="CMD", help="the command (after --)")
-    args = p.parse_args(options)
+    args, extra = p.parse_known_args(options) if showing else (p.parse_args(options), [])
     if not explicit:
-        command = args.command
+        command = extra if showing else args.command
+    if showing and any(word.startswith("-") for word in extra):
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
     from dispatch.guards import lock
 
     if args.status:
