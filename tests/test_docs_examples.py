@@ -1,15 +1,17 @@
 """The docs' console examples, run: what README.md and docs/*.md show is what hostrun does.
 
-The convention (docs/cli.md, "Examples in these pages"): a fenced block marked ``console`` holds
-examples; a line starting ``$ `` is a command (a comment after two spaces and ``#`` is prose), the
-lines up to the next ``$ `` are what it prints, stdout and stderr together, as a terminal shows them;
-``; echo $?`` ends a command whose exit status the page shows as its last line.
+The convention, for whoever writes a page: an example is a fenced block marked ``console``, or an
+indented block (four spaces) whose first line is a ``$ `` command. A line starting ``$ `` is a
+command (prose after two spaces and ``#`` is a comment); the lines up to the next ``$ `` are what it
+prints, stdout and stderr together, as a terminal shows them; a command ending ``; echo $?`` (or a
+following ``$ echo $?``) shows its exit status as the last line.
 
-Every example is either in ``RUN`` (run here, as root, against a private config, state dir and slice
-cgroup, the peer one against a real sshd peer from tests/support) or in ``NOT_RUN`` with the reason;
-an example in neither, or a table entry no page holds any more, fails the test, so a new or changed
-example is looked at. Volatile parts are normalised on both sides, each by its own narrow pattern
-(``VOLATILE``); everything else must match line for line.
+Each example is in ``RUN`` (run here, as root, in one bash per block, against a private config, state
+dir and slice cgroup: "local"; a real sshd peer: "peer"; the private one-node Slurm cluster:
+"cluster") or in ``NOT_RUN`` with the reason; an example in neither, or an entry no page holds any
+more, fails the test, so a new or changed example is looked at. What varies from run to run is
+replaced on both sides by its own narrow pattern (``VOLATILE``), and a page's fixed path under
+/tmp by the test's own (``PRIVATE``); everything else must match line for line.
 """
 
 from __future__ import annotations
@@ -46,9 +48,19 @@ RUN: dict[tuple[str, str], str] = {
     ("docs/cli.md", "hostrun -- ./script-without-shebang; echo $?"): "local",
     ("docs/cli.md", "hostrun codes --json | head -7"): "local",
     ("docs/peers.md", "hostrun --peer -m 50M -- python3 -c 'x=bytearray(200<<20)'; echo $?"): "peer",
+    ("docs/exit-codes.md", 'hostrun -m 100M --result-file /tmp/r.json -- python3 -c '
+                           '"x=bytearray(300<<20)"'): "local",
+    ("docs/exit-codes.md", "echo $?"): "local",
+    ("docs/slurm.md", "hostrun --host cluster -- sh -c 'echo built; exit 3'; echo $?"): "cluster",
 }
 
 NOT_RUN: dict[tuple[str, str], str] = {
+    ("docs/backends.md", "hostrun doctor"):
+        "a normal user's systemd user manager on cgroup v2 (the VM tests run it: tests/test_vm_systemd.py)",
+    ("docs/backends.md", "hostrun -m 1G -- make -j8"): "no output shown; needs make and a Makefile",
+    ("docs/backends.md", "hostrun -m 12G -- make -j8"):
+        "a shared slice of 24 GiB with another member's job holding 16 GiB (tests/test_shared_daemon.py)",
+    ("docs/backends.md", "hostrun shared status"): "the same shared slice, two members' jobs and ages",
     ("docs/cli.md", "hostrun -m 4G -- cargo build --release"): "no output shown; needs cargo and a crate",
     ("docs/cli.md", "hostrun -l unit-tests --max-runtime 30m -- pytest -n 8"):
         "no output shown; needs a test suite with pytest-xdist",
@@ -79,16 +91,20 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/preflight.md", "hostrun -- ./build.sh"): "the page's build.sh is only sketched there",
 }
 
+# A page's fixed path under /tmp, replaced by one in the test's own directory (and only in the
+# command: the shown output names none of them).
+PRIVATE = {"/tmp/r.json": "r.json"}
+
 # Volatile parts, each replaced on both sides by its own placeholder (narrow on purpose).
 VOLATILE: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"\(pid \d+"), "(pid PID"),
-    (re.compile(r"\b\d+(\.\d+)? s\)"), "SECONDS s)"),
+    (re.compile(r"^srun: error: [\w.-]+: task "), "srun: error: NODE: task "),  # the node's name
 ]
 
 
 class Example:
-    def __init__(self, page: str, line: int, command: str, shown: list[str]) -> None:
-        self.page, self.line, self.command, self.shown = page, line, command, shown
+    def __init__(self, page: str, line: int, block: int, command: str) -> None:
+        self.page, self.line, self.block, self.command = page, line, block, command
+        self.shown: list[str] = []
 
     @property
     def key(self) -> tuple[str, str]:
@@ -96,22 +112,31 @@ class Example:
 
 
 def examples() -> list[Example]:
-    """Every ``$ `` command of every ``console`` block, with the lines shown after it."""
+    """Every ``$ `` command of every example block, with the lines shown after it: the fenced
+    ``console`` blocks, and the indented blocks (four spaces) whose first line is a ``$ `` command."""
     found: list[Example] = []
+    block = 0
     for path in PAGES:
         page = str(path.relative_to(ROOT))
-        inside = False
+        fenced = indented = False
         for number, text in enumerate(path.read_text().splitlines(), 1):
             if text.startswith("```"):
-                inside = text.strip() == "```console"
+                fenced = text.strip() == "```console"
+                block += 1
                 continue
-            if not inside:
+            if indented and not text.startswith("    "):
+                indented = False
+            if not fenced and not indented and text.startswith("    $ ") and not text[:1].strip():
+                indented = True
+                block += 1
+            if not (fenced or indented):
                 continue
-            if text.startswith("$ "):
-                command = re.sub(r"\s{2,}#.*$", "", text[2:]).strip()
-                found.append(Example(page, number, command, []))
-            elif found and found[-1].page == page:
-                found[-1].shown.append(text.rstrip())
+            line = text[4:] if indented else text
+            if line.startswith("$ "):
+                command = re.sub(r"\s{2,}#.*$", "", line[2:]).strip()
+                found.append(Example(page, number, block, command))
+            elif found and found[-1].block == block:
+                found[-1].shown.append(line.rstrip())
     return found
 
 
@@ -134,28 +159,64 @@ def test_every_console_example_is_run_or_says_why() -> None:
     assert not set(RUN) & set(NOT_RUN)
 
 
-def shell(tmp_path: Path, config: Path, command: str, cwd: Path, own_python: bool = True) -> str:
-    """``command`` in bash, ``hostrun`` being this tree's under the private config; its output as a
-    terminal shows it (stdout and stderr together, in order). The pages' ``python3`` is this
-    interpreter; for a peer (``own_python`` False) the system's, the one the peer's login PATH finds
-    (a different version there would rightly be refused, 247)."""
+MARK = "\x1e"  # printed before each command: splits the block's output into each command's
+
+
+def blocks(how: str) -> list[list[Example]]:
+    """The blocks that hold a command run ``how``, each as the list of those commands, in order."""
+    grouped: dict[int, list[Example]] = {}
+    for example in examples():
+        if RUN.get(example.key) == how:
+            grouped.setdefault(example.block, []).append(example)
+    return list(grouped.values())
+
+
+def run_block(block: list[Example], tmp_path: Path, config: Path, cwd: Path,
+              own_python: bool = True) -> None:
+    """The block's commands in one bash, in order (so ``$ echo $?`` reads the previous command's
+    status, a ``cd`` holds for the next), ``hostrun`` being this tree's under the private config;
+    each command's output as a terminal shows it (stdout and stderr together, in order) compared
+    with the lines the page shows after it. The pages' ``python3`` is this interpreter; for a peer
+    (``own_python`` False) the system's, the one the peer's login PATH finds (a different version
+    there would rightly be refused, 247)."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
+    bin_dir.mkdir()
     wrapper = bin_dir / "hostrun"
     wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m dispatch --config {config} "$@"\n')
     wrapper.chmod(0o755)
-    python3 = bin_dir / "python3"
-    if not python3.exists():
-        system = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
-        assert own_python or system, "no python3 on the system PATH for the peer's login"
-        python3.symlink_to(sys.executable if own_python else str(system))
+    system = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+    assert own_python or system, "no python3 on the system PATH for the peer's login"
+    (bin_dir / "python3").symlink_to(sys.executable if own_python else str(system))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))}
     env.pop("HOSTRUN_SESSION", None)
-    done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
+    # Each command after its mark, with the status of the one before it kept across the printf.
+    script = "".join(f"status=$?; printf '{MARK}%s\\n' {i}; (exit $status)\n"
+                     f"{concrete(e.command, tmp_path)}\n" for i, e in enumerate(block))
+    done = subprocess.run(["bash", "-c", script], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
                           check=False)
-    return done.stdout
+    said: list[list[str]] = []
+    for line in done.stdout.split("\n"):
+        before, mark, _ = line.partition(MARK)
+        if mark:
+            if before and said:
+                said[-1].append(before)  # a last line without its newline
+            said.append([])
+        elif said:
+            said[-1].append(line)
+    said = [lines[:-1] if lines and lines[-1] == "" else lines for lines in said]
+    assert len(said) == len(block), done.stdout
+    for example, output in zip(block, said):
+        assert normalised(output) == normalised(example.shown), \
+            f"{example.page}:{example.line}: $ {example.command}"
+
+
+def concrete(command: str, tmp_path: Path) -> str:
+    """A page's fixed path under /tmp made this test's own (``PRIVATE``): nothing shared is written."""
+    for shared, name in PRIVATE.items():
+        command = command.replace(shared, str(tmp_path / name))
+    return command
 
 
 def local_config(hostrun: Hostrun) -> Path:
@@ -175,25 +236,27 @@ def prepare(tmp_path: Path) -> Path:
     return work
 
 
-def _by_key() -> dict[tuple[str, str], Example]:
-    return {e.key: e for e in examples()}
+def block_id(block: list[Example]) -> str:
+    return f"{block[0].page}:{block[0].line}"
 
 
-@pytest.mark.parametrize("key", [k for k, how in RUN.items() if how == "local"],
-                         ids=lambda k: f"{k[0]}:{k[1][:40]}")
-def test_local_example(key: tuple[str, str], hostrun: Hostrun, tmp_path: Path) -> None:
-    example = _by_key()[key]
-    said = shell(tmp_path, local_config(hostrun), example.command, prepare(tmp_path))
-    assert normalised(said.splitlines()) == normalised(example.shown), \
-        f"{example.page}:{example.line}: $ {example.command}"
+@pytest.mark.parametrize("block", blocks("local"), ids=block_id)
+def test_local_examples(block: list[Example], hostrun: Hostrun, tmp_path: Path) -> None:
+    run_block(block, tmp_path, local_config(hostrun), prepare(tmp_path))
 
 
-@pytest.mark.parametrize("key", [k for k, how in RUN.items() if how == "peer"],
-                         ids=lambda k: f"{k[0]}:{k[1][:40]}")
-def test_peer_example(key: tuple[str, str], hostrun: Hostrun, peers: Callable[..., Any],
-                      tmp_path: Path) -> None:
-    example = _by_key()[key]
+@pytest.mark.parametrize("block", blocks("peer"), ids=block_id)
+def test_peer_examples(block: list[Example], hostrun: Hostrun, peers: Callable[..., Any],
+                       tmp_path: Path) -> None:
     _, tree = peer_setup(hostrun, peers, tmp_path)
-    said = shell(tmp_path, hostrun.config_path, example.command, tree, own_python=False)
-    assert normalised(said.splitlines()) == normalised(example.shown), \
-        f"{example.page}:{example.line}: $ {example.command}"
+    run_block(block, tmp_path, hostrun.config_path, tree, own_python=False)
+
+
+@pytest.mark.parametrize("block", blocks("cluster"), ids=block_id)
+def test_cluster_examples(block: list[Example], slurm: Any, tmp_path: Path) -> None:
+    """Against the private one-node Slurm cluster (tests/support/slurmcluster.py), named as the
+    page names it."""
+    config = tmp_path / "hosts.toml"
+    config.write_text(f"enable_across_machines = true\nstate_dir = '{tmp_path / 'state'}'\n"
+                      f"[hosts.cluster]\nkind = 'slurm'\nslurm_conf = '{slurm.conf}'\n")
+    run_block(block, tmp_path, config, prepare(tmp_path))
