@@ -51,6 +51,7 @@ RUN: dict[tuple[str, str], str] = {
     ("docs/exit-codes.md", 'hostrun -m 100M --result-file /tmp/r.json -- python3 -c '
                            '"x=bytearray(300<<20)"'): "local",
     ("docs/exit-codes.md", "echo $?"): "local",
+    ("docs/preflight.md", "hostrun -- ./build.sh"): "local",
     ("docs/slurm.md", "hostrun --host cluster -- sh -c 'echo built; exit 3'; echo $?"): "cluster",
 }
 
@@ -88,7 +89,6 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "the page's script with its recorded inputs and another instance running, at their times",
     ("docs/preflight.md", "hostrun preflight ./scripts/crash.sh; echo $?"):
         "the page's script with its recorded inputs, at their times",
-    ("docs/preflight.md", "hostrun -- ./build.sh"): "the page's build.sh is only sketched there",
 }
 
 # A page's fixed path under /tmp, replaced by one in the test's own directory (and only in the
@@ -233,6 +233,9 @@ def prepare(tmp_path: Path) -> Path:
     script = work / "script-without-shebang"
     script.write_text("echo no shebang\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    build = work / "build.sh"  # preflight.md: a malformed header on line 3
+    build.write_text("#!/bin/sh\n# a build script\n# run-condition: frobnicate\necho built\n")
+    build.chmod(0o755)
     return work
 
 
