@@ -81,7 +81,8 @@ def test_peer_name_with_a_space_then_dashes_is_a_usage_error(unreachable_peer: P
     assert says("docs/peers.md", "`--peer NAME -- CMD` is a usage error, exit 2")
     done = hostrun_cmd(unreachable_peer, "--peer", "peer1", "--", "true")
     assert done.returncode == 2
-    assert done.stderr == "hostrun: error: unrecognized arguments: peer1 (see 'hostrun --help')\n"
+    assert done.stderr == ("hostrun: error: unrecognized arguments: peer1; --peer takes a name only as "
+                           "--peer=peer1 (see 'hostrun --help')\n")
 
 
 @pytest.mark.parametrize(("args", "help_of"), [
