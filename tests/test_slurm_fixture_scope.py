@@ -7,6 +7,7 @@ neither be reported as a leak nor killed.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -63,3 +64,21 @@ def test_tear_down_leaves_another_slurmstepd_alone(tmp_path: Path) -> None:
         shutil.rmtree(root, ignore_errors=True)
         stranger.kill()
         stranger.wait(timeout=10)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_no_script_or_fixture_stops_processes_by_name() -> None:
+    """``pkill``/``killall`` match every user's and session's processes of that name: the scripts
+    and the test fixtures stop what they started by pid (or by the cgroup they created), and the
+    demo's peer has a name of its own (``demo-peer-$$``), never a fixed one another demo shares."""
+    by_name = re.compile(r"\b(pkill|killall)\b")
+    offenders = []
+    for path in [*sorted((ROOT / "scripts").iterdir()), *sorted((ROOT / "tests/support").glob("*.py"))]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if by_name.search(line) and "command -v pkill" not in line:  # setup installs procps
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert offenders == []
+    demo = (ROOT / "scripts/demo").read_text()
+    assert 'peer="demo-peer-$$"' in demo and 'peer="demo-peer"' not in demo
