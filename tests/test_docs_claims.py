@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,39 @@ def test_agents_md_shows_the_absolute_path_the_rewrite_writes() -> None:
     assert says("docs/agents.md", "`/ABS/PATH/hostrun --session claude-<session_id>")
     first = hostrun_argv(None)[0]
     assert os.path.isabs(first)
+
+
+def test_a_silent_peer_reads_as_the_report_timeout_set(tmp_path: Path) -> None:
+    """Item 5: "no answer within 1.49718 s" for a 3 s ``report_timeout``; peers.md shows the line.
+    The peer here accepts the connection and never says a word (no SSH banner)."""
+    assert says("docs/peers.md", "peer1: could not read: peer peer1: no answer within 12 s")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def hold() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    config = tmp_path / "hosts.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\nenable_across_machines = true\n'
+                      'report_timeout = "2s"\n[hosts.local]\nslice = "300M"\n[hosts.peer1]\n'
+                      f'ssh = "127.0.0.1"\nport = {listener.getsockname()[1]}\n')
+    try:
+        done = hostrun_cmd(config, "report", "--host", "peer1")
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listener.close()
+    assert done.returncode == 246, done.stderr
+    assert done.stdout + done.stderr == "peer1: could not read: peer peer1: no answer within 2 s\n"
