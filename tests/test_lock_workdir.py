@@ -222,6 +222,9 @@ def test_status_takes_its_options_in_any_order(cli: Cli, tmp_path: Path) -> None
         refused = cli.run("lock", *words)
         assert refused.returncode == 2 and refused.stdout == "", (words, refused.stdout)
         assert len(refused.stderr.splitlines()) == 1, (words, refused.stderr)
+    # Without "--", a --status after the command's first word is the command's own.
+    passed = cli.run("lock", str(work), "sh", "-c", 'echo "$1"', "sh", "--status")
+    assert passed.returncode == 0 and passed.stdout == "--status\n", passed.stderr
 
 
 def test_exit_code_passes_through_and_the_lock_is_released(cli: Cli, tmp_path: Path) -> None:
