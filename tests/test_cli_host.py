@@ -23,11 +23,13 @@ def run(tmp_path: Path, top: str, *args: str) -> subprocess.CompletedProcess[str
 
 @pytest.mark.parametrize(("top", "args", "code", "line"), [
     ("enable_across_machines = true", ("--host", "nope", "--", "true"), ExitCode.USAGE,
-     "hostrun: error: --host nope: no such host (configured: farm, local)"),
+     "hostrun: error: --host nope: no such host (configured: farm, local) (see 'hostrun --help')"),
     ("enable_across_machines = true", ("--host", "farm", "--peer=farm", "--", "true"), ExitCode.USAGE,
-     "hostrun: error: --host NAME says where the job runs: not with --peer or --auto"),
+     "hostrun: error: --host NAME says where the job runs: not with --peer or --auto "
+     "(see 'hostrun --help')"),
     ("enable_across_machines = true", ("--host", "farm", "--auto", "--", "true"), ExitCode.USAGE,
-     "hostrun: error: --host NAME says where the job runs: not with --peer or --auto"),
+     "hostrun: error: --host NAME says where the job runs: not with --peer or --auto "
+     "(see 'hostrun --help')"),
     ("", ("--host", "farm", "--", "true"), ExitCode.ACROSS_DISABLED,
      "hostrun: error: --host farm: enable_across_machines is off (set it in the config or "
      "ENABLE_ACROSS_MACHINES=1); not running locally instead"),

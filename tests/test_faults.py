@@ -341,7 +341,7 @@ def test_result_file_in_a_missing_directory_is_2_before_running(hostrun: Hostrun
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "hostrun: error: --result-file /nonexistent/dir/x.json: cannot write there: "
-        "No such file or directory"]
+        "No such file or directory (see 'hostrun --help')"]
     assert not marker.exists()
 
 
@@ -353,7 +353,8 @@ def test_result_file_in_a_read_only_directory_is_2_before_running(
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        f"hostrun: error: --result-file {out}: cannot write there: Read-only file system"]
+        f"hostrun: error: --result-file {out}: cannot write there: Read-only file system "
+        "(see 'hostrun --help')"]
     assert not marker.exists()
 
 

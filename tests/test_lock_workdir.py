@@ -208,6 +208,25 @@ def test_status_human_and_json(cli: Cli, tmp_path: Path) -> None:
     assert after["state"] == "free" and after["holder"] is None
 
 
+def test_status_takes_its_options_in_any_order(cli: Cli, tmp_path: Path) -> None:
+    """``lock --status DIR --json`` as docs/cli.md and docs/guards.md write it (issue 27, item 2)."""
+    work = tmp_path / "ws"
+    work.mkdir()
+    for words in (["--status", str(work), "--json"], ["--status", "--json", str(work)],
+                  [str(work), "--status", "--json"], ["--json", str(work), "--status"]):
+        done = cli.run("lock", *words)
+        assert done.returncode == 0, (words, done.stderr)
+        assert json.loads(done.stdout)["state"] == "free", words
+    for words in (["--status", str(work), "true"], ["--status", str(work), "--", "true"],
+                  ["--status", "--wait", "1s", str(work)], ["--status", str(work), "--bogus"]):
+        refused = cli.run("lock", *words)
+        assert refused.returncode == 2 and refused.stdout == "", (words, refused.stdout)
+        assert len(refused.stderr.splitlines()) == 1, (words, refused.stderr)
+    # Without "--", a --status after the command's first word is the command's own.
+    passed = cli.run("lock", str(work), "sh", "-c", 'echo "$1"', "sh", "--status")
+    assert passed.returncode == 0 and passed.stdout == "--status\n", passed.stderr
+
+
 def test_exit_code_passes_through_and_the_lock_is_released(cli: Cli, tmp_path: Path) -> None:
     work = tmp_path / "ws"
     work.mkdir()

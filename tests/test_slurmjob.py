@@ -169,6 +169,8 @@ def test_an_empty_peak_is_none() -> None:
     ("COMPLETED", 0, 0, "exit"),
     ("FAILED", 7, 7, "exit"),
     ("FAILED", 137, 137, "signal"),
+    ("FAILED", 250, 250, "exit"),  # the job's own exit 250: no signal is numbered 122
+    ("FAILED", 254, 254, "exit"),
     ("OUT_OF_MEMORY", 1, ExitCode.OWN_CAP, "own-cap"),
     ("TIMEOUT", 143, ExitCode.MAX_RUNTIME, "max-runtime"),
     ("DEADLINE", 143, ExitCode.MAX_RUNTIME, "max-runtime"),

@@ -68,7 +68,8 @@ def test_frozen_peer_is_reported_within_the_deadline(hostrun: Hostrun, peers: An
         peer.thaw()
     assert code == ExitCode.PEER_UNREACHABLE
     assert hosts["local"]["ok"] and hosts["local"]["report"]["slice"]["limit"] == 300 * MiB
-    assert not hosts["peer1"]["ok"] and "no answer within" in hosts["peer1"]["error"]
+    # The timeout as set, not what was left of it for the last step ("within 0.99718 s": issue 27)
+    assert not hosts["peer1"]["ok"] and hosts["peer1"]["error"] == "peer peer1: no answer within 2 s"
     assert elapsed < 15, elapsed  # the deadline holds (generous margin for a loaded CI machine)
 
 

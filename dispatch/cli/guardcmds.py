@@ -67,6 +67,25 @@ def cmd_preflight(argv: list[str]) -> int:
     return 0 if verdict.runs else int(ExitCode.NOT_RUN)
 
 
+def _status_asked(options: list[str]) -> bool:
+    """Whether ``--status`` is lock's own: before a command's first word (``lock DIR tool --status``
+    without ``--`` runs ``tool --status`` under the lock)."""
+    words = 0
+    takes_value = False
+    for word in options:
+        if takes_value:
+            takes_value = False
+        elif word == "--status":
+            return True
+        elif word in ("--wait", "--config"):
+            takes_value = True
+        elif not word.startswith("-"):
+            words += 1
+            if words > 1:  # DIR, then the command
+                return False
+    return False
+
+
 def cmd_lock(argv: list[str]) -> int:
     """``hostrun lock [--wait DUR] DIR -- CMD`` and ``hostrun lock --status DIR [--json]``."""
     explicit = "--" in argv
@@ -78,11 +97,16 @@ def cmd_lock(argv: list[str]) -> int:
                                                  "the command not run (default: wait as long as it takes)")
     p.add_argument("--status", action="store_true", help="show who holds DIR's lock, run nothing")
     p.add_argument("dir", metavar="DIR", help="the directory to lock")
-    if not explicit:
+    # With --status there is no command: options may follow DIR (``--status DIR --json``), so no
+    # positional may swallow them; anything left over is a command --status refuses below.
+    showing = _status_asked(options)
+    if not explicit and not showing:
         p.add_argument("command", nargs="...", metavar="CMD", help="the command (after --)")
-    args = p.parse_args(options)
+    args, extra = p.parse_known_args(options) if showing else (p.parse_args(options), [])
     if not explicit:
-        command = args.command
+        command = extra if showing else args.command
+    if showing and any(word.startswith("-") for word in extra):
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
     from dispatch.guards import lock
 
     if args.status:

@@ -31,8 +31,23 @@ def command(name: str) -> Callable[[list[str]], int]:
     return handler
 
 
+def error_line(exc: HostrunError, name: str) -> str:
+    """The one line an error is said as. A usage error proper (a bad command line or input, not a
+    configuration or trust refusal, which name their own fix) ends with where help is, once, for
+    every command: ``(see 'hostrun lock --help')``."""
+    from dispatch.core.errors import UsageError
+    from dispatch.core.text import printable
+
+    message = printable(str(exc))
+    if type(exc) is UsageError and not message.endswith("--help')"):
+        where = PROG if name == "run" else f"{PROG} {name}"
+        message = f"{message} (see '{where} --help')"
+    return f"{PROG}: error: {message}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    name = "run"
     try:
         if args and args[0] in ("-h", "--help"):
             from dispatch.cli.runcmd import print_run_help
@@ -52,9 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rest = args[1:] + leading
         return command(name)(rest)
     except HostrunError as exc:
-        from dispatch.core.text import printable
-
-        print(f"{PROG}: error: {printable(str(exc))}", file=sys.stderr)
+        print(error_line(exc, name), file=sys.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         import signal

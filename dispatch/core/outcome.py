@@ -65,6 +65,11 @@ class Outcome:
         """hostrun's own verdict: the code and its outcome name, always together."""
         self.exit_code, self.outcome = int(code), code.outcome
 
+    def is_verdict(self, *codes: ExitCode) -> bool:
+        """Whether hostrun itself decided this outcome as one of ``codes`` (an OOM kill it saw, a
+        runtime it enforced): a job that exits 250 by itself has the number, never the verdict."""
+        return any(self.exit_code == int(code) and self.outcome == code.outcome for code in codes)
+
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in FIELDS}
 

@@ -218,7 +218,10 @@ def parse_run_options(options: Sequence[str]) -> RunOptions:
             name, inline = arg[:2], arg[3:] if arg[2] == "=" else arg[2:]
         opt = _BY_FLAG.get(name)
         if opt is None:
-            raise UsageError(f"unrecognized arguments: {arg} (see '{PROG} --help')")
+            hint = ""
+            if i >= 2 and options[i - 2] == "--peer" and not arg.startswith("-"):
+                hint = f"; --peer takes a name only as --peer={arg}"  # the one option that does so
+            raise UsageError(f"unrecognized arguments: {arg}{hint} (see '{PROG} --help')")
         shown = "/".join(opt.flags)
         if not opt.takes_value:
             if inline is not None and not opt.optional_value:

@@ -127,6 +127,23 @@ class PeerClient:
         from a per-call agent over ssh within what is left. The same JSON either way."""
         timeout = timeout or self.settings.report_timeout
         started = time.monotonic()
+        try:
+            data = self._report_data(label, timeout, started, peaks)
+        except PeerUnreachableError:
+            if time.monotonic() - started < timeout:
+                raise  # a failure of its own (refused, no key, ...): its words
+            # Out of time: the reason is the timeout the user set, not what was left of it for
+            # the last step (a frozen peer read "no answer within 1.49718 s" for a 3 s timeout).
+            raise PeerUnreachableError(f"peer {self.host.name}: no answer within {timeout:g} s"
+                                       ) from None
+        if data.get("agent_version") is None:
+            raise PeerUnreachableError(f"peer {self.host.name}: unexpected answer from the agent")
+        data["host"] = self.host.name
+        report: MachineReport = data  # type: ignore[assignment]  # an agent's report, by its version key
+        return report
+
+    def _report_data(self, label: str | None, timeout: float, started: float,
+                     peaks: bool) -> dict[str, Any]:
         data = None
         if self.settings.agent_idle > 0:
             from dispatch.hosts.agentd import DaemonPath
@@ -142,8 +159,4 @@ class PeerClient:
             if peaks:
                 args.append("--peaks")
             data = self.agent_json(args, max(0.001, timeout - (time.monotonic() - started)))
-        if data.get("agent_version") is None:
-            raise PeerUnreachableError(f"peer {self.host.name}: unexpected answer from the agent")
-        data["host"] = self.host.name
-        report: MachineReport = data  # type: ignore[assignment]  # an agent's report, by its version key
-        return report
+        return data

@@ -210,7 +210,7 @@ def verdict(state: str | None, srun_status: int, exit_signal: int = 0, interrupt
     if state == "CANCELLED" and not finished:
         sig = exit_signal or 15
         return Verdict(SIGNAL_BASE + sig, "signal", f"the job was cancelled on {where} (scancel)")
-    if srun_status > SIGNAL_BASE:
+    if SIGNAL_BASE < srun_status <= SIGNAL_BASE + 64:  # past 128+64 no signal could say it: an exit
         return Verdict(srun_status, "signal")
     if srun_status < 0:  # srun itself was killed by a signal
         return Verdict(SIGNAL_BASE - srun_status, "signal")

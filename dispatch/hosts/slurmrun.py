@@ -209,7 +209,7 @@ class SlurmRun:
         finally:
             guardian.dismiss()
         outcome.exit_code, outcome.outcome, outcome.message = judged
-        if judged.exit_code == ExitCode.OWN_CAP:
+        if outcome.is_verdict(ExitCode.OWN_CAP):  # Slurm's OUT_OF_MEMORY, not the job's own 250
             outcome.hit_ceiling = True
             outcome.counters = {"oom_kill": 1}
             peak = max(peak or 0, outcome.cap_bytes or 0) or peak

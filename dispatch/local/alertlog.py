@@ -122,7 +122,9 @@ def size_option(n: int) -> str:
 def for_outcome(outcome: Outcome, session: str | None, peer: str | None = None,
                 slice_limit: int | None = None, request: RunRequest | None = None
                 ) -> dict[str, Any] | None:
-    """The alert for a run that ended at its own cap (250) or in a full slice (254), else None.
+    """The alert for a run that hostrun saw killed at its own cap (250) or in a full slice (254),
+    else None: the verdict decides (the OOM counters), never the exit number, which a job may
+    return by itself.
 
     250's action is the same command with the cap the half rule suggests from the run's peak (at
     least twice the peak, rounded up to 512 MiB: ``dispatch.local.capacity``); 254's is the same
@@ -130,7 +132,7 @@ def for_outcome(outcome: Outcome, session: str | None, peer: str | None = None,
     job's own ``-m``. Both keep the job's other options (``request``)."""
     from dispatch.core.exitcodes import ExitCode
 
-    if outcome.exit_code not in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
+    if not outcome.is_verdict(ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
         return None
     from dispatch.core.units import format_size
 
@@ -142,7 +144,7 @@ def for_outcome(outcome: Outcome, session: str | None, peer: str | None = None,
     base: dict[str, Any] = {
         "host": where, "label": outcome.label, "session": session, "command": shlex.join(argv),
         "exit_code": int(outcome.exit_code), "peak": outcome.peak_bytes, "cap": outcome.cap_bytes}
-    if outcome.exit_code == ExitCode.OWN_CAP:
+    if outcome.is_verdict(ExitCode.OWN_CAP):
         from dispatch.local.capacity import half_rule_cap
 
         suggested = half_rule_cap(max(peak, outcome.cap_bytes or 0))

@@ -335,7 +335,7 @@ def record_outcome(settings: Settings, ledger: Any, outcome: Outcome, request: R
         if outcome.peak_bytes is None:  # the command could not be started: nothing measured
             ledger.record_run(run, settings.history_keep)
         else:
-            event = mark_event(outcome.exit_code, kind, outcome.counters.get("oom_kill", 0) > 0)
+            event = mark_event(outcome, kind)
             ledger.record_peak(outcome.label, outcome.host, outcome.peak_bytes, outcome.hit_ceiling,
                                outcome.duration_s, cap=cap, event=event,
                                clear_after=settings.clear_mark_after, run=run,
@@ -344,16 +344,17 @@ def record_outcome(settings: Settings, ledger: Any, outcome: Outcome, request: R
         say(f"warning: the peak and history row of this run were not recorded: {exc}")
 
 
-def mark_event(exit_code: int, kind: str | None, oom_killed: bool) -> str:
-    """What a finished run does to its label's mark (``ledgerdb.record_fold``): 254 marks it; any
-    other OOM kill sets its clean count back to 0; exit 0 booked at its cap (``kind`` "cap") with
-    nothing OOM-killed counts as clean. A run that failed otherwise says nothing either way."""
+def mark_event(outcome: Outcome, kind: str | None) -> str:
+    """What a finished run does to its label's mark (``ledgerdb.record_fold``): hostrun's 254 verdict
+    marks it (a job's own ``exit 254`` does not); any other OOM kill sets its clean count back to 0;
+    exit 0 booked at its cap (``kind`` "cap") with nothing OOM-killed counts as clean. A run that
+    failed otherwise says nothing either way."""
     from dispatch.core.exitcodes import ExitCode
 
-    if exit_code == ExitCode.SLICE_FULL:
+    if outcome.is_verdict(ExitCode.SLICE_FULL):
         return SLICE_FULL
-    if oom_killed:
+    if outcome.counters.get("oom_kill", 0) > 0:
         return OOM_KILLED
-    if exit_code == 0 and kind == "cap":
+    if outcome.exit_code == 0 and kind == "cap":
         return CLEAN
     return NO_EVENT

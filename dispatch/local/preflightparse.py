@@ -3,7 +3,8 @@ into a ``Script`` and its ``Condition`` records; ``dispatch.local.preflight`` ch
 
 Apart from the checks because parsing is text alone, while every check reads this machine (PATH,
 the GPUs, the ledger's room, the state files): the header grammar and its error messages are one
-idea, read here. A malformed header is a UsageError naming ``SCRIPT:LINE``. Standard library only;
+idea, read here. A malformed header is a ConfigError naming ``SCRIPT:LINE`` (like a config file's
+key: exit 2, its own words, no pointer to ``--help``). Standard library only;
 ``dispatch.local.preflight`` re-exports these names.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from dispatch.core.errors import UsageError
+from dispatch.core.errors import ConfigError
 from dispatch.core.records import NamedTuple
 from dispatch.guards.headers import PREFLIGHT_KEYS, parse_numbered, read_script
 
@@ -64,7 +65,7 @@ class Script(NamedTuple):
 
 def declared(argv: Sequence[str]) -> Script | None:
     """The script ``argv`` runs and its preflight conditions; None when it declares none (or no
-    script file is involved). A malformed header raises UsageError naming ``SCRIPT:LINE``."""
+    script file is involved). A malformed header raises ConfigError naming ``SCRIPT:LINE``."""
     found = read_script(argv)
     if found is None:
         return None
@@ -89,46 +90,46 @@ def declared(argv: Sequence[str]) -> Script | None:
 
 
 def parse_condition(path: str, line: int, key: str, value: str) -> Condition:
-    """One ``# admission:``/``# run-condition:`` header; UsageError ``SCRIPT:LINE: …`` if malformed."""
+    """One ``# admission:``/``# run-condition:`` header; ConfigError ``SCRIPT:LINE: …`` if malformed."""
     import shlex
 
     where = f"{path}:{line}: {key}"
     try:
         words = shlex.split(value)
     except ValueError as exc:
-        raise UsageError(f"{where}: {exc}") from None
+        raise ConfigError(f"{where}: {exc}") from None
     known = ADMISSION_KINDS if key == ADMISSION else CONDITION_KINDS
     if not words:
-        raise UsageError(f"{where}: nothing declared (known: {', '.join(known)})")
+        raise ConfigError(f"{where}: nothing declared (known: {', '.join(known)})")
     kind, args = words[0], tuple(words[1:])
     if kind not in known:
         what = "admission kind" if key == ADMISSION else "condition"
-        raise UsageError(f"{where}: unknown {what} {kind!r} (known: {', '.join(known)})")
+        raise ConfigError(f"{where}: unknown {what} {kind!r} (known: {', '.join(known)})")
     if kind == "inputs-changed":
         if not args:
-            raise UsageError(f"{where}: inputs-changed needs at least one PATH or env:VAR")
+            raise ConfigError(f"{where}: inputs-changed needs at least one PATH or env:VAR")
         for arg in args:
             name = arg[4:] if arg.startswith("env:") else None
             if name is not None and not (name.isascii() and name.isidentifier()):
-                raise UsageError(f"{where}: {arg!r} is not an environment variable name")
+                raise ConfigError(f"{where}: {arg!r} is not an environment variable name")
     elif kind == "command":
         if not args:
-            raise UsageError(f"{where}: command needs at least one TOOL")
+            raise ConfigError(f"{where}: command needs at least one TOOL")
     elif kind == "single-instance":
         if args:
-            raise UsageError(f"{where}: single-instance takes no argument (got {' '.join(args)!r})")
+            raise ConfigError(f"{where}: single-instance takes no argument (got {' '.join(args)!r})")
     elif kind == "device":
         if len(args) != 1 or args[0] not in DEVICES:
             got = f" (got {' '.join(args)!r})" if args else ""
-            raise UsageError(f"{where}: device needs exactly one of: {', '.join(DEVICES)}{got}")
+            raise ConfigError(f"{where}: device needs exactly one of: {', '.join(DEVICES)}{got}")
     elif kind == "min-free":
         if len(args) != 1:
-            raise UsageError(f"{where}: min-free needs exactly one SIZE (e.g. 4G)")
+            raise ConfigError(f"{where}: min-free needs exactly one SIZE (e.g. 4G)")
         from dispatch.core.units import parse_size
 
         try:
             size = parse_size(args[0])
         except ValueError as exc:
-            raise UsageError(f"{where}: min-free: {exc}") from None
+            raise ConfigError(f"{where}: min-free: {exc}") from None
         return Condition(line, key, kind, args, size)
     return Condition(line, key, kind, args)

@@ -321,7 +321,7 @@ class _LocalRun:
         """The peak and the history row; with ``alerts``, an alert for a kill at the job's own cap
         (250) or a full slice (254)."""
         record_outcome(self.settings, ledger, outcome, self.request, self.cap, plan.kind, self.say)
-        if alerts and outcome.exit_code in (ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
+        if alerts and outcome.is_verdict(ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
             from dispatch.local import alertlog
 
             alertlog.write(self.settings.alerts_path, alertlog.for_outcome(

@@ -24,6 +24,7 @@ from pathlib import Path
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
 CLIENTS = ("sinfo", "srun", "scontrol", "squeue", "scancel")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+MARK = "HOSTRUN_TEST_SLURM"  # in this cluster's daemons' environment: the root directory
 
 
 class ClusterError(Exception):
@@ -77,6 +78,11 @@ class SlurmCluster:
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
         self.started_in = 0.0  # seconds from the first daemon start to the node showing idle
         self.had_cgroups: set[Path] = set()  # Slurm's hierarchies already there before start()
+        # What marks this cluster's own processes and jobs, so tear-down touches nothing else on the
+        # machine (another user's or another session's Slurm): its daemons' environment carries
+        # MARK (slurmstepd inherits slurmd's), and its job ids start at a number of its own.
+        self.mark = f"{MARK}={root}"
+        self.first_job = 1_000_000 + (os.getpid() % 60_000) * 1_000
 
     # --- set-up -----------------------------------------------------------------------------------
     def write_config(self) -> None:
@@ -101,6 +107,7 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.munge_socket}
 StateSaveLocation={r}/state
+FirstJobId={self.first_job}
 SlurmdSpoolDir={r}/spool
 SlurmctldLogFile={r}/log/slurmctld.log
 SlurmdLogFile={r}/log/slurmd.log
@@ -154,8 +161,9 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
     def _spawn(self, name: str, argv: list[str]) -> None:
         out = open(self.root / "log" / f"{name}.out", "wb")  # the child keeps its own copy
         with out:
-            self.procs[name] = subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
+            self.procs[name] = subprocess.Popen(argv, env={**self.env, MARK: str(self.root)}, stdout=out,
+                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                start_new_session=True)
 
     def _wait(self, ready: object, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -216,7 +224,13 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         # glob.glob, not Path.glob: slurmd removes these while the walk runs, and only glob.glob
         # treats a directory that vanished mid-walk as empty
         patterns = [f"{glob.escape(str(top))}/uid_*/job_*/" for top in self.slurm_cgroups()]
-        return [Path(p) for pattern in patterns for p in glob.glob(pattern)]
+        return [Path(p) for pattern in patterns for p in glob.glob(pattern)
+                if self._our_job(Path(p).name)]
+
+    def _our_job(self, cgroup_name: str) -> bool:
+        """``job_N`` with N among this cluster's ids (from ``first_job``, FirstJobId in slurm.conf)."""
+        number = cgroup_name.removeprefix("job_")
+        return number.isdigit() and self.first_job <= int(number) < self.first_job + 1_000
 
     def remove_empty_cgroups(self) -> None:
         """rmdir what slurmd made under the hierarchies it created (rmdir only ever removes empty ones)."""
@@ -231,7 +245,8 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
                 top.rmdir()
 
     def step_pids(self) -> list[int]:
-        """Live slurmstepd processes here (the tests run no other Slurm: ours are the only ones)."""
+        """Live slurmstepd processes of this cluster (their environment carries its mark): never
+        another user's or another session's, which may run on the same machine."""
         pids = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -242,9 +257,15 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
                 continue
             name, _, rest = stat.partition(b") ")
             # a zombie has ended: it waits for pid 1 (its parent once slurmd let it go) to reap it
-            if name.endswith(b"(slurmstepd") and not rest.startswith(b"Z"):
+            if name.endswith(b"(slurmstepd") and not rest.startswith(b"Z") and self._ours(entry):
                 pids.append(int(entry.name))
         return pids
+
+    def _ours(self, proc: Path) -> bool:
+        try:
+            return self.mark.encode() in (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
 
     # --- tear-down --------------------------------------------------------------------------------
     def stop(self) -> list[str]:
@@ -282,7 +303,8 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         return leaks
 
     def kill_leftovers(self) -> None:
-        """SIGKILL every process still in a job cgroup and every slurmstepd, after a leak was reported."""
+        """SIGKILL what is left of this cluster, after a leak was reported: the processes in its job
+        cgroups and its slurmstepds, by pid; nothing of another Slurm on the machine."""
         for _ in range(50):
             pids = set(self.step_pids())
             for cgroup in self.job_cgroups():
