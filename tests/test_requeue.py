@@ -199,3 +199,16 @@ def test_guess_evidence_from_a_real_ledger(tmp_path: Path) -> None:
         assert peaks == [50 * MiB, 30 * MiB]  # newest first; the killed run says nothing
     finally:
         ledger.close()
+
+
+def test_a_job_that_exits_254_by_itself_is_not_requeued(hostrun: Hostrun, tmp_path: Path) -> None:
+    """Only hostrun's verdict (the kernel's counters said the slice filled) requeues: a job's own
+    ``exit 254`` is its status, passed through once."""
+    hostrun.configure(slice="300M")
+    attempts = tmp_path / "attempts"
+    out = tmp_path / "r.json"
+    proc = hostrun.run("--requeue", "-m", "100M", "--result-file", str(out), "--", "sh", "-c",
+                       f"echo run >> {attempts}; exit 254")
+    assert proc.returncode == 254, proc.stderr
+    assert attempts.read_text() == "run\n" and "requeued" not in proc.stderr
+    assert (result(out)["outcome"], result(out)["requeued"]) == ("exit", 0)

@@ -158,7 +158,7 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
             again = requeue and requeued < MAX_REQUEUES  # a slice-full kill now runs it again
             outcome, plan = run.attempt(label, requeue, again, place, on_wait, alerts, wait_alert)
             outcome.requeued = requeued
-            if not (again and outcome.exit_code == ExitCode.SLICE_FULL
+            if not (again and outcome.is_verdict(ExitCode.SLICE_FULL)
                     and run.booking_id is not None):
                 return outcome
             place = run.booking_id
@@ -271,7 +271,7 @@ class _LocalRun:
         outcome = _run(settings, self.host, self.backend, self.job, child, request, label, plan, say,
                        self.gpu, self.watch, guardian)
         outcome.waited_s = round(waited, 3)
-        again = again and outcome.exit_code == ExitCode.SLICE_FULL
+        again = again and outcome.is_verdict(ExitCode.SLICE_FULL)
         self.record(ledger, outcome, plan, alerts and not again)  # a requeue needs no decision
         return outcome, plan
 
