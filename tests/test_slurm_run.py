@@ -284,3 +284,23 @@ def test_a_forwarded_signal_reaches_the_job_itself(slurm: SlurmCluster, tmp_path
         proc.wait()
     assert caught.exists(), err
     assert proc.returncode == 3, err
+
+
+def test_the_half_rule_never_asks_more_than_the_largest_node(slurm: SlurmCluster,
+                                                              tmp_path: Path) -> None:
+    """A label that peaked at over half a node: twice its peak is more than any node has, so
+    the next run asks for the node's memory (with a warning), instead of 243."""
+    from dispatch.local.ledger import Ledger
+
+    cfg = config(tmp_path, slurm)
+    node = sf.parse_nodes(slurm.run(sf.node_command()).stdout)[0]
+    (tmp_path / "state").mkdir(mode=0o700)
+    ledger = Ledger(str(tmp_path / "state"))
+    try:  # as a run of it on the cluster would have recorded it
+        ledger.record_peak("wide", "farm", node.real_memory * 6 // 10, False, 1.0, cap=None)
+    finally:
+        ledger.close()
+    done = hostrun(cfg, "--peer=farm", "-l", "wide", "--", "true")
+    assert done.returncode == 0, done.stderr
+    assert b"more than any node has; asking for the largest node's" in done.stderr
+    assert job(slurm, slurm.jobs()[-1][0]).memory == node.real_memory

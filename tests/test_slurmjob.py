@@ -226,3 +226,12 @@ def test_mem_comes_from_the_cap_then_the_half_rule_then_default_cap() -> None:
                                                ("x-1:00", None)])
 def test_slurm_durations(text: str, seconds: float | None) -> None:
     assert duration_seconds(text) == seconds
+
+
+def test_within_nodes_cuts_the_half_rule_to_the_largest_node() -> None:
+    from dispatch.hosts.slurmjob import within_nodes
+
+    assert within_nodes(512 * MiB, 1024 * MiB) == (512 * MiB, None)
+    assert within_nodes(512 * MiB, None) == (512 * MiB, None)
+    size, note = within_nodes(2048 * MiB, 1024 * MiB)
+    assert size == 1024 * MiB and note is not None and "largest node's 1.0 GiB" in note

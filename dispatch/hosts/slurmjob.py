@@ -255,3 +255,15 @@ def job_mem(cap: int | None, worst_peak: int | None, default_cap: int | None
     if default_cap is not None:
         return default_cap, "cap"
     return None, None
+
+
+def within_nodes(mem: int, largest: int | None) -> tuple[int, str | None]:
+    """A ``--mem`` from the half rule, never more than the largest node has (``largest``, its
+    RealMemory; None: unknown, left as it is): the rule's margin is a guess, while a request no node
+    can hold is refused outright (243). Returns the size and, when cut, a warning."""
+    if largest is None or mem <= largest:
+        return mem, None
+    from dispatch.core.units import format_size
+
+    return largest, (f"the half rule asks {format_size(mem)} for this label, more than any node has; "
+                     f"asking for the largest node's {format_size(largest)} instead")

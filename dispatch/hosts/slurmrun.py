@@ -36,6 +36,7 @@ from dispatch.hosts.slurmjob import (
     srun_argv,
     submit_refusal,
     verdict,
+    within_nodes,
 )
 from dispatch.hosts.slurmkeys import options_of
 from dispatch.local.guardian import Watcher
@@ -156,6 +157,18 @@ class SlurmRun:
             ledger.close()
         return record.max_peak if record is not None else None
 
+    def _largest_node(self) -> int | None:
+        """The most memory one node of the cluster has (RealMemory); None when it cannot be read
+        (the job is sent as it is: Slurm then says what it can hold)."""
+        try:
+            done = self.commands.run(sf.node_command(), timeout=COMMAND_TIMEOUT)
+        except HostrunError:
+            return None
+        if done.returncode != 0:
+            return None
+        sizes = [node.real_memory for node in sf.parse_nodes(done.stdout) if node.real_memory]
+        return max(sizes) if sizes else None
+
     def run(self) -> Outcome:
         """The job, after the script's preflight headers where it declares any (checked here: the
         tree's admission and single-instance lock; conditions about the node refuse, 78)."""
@@ -178,6 +191,10 @@ class SlurmRun:
         label = self._label()
         cap, kind = job_mem(request.cap, self._worst_peak(label) if request.cap is None else None,
                             settings.default_cap)
+        if kind == "peak" and cap is not None:
+            cap, cut = within_nodes(cap, self._largest_node())
+            if cut is not None:
+                self.say(f"{self.where}: {cut}")
         threads = request.threads or settings.heavy_threads or 1
         max_runtime = request.max_runtime or settings.max_runtime
         if request.group or request.when_idle or request.requeue:
