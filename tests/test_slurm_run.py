@@ -304,3 +304,22 @@ def test_the_half_rule_never_asks_more_than_the_largest_node(slurm: SlurmCluster
     assert done.returncode == 0, done.stderr
     assert b"more than any node has; asking for the largest node's" in done.stderr
     assert job(slurm, slurm.jobs()[-1][0]).memory == node.real_memory
+
+
+def test_a_directory_the_node_lacks_is_refused_not_run_in_tmp(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """hostrun runs in a mount namespace of its own, in a directory on a tmpfs only it sees: the
+    node (slurmstepd, in the machine's namespace) cannot enter it, and Slurm would run the job in
+    /tmp. hostrun refuses it (78), names the directory, and nothing runs or is recorded."""
+    cfg = config(tmp_path, slurm)
+    base = tmp_path / "ns"
+    base.mkdir()
+    trace = f"hostrun-wrongdir-{os.getpid()}"
+    inner = " ".join(hostrun_argv(cfg, "--peer=farm", "-l", "wrongdir", "--", "touch", trace))
+    script = (f"mount -t tmpfs none {base} && mkdir {base}/work && cd {base}/work && "
+              f"PYTHONPATH={ROOT} exec {inner}")
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, timeout=120, check=False, stdin=subprocess.DEVNULL)
+    assert done.returncode == ExitCode.NOT_RUN, done.stderr
+    assert f"the job's directory {base}/work does not exist on the node".encode() in done.stderr
+    assert not (Path("/tmp") / trace).exists()
+    assert history(cfg) == []

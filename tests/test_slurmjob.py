@@ -82,7 +82,7 @@ def test_srun_argv_maps_the_request() -> None:
     options = SlurmOptions(partition="gpu", account="ml", qos="low", srun_args=("--exclusive",))
     argv = srun_argv(request, options, label="proj:make", token=TOKEN, cap=3 * GiB + 1, threads=6,
                      max_runtime=61, cwd="/work/tree", stdin=False)
-    script = wrapper_script(TOKEN)
+    script = wrapper_script(TOKEN, "/work/tree")  # the wrapper enters it too
     assert argv == ["srun", "--job-name=proj:make", f"--comment=hostrun:{TOKEN}", "--cpus-per-task=6",
                     "--chdir=/work/tree", "--mem=3073M", "--time=2", "--gres=gpu:1", "--partition=gpu",
                     "--account=ml", "--qos=low", "--input=none", "--exclusive",

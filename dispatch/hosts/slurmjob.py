@@ -37,6 +37,7 @@ COMMENT_PREFIX = "hostrun:"  # --comment=hostrun:TOKEN finds the job by its toke
 # (coreutils 8.31+) restores the two signals where it exists. ``wait`` returns early for a trapped
 # signal, so the loop waits until the child itself has ended.
 WRAPPER = r"""
+CHDIR
 exec 3<&0
 if env --default-signal=INT true 2>/dev/null; then
   env --default-signal=INT,QUIT "$@" <&3 3<&- &
@@ -73,8 +74,21 @@ def marker(token: str) -> bytes:
     return f"\x1fhostrun-peak:{token}:".encode()
 
 
-def wrapper_script(token: str) -> str:
-    return WRAPPER.replace("MARK", marker(token).decode())
+NO_DIRECTORY = b"nodir"  # the wrapper's line says the job's directory is not on the node
+
+
+def wrapper_script(token: str, directory: str | None = None) -> str:
+    """The wrapper for one run. ``directory``: where the job must run; slurmstepd, when it cannot
+    enter the directory given with ``--chdir``, only says so and starts the task in /tmp instead,
+    where a ``rm -rf build`` would act on the wrong tree: the wrapper enters it itself (a no-op
+    where slurmstepd did) and, where it cannot, reports it and runs nothing."""
+    check = ""
+    if directory is not None:
+        import shlex
+
+        check = (f"cd -- {shlex.quote(directory)} 2>/dev/null || "
+                 f"{{ printf '%s%s:{NO_DIRECTORY.decode()}\\n' 'MARK' \"$SLURM_JOB_ID\" >&2; exit 78; }}")
+    return WRAPPER.replace("CHDIR", check).replace("MARK", marker(token).decode())
 
 
 def mem_flag(cap: int) -> str:
@@ -108,7 +122,7 @@ def srun_argv(request: RunRequest, options: SlurmOptions, *, label: str, token: 
     if not stdin:
         argv.append("--input=none")
     command = list(request.argv)
-    return [*argv, *options.srun_args, "sh", "-c", wrapper_script(token), command[0], *command]
+    return [*argv, *options.srun_args, "sh", "-c", wrapper_script(token, cwd), command[0], *command]
 
 
 class MarkerFilter:
@@ -154,6 +168,11 @@ class MarkerFilter:
     def finish(self) -> bytes:
         held, self.held = self.held, b""
         return held
+
+    @property
+    def no_directory(self) -> bool:
+        """The wrapper found no job directory on the node and ran nothing."""
+        return self.line is not None and self.line.endswith(b":" + NO_DIRECTORY)
 
     def reported(self) -> tuple[str | None, int | None]:
         """The job id and peak the wrapper printed (None where it printed none, or nothing)."""

@@ -134,6 +134,7 @@ class SlurmRun:
         self.job_id: str | None = None
         self.ran = False  # the wrapper reported: the job ran on a node
         self.refused = False  # Slurm refused the job at submission: nothing ran, nothing to record
+        self.no_directory = False  # the node lacks the job's directory: the wrapper ran nothing
         self.directory = "."  # the job's directory (here, or on the login node)
         self.tree = self.rel_cwd = self.remote_tree = ""  # login-node mode: what was synced where
 
@@ -325,7 +326,8 @@ class SlurmRun:
         proc.stderr.close()
         job_id, peak = marker.reported()
         self.job_id = job_id or self.job_id
-        self.ran = marker.line is not None
+        self.no_directory = marker.no_directory
+        self.ran = marker.line is not None and not self.no_directory
         return status, tail, interrupted, peak
 
     def _signal_job(self, sig: int) -> None:
@@ -372,6 +374,11 @@ class SlurmRun:
     def _judge(self, srun_status: int, stderr_tail: bytes, interrupted: int | None,
                outcome: Outcome) -> Verdict:
         """hostrun's exit code from the job's end state (read from Slurm) and srun's status."""
+        if self.no_directory:
+            self.refused = True  # nothing ran: no peak, no history row
+            return Verdict.of(ExitCode.NOT_RUN,
+                              f"the job's directory {self.directory} does not exist on the node "
+                              f"{self.where} gave it (Slurm would have run it in /tmp); nothing ran")
         if not self.ran and srun_status != 0 and interrupted is None:  # did Slurm refuse the job?
             refused = submit_refusal(stderr_tail.decode(errors="replace"), self.where)
             if refused is not None:
