@@ -323,3 +323,16 @@ def test_a_directory_the_node_lacks_is_refused_not_run_in_tmp(slurm: SlurmCluste
     assert f"the job's directory {base}/work does not exist on the node".encode() in done.stderr
     assert not (Path("/tmp") / trace).exists()
     assert history(cfg) == []
+
+
+def test_the_recorded_peak_leaves_out_page_cache_as_a_local_run_does(slurm: SlurmCluster,
+                                                                      tmp_path: Path) -> None:
+    """Writing 300 MiB to a file charges its page cache to the step's cgroup; the high-water mark
+    counts it, hostrun's peak (here as on its own machine) does not."""
+    cfg = config(tmp_path, slurm)
+    data = tmp_path / "data"
+    done = hostrun(cfg, "--peer=farm", "-l", "writer", "--", "dd", "if=/dev/zero", f"of={data}",
+                   "bs=1M", "count=300", "status=none")
+    assert done.returncode == 0, done.stderr
+    [row] = history(cfg)
+    assert isinstance(row["peak_bytes"], int) and 0 < row["peak_bytes"] < 100 * MiB, row

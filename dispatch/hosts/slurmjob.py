@@ -4,7 +4,8 @@ and how a job's end becomes hostrun's exit code (docs/slurm.md, "Mapping").
 
 Why a wrapper: the job's peak is read on the node from the step's own memory cgroup (its high-water
 mark: ``memory.max_usage_in_bytes`` on cgroup v1, ``memory.peak`` on v2), which is what ``--mem`` is
-enforced against and what hostrun records on a machine of its own. ``sacct``'s ``MaxRSS`` needs
+enforced against, less the page cache still charged when the job ends (shared memory kept), which is
+what hostrun records on a machine of its own (``JobCgroup.peak_estimate``). ``sacct``'s ``MaxRSS`` needs
 slurmdbd (small sites run without it) and is a sample taken every ``JobAcctGatherFrequency`` seconds
 (30 s by default), which misses a short spike. The wrapper is POSIX ``sh`` (no Python needed on the
 nodes), runs the job as its child with stdin, stdout and stderr untouched, and after it ends prints
@@ -56,9 +57,15 @@ v1= v2=
 while IFS=: read -r _ c d; do
   case ",$c," in *,memory,*) v1=$d ;; ,,) v2=$d ;; esac
 done < /proc/self/cgroup
-if [ -n "$v1" ]; then f=/sys/fs/cgroup/memory${v1%/task_*}/memory.max_usage_in_bytes
-else f=/sys/fs/cgroup${v2%/task_*}/memory.peak; fi
-p=$(cat "$f" 2>/dev/null)
+if [ -n "$v1" ]; then d=/sys/fs/cgroup/memory${v1%/task_*} f=memory.max_usage_in_bytes c=total_cache s=total_shmem
+else d=/sys/fs/cgroup${v2%/task_*} f=memory.peak c=file s=shmem; fi
+p=$(cat "$d/$f" 2>/dev/null)
+if [ -n "$p" ]; then
+  k=0 h=0
+  { while read -r n v; do case $n in "$c") k=$v ;; "$s") h=$v ;; esac; done < "$d/memory.stat"; } 2>/dev/null
+  p=$((p - k + h))
+  [ "$p" -ge 0 ] || p=0
+fi
 printf '%s%s:%s\n' 'MARK' "$SLURM_JOB_ID" "$p" >&2
 exit $rc
 """
