@@ -336,3 +336,18 @@ def test_the_recorded_peak_leaves_out_page_cache_as_a_local_run_does(slurm: Slur
     assert done.returncode == 0, done.stderr
     [row] = history(cfg)
     assert isinstance(row["peak_bytes"], int) and 0 < row["peak_bytes"] < 100 * MiB, row
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--threads", "64"), b"64 threads (--threads, else heavy_threads): no node of cluster farm has"),
+    (("--gpu-memory", "1G"), b"--gpu-memory: no node of cluster farm has a GPU; it could never start"),
+])
+def test_what_no_node_could_ever_start_is_243_at_once(slurm: SlurmCluster, tmp_path: Path,
+                                                      args: tuple[str, ...], needle: bytes) -> None:
+    """More threads than a node has CPUs stayed PENDING for good; a GPU on a cluster without one was
+    exit 1 ("end state could not be read"). Both are refused before anything is submitted."""
+    cfg = config(tmp_path, slurm)
+    done = hostrun(cfg, "--peer=farm", *args, "--", "true")
+    assert done.returncode == ExitCode.NEVER_FITS, done.stderr
+    assert needle in done.stderr
+    assert slurm.jobs() == [] and history(cfg) == []

@@ -168,9 +168,10 @@ def test_a_missing_slurm_conf_is_said_at_once(tmp_path: Path) -> None:
 
 # -------------------------------------------------------------------- judge_cluster, by hand
 def node(name: str, total: int, allocated: int = 0, state: str = "IDLE", gres: str | None = None,
-         gres_used: str | None = None, partitions: tuple[str, ...] = ("main",)) -> dict[str, Any]:
+         gres_used: str | None = None, partitions: tuple[str, ...] = ("main",), cpus: int = 8,
+         cpus_alloc: int = 0) -> dict[str, Any]:
     return node_entry(sf.SlurmNode(
-        name, state, total, allocated, None, 8, 0, gres, None, partitions,
+        name, state, total, allocated, None, cpus, cpus_alloc, gres, None, partitions,
         sf.gpu_count(gres or ""), None if gres_used is None else sf.gpu_count(gres_used)))
 
 
@@ -182,9 +183,11 @@ def report(*nodes: dict[str, Any], partition: str | None = None, per_node: int |
 
 
 def judge(tmp_path: Path, data: dict[str, Any], cap: int | None = None, gpu: int | None = None,
-          pending: int = 0, extra: str = "") -> tuple[bool, bool, int | None, int | None, str]:
+          pending: int = 0, extra: str = "", threads: int | None = None
+          ) -> tuple[bool, bool, int | None, int | None, str]:
     waiting = HostPending(pending, {}, ()) if pending else None
-    j = judge_cluster(cluster(tmp_path, extra), Job("build", cap=cap, gpu_memory=gpu), data, waiting)
+    j = judge_cluster(cluster(tmp_path, extra), Job("build", cap=cap, gpu_memory=gpu, threads=threads),
+                      data, waiting)
     return j.fits, j.could_ever_fit, j.need, j.free, j.reason
 
 
@@ -254,3 +257,15 @@ def test_without_mem_the_peak_then_default_cap_then_the_clusters_default(tmp_pat
     assert judge(tmp_path, busy)[:2] == (False, True)
     assert judge(tmp_path, busy)[4].startswith(
         "would queue: needs a whole node (no --mem and no DefMemPerNode)")
+
+
+def test_cpus_are_judged_like_memory(tmp_path: Path) -> None:
+    """More threads than any node has CPUs can never start; a node whose CPUs are all allocated
+    does not fit now; ``heavy_threads`` counts when --threads is not given."""
+    data = report(node("a", 16 * GiB, cpus=2), node("b", 16 * GiB, cpus=4, cpus_alloc=4))
+    assert judge(tmp_path, data, cap=GiB, threads=3)[:2] == (False, True)
+    assert "no usable node has 3 CPUs free" in judge(tmp_path, data, cap=GiB, threads=3)[4]
+    assert judge(tmp_path, data, cap=GiB, threads=2)[:2] == (True, True)
+    fits, ever, _, _, why = judge(tmp_path, data, cap=GiB, threads=5)
+    assert (fits, ever, why) == (False, False, "5 threads: no node of the cluster has more than 4 CPUs")
+    assert judge(tmp_path, data, cap=GiB, extra="heavy_threads = 5\n")[:2] == (False, False)

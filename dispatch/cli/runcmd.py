@@ -147,7 +147,7 @@ def _job(command: list[str], opts: RunOptions) -> Job:
 
     return make_job(command, label=opts.label, cap=opts.memory_cap,
                     gpu_memory=_gpu_bytes(opts), expect_duration=opts.expect_duration,
-                    long_job=opts.long_job)
+                    long_job=opts.long_job, threads=opts.threads)
 
 
 def _run_elsewhere(options: list[str], command: list[str], opts: RunOptions,

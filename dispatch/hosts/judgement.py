@@ -19,6 +19,7 @@ class Job(NamedTuple):
     gpu_memory: Optional[int] = None
     expect_duration: Optional[float] = None
     long_job: tuple[str, ...] = ()  # the long-job declaration's answered keys (dispatch.guards.longjob)
+    threads: Optional[int] = None  # --threads: a cluster node must have that many CPUs to give
 
 
 class HostPending(NamedTuple):

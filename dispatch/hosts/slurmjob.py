@@ -57,7 +57,8 @@ v1= v2=
 while IFS=: read -r _ c d; do
   case ",$c," in *,memory,*) v1=$d ;; ,,) v2=$d ;; esac
 done < /proc/self/cgroup
-if [ -n "$v1" ]; then d=/sys/fs/cgroup/memory${v1%/task_*} f=memory.max_usage_in_bytes c=total_cache s=total_shmem
+if [ -n "$v1" ]; then
+  d=/sys/fs/cgroup/memory${v1%/task_*} f=memory.max_usage_in_bytes c=total_cache s=total_shmem
 else d=/sys/fs/cgroup${v2%/task_*} f=memory.peak c=file s=shmem; fi
 p=$(cat "$d/$f" 2>/dev/null)
 if [ -n "$p" ]; then
@@ -244,7 +245,8 @@ def verdict(state: str | None, srun_status: int, exit_signal: int = 0, interrupt
     return Verdict(srun_status, "exit", message)
 
 
-_NEVER = ("Requested node configuration is not available", "Memory specification can not be satisfied")
+_NEVER = ("Requested node configuration is not available", "Memory specification can not be satisfied",
+          "Invalid generic resource")
 _CONFIG = ("Invalid partition", "invalid partition", "Invalid account", "Invalid qos",
            "Invalid qos specification", "unrecognized option", "invalid option")
 

@@ -186,7 +186,9 @@ def judge_cluster(host: SlurmHost, job: Job, report: ClusterReport, waiting: Hos
 
     Without a ``--mem`` (no ``-m``, no recorded peak, no ``default_cap``) the job gets the cluster's
     own default: DefMemPerNode, or DefMemPerCPU for its one CPU at least, or (neither set) a whole
-    node, which fits only on a node with nothing allocated.
+    node, which fits only on a node with nothing allocated. CPUs are judged alike: the job's
+    threads (``--threads``, else ``heavy_threads``, else 1) free on the node to fit now, that many
+    CPUs on some node at all, else it can never start (Slurm would keep it pending for good).
     """
     from dispatch.hosts.slurmjob import job_mem
 
@@ -204,10 +206,13 @@ def judge_cluster(host: SlurmHost, job: Job, report: ClusterReport, waiting: Hos
     def free(node: Node) -> int:
         return int(node["memory"]["free"]) - pending
 
+    threads = job.threads or host.table.heavy_threads or 1
+
     def room(node: Node) -> bool:
+        cpus = int(node["cpus"]["total"]) - int(node["cpus"]["allocated"]) >= threads
         if need is None:  # a whole node
             return int(node["memory"]["allocated"]) == 0 and pending == 0
-        return free(node) >= need
+        return free(node) >= need and cpus
 
     def gpu_free(node: Node) -> bool:
         gpus = node["gpus"]
@@ -224,6 +229,11 @@ def judge_cluster(host: SlurmHost, job: Job, report: ClusterReport, waiting: Hos
                          f"allocate{on_gpu} for {what}{pend}")
     big = [n for n in nodes if need is None or int(n["memory"]["total"]) >= need]
     largest = max(nodes, key=lambda n: int(n["memory"]["total"]))
+    most = max(int(n["cpus"]["total"]) for n in nodes)
+    if threads > most:
+        return Judgement(host.name, False, False, need, best,
+                         f"{threads} threads: no node of {where} has more than {most} CPUs",
+                         too_big=True)
     if gpu and not any(int(n["gpus"]["total"] or 0) for n in big):
         return Judgement(host.name, False, False, need, best,
                          f"no node of {where} big enough for {what} has a GPU in its Gres")
@@ -232,6 +242,8 @@ def judge_cluster(host: SlurmHost, job: Job, report: ClusterReport, waiting: Hos
                f"most free to allocate on a usable node {format_size(max(0, best or 0))}{pend}")
         if gpu and any(room(n) for n in usable):
             why = "no GPU free on a node with room"
+        elif any(free(n) >= (need or 0) for n in usable) and not any(room(n) for n in usable):
+            why = f"no usable node has {threads} CPUs free"
         return Judgement(host.name, False, True, need, best, f"would queue: needs {what}, {why}")
     return Judgement(host.name, False, False, need, best,
                      f"{what} is larger than any node of {where} (largest: {largest['name']}, "

@@ -21,7 +21,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from dispatch.core.errors import ConfigError, HostrunError, NotRunError
+from dispatch.core.errors import ConfigError, HostrunError, NeverFitsError, NotRunError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.fdio import forward
 from dispatch.core.outcome import Outcome
@@ -158,17 +158,31 @@ class SlurmRun:
             ledger.close()
         return record.max_peak if record is not None else None
 
-    def _largest_node(self) -> int | None:
-        """The most memory one node of the cluster has (RealMemory); None when it cannot be read
-        (the job is sent as it is: Slurm then says what it can hold)."""
+    def _nodes(self) -> list[sf.SlurmNode] | None:
+        """The nodes a job of this host may run on (its ``partition``'s, when set); None when they
+        cannot be read (the job is sent as it is: Slurm then says what it can hold)."""
         try:
             done = self.commands.run(sf.node_command(), timeout=COMMAND_TIMEOUT)
         except HostrunError:
             return None
         if done.returncode != 0:
             return None
-        sizes = [node.real_memory for node in sf.parse_nodes(done.stdout) if node.real_memory]
-        return max(sizes) if sizes else None
+        nodes = sf.parse_nodes(done.stdout)
+        part = self.options.partition
+        mine = [n for n in nodes if not part or not n.partitions or part in n.partitions]
+        return mine or None
+
+    def _check_nodes(self, nodes: list[sf.SlurmNode], threads: int) -> None:
+        """Refuse (243) before anything is synced or submitted what no node could ever start:
+        Slurm would keep it pending for good (more CPUs than a node has) or refuse it with a line
+        hostrun would not know (a GPU on a cluster without one)."""
+        most = max(n.cpus for n in nodes)
+        if threads > most:
+            raise NeverFitsError(f"{threads} threads (--threads, else heavy_threads): no node of "
+                                 f"{self.where} has more than {most} CPUs; it could never start")
+        if self.request.gpu_memory and not any(n.gpus for n in nodes):
+            raise NeverFitsError(f"--gpu-memory: no node of {self.where} has a GPU; it could "
+                                 "never start")
 
     def run(self) -> Outcome:
         """The job, after the script's preflight headers where it declares any (checked here: the
@@ -192,11 +206,14 @@ class SlurmRun:
         label = self._label()
         cap, kind = job_mem(request.cap, self._worst_peak(label) if request.cap is None else None,
                             settings.default_cap)
-        if kind == "peak" and cap is not None:
-            cap, cut = within_nodes(cap, self._largest_node())
-            if cut is not None:
-                self.say(f"{self.where}: {cut}")
         threads = request.threads or settings.heavy_threads or 1
+        nodes = self._nodes() if kind == "peak" or threads > 1 or request.gpu_memory else None
+        if nodes is not None:
+            self._check_nodes(nodes, threads)
+            if kind == "peak" and cap is not None:
+                cap, cut = within_nodes(cap, max(n.real_memory for n in nodes) or None)
+                if cut is not None:
+                    self.say(f"{self.where}: {cut}")
         max_runtime = request.max_runtime or settings.max_runtime
         if request.group or request.when_idle or request.requeue:
             self.say(f"{self.where}: --group, --when-idle and --requeue are queue policies of "

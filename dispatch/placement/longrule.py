@@ -24,14 +24,16 @@ if MYPY:
 
 
 def make_job(argv: Sequence[str], *, label: str | None, cap: int | None, gpu_memory: int | None,
-             expect_duration: float | None, long_job: str | bool | None) -> Job:
+             expect_duration: float | None, long_job: str | bool | None,
+             threads: int | None = None) -> Job:
     """The job as the dispatcher sees it. The long-job answers come from ``--long-job=SPEC`` (a bare
     ``--long-job`` answers nothing) together with the script's ``# long-job:`` header lines."""
     answers = from_headers(value for key, value in read_headers(argv) if key == "long-job")
     if isinstance(long_job, str):
         answers.update(parse_spec(long_job))
     return Job(label=label or default_label(argv), cap=cap, gpu_memory=gpu_memory,
-               expect_duration=expect_duration, long_job=tuple(k for k in KEYS if k in answers))
+               expect_duration=expect_duration, long_job=tuple(k for k in KEYS if k in answers),
+               threads=threads)
 
 
 def expected_duration(job: Job, recorded: Sequence[tuple[PeakRecord | None, str]]
