@@ -3,7 +3,8 @@ written to ``$HOSTRUN_BENCH_PHASES`` (one JSON line per process, appended). For
 ``bench_concurrency.py --phases``; standard library only.
 
 The phases are marked by wrapping a few of hostrun's own functions (its internals: a rename there
-makes this script fail loudly, never measure something else). Each mark is (name, monotonic time,
+makes this script fail loudly, never measure something else; it imports nothing hostrun would not,
+until hostrun is done). Each mark is (name, monotonic time,
 this process's CPU time, ``time.process_time``); the CPU of the forked children (the guardian, the
 job before its exec) is not in it.
 
@@ -19,7 +20,6 @@ job before its exec) is not in it.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -60,6 +60,8 @@ def main() -> None:
 
     def leave(code: int) -> None:
         mark("exit")
+        import json  # only now: hostrun's own path may not load it (its cost would show as hostrun's)
+
         line = json.dumps({"pid": os.getpid(), "code": code, "marks": MARKS}) + "\n"
         fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
@@ -84,6 +86,8 @@ PHASES = (("start", None, "started"), ("imports", "started", "imported"),
 
 def per_phase(path: str) -> tuple[int, dict[str, list[float]]]:
     """(processes read, CPU seconds per phase for each process that went through all of them)."""
+    import json
+
     spent: dict[str, list[float]] = {name: [] for name, _, _ in PHASES}
     count = 0
     with open(path, encoding="utf-8") as fh:
