@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 
 import pytest
 
+from dispatch.core.exitcodes import ExitCode
 from dispatch.core.jsontext import loads
 
 VALID = [
@@ -52,7 +54,12 @@ def _result_like() -> dict[str, object]:
     return data
 
 
+class _Text(str):
+    pass
+
+
 ENCODABLE: list[object] = [
+    ExitCode.OWN_CAP, {"sub": [ExitCode.SLICE_FULL, _Text("x\n")]}, collections.OrderedDict(b=1, a=2),
     {}, [], (), "", 0, -1, 10**30, 0.1, -0.0, 1e300, 2.5e-8, True, False, None, "\u00e9\ud83d\ude00",
     {"b": [1, [], {}, {"z": None, "a": (1.5, "x")}], "a": {"nested": [[[]]]}, "": "empty key"},
     [float("inf"), float("-inf")],

@@ -72,32 +72,32 @@ def _float(value: float) -> str:
 
 
 def _encode(value: Any, quote: Any, indent: str, depth: int) -> str:
+    """One value, tested in the order json's own encoder tests (subclasses included)."""
+    if isinstance(value, str):
+        return str(quote(value))
     if value is None:
         return "null"
     if value is True:
         return "true"
     if value is False:
         return "false"
-    kind = type(value)
-    if kind is str:
-        return str(quote(value))
-    if kind is int:
+    if isinstance(value, int):
         return int.__repr__(value)
-    if kind is float:
+    if isinstance(value, float):
         return _float(value)
     if depth > 64:  # deeper than any result: a cycle, as likely as not
         raise _Unplain
     inner = "\n" + indent * (depth + 1)
     close = "\n" + indent * depth
-    if kind is list or kind is tuple:
+    if isinstance(value, (list, tuple)):
         if not value:
             return "[]"
         return "[" + inner + ("," + inner).join(
             _encode(v, quote, indent, depth + 1) for v in value) + close + "]"
-    if kind is dict:
+    if isinstance(value, dict):
         if not value:
             return "{}"
-        if any(type(k) is not str for k in value):
+        if not all(isinstance(k, str) for k in value):  # json turns such keys into text: left to it
             raise _Unplain
         return "{" + inner + ("," + inner).join(
             str(quote(k)) + ": " + _encode(value[k], quote, indent, depth + 1)
