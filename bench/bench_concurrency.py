@@ -59,7 +59,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from _common import find_hostrun, leftovers, private_env, remove_slice, write_config
+from _common import find_hostrun, interpreter_of, leftovers, private_env, remove_slice, write_config
 
 TARGET_RATIO = 1.2  # issue 13: 50 x 0.2 s on a slice of 5
 LARGE = {"jobs": 100, "parallel": 10, "sleep": 0.3, "target": 1.3}  # issue 13: --large, on 2 cores
@@ -256,6 +256,29 @@ def idle_waiting(hostrun: str, config: str, env: dict[str, str], state_dir: str,
                 p.wait()
 
 
+def print_phases(path: str, jobs: int) -> None:
+    """The CPU each hostrun spent per phase (bench/_phases.py), median and mean over the jobs."""
+    from _phases import PHASES, per_phase
+
+    try:
+        count, spent = per_phase(path)
+    except (OSError, ValueError) as exc:
+        print(f"  CPU per phase: not read ({exc})")
+        return
+    full = len(spent["start"])
+    print(f"  CPU per phase of each hostrun process (ms; {full} of {count} processes of {jobs} "
+          "went through every phase; children not included):")
+    if not full:
+        return
+    total = [sum(spent[name][i] for name, _, _ in PHASES) for i in range(full)]
+    for name, _, _ in PHASES:
+        values = spent[name]
+        print(f"    {name:<11} median {statistics.median(values) * 1000:6.1f}  mean "
+              f"{statistics.mean(values) * 1000:6.1f}  p90 {pct(values, 90) * 1000:6.1f}")
+    print(f"    {'all':<11} median {statistics.median(total) * 1000:6.1f}  mean "
+          f"{statistics.mean(total) * 1000:6.1f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -283,6 +306,9 @@ def main() -> int:
                     help="also measure the CPU of N jobs waiting behind one that holds the slice")
     ap.add_argument("--idle-window", type=float, default=3.0,
                     help="seconds over which --idle-waiters reads their CPU (default 3)")
+    ap.add_argument("--phases", action="store_true",
+                    help="run the timed jobs through bench/_phases.py and print the CPU each hostrun "
+                         "spends per phase (start, imports, to the queue, waiting, to exec, ...)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, timestamps)")
     args = ap.parse_args()
     preset = LARGE if args.large else {"jobs": 50, "parallel": 5, "sleep": 0.2, "target": TARGET_RATIO}
@@ -340,8 +366,14 @@ def main() -> int:
         cpu0 = children_cpu()
         launch_wall = time.time()
         t0 = time.perf_counter()
+        launcher = [hostrun]
+        phases_path = os.path.join(tmp, "phases.jsonl")
+        if args.phases:
+            here = os.path.dirname(os.path.abspath(__file__))
+            launcher = [interpreter_of(hostrun), os.path.join(here, "_phases.py")]
+            env = {**env, "HOSTRUN_BENCH_PHASES": phases_path}
         for i in range(args.jobs):
-            argv = [hostrun, "--config", config, "-m", f"{args.cap_mib}M",
+            argv = [*launcher, "--config", config, "-m", f"{args.cap_mib}M",
                     "--result-file", result_paths[i]]
             argv += ["--label", "bench-sleep" if args.shared_label else f"bench-sleep-{i:03d}"]
             argv += ["--", *job_script(ts_paths[i], args.sleep)]
@@ -412,6 +444,8 @@ def main() -> int:
         print(f"  CPU time:    {cpu:.2f} s user+sys in hostrun processes and their jobs "
               f"({cpu / args.jobs * 1000:.0f} ms per job; {cpu / (wall * cores) * 100:.0f}% of "
               f"{cores} cores over the wall time; baseline {base_cpu:.2f} s)")
+        if args.phases:
+            print_phases(phases_path, args.jobs)
         if waited:
             print(f"  admission wait (result files): median {statistics.median(waited):.3f} s, "
                   f"max {max(waited):.3f} s")

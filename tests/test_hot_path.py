@@ -14,9 +14,11 @@ from tests.support.peers import setup as peer_setup
 
 HEAVY = {"pydantic", "rich", "asyncio", "typing", "argparse"}
 # Light enough alone, but each pulls in more (shutil: bz2, lzma, fnmatch; random: hashlib bits;
-# warnings; re and json: their compilers and scanners; subprocess: selectors, threading).
+# warnings; re and json: their compilers and scanners; subprocess: selectors, threading; the sqlite3
+# package: datetime for its adapters, where the ledger needs only the C module _sqlite3; base64: re).
 RUN_PATH_AVOIDS = HEAVY | {"json", "re", "shutil", "warnings", "random", "subprocess", "gettext",
-                           "locale", "hashlib", "dispatch.local.gpu", "dispatch.local.kernlog"}
+                           "locale", "hashlib", "dispatch.local.gpu", "dispatch.local.kernlog",
+                           "sqlite3", "datetime", "base64"}
 REPORT_PATH_AVOIDS = HEAVY | {"shutil", "gettext", "random", "hashlib", "dispatch.config.model"}
 PEER_RUN_AVOIDS = HEAVY | {"shutil", "gettext", "random", "hashlib"}
 
@@ -42,6 +44,18 @@ def test_a_plain_run_loads_none_of_the_heavy_modules(hostrun: Hostrun) -> None:
     # a size, a duration and a label, as most calls have
     typical = ("-m", "8M", "--max-runtime", "10m", "--label", "hot-path", "--", "true")
     assert imported(hostrun, *typical) & RUN_PATH_AVOIDS == set()
+
+
+def test_a_run_with_a_result_file_loads_none_of_the_heavy_modules(hostrun: Hostrun, tmp_path: Path) -> None:
+    """Scripts and agents pass ``--result-file`` to every run: the file is JSON, written without json."""
+    import json
+
+    result = tmp_path / "result.json"
+    hostrun.run("-m", "8M", "--", "true")  # the config cache is warm from here on
+    names = imported(hostrun, "-m", "8M", "--result-file", str(result), "--", "true")
+    assert names & RUN_PATH_AVOIDS == set()
+    assert {"_sqlite3", "dispatch.core.jsontext"} <= names  # the ledger opened, the file written
+    assert json.loads(result.read_text())["exit_code"] == 0
 
 
 def test_a_json_report_loads_none_of_the_heavy_modules(hostrun: Hostrun) -> None:

@@ -1,4 +1,4 @@
-"""``loads``: the standard library's JSON decoder without importing ``json``.
+"""``loads`` and ``dumps``: the standard library's JSON decoder and encoder without importing ``json``.
 
 The agent hooks parse one JSON event before every shell command an agent runs, and most of the time
 answer nothing. ``import json`` costs ~15 ms there (measured, bench/bench_hook.py): ``json.decoder``
@@ -6,6 +6,12 @@ imports ``re``, which imports ``enum``, for patterns the C scanner does not use.
 the same C scanner (``_json.make_scanner``, what ``json.loads`` itself runs) directly, with the
 settings ``json.loads`` uses by default, so the result is the same objects. Whatever it cannot read
 is handed to ``json.loads``, so errors read exactly as json's own (a ``ValueError``).
+
+``dumps`` writes what ``json.dumps(obj, indent=2, sort_keys=True)`` writes, for the plain values a
+result file holds (dict with str keys, list, tuple, str, int, float, bool, None), with json's own C
+string escaper (``_json.encode_basestring_ascii``): ``hostrun --result-file`` writes one after every
+run, and ``import json`` (with ``re`` and ``base64``) was ~8 ms of such a run's CPU. Anything else
+(another key or value type, a cycle) is handed to ``json.dumps``.
 """
 
 from __future__ import annotations
@@ -51,3 +57,66 @@ def loads(text: str) -> Any:
     import json
 
     return json.loads(text)
+
+
+class _Unplain(Exception):
+    """A value ``dumps`` leaves to ``json.dumps``."""
+
+
+def _float(value: float) -> str:
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "Infinity" if value > 0 else "-Infinity"
+    return float.__repr__(value)
+
+
+def _encode(value: Any, quote: Any, indent: str, depth: int) -> str:
+    """One value, tested in the order json's own encoder tests (subclasses included)."""
+    if isinstance(value, str):
+        return str(quote(value))
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        return _float(value)
+    if depth > 64:  # deeper than any result: a cycle, as likely as not
+        raise _Unplain
+    inner = "\n" + indent * (depth + 1)
+    close = "\n" + indent * depth
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]"
+        return "[" + inner + ("," + inner).join(
+            _encode(v, quote, indent, depth + 1) for v in value) + close + "]"
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        if not all(isinstance(k, str) for k in value):  # json turns such keys into text: left to it
+            raise _Unplain
+        return "{" + inner + ("," + inner).join(
+            str(quote(k)) + ": " + _encode(value[k], quote, indent, depth + 1)
+            for k in sorted(value)) + close + "}"
+    raise _Unplain
+
+
+def dumps(value: object) -> str:
+    """``json.dumps(value, indent=2, sort_keys=True)``."""
+    quote: Any = None
+    try:
+        from _json import encode_basestring_ascii as quote
+    except ImportError:  # an interpreter without the C accelerator: json.dumps alone
+        pass
+    if quote is not None:
+        try:
+            return _encode(value, quote, "  ", 0)
+        except _Unplain:
+            pass
+    import json
+
+    return json.dumps(value, indent=2, sort_keys=True)

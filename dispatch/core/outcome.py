@@ -79,22 +79,23 @@ class Outcome:
 
 def argv_b64(argv: list[str]) -> list[str]:
     """Each argument's bytes in base64: the faithful form of an argv that is not UTF-8 (``argv``
-    holds such bytes as lone surrogates, which JSON tools turn into U+FFFD)."""
-    import base64
+    holds such bytes as lone surrogates, which JSON tools turn into U+FFFD). ``binascii`` is what
+    ``base64.b64encode`` runs, without the ``base64`` module's own imports (``re``, ``struct``)."""
+    from binascii import b2a_base64
 
-    return [base64.b64encode(os.fsencode(arg)).decode("ascii") for arg in argv]
+    return [b2a_base64(os.fsencode(arg), newline=False).decode("ascii") for arg in argv]
 
 
 def write_result(path: str, outcome: Outcome) -> None:
     """Write atomically, so a reader polling for the file never sees half of it; on failure the
-    temporary file is removed and the OSError raised."""
-    import json
-
+    temporary file is removed and the OSError raised. The text is ``json.dumps(data, indent=2,
+    sort_keys=True)``'s, written without importing ``json`` (``core.jsontext.dumps``)."""
     from dispatch.core.atomicfile import write_atomic
+    from dispatch.core.jsontext import dumps
 
     data = outcome.to_dict()
     data["argv_b64"] = argv_b64(outcome.argv)
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    text = dumps(data) + "\n"
     write_atomic(path, text.encode(), 0o666)  # the caller's file: modes as its umask says
 
 

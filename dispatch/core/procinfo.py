@@ -2,41 +2,49 @@
 
 from __future__ import annotations
 
+import os
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """Fields 3 onwards of /proc/PID/stat (``[0]`` is the state), or None if the pid is gone.
+
+    One unbuffered read: every admission try reads this for each booking on the host (is its holder
+    alive, is a waiter stopped), so with a long queue it is most of the try's CPU."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)  # one line of ~52 numbers and a comm of at most 64 bytes
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
+    end = data.rfind(b")")
+    return data[end + 2 :].split() if end >= 0 else None
+
 
 def start_time(pid: int) -> int | None:
     """Field 22 (starttime, clock ticks since boot) of /proc/PID/stat, or None if the pid is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
-    rest = data[data.rindex(b")") + 2 :].split()
-    return int(rest[19])  # rest[0] is field 3, so field 22 is rest[19]
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields is not None else None  # fields[0] is field 3: 22 is [19]
 
 
 def is_alive(pid: int, started: int) -> bool:
     """True while the process that had ``started`` as its start time still holds ``pid``."""
     if pid <= 0:
         return False
-    current = start_time(pid)
-    if current is None or current != started:
+    fields = _stat_fields(pid)
+    if fields is None or int(fields[19]) != started:
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().rsplit(b")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != b"Z"
+    return fields[0] != b"Z"
 
 
 def is_stopped(pid: int) -> bool:
     """True while ``pid`` is stopped (Ctrl-Z, SIGSTOP: state T) or stopped by a tracer (t)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
-    except (OSError, IndexError):
-        return False
+    fields = _stat_fields(pid)
+    return fields is not None and bool(fields) and fields[0] in (b"T", b"t")
 
 
 def cmdline(pid: int) -> str:

@@ -17,7 +17,6 @@ The ledger never reads a GPU itself: the caller passes the room per device, read
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 from collections.abc import Callable, Mapping
 
@@ -44,6 +43,13 @@ from dispatch.local.ledgerdb import (
 from dispatch.local.ledgerfile import LedgerFile, guarded, rollback
 
 MYPY = False
+if MYPY:
+    import sqlite3
+else:
+    try:  # the C module alone: the sqlite3 package adds datetime adapters hostrun never uses, and
+        import _sqlite3 as sqlite3  # its imports (datetime: ~2.5 ms of every run); the same classes
+    except ImportError:
+        import sqlite3
 if MYPY:
     from dispatch.local.admitpolicy import GpuRoom, RoomFunction
 
@@ -104,21 +110,27 @@ class Ledger(LedgerFile):
         self._track(cur.lastrowid)
         return cur.lastrowid
 
-    def _reclaim_locked(self, host: str) -> list[Booking]:
-        """Delete the bookings of ``host`` whose holder is gone (in the caller's transaction)."""
-        stale = [b for b in self._rows("host = ?", (host,)) if not is_alive(b.pid, b.pid_start)]
+    def _reclaim_locked(self, host: str) -> tuple[list[Booking], list[Booking]]:
+        """Delete the bookings of ``host`` whose holder is gone (in the caller's transaction):
+        (those deleted, the host's rows left, in id order: what the same transaction reads next)."""
+        rows = self._rows("host = ?", (host,))
+        stale = [b for b in rows if not is_alive(b.pid, b.pid_start)]
         if stale:
             self.db.executemany("DELETE FROM bookings WHERE id = ?", [(b.id,) for b in stale])
-        return stale
+            gone = {b.id for b in stale}
+            rows = [b for b in rows if b.id not in gone]
+        return stale, rows
 
     def _evaluate(self, booking_id: int, host: str, room: RoomFunction,
                   gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
-                  backfill: bool = False) -> Admission:
+                  backfill: bool = False, rows: list[Booking] | None = None) -> Admission:
         """``admitpolicy.evaluate`` on this host's rows, read in the caller's transaction (with
-        ``backfill``, the labels' recorded durations too, read only when FIFO holds the booking)."""
+        ``backfill``, the labels' recorded durations too, read only when FIFO holds the booking).
+        ``rows``: those rows, already read in that transaction."""
         return admitpolicy.evaluate(
-            booking_id, self._rows("host = ?", (host,)), room, gpu_room, groups, stopped=_stopped,
-            durations=(lambda: self._durations(host)) if backfill else None, now=time.time())
+            booking_id, self._rows("host = ?", (host,)) if rows is None else rows, room, gpu_room,
+            groups, stopped=_stopped, durations=(lambda: self._durations(host)) if backfill else None,
+            now=time.time())
 
     def _durations(self, host: str) -> dict[str, float]:
         """The longest recorded run of each label booked on ``host``."""
@@ -156,10 +168,10 @@ class Ledger(LedgerFile):
         """
         try:  # BEGIN inside: a signal's exception raised right after it must still roll back
             self.db.execute("BEGIN IMMEDIATE")
-            reclaimed = self._reclaim_locked(host)
-            adm = self._evaluate(booking_id, host, room, gpu_room, groups, backfill)
-            skipped = admitpolicy.passed_over(booking_id, self._rows(
-                "host = ? AND state = 'waiting' AND id < ?", (host, booking_id)), adm, groups
+            reclaimed, rows = self._reclaim_locked(host)  # one read of the rows for the whole try
+            adm = self._evaluate(booking_id, host, room, gpu_room, groups, backfill, rows)
+            skipped = admitpolicy.passed_over(booking_id, [
+                b for b in rows if b.state == "waiting" and b.id < booking_id], adm, groups
             ) if adm.admitted else []
             if adm.admitted and adm.backfill:
                 skipped.append(adm.backfill)
