@@ -351,3 +351,28 @@ def test_what_no_node_could_ever_start_is_243_at_once(slurm: SlurmCluster, tmp_p
     assert done.returncode == ExitCode.NEVER_FITS, done.stderr
     assert needle in done.stderr
     assert slurm.jobs() == [] and history(cfg) == []
+
+
+def test_a_pending_job_says_why_it_waits(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Slurm's reason for a job it keeps pending, every status_interval, as a local waiter's line;
+    then the job runs once the node is free."""
+    cfg = config(tmp_path, slurm, "")
+    text = cfg.read_text().replace("kill_grace = '2s'\n", "kill_grace = '2s'\nstatus_interval = '1s'\n")
+    cfg.write_text(text)
+    node = sf.parse_nodes(slurm.run(sf.node_command()).stdout)[0]
+    held = slurm.run(["sbatch", "--parsable", f"--mem={node.real_memory // MiB - 100}M", "-J", "hold",
+                      "--wrap", "sleep 120"]).stdout.strip()
+    proc = subprocess.Popen(hostrun_argv(cfg, "--peer=farm", "-l", "queued", "-m", "200M", "--",
+                                         "true"), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        slurm.wait_for("queued", "PENDING")
+        time.sleep(2.5)
+        slurm.run(["scancel", held])
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+        slurm.run(["scancel", held])
+    assert proc.returncode == 0, err
+    assert re.search(rb"waiting in cluster farm's queue: (Resources|Priority) \(Slurm job \d+\)", err), err

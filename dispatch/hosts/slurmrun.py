@@ -309,8 +309,12 @@ class SlurmRun:
         tail = b""
         interrupted: int | None = None
         cancel_at: float | None = None
+        status_at = time.monotonic() + self.config.status_interval
         fd = proc.stderr.fileno()
         while True:
+            if marker.line is None and interrupted is None and time.monotonic() >= status_at:
+                status_at = time.monotonic() + self.config.status_interval
+                self._say_pending()
             if signals.pending:
                 sig = signals.pending.pop(0)
                 if interrupted is None:
@@ -379,6 +383,25 @@ class SlurmRun:
             self.commands.run(["scancel", job_id], timeout=COMMAND_TIMEOUT)
         except HostrunError as exc:
             self.say(f"warning: could not cancel Slurm job {job_id}: {exc}")
+
+    def _say_pending(self) -> None:
+        """While the job waits in Slurm's queue, say why, every ``status_interval`` (as a local
+        waiter's line does); nothing once it runs, or when it cannot be read."""
+        if self.job_id is None:
+            try:
+                self.job_id = find_job(self.commands, self.token)
+            except HostrunError:
+                return
+        if self.job_id is None:
+            return
+        try:
+            record = sf.parse_job(self.commands.run(sf.job_command(self.job_id),
+                                                    timeout=COMMAND_TIMEOUT).stdout)
+        except HostrunError:
+            return
+        if record is not None and record.state == "PENDING":
+            self.say(f"waiting in {self.where}'s queue: {record.reason or 'no reason given'} "
+                     f"(Slurm job {self.job_id})")
 
     def _job_id(self) -> str | None:
         if self.job_id is None:
