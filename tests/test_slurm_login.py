@@ -154,3 +154,20 @@ def test_a_connection_lost_mid_run_is_251_and_the_job_is_cancelled(
     while slurm.run(["squeue", "-h", "-n", "cut", "-o", "%T"]).stdout.strip():
         assert time.monotonic() < deadline, slurm.run(["squeue", "-h", "-n", "cut", "-o", "%T"]).stdout
         time.sleep(0.1)
+
+
+def test_a_slurm_conf_the_login_node_lacks_is_refused_before_the_sync(hostrun: Any, peers: Any,
+                                                                       slurm: SlurmCluster,
+                                                                       tmp_path: Path) -> None:
+    """Was: the tree synced, srun retried the missing file for 60 s, exit 1. Now: 2 at once, named,
+    nothing synced."""
+    peer = peers("login1", "127.0.0.2")
+    missing = tmp_path / "no-such-slurm.conf"
+    hostrun.configure(top=TOP, peers=(f'[hosts.farm]\nkind = "slurm"\nssh = "login1"\n'
+                                      f'ssh_config = "{peer.ssh_config}"\nslurm_conf = "{missing}"\n'))
+    src = tree(tmp_path)
+    done = hostrun.run("--peer=farm", "--tree", str(src), "--", "true", cwd=src, stdin=subprocess.DEVNULL,
+                       timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert f"hosts.farm.slurm_conf: {missing}: no such file on the login node; nothing ran" in done.stderr
+    assert not (peer.home / "hostrun-work").exists()

@@ -200,9 +200,13 @@ class SlurmRun:
         if not request.argv:
             raise NotRunError("no command to run")
         conf = self.options.slurm_conf
+        # Slurm's clients retry a missing file for 60 s: say it now (on a login node, before the sync)
         if conf and not self.commands.remote and not os.path.isfile(conf):
-            # Slurm's clients retry a missing file for 60 s: say it now
             raise ConfigError(f"hosts.{self.host.name}.slurm_conf: {conf}: no such file; nothing ran")
+        if conf and self.commands.remote and self.commands.run(["test", "-f", conf],
+                                                               timeout=COMMAND_TIMEOUT).returncode:
+            raise ConfigError(f"hosts.{self.host.name}.slurm_conf: {conf}: no such file on the login "
+                              "node; nothing ran")
         label = self._label()
         cap, kind = job_mem(request.cap, self._worst_peak(label) if request.cap is None else None,
                             settings.default_cap)
