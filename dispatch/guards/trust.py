@@ -103,7 +103,8 @@ def file_problem(path: str, st: os.stat_result | None = None) -> str | None:
         problem = None
     if problem:
         return f"it is {problem}"
-    components = os.path.join(os.getcwd(), path).split("/")  # as written: no normalising of ".."
+    whole = path if path.startswith("/") else os.path.join(os.getcwd(), path)  # (a cwd may be gone)
+    components = whole.split("/")  # as written: no normalising of ".."
     todo = [c for c in reversed(components) if c not in ("", ".")]
     current = "/"
     problem = _ancestor_problem(os.lstat("/"))

@@ -42,8 +42,18 @@ PEER_RETURN = Limit(300.0, "no progress within")
 LOGIN_RSYNC = Limit(3600.0, "no end within")
 
 
+def current_directory() -> str:
+    """``os.getcwd()``, or a usage error (2) naming the problem when it was deleted under us."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise UsageError("the current directory no longer exists (deleted); cd to one that does"
+                         ) from None
+
+
 def source_tree(explicit: str | None) -> str:
     """The tree to sync: ``--tree``, else the git top level around the current directory, else it."""
+    cwd = current_directory()
     if explicit:
         path = os.path.abspath(explicit)
         if not os.path.isdir(path):
@@ -56,16 +66,16 @@ def source_tree(explicit: str | None) -> str:
             return top.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return os.getcwd()
+    return cwd
 
 
 def job_place(explicit_tree: str | None) -> tuple[str, str]:
     """The tree (``source_tree``) and the current directory relative to it ("" at its top): the job
     runs in the same place in the copy. A current directory outside the tree is a usage error (2)."""
     tree = source_tree(explicit_tree)
-    cwd = os.getcwd()
+    cwd = current_directory()
     rel = os.path.relpath(cwd, tree)
-    if rel.startswith(".."):
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):  # not "..foo", a name inside it
         raise UsageError(f"the current directory {cwd} is outside the tree {tree} (use --tree)")
     return tree, "" if rel == "." else rel
 

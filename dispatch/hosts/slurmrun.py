@@ -222,7 +222,9 @@ class SlurmRun:
         if request.group or request.when_idle or request.requeue:
             self.say(f"{self.where}: --group, --when-idle and --requeue are queue policies of "
                      "hostrun's own ledger; a cluster's queue is Slurm's: they have no effect there")
-        directory: str | None = os.getcwd()
+        from dispatch.hosts.remotetree import current_directory
+
+        directory: str | None = current_directory()
         if self.commands.remote:
             directory = self._sync()
         elif self.extras.returns or self.extras.tree:
