@@ -376,3 +376,17 @@ def test_a_pending_job_says_why_it_waits(slurm: SlurmCluster, tmp_path: Path) ->
         slurm.run(["scancel", held])
     assert proc.returncode == 0, err
     assert re.search(rb"waiting in cluster farm's queue: (Resources|Priority) \(Slurm job \d+\)", err), err
+
+
+def test_a_child_oom_killed_in_a_job_that_exits_0_passes_0_through(slurm: SlurmCluster,
+                                                                   tmp_path: Path) -> None:
+    """As locally: the job's own 0 passes through with a warning, and the label is marked as having
+    hit its cap (its next runs are sized from its --mem)."""
+    cfg = config(tmp_path, slurm)
+    script = 'python3 -c "x = bytearray(400 << 20)"; exit 0'
+    done = hostrun(cfg, "--peer=farm", "-l", "parent", "-m", "128M", "--", "sh", "-c", script)
+    assert done.returncode == 0, done.stderr
+    assert b"a process of the job was OOM-killed at its --mem" in done.stderr
+    assert b"but the job exited 0; passing 0 through" in done.stderr
+    [row] = history(cfg)
+    assert (row["exit_code"], row["outcome"], row["hit_ceiling"]) == (0, "exit", True)

@@ -122,7 +122,7 @@ def test_the_wrapper_runs_the_job_untouched_and_reports_last(tmp_path: Path) -> 
     assert done.stderr.startswith(b"err" + marker(TOKEN) + b"42:")
     filt = MarkerFilter(TOKEN)
     assert filt.feed(done.stderr) + filt.finish() == b"err"
-    assert filt.reported()[0] == "42"
+    assert filt.reported()[0] == "42" and filt.status == 5
 
 
 def test_the_wrapper_says_not_found_as_a_shell_does() -> None:

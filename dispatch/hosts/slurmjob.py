@@ -67,7 +67,7 @@ if [ -n "$p" ]; then
   p=$((p - k + h))
   [ "$p" -ge 0 ] || p=0
 fi
-printf '%s%s:%s\n' 'MARK' "$SLURM_JOB_ID" "$p" >&2
+printf '%s%s:%s:%s\n' 'MARK' "$SLURM_JOB_ID" "$p" "$rc" >&2
 exit $rc
 """
 
@@ -186,8 +186,17 @@ class MarkerFilter:
         """The job id and peak the wrapper printed (None where it printed none, or nothing)."""
         if self.line is None:
             return None, None
-        job_id, _, peak = self.line.decode("ascii", "replace").partition(":")
+        job_id, _, rest = self.line.decode("ascii", "replace").partition(":")
+        peak = rest.partition(":")[0]
         return job_id or None, int(peak) if peak.strip().isdigit() else None
+
+    @property
+    def status(self) -> int | None:
+        """The job's own exit status as the wrapper saw it (128+N: killed by signal N)."""
+        if self.line is None or self.no_directory:
+            return None
+        parts = self.line.decode("ascii", "replace").split(":")
+        return int(parts[2]) if len(parts) > 2 and parts[2].strip().isdigit() else None
 
 
 def _partial_suffix(buf: bytes, mark: bytes) -> int:
@@ -202,6 +211,7 @@ class Verdict(NamedTuple):
     exit_code: int
     outcome: str  # "exit", "signal", or an exit code's outcome name
     message: Optional[str] = None
+    oom_note: Optional[str] = None  # a process OOM-killed at --mem, the job exited 0: said, 0 stands
 
     @classmethod
     def of(cls, code: ExitCode, message: str | None = None) -> Verdict:
@@ -214,15 +224,20 @@ OVER_TIME = ("TIMEOUT", "DEADLINE")
 
 
 def verdict(state: str | None, srun_status: int, exit_signal: int = 0, interrupted: int | None = None,
-            where: str = "the cluster", finished: bool = False) -> Verdict:
+            where: str = "the cluster", finished: bool = False, job_status: int | None = None
+            ) -> Verdict:
     """hostrun's exit code for a job that ended in ``state`` (None: its record could not be read),
     srun having exited with ``srun_status``; ``interrupted``: the signal hostrun handed on (and then
-    cancelled it for); ``finished``: the node's wrapper saw the job end and passed its status on.
+    cancelled it for); ``finished``: the node's wrapper saw the job end and passed its status on
+    (``job_status``, as the wrapper saw it: srun's own differs after an OOM kill).
 
     The state decides, not srun's status: srun exits 1 for a step the cgroup OOM-killed. A job that
     ended by itself after a handed-on signal (its handler exited 3, say) gives its own status, as a
     local one does, even though Slurm calls the step CANCELLED.
     """
+    if state == "OUT_OF_MEMORY" and finished and job_status == 0:
+        return Verdict(0, "exit", None, f"a process of the job was OOM-killed at its --mem on {where} "
+                       "(state OUT_OF_MEMORY), but the job exited 0; passing 0 through")
     if state == "OUT_OF_MEMORY":
         return Verdict.of(ExitCode.OWN_CAP,
                        f"Slurm killed the job at its --mem on {where} (state OUT_OF_MEMORY)")

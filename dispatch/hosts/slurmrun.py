@@ -135,6 +135,7 @@ class SlurmRun:
         self.ran = False  # the wrapper reported: the job ran on a node
         self.refused = False  # Slurm refused the job at submission: nothing ran, nothing to record
         self.no_directory = False  # the node lacks the job's directory: the wrapper ran nothing
+        self.job_status: int | None = None  # the job's exit status as the node's wrapper saw it
         self.directory = "."  # the job's directory (here, or on the login node)
         self.tree = self.rel_cwd = self.remote_tree = ""  # login-node mode: what was synced where
 
@@ -249,8 +250,10 @@ class SlurmRun:
             judged = self._judge(srun_status, stderr_tail, interrupted, outcome)
         finally:
             guardian.dismiss()
-        outcome.exit_code, outcome.outcome, outcome.message = judged
-        if outcome.is_verdict(ExitCode.OWN_CAP):  # Slurm's OUT_OF_MEMORY, not the job's own 250
+        outcome.exit_code, outcome.outcome, outcome.message = judged[:3]
+        if judged.oom_note is not None:  # as locally: the job's 0 stands, its label is marked
+            self.say(f"warning: {judged.oom_note}")
+        if outcome.is_verdict(ExitCode.OWN_CAP) or judged.oom_note is not None:  # Slurm's OOM
             outcome.hit_ceiling = True
             outcome.counters = {"oom_kill": 1}
             peak = max(peak or 0, outcome.cap_bytes or 0) or peak
@@ -354,6 +357,7 @@ class SlurmRun:
         job_id, peak = marker.reported()
         self.job_id = job_id or self.job_id
         self.no_directory = marker.no_directory
+        self.job_status = marker.status
         self.ran = marker.line is not None and not self.no_directory
         return status, tail, interrupted, peak
 
@@ -455,7 +459,8 @@ class SlurmRun:
                 wall = outcome.duration_s or 0.0
                 outcome.waited_s = max(0.0, wall - record.run_time - 1.0)
                 outcome.duration_s = wall - outcome.waited_s
-        return verdict(state, srun_status, signal_number, interrupted, self.where, self.ran)
+        return verdict(state, srun_status, signal_number, interrupted, self.where, self.ran,
+                       self.job_status)
 
     def _record(self, outcome: Outcome, kind: str | None) -> None:
         from dispatch.local.ledger import Ledger
