@@ -203,6 +203,8 @@ def test_a_pending_job_is_cancelled_on_ctrl_c(slurm: SlurmCluster, tmp_path: Pat
     assert proc.returncode == 130, err
     [queued] = [j for j in slurm.jobs() if j[1] == "queued"]
     assert queued[2] == "CANCELLED"
+    [row] = history(cfg)  # it never ran: 0 s (was 1.0: RunTime 0 + 1)
+    assert row["duration_s"] == 0.0 and isinstance(row["waited_s"], float) and row["waited_s"] > 0, row
 
 
 def test_a_killed_client_leaves_nothing_running(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -376,6 +378,10 @@ def test_a_pending_job_says_why_it_waits(slurm: SlurmCluster, tmp_path: Path) ->
         slurm.run(["scancel", held])
     assert proc.returncode == 0, err
     assert re.search(rb"waiting in cluster farm's queue: (Resources|Priority) \(Slurm job \d+\)", err), err
+    # Its run time is the node's clock around the job, not Slurm's whole-second RunTime + 1 s.
+    [row] = history(cfg)
+    assert isinstance(row["duration_s"], float) and 0.0 < row["duration_s"] < 1.0, row
+    assert isinstance(row["waited_s"], float) and row["waited_s"] > 2.0, row
 
 
 def test_a_child_oom_killed_in_a_job_that_exits_0_passes_0_through(slurm: SlurmCluster,

@@ -39,6 +39,7 @@ COMMENT_PREFIX = "hostrun:"  # --comment=hostrun:TOKEN finds the job by its toke
 # signal, so the loop waits until the child itself has ended.
 WRAPPER = r"""
 CHDIR
+t0=$(date +%s.%N 2>/dev/null)
 exec 3<&0
 if env --default-signal=INT true 2>/dev/null; then
   env --default-signal=INT,QUIT "$@" <&3 3<&- &
@@ -67,7 +68,7 @@ if [ -n "$p" ]; then
   p=$((p - k + h))
   [ "$p" -ge 0 ] || p=0
 fi
-printf '%s%s:%s:%s\n' 'MARK' "$SLURM_JOB_ID" "$p" "$rc" >&2
+printf '%s%s:%s:%s:%s:%s\n' 'MARK' "$SLURM_JOB_ID" "$p" "$rc" "$t0" "$(date +%s.%N 2>/dev/null)" >&2
 exit $rc
 """
 
@@ -189,6 +190,18 @@ class MarkerFilter:
         job_id, _, rest = self.line.decode("ascii", "replace").partition(":")
         peak = rest.partition(":")[0]
         return job_id or None, int(peak) if peak.strip().isdigit() else None
+
+    @property
+    def ran_for(self) -> float | None:
+        """The seconds the job ran on the node, from the wrapper's clock readings (None where it
+        printed none: a ``date`` without ``%N``, or no line)."""
+        if self.line is None or self.no_directory:
+            return None
+        parts = self.line.decode("ascii", "replace").split(":")
+        try:
+            return max(0.0, float(parts[4]) - float(parts[3])) if len(parts) > 4 else None
+        except ValueError:
+            return None
 
     @property
     def status(self) -> int | None:

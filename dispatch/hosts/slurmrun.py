@@ -136,6 +136,7 @@ class SlurmRun:
         self.refused = False  # Slurm refused the job at submission: nothing ran, nothing to record
         self.no_directory = False  # the node lacks the job's directory: the wrapper ran nothing
         self.job_status: int | None = None  # the job's exit status as the node's wrapper saw it
+        self.ran_for: float | None = None  # how long it ran there, by the node's clock
         self.directory = "."  # the job's directory (here, or on the login node)
         self.tree = self.rel_cwd = self.remote_tree = ""  # login-node mode: what was synced where
 
@@ -358,6 +359,7 @@ class SlurmRun:
         self.job_id = job_id or self.job_id
         self.no_directory = marker.no_directory
         self.job_status = marker.status
+        self.ran_for = marker.ran_for
         self.ran = marker.line is not None and not self.no_directory
         return status, tail, interrupted, peak
 
@@ -421,6 +423,17 @@ class SlurmRun:
                 self.say(f"warning: could not find the Slurm job: {exc}")
         return self.job_id
 
+    def _split_wait(self, outcome: Outcome, run_time: float | None) -> None:
+        """hostrun's wall time split into the wait in Slurm's queue and the run: by the node's
+        clock as the wrapper read it; else (no reading) by Slurm's RunTime, whole seconds, so a
+        wait under 1 s is not told apart; a job that never ran (cancelled pending) ran 0 s."""
+        wall = outcome.duration_s or 0.0
+        ran = self.ran_for if self.ran_for is not None else (
+            0.0 if not self.ran and not run_time else None if run_time is None else run_time + 1.0)
+        if ran is not None:
+            outcome.waited_s = max(0.0, wall - ran)
+            outcome.duration_s = wall - outcome.waited_s
+
     def _judge(self, srun_status: int, stderr_tail: bytes, interrupted: int | None,
                outcome: Outcome) -> Verdict:
         """hostrun's exit code from the job's end state (read from Slurm) and srun's status."""
@@ -455,10 +468,7 @@ class SlurmRun:
         if record is not None:
             if outcome.cap_bytes is None and record.memory:
                 outcome.cap_bytes = record.memory  # the cluster's own default --mem
-            if record.run_time is not None:  # whole seconds: a wait under 1 s is not told apart
-                wall = outcome.duration_s or 0.0
-                outcome.waited_s = max(0.0, wall - record.run_time - 1.0)
-                outcome.duration_s = wall - outcome.waited_s
+            self._split_wait(outcome, record.run_time)
         return verdict(state, srun_status, signal_number, interrupted, self.where, self.ran,
                        self.job_status)
 
