@@ -63,3 +63,31 @@ def test_over_the_peer_cap_refuses_and_notes_nothing(tmp_path: Path) -> None:
         place_on_peer(settings(tmp_path / "state"), "p1", "build", 8 * GiB, None)
     assert caught.value.exit_code == ExitCode.OVER_PEER_CAP
     assert not (tmp_path / "state").exists()
+
+
+def test_a_note_whose_hostrun_was_killed_goes_at_once(tmp_path: Path) -> None:
+    """A hostrun SIGKILLed after sending a job never takes its note back: the note names its pid
+    and start time, and goes as soon as that process is gone (not at the end of the window)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    code = ("import sys, time; from dispatch.placement.pending import Pending; "
+            "p = Pending(sys.argv[1]); p.add('p1', 'build', 1 << 30); p.close(); "
+            "print('noted', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(state)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "noted"
+        assert noted(state) == {"p1": 1 << 30}  # its writer lives: counted
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert noted(state) == {}

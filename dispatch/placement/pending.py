@@ -4,8 +4,10 @@ H at time T".
 Every run sent to a host (``--auto``, ``--peer``) records one. For ``pending_window`` seconds after
 sending, before the job's booking shows up in that host's ledger, the dispatcher subtracts it itself,
 so two dispatches a second apart cannot both squeeze into the same free space. A note goes earlier
-when that host's report shows the job's booking (it is counted there then) or when the run that
-recorded it ends. Kept in its own small SQLite file next to the ledger (private, like all state).
+when that host's report shows the job's booking (it is counted there then), when the run that
+recorded it ends, or when the hostrun that recorded it is gone (SIGKILLed: its pid and start time
+are kept with the note). Kept in its own small SQLite file next to the ledger (private, like all
+state).
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ CREATE TABLE IF NOT EXISTS pending (
     size INTEGER NOT NULL,
     sent REAL NOT NULL,
     gpu_bytes INTEGER,
-    gpu_index INTEGER
+    gpu_index INTEGER,
+    pid INTEGER,
+    pid_start INTEGER
 );
 """
 # Columns added since the first version (a file from then gets them on open).
-ADDED_COLUMNS = (("gpu_bytes", "INTEGER"), ("gpu_index", "INTEGER"))
+ADDED_COLUMNS = (("gpu_bytes", "INTEGER"), ("gpu_index", "INTEGER"), ("pid", "INTEGER"),
+                 ("pid_start", "INTEGER"))
 
 SEEN_SLACK = 2.0  # seconds: a booking this much older than the note may still be the job's (clocks)
 
@@ -58,9 +63,13 @@ class Pending:
 
     def add(self, host: str, label: str, size: int, gpu_bytes: int | None = None,
             gpu_index: int | None = None) -> int:
+        from dispatch.core.procinfo import start_time
+
+        me = os.getpid()
         cur = self.db.execute(
-            "INSERT INTO pending (host, label, size, sent, gpu_bytes, gpu_index) VALUES (?, ?, ?, ?, ?, ?)",
-            (host, label, size, time.time(), gpu_bytes, gpu_index))
+            "INSERT INTO pending (host, label, size, sent, gpu_bytes, gpu_index, pid, pid_start)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (host, label, size, time.time(), gpu_bytes, gpu_index, me, start_time(me) or 0))
         assert cur.lastrowid is not None
         return cur.lastrowid
 
@@ -87,8 +96,15 @@ class Pending:
 
     def active(self, window: float) -> dict[str, HostPending]:
         """What was sent per host within the last ``window`` seconds (older notes are dropped)."""
+        from dispatch.core.procinfo import is_alive
+
         cutoff = time.time() - window
         self.db.execute("DELETE FROM pending WHERE sent < ?", (cutoff,))
+        holders = self.db.execute("SELECT id, pid, pid_start FROM pending WHERE pid IS NOT NULL"
+                                  ).fetchall()
+        gone = [(note,) for note, pid, pid_start in holders if not is_alive(pid, pid_start)]
+        if gone:  # their hostrun was killed before it could take its note back
+            self.db.executemany("DELETE FROM pending WHERE id = ?", gone)
         found: dict[str, HostPending] = {}
         rows = self.db.execute("SELECT host, size, gpu_bytes, gpu_index FROM pending WHERE sent >= ?",
                                (cutoff,)).fetchall()
