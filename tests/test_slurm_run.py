@@ -396,3 +396,15 @@ def test_a_child_oom_killed_in_a_job_that_exits_0_passes_0_through(slurm: SlurmC
     assert b"but the job exited 0; passing 0 through" in done.stderr
     [row] = history(cfg)
     assert (row["exit_code"], row["outcome"], row["hit_ceiling"]) == (0, "exit", True)
+
+
+def test_a_command_the_node_lacks_is_said_as_locally(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """127 and hostrun's own line (was the wrapper shell's ``X: 2: X: not found``); a job a signal
+    killed leaves no ``Terminated`` of the wrapper's."""
+    cfg = config(tmp_path, slurm)
+    done = hostrun(cfg, "--peer=farm", "--", "no-such-cmd-x")
+    assert done.returncode == 127, done.stderr
+    assert b"hostrun: cannot run 'no-such-cmd-x' on a node of cluster farm: No such file" in done.stderr
+    assert b"not found" not in done.stderr and b"env:" not in done.stderr
+    done = hostrun(cfg, "--peer=farm", "--", "sh", "-c", "kill -TERM $$")
+    assert done.returncode == 143 and b"Terminated\n" not in done.stderr, done.stderr

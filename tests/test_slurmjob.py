@@ -125,10 +125,22 @@ def test_the_wrapper_runs_the_job_untouched_and_reports_last(tmp_path: Path) -> 
     assert filt.reported()[0] == "42" and filt.status == 5
 
 
-def test_the_wrapper_says_not_found_as_a_shell_does() -> None:
+def test_the_wrapper_reports_a_command_the_node_lacks_and_runs_nothing() -> None:
     done = subprocess.run(["sh", "-c", wrapper_script(TOKEN), "no-such-cmd-x", "no-such-cmd-x"],
                           capture_output=True, check=False)
-    assert done.returncode == 127 and b"no-such-cmd-x" in done.stderr
+    assert done.returncode == 127
+    filt = MarkerFilter(TOKEN)
+    assert filt.feed(done.stderr) + filt.finish() == b""  # nothing of the shell's own
+    assert filt.no_command and filt.status is None
+
+
+def test_the_wrapper_says_nothing_of_its_own_for_a_job_a_signal_killed() -> None:
+    done = subprocess.run(["sh", "-c", wrapper_script(TOKEN), "sh", "sh", "-c", "kill -TERM $$"],
+                          capture_output=True, check=False)
+    assert done.returncode == 143
+    filt = MarkerFilter(TOKEN)
+    assert filt.feed(done.stderr) + filt.finish() == b""  # no "Terminated"
+    assert filt.status == 143
 
 
 # ----------------------------------------------------------------------------------- marker filter

@@ -36,9 +36,12 @@ COMMENT_PREFIX = "hostrun:"  # --comment=hostrun:TOKEN finds the job by its toke
 # A background child gets /dev/null as stdin and ignores SIGINT and SIGQUIT (POSIX, for a shell
 # without job control): its stdin is given back explicitly (fd 3), and ``env --default-signal``
 # (coreutils 8.31+) restores the two signals where it exists. ``wait`` returns early for a trapped
-# signal, so the loop waits until the child itself has ended.
+# signal, so the loop waits until the child itself has ended (its stderr silenced: dash says
+# "Terminated" there for a child a signal killed, which is not the job's own output). A command the
+# node cannot find is reported (``noexec``), for hostrun to say it as a local run does.
 WRAPPER = r"""
 CHDIR
+command -v -- "$1" >/dev/null 2>&1 || { printf '%s%s:noexec\n' 'MARK' "$SLURM_JOB_ID" >&2; exit 127; }
 t0=$(date +%s.%N 2>/dev/null)
 exec 3<&0
 if env --default-signal=INT true 2>/dev/null; then
@@ -50,7 +53,7 @@ pid=$!
 exec 3<&-
 for s in INT TERM HUP QUIT USR1 USR2; do trap "kill -$s $pid 2>/dev/null" $s; done
 while :; do
-  wait $pid
+  wait $pid 2>/dev/null
   rc=$?
   kill -0 $pid 2>/dev/null || break
 done
@@ -84,6 +87,7 @@ def marker(token: str) -> bytes:
 
 
 NO_DIRECTORY = b"nodir"  # the wrapper's line says the job's directory is not on the node
+NO_COMMAND = b"noexec"  # ... or that the node has no such command
 
 
 def wrapper_script(token: str, directory: str | None = None) -> str:
@@ -179,6 +183,11 @@ class MarkerFilter:
         return held
 
     @property
+    def no_command(self) -> bool:
+        """The node has no such command: the wrapper ran nothing (127)."""
+        return self.line is not None and self.line.endswith(b":" + NO_COMMAND)
+
+    @property
     def no_directory(self) -> bool:
         """The wrapper found no job directory on the node and ran nothing."""
         return self.line is not None and self.line.endswith(b":" + NO_DIRECTORY)
@@ -206,7 +215,7 @@ class MarkerFilter:
     @property
     def status(self) -> int | None:
         """The job's own exit status as the wrapper saw it (128+N: killed by signal N)."""
-        if self.line is None or self.no_directory:
+        if self.line is None or self.no_directory or self.no_command:
             return None
         parts = self.line.decode("ascii", "replace").split(":")
         return int(parts[2]) if len(parts) > 2 and parts[2].strip().isdigit() else None

@@ -135,6 +135,7 @@ class SlurmRun:
         self.ran = False  # the wrapper reported: the job ran on a node
         self.refused = False  # Slurm refused the job at submission: nothing ran, nothing to record
         self.no_directory = False  # the node lacks the job's directory: the wrapper ran nothing
+        self.no_command = False  # the node has no such command: the wrapper ran nothing
         self.job_status: int | None = None  # the job's exit status as the node's wrapper saw it
         self.ran_for: float | None = None  # how long it ran there, by the node's clock
         self.directory = "."  # the job's directory (here, or on the login node)
@@ -358,9 +359,10 @@ class SlurmRun:
         job_id, peak = marker.reported()
         self.job_id = job_id or self.job_id
         self.no_directory = marker.no_directory
+        self.no_command = marker.no_command
         self.job_status = marker.status
         self.ran_for = marker.ran_for
-        self.ran = marker.line is not None and not self.no_directory
+        self.ran = marker.line is not None and not (self.no_directory or self.no_command)
         return status, tail, interrupted, peak
 
     def _signal_job(self, sig: int) -> None:
@@ -442,6 +444,9 @@ class SlurmRun:
             return Verdict.of(ExitCode.NOT_RUN,
                               f"the job's directory {self.directory} does not exist on the node "
                               f"{self.where} gave it (Slurm would have run it in /tmp); nothing ran")
+        if self.no_command:  # as a local run says it (the exit code of a shell's "not found")
+            return Verdict(127, "exit", f"cannot run {self.request.argv[0]!r} on a node of "
+                                        f"{self.where}: No such file or directory")
         if not self.ran and srun_status != 0 and interrupted is None:  # did Slurm refuse the job?
             refused = submit_refusal(stderr_tail.decode(errors="replace"), self.where)
             if refused is not None:
