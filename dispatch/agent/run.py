@@ -251,12 +251,23 @@ def _prepare(spec: RunSpec, prepare: dict[str, Any], session: _Session) -> Setti
         except Exception:  # any doubt about the copy: the controller then rsyncs in full
             prepared["copy"] = {"token": None, "clean": False}
     session.writer.send(Frame.PROBE, json.dumps(prepared).encode())
-    # While the controller compares and syncs: load what the run needs (off the critical path).
+    # While the controller compares and syncs: load what the run needs (off the critical path),
+    # and keep the listings the check had to read in the manifest.
+    keeper = None
+    if walked is not None:
+        from dispatch.agent.treestate import keep_listings
+
+        keeper = threading.Thread(target=keep_listings, args=(prepared["workdir"], prepared["copy"],
+                                                              walked), daemon=True)
+        keeper.start()
     import dispatch.local.runner  # noqa: F401
     from dispatch.agent.prepare import peer_settings
 
     settings, _notes = peer_settings(spec.fallback or {})
-    if not session.wait_for_go():
+    went = session.wait_for_go()
+    if keeper is not None:
+        keeper.join()
+    if not went:
         session.done.set()
         _stop_sync(str(prepare.get("sync_mark") or ""))
         return None
