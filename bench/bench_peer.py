@@ -184,6 +184,46 @@ while stack:
 print(n, h.hexdigest(), f"{(time.perf_counter() - t0) * 1000:.1f}")
 """
 
+# The sync check's steps, timed in-process (ms): here with hostrun's interpreter (the record of the
+# last sync, the tree's walk reusing its listings, the compare, and a walk without them), on the peer
+# with its python and the shipped agent (the manifest, the copy's walk, the compare; check_copy whole).
+SYNC_HERE = r"""
+import glob, json, os, sys, time
+from dispatch.agent.treestate import walk
+from dispatch.hosts import syncstate
+(record,) = glob.glob(os.path.join(sys.argv[1], "peer-sync", "*"))
+out = []
+def timed(label, fn):
+    t = time.perf_counter(); value = fn(); out.append((label, (time.perf_counter() - t) * 1000))
+    return value
+loaded = timed("here: load the record of the last sync", lambda: syncstate.load(record))
+walked = timed("here: walk the tree, reusing the record's listings",
+               lambda: walk(sys.argv[2], [], loaded[1] if loaded else None))
+same = timed("here: compare with the record", lambda: bool(loaded and walked and walked.same_as(loaded[1])))
+timed("here: walk the tree without listings (first run, or none valid)", lambda: walk(sys.argv[2], []))
+out.append(("here: unchanged (1 = yes)", float(same)))
+print(json.dumps(out))
+"""
+SYNC_PEER = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from dispatch.agent.treestate import MANIFEST, check_copy, loads, read_private, walk
+copy = sys.argv[2]
+out = []
+def timed(label, fn):
+    t = time.perf_counter(); value = fn(); out.append((label, (time.perf_counter() - t) * 1000))
+    return value
+loaded = timed("peer: read the copy's manifest", lambda: loads(read_private(os.path.join(copy, MANIFEST))))
+walked = timed("peer: walk the copy, reusing the manifest's listings",
+               lambda: walk(copy, [], loaded[1] if loaded else None))
+timed("peer: compare with the manifest", lambda: bool(loaded and walked and walked.same_as(loaded[1])))
+timed("peer: walk the copy without listings", lambda: walk(copy, []))
+result = timed("peer: check_copy, whole (what the agent does before its P frame)",
+               lambda: check_copy(copy, [])[0])
+out.append(("peer: copy clean (1 = yes)", float(bool(result.get("clean")))))
+print(json.dumps(out))
+"""
+
 RUN_PATH_MODULES = ("import dispatch.agent.main, dispatch.agent.run, dispatch.local.runner, "
                     "dispatch.local.ledger, dispatch.guards.toolchain")
 
@@ -617,6 +657,7 @@ SEG_RSYNC = "rsync (walk both sides; sends only what changed)"
 SEG_WAIT_G = "here: from rsync's exit until G is sent"
 SEG_AFTER_G = "after G: the agent runs true (booking, cgroup, peak), R, ends"
 SEG_EXIT = "local, after the session, to exit"
+SEG_TO_G = "no rsync: the agent's start, imports, probe, copy check -> P; here: walk, compare -> G"
 SEGMENTS = {
     ("exec", "git"): SEG_START, ("git", "git end"): SEG_GIT, ("git end", "ssh"): SEG_GLUE,
     ("ssh", "agent"): SEG_SSH, ("agent", "rsync"): SEG_TO_P, ("rsync", "rsync end"): SEG_RSYNC,
@@ -625,6 +666,7 @@ SEGMENTS = {
     ("agent", "probe"): SEG_TO_P, ("probe", "probe end"): "local toolchain probe (rsync --version)",
     ("probe end", "rsync"): "here: compare, start rsync",
     ("ssh", "rsync"): "the session to rsync's start (no peer stamp)",
+    ("agent", "G"): SEG_TO_G,
 }
 
 
@@ -679,6 +721,11 @@ def timeline_once(argv: list[str], env: dict[str, str], cwd: str, trace: str, st
             points += [(ts, "git"), (stop, "git end")]
         else:
             points += [(ts, f"exec {prog}"), (stop, f"{prog} end")]
+    agent_at = [t for t, name in points if name == "agent"]
+    if not rsync_spans and agent_at:  # rsync skipped: G is the main thread's first empty frame
+        go = [t for t, pid in writes if pid == root and t >= agent_at[0]]
+        if go:
+            points.append((go[0], "G"))
     points.sort()
     segments = [(SEGMENTS.get((a, b), f"other: {a} -> {b}"), tb - ta)
                 for (ta, a), (tb, b) in zip(points, points[1:])]
@@ -1120,6 +1167,25 @@ def main() -> int:
                          for k in ("as is", "[*]")]
                 shown = " ".join(f"{c:8.1f}" if c is not None else f"{'-':>8}" for c in cells)
                 print(f"  {label:66} {shown}")
+
+        # --- where the time goes: the sync check, in-process, both sides --------------------------
+        check: dict[str, list[float]] = {}
+        for _ in range(args.runs):
+            for argv_, run_env, cwd_ in (
+                    ([python, "-c", SYNC_HERE, state_dir, tree.root], env, tmp),
+                    ([peer_python, "-I", "-c", SYNC_PEER, str(agent_file), hostrun_remote], peer_env,
+                     str(peer.home))):
+                proc = subprocess.run(argv_, env=run_env, cwd=cwd_, capture_output=True, text=True)
+                try:
+                    for label, ms in json.loads(proc.stdout):
+                        check.setdefault(label, []).append(ms)
+                except ValueError:
+                    notes.append(f"sync check steps: {proc.stderr.strip()[-200:]}")
+        if check:
+            print(f"\nSYNC CHECK, in-process (median of {args.runs} runs each, after the series: nothing "
+                  f"changed; ms)")
+            for label, values in check.items():
+                print(f"  {label:86} {statistics.median(values):8.1f}")
 
         # --- where the time goes: timeline ------------------------------------------------------
         segs: dict[str, list[float]] = {}

@@ -288,12 +288,12 @@ def test_the_walk_excludes_only_what_rsync_surely_excludes(tmp_path: Path) -> No
     (root / "src" / ".gitignore").write_text("build?\n")
     walked = walk(str(root), ["/data/", "**/nothing"])
     assert walked is not None
-    files = {rel for rel, entry in walked.entries.items() if entry[0] == "f"}
+    files = {rel for rel, entry in walked.entries().items() if entry[0] == "f"}
     assert files == {".gitignore", "src/.gitignore", "src/keep.c", "src/top/x", "deep/sub/y.tmp"}
     assert walked.exact is False  # "deep/sub" and "**/nothing" are not understood
     (root / "src" / ".gitignore").write_text("!keep.c\n")
     unruled = walk(str(root), ["/data/"])
-    assert unruled is not None and "a.log" in unruled.entries and "data/z" not in unruled.entries
+    assert unruled is not None and "a.log" in unruled.entries() and "data/z" not in unruled.entries()
     assert not unruled.plain and not unruled.same_as(walked)
 
 
@@ -317,8 +317,10 @@ def test_changed_paths_too_long_for_the_go_frame_mean_the_full_sync(tmp_path: Pa
     assert syncstate.MAX_PATHS_BYTES < 900 * 400 and syncstate.MAX_PATHS_BYTES < MAX_PAYLOAD
     clean = {"token": "token", "clean": True}
     assert syncstate.plan(syncstate.load(record), "key", after, clean) == ("full", [])
-    one_changed = Walk(dict(before.entries, **{names[0]: after.entries[names[0]]}), {}, after.ignores,
-                       True)
+    top = f"{'d' * 200}/"
+    one = names[0].rpartition("/")[2]
+    one_changed = Walk(dict(before.content, **{top: (before.content[top][0], dict(
+        before.content[top][1], **{one: after.content[top][1][one]}))}), {}, after.ignores, True)
     assert syncstate.plan(syncstate.load(record), "key", one_changed, clean) == ("paths", [names[0]])
 
 
@@ -327,7 +329,7 @@ def test_a_record_that_parses_but_makes_no_sense_means_the_full_sync(tmp_path: P
     (record,) = (tmp_path / "state" / "peer-sync").iterdir()
     header, walked = treestate.loads(record.read_bytes()) or ({}, None)
     assert walked is not None
-    walked.entries["sub/main.c"] = 2  # type: ignore[assignment]  # same token, a nonsense entry
+    walked.content["sub/"][1]["main.c"] = 2  # type: ignore[assignment]  # same token, nonsense
     record.write_bytes(treestate.dumps(header, walked))
     (tree / "sub" / "main.c").write_text("changed here\n")
     again = run(tmp_path, tree)

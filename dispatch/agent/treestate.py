@@ -30,34 +30,38 @@ MYPY = False
 if MYPY:
     from typing import Any
 
-    Entries = dict[str, tuple[Any, ...]]
-    # a directory's listing: (inode, ctime_ns, mtime_ns, has .gitignore, rules key, [(name, is dir)])
-    Dirs = dict[str, tuple[Any, ...]]
+    Entry = tuple[Any, ...]
+    # per directory ("" the top, else "a/b/"): its own entry, and its names: None for a directory
+    # below (its own entry is under its name), the entry of anything else
+    Content = dict[str, tuple[Entry, dict[str, "Entry | None"]]]
+    # per directory: (inode, ctime_ns, mtime_ns, has a .gitignore, the rules key) of its listing
+    Listings = dict[str, tuple[Any, ...]]
     Rule = tuple[bool, str]  # (directories only, name glob)
 
 GITIGNORE = ".gitignore"
 MANIFEST = ".hostrun-manifest"  # in the peer's copy, top level: never synced, never deleted
 # The peer's own files at the top of its copy (owner record, locks, this manifest): never synced.
 TOP_EXCLUDES = ("/.git/", "/.hostrun-owner*", "/.hostrun-lock*", f"/{MANIFEST}*")
-VERSION = 2
+VERSION = 3
 RACY_NS = 2_000_000_000  # a listing or .gitignore younger than this is read again next time
 _MAGIC = b"hostrun-tree-state\n"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Walk:
-    """One walk: ``entries`` (what the sync manages), ``ignores`` (each ``.gitignore`` read: its
-    stat key, contents and parsed rules), ``exact`` (every rule understood: only then may a sync of
-    listed paths stand in for the full one, as rsync's ``--files-from`` reads no ``.gitignore``),
-    ``plain`` (the ``.gitignore`` rules were followed), ``dirs`` (the listings a later walk may
-    reuse) and ``fresh`` (listings kept now that the walk it started from did not have)."""
+    """One walk: ``content`` (what the sync manages, per directory), ``ignores`` (each
+    ``.gitignore`` read: its stat key, contents and parsed rules), ``exact`` (every rule understood:
+    only then may a sync of listed paths stand in for the full one, as rsync's ``--files-from``
+    reads no ``.gitignore``), ``plain`` (the ``.gitignore`` rules were followed), ``listings``
+    (what a later walk needs to reuse a directory's names) and ``fresh`` (listings kept now that
+    the walk it started from did not have)."""
 
-    __slots__ = ("dirs", "entries", "exact", "fresh", "ignores", "plain")
+    __slots__ = ("content", "exact", "fresh", "ignores", "listings", "plain")
 
-    def __init__(self, entries: Entries, dirs: Dirs, ignores: dict[str, tuple[Any, ...]],
+    def __init__(self, content: Content, listings: Listings, ignores: dict[str, tuple[Any, ...]],
                  exact: bool, plain: bool = True) -> None:
-        self.entries = entries
-        self.dirs = dirs
+        self.content = content
+        self.listings = listings
         self.ignores = ignores
         self.exact = exact
         self.plain = plain
@@ -66,9 +70,20 @@ class Walk:
     def same_as(self, other: Walk) -> bool:
         """Whether a sync of this tree would find what ``other`` found: the same entries and the
         same ``.gitignore`` contents."""
-        return self.entries == other.entries and self.exact == other.exact \
+        return self.content == other.content and self.exact == other.exact \
             and self.plain == other.plain \
             and {k: v[1] for k, v in self.ignores.items()} == {k: v[1] for k, v in other.ignores.items()}
+
+    def entries(self) -> dict[str, Entry]:
+        """Every path's entry, flat (the top directory's own is not one)."""
+        flat: dict[str, Entry] = {}
+        for rel, (entry, names) in self.content.items():
+            if rel:
+                flat[rel[:-1]] = entry
+            for name, value in names.items():
+                if value is not None:
+                    flat[rel + name] = value
+        return flat
 
 
 def _rule(pattern: str) -> tuple[bool, bool, str] | None:
@@ -137,7 +152,9 @@ class _Walker:
 
     def __init__(self, root: str, before: Walk | None) -> None:
         self.root = root
-        self.old_dirs: Dirs = before.dirs if before is not None and before.plain else {}
+        usable = before is not None and before.plain
+        self.old_listings: Listings = before.listings if before is not None and usable else {}
+        self.old_content: Content = before.content if before is not None and usable else {}
         self.old_ignores = before.ignores if before is not None else {}
         self.limit = time.time_ns() - RACY_NS  # a change before this is safely in a ctime
         self.walk = Walk({}, {}, {}, True)
@@ -168,20 +185,17 @@ class _Walker:
     def directory(self, path: str, rel: str, inherited: list[Rule], here: list[Rule]
                   ) -> list[tuple[str, str, list[Rule], list[Rule]]]:
         """One directory: its entry, its files' entries; the directories below it to walk."""
-        fd = os.open(path, _DIR_FLAGS)
+        fd = os.open(path, _DIR_FLAGS if rel else _DIR_FLAGS & ~os.O_NOFOLLOW)  # the top may be a link
         try:
             st = os.fstat(fd)
-            if rel:
-                self.walk.entries[rel[:-1]] = ("d", st.st_mode, st.st_uid, st.st_gid)
-            cached = self.old_dirs.get(rel) or ()
-            valid = len(cached) == 6 and cached[0] == st.st_ino and cached[1] == st.st_ctime_ns \
-                and cached[2] == st.st_mtime_ns
+            listing = (st.st_ino, st.st_ctime_ns, st.st_mtime_ns)
+            cached = self.old_listings.get(rel) or ()
+            valid = cached[:3] == listing and rel in self.old_content
             items = None
             if valid:
                 has_gi = cached[3]
             else:
-                with os.scandir(fd) as it:
-                    items = [(item.name, item.is_dir(follow_symlinks=False)) for item in it]
+                items = _listing(fd)
                 has_gi = any(name == GITIGNORE for name, _ in items)
             if has_gi:
                 anchored, loose = self.gitignore(fd, rel)
@@ -189,39 +203,45 @@ class _Walker:
                 inherited = [*inherited, *loose]
             rules = _Rules(inherited, here)
             if valid and cached[4] == rules.key:
-                kept = cached[5]
+                kept = [(name, value is None) for name, value in self.old_content[rel][1].items()]
             else:
-                if items is None:
-                    with os.scandir(fd) as it:
-                        items = [(item.name, item.is_dir(follow_symlinks=False)) for item in it]
-                kept = _kept(items, rules)
+                valid = False
+                kept = _kept(items if items is not None else _listing(fd), rules)
             if st.st_ctime_ns < self.limit:
-                self.walk.dirs[rel] = (st.st_ino, st.st_ctime_ns, st.st_mtime_ns, has_gi, rules.key,
-                                       kept)
-                if rel and not (valid and cached[5] is kept):  # the top changes with each manifest
+                self.walk.listings[rel] = (*listing, has_gi, rules.key)
+                if rel and not valid:  # (the top changes with each manifest written there)
                     self.walk.fresh += 1
-            return self.files(fd, path, rel, kept, inherited)
+            names = self.names(fd, kept)
+            self.walk.content[rel] = (("d", st.st_mode, st.st_uid, st.st_gid), names)
+            return [(f"{path}/{name}", f"{rel}{name}/", inherited, [])
+                    for name, value in names.items() if value is None]
         finally:
             os.close(fd)
 
-    def files(self, fd: int, path: str, rel: str, kept: list[tuple[str, bool]],
-              inherited: list[Rule]) -> list[tuple[str, str, list[Rule], list[Rule]]]:
-        entries = self.walk.entries
+    @staticmethod
+    def names(fd: int, kept: list[tuple[str, bool]]) -> dict[str, Entry | None]:
+        """Each kept name's entry (None for a directory: walked on its own)."""
         lstat = os.lstat
-        below: list[tuple[str, str, list[Rule], list[Rule]]] = []
+        names: dict[str, Entry | None] = {}
         for name, is_dir in kept:
             if is_dir:
-                below.append((f"{path}/{name}", f"{rel}{name}/", inherited, []))
+                names[name] = None
+                continue
+            st = lstat(name, dir_fd=fd)
+            mode = st.st_mode
+            if stat.S_ISREG(mode):
+                names[name] = ("f", st.st_size, st.st_mtime_ns, mode, st.st_uid, st.st_gid)
+            elif stat.S_ISLNK(mode):
+                names[name] = ("l", os.readlink(name, dir_fd=fd), st.st_uid, st.st_gid)
             else:
-                st = lstat(name, dir_fd=fd)
-                mode = st.st_mode
-                if stat.S_ISREG(mode):
-                    entries[rel + name] = ("f", st.st_size, st.st_mtime_ns, mode, st.st_uid, st.st_gid)
-                elif stat.S_ISLNK(mode):
-                    entries[rel + name] = ("l", os.readlink(name, dir_fd=fd), st.st_uid, st.st_gid)
-                else:
-                    entries[rel + name] = ("o", mode, st.st_uid, st.st_gid)
-        return below
+                names[name] = ("o", mode, st.st_uid, st.st_gid)
+        return names
+
+
+def _listing(fd: int) -> list[tuple[str, bool]]:
+    """A directory's names, and whether each is a directory (``d_type``: no stat)."""
+    with os.scandir(fd) as it:
+        return [(item.name, item.is_dir(follow_symlinks=False)) for item in it]
 
 
 def _kept(items: list[tuple[str, bool]], rules: _Rules) -> list[tuple[str, bool]]:
@@ -270,27 +290,27 @@ def walk(root: str, patterns: list[str] | tuple[str, ...] = (), before: Walk | N
 def _walk_all(root: str, top: list[Rule], anywhere: list[Rule],
               ignores: dict[str, tuple[Any, ...]]) -> Walk | None:
     """The walk with no ``.gitignore`` rule at all (only the top excludes and ``--exclude``s)."""
-    entries: Entries = {}
+    content: Content = {}
     try:
         stack = [(root, "", _Rules(anywhere, top))]
         while stack:
             path, rel, rules = stack.pop()
+            names: dict[str, Entry | None] = {}
+            content[rel] = (_entry(path, os.lstat(path)), names)
             with os.scandir(path) as it:
                 for item in it:
                     st = item.stat(follow_symlinks=False)
-                    mode = st.st_mode
-                    is_dir = stat.S_ISDIR(mode)
+                    is_dir = stat.S_ISDIR(st.st_mode)
                     if rules.excludes(item.name, is_dir):
                         continue
-                    key = rel + item.name
                     if is_dir:
-                        entries[key] = ("d", mode, st.st_uid, st.st_gid)
-                        stack.append((item.path, key + "/", _Rules(anywhere, [])))
+                        names[item.name] = None
+                        stack.append((item.path, f"{rel}{item.name}/", _Rules(anywhere, [])))
                     else:
-                        entries[key] = _entry(item.path, st)
+                        names[item.name] = _entry(item.path, st)
     except OSError:
         return None
-    return Walk(entries, {}, ignores, False, plain=False)
+    return Walk(content, {}, ignores, False, plain=False)
 
 
 def _entry(path: str, st: os.stat_result) -> tuple[Any, ...]:
@@ -321,7 +341,7 @@ def dumps(header: dict[str, Any], walked: Walk) -> bytes:
     import marshal
     import sys
 
-    state = {"header": header, "entries": walked.entries, "dirs": walked.dirs,
+    state = {"header": header, "content": walked.content, "listings": walked.listings,
              "ignores": walked.ignores, "exact": walked.exact, "plain": walked.plain}
     tag = f"{VERSION} {sys.version_info[0]}.{sys.version_info[1]}\n".encode()
     return _MAGIC + tag + marshal.dumps(state)
@@ -339,11 +359,11 @@ def loads(data: bytes | None) -> tuple[dict[str, Any], Walk] | None:
         return None
     try:
         state = marshal.loads(body)
-        header, entries, dirs, ignores = (state["header"], state["entries"], state["dirs"],
-                                          state["ignores"])
-        if not all(isinstance(part, dict) for part in (header, entries, dirs, ignores)):
+        parts = (state["header"], state["content"], state["listings"], state["ignores"])
+        if not all(isinstance(part, dict) for part in parts):
             return None
-        return header, Walk(entries, dirs, ignores, bool(state["exact"]), bool(state["plain"]))
+        return parts[0], Walk(parts[1], parts[2], parts[3], bool(state["exact"]),
+                              bool(state["plain"]))
     except (ValueError, EOFError, TypeError, KeyError):
         return None
 
@@ -413,16 +433,20 @@ def save_after_go(workdir: str, patterns: list[str], walked: Walk | None,
         return
     try:
         if go.get("paths") is not None and walked is not None:
-            entries = dict(walked.entries)
+            content = dict(walked.content)
             for rel in go["paths"]:
+                parent, _, name = str(rel).rpartition("/")
+                own, names = content[f"{parent}/" if parent else ""]  # KeyError: no manifest
+                names = dict(names)
                 entry = entry_of(workdir, str(rel))
                 if entry is None:
-                    entries.pop(str(rel), None)
+                    names.pop(name, None)
                 else:
-                    entries[str(rel)] = entry
+                    names[name] = entry
+                content[f"{parent}/" if parent else ""] = (own, names)
             # No .gitignore among the paths (the controller sends none): the rules read stand;
             # the directories rsync wrote in have a new ctime, so the next walk reads them again.
-            fresh: Walk | None = Walk(entries, walked.dirs, walked.ignores, walked.exact,
+            fresh: Walk | None = Walk(content, walked.listings, walked.ignores, walked.exact,
                                       walked.plain)
         else:
             fresh = walk(workdir, patterns, walked)

@@ -24,10 +24,15 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.agent.treestate import Content
+
     Loaded = tuple[dict[str, Any], Walk]  # the header, the walk recorded
 
 MAX_PATHS = 1000  # more changed paths than this: the full rsync (its walk is then worth it)
 MAX_PATHS_BYTES = 256 << 10  # the paths travel in the go frame (at most 1 MiB): well below it
+
+
+_NEW = ("new",)  # a name the last sync did not have
 
 
 def record_path(state_dir: str, host: str, tree: str) -> str:
@@ -62,33 +67,41 @@ def plan(loaded: Loaded | None, key: str, walked: Walk | None,
         return "skip", []
     if not walked.exact or not walked.plain or not before.exact or not before.plain:
         return "full", []  # a rule the walk cannot follow: --files-from could send an ignored file
-    changed = _changed(walked.entries, before.entries)
+    if {k: v[1] for k, v in walked.ignores.items()} != {k: v[1] for k, v in before.ignores.items()}:
+        return "full", []  # a rule changed
+    changed = _changed(walked.content, before.content)
     if not changed or sum(len(rel.encode("utf-8", "surrogateescape")) + 8 for rel in changed) \
             > MAX_PATHS_BYTES:
         return "full", []
     return "paths", changed
 
 
-def _changed(entries: dict[str, Any], before: dict[str, Any]) -> list[str]:
-    """The new or rewritten regular files, in directories the copy has, when nothing else changed
-    (no deletion, no new directory, no .gitignore, at most ``MAX_PATHS``); else []."""
-    if len(entries) < len(before):
-        return []  # something was deleted here
-    changed = []
-    for rel, entry in entries.items():
-        old = before.get(rel)
-        if old == entry:
+def _changed(content: Content, before: Content) -> list[str]:
+    """The new or rewritten regular files when nothing else changed (no directory added, removed
+    or changed, nothing deleted, no .gitignore, at most ``MAX_PATHS``); else []. Only directories
+    whose content differs are looked into."""
+    if content.keys() != before.keys():
+        return []
+    changed: list[str] = []
+    for rel, now in content.items():
+        old = before[rel]
+        if old == now:
             continue
-        parent = rel.rpartition("/")[0]
-        if entry[0] != "f" or (old is not None and old[0] != "f") \
-                or rel.rpartition("/")[2] == GITIGNORE \
-                or (parent and (before.get(parent) or ("",))[0] != "d"):
-            return []
-        changed.append(rel)
+        if old[0] != now[0]:
+            return []  # the directory's own mode or owner
+        names, old_names = now[1], old[1]
+        if any(name not in names for name in old_names):
+            return []  # something was deleted here
+        for name, entry in names.items():
+            was = old_names.get(name, _NEW)
+            if was == entry:
+                continue
+            if entry is None or entry[0] != "f" or name == GITIGNORE \
+                    or (was is not _NEW and (was is None or was[0] != "f")):
+                return []
+            changed.append(rel + name)
         if len(changed) > MAX_PATHS:
             return []
-    if any(rel not in entries for rel in before):
-        return []
     return changed
 
 
