@@ -20,8 +20,7 @@ import pytest
 from dispatch.agent import treestate
 from dispatch.agent.treestate import MANIFEST, walk
 from tests.conftest import Hostrun
-from tests.support.peers import remote_tree, setup
-from tests.test_peer_sync_skip import rsync_logger, syncs
+from tests.support.peers import remote_tree, rsync_logger, setup, syncs
 
 
 def make(root: Path) -> None:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ from dispatch.agent.frames import Frame
 from dispatch.agent.treestate import MANIFEST, Walk, walk
 from tests.conftest import Hostrun, OtherUser
 from tests.support.fakepeer import Script
-from tests.support.peers import remote_tree, setup
+from tests.support.peers import remote_tree, rsync_logger, setup, syncs
 from tests.support.phases import Driver, source_tree
 
 
@@ -209,29 +207,6 @@ def test_an_ignore_rule_the_walk_cannot_follow_never_sends_listed_paths(
 
 
 # -- the same over a real sshd peer, with the real agent (tests/test_peer_run.py's set-up) --
-
-def rsync_logger(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    """An environment whose ``rsync`` logs each argv (one JSON line) and runs the real one."""
-    real = shutil.which("rsync")
-    assert real is not None
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "rsync.jsonl"
-    wrapper = bin_dir / "rsync"
-    wrapper.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                       f"with open({str(log)!r}, 'a') as fh: fh.write(json.dumps(sys.argv[1:]) + '\\n')\n"
-                       f"os.execv({real!r}, [{real!r}, *sys.argv[1:]])\n")
-    wrapper.chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
-
-
-def syncs(log: Path) -> list[str]:
-    """Each sync rsync started so far (the ones with ``-e``): "paths" or "full"."""
-    if not log.exists():
-        return []
-    runs = [json.loads(line) for line in log.read_text().splitlines()]
-    return ["paths" if "--files-from=-" in argv else "full" for argv in runs if "-e" in argv]
-
 
 def test_real_peer_skips_resyncs_what_the_job_edited_and_sends_only_changed_files(
         hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
