@@ -57,6 +57,10 @@ Where the time goes (for the next engineer; printed after the targets):
   stat walk, and an rsync of only the touched files (``--files-from``).
 * LOCAL STEPS: hostrun's local imports, config load, agent naming and toolchain probe (cached), timed
   in-process.
+* SYNC CHECK: the steps that decide whether to rsync, timed in-process after the series (nothing
+  changed): here the record's load, the tree's walk reusing its listings, the compare, and a walk
+  without listings; on the peer (its python, the shipped agent, no ssh) the manifest's load, the
+  copy's walk reusing its listings, the compare, a walk without listings, and ``check_copy`` whole.
 * TIMELINE of ``hostrun --peer -- true`` (median of ``--timeline-runs`` runs): ``strace -f -ttt
   --seccomp-bpf -e trace=execve,write -e raw=write`` on the local side (when git, the ssh and rsync
   started and ended, and when hostrun wrote its ``G`` frame: its main thread's first 5-byte write after
@@ -65,9 +69,11 @@ Where the time goes (for the next engineer; printed after the targets):
   start with ``$EPOCHREALTIME`` and ``exec``s python3. The one session is cut at those points: local
   start-up, git, local glue, ssh set-up (to the agent's start), the agent's start and probe until its
   ``P`` frame plus hostrun's compare (to rsync's exec), rsync, rsync's exit until hostrun sends ``G``,
-  the run after ``G`` (to the session's end), local to exit.
-* Import-time profiles of the local side and of the agent, then a summary with what each candidate
-  optimisation would save (estimated from the medians) and the ratio it would give.
+  the run after ``G`` (to the session's end), local to exit. With no rsync (nothing changed), ``G``
+  is the main thread's first 5-byte write after the agent's start, and the agent's start, probe and
+  copy check plus hostrun's compare are one segment.
+* Import-time profiles of the local side and of the agent, then a summary: the sync check on each
+  side, and what the rest of a run costs without the peer's check.
 
 Isolation: a private temporary directory holds the tree, the controller's config (own ``state_dir``,
 slice cgroup ``<this process's memory cgroup>/hostrun-bench-<pid>``, own ``XDG_CACHE_HOME``) and the
@@ -1260,7 +1266,7 @@ def main() -> int:
         print(f"  hostrun {h0:.1f} vs by hand {b0:.1f} ({h0 - b0:+.1f}); by hand = rsync {m('rsync'):.1f} "
               f"+ ssh 'cd DIR && true' {m('ssh_cd'):.1f}")
         known = (SEG_START, SEG_GIT, SEG_GLUE, SEG_EXIT, SEG_SSH, SEG_TO_P, SEG_RSYNC, SEG_WAIT_G,
-                 SEG_AFTER_G)
+                 SEG_AFTER_G, SEG_TO_G)
         if segs:
             others = sum(statistics.median(v) for k, v in segs.items()
                          if k.split(". ", 1)[1] not in known) * 1000
@@ -1268,7 +1274,8 @@ def main() -> int:
                   f"{seg(SEG_START):.1f} + git {seg(SEG_GIT):.1f} + local glue {seg(SEG_GLUE, SEG_EXIT):.1f} "
                   f"| the session: ssh to the agent's start {seg(SEG_SSH):.1f} + the agent to its P frame "
                   f"and the compare here {seg(SEG_TO_P):.1f} + rsync {seg(SEG_RSYNC):.1f} + rsync's exit "
-                  f"to G {seg(SEG_WAIT_G):.1f} + the run after G {seg(SEG_AFTER_G):.1f}"
+                  f"to G {seg(SEG_WAIT_G):.1f} (no rsync: the agent's start to G {seg(SEG_TO_G):.1f}) "
+                  f"+ the run after G {seg(SEG_AFTER_G):.1f}"
                   f"{f' + other {others:.1f}' if others else ''}")
         print(f"  the session replayed without rsync (G at once on P): {m('session'):.1f} = to P {to_p:.1f} "
               f"+ after G {after_g:.1f}; the same here without ssh: {m('agent_session'):.1f} = "
@@ -1296,36 +1303,24 @@ def main() -> int:
               f"stat walk {m('walk'):.1f} wall ({walk_ms} in-process, "
               f"{files_seen} entries); rsync of just the {TOUCHED} touched files (--files-from) "
               f"{m('rsync_changed'):.1f}")
-        before_rsync = seg(SEG_SSH, SEG_TO_P) if segs else to_p  # what rsync waits for in the session
-        fingerprint = m("rsync") - m("git_status_uc")
-        cached = max(0.0, h0 - m("h_cached"))
-        # the controller notices the sync thread's end only when its select() wakes (a frame, or its
-        # timeout): the timeline shows that wait; without a timeline, what the parts leave unexplained
-        wait_g = (seg(SEG_WAIT_G) if segs and any(SEG_WAIT_G in k for k in segs)
-                  else max(0.0, h0 - m("session") - m("rsync") - local_est))
-        ideas = [
-            ("send G as soon as rsync exits (the loop wakes on the sync thread's end, not on its "
-             "select timeout)", wait_g),
-            ("skip the rsync walk when a git-status fingerprint (untracked cache on) shows no change",
-             fingerprint),
-            ("start rsync (--mkpath) with the session, not after the P frame (overlap; a toolchain "
-             "mismatch then aborts after the sync)", min(before_rsync, m("rsync"))),
-            ("hostrun's own bytecode cached (PYTHONDONTWRITEBYTECODE unset)", cached),
-        ]
-        print("  each on its own (savings estimated from the medians above) -> the no-change ratio:")
-        for text, saving in ideas:
-            print(f"    {-saving:+8.1f}  -> {(h0 - saving) / b0:.2f}x  {text}")
-        # together: the overlap then hides (part of) the fingerprint instead of the walk
-        together = wait_g + fingerprint + min(before_rsync, m("git_status_uc")) + cached
-        print(f"    {-together:+8.1f}  -> {(h0 - together) / b0:.2f}x  all of them (the overlap then hides "
-              f"the fingerprint: -{min(before_rsync, m('git_status_uc')):.1f})")
-        partial = m("rsync") - m("git_status_uc") - m("rsync_changed")
-        hidden = min(before_rsync, m("git_status_uc") + m("rsync_changed"))
-        touched = (med["h10"] * 1000 - wait_g - partial - hidden - cached) / (med["b10"] * 1000)
-        print(f"  {TOUCHED} touched: rsync only what git status lists instead of the walk: "
-              f"{-partial:+.1f} -> {(med['h10'] * 1000 - partial) / (med['b10'] * 1000):.2f}x alone; "
-              f"with the rest above: "
-              f"{touched:.2f}x")
+        def ck(prefix: str) -> float:
+            found = [statistics.median(v) for k, v in check.items() if k.startswith(prefix)]
+            return found[0] if found else float("nan")
+
+        here_check = sum(ck(p) for p in ("here: load", "here: walk the tree, reusing", "here: compare"))
+        peer_check = ck("peer: check_copy")
+        print(f"  the sync check (in-process, nothing changed): here {here_check:.1f} = record "
+              f"{ck('here: load'):.1f} + walk {ck('here: walk the tree, reusing'):.1f} + compare "
+              f"{ck('here: compare'):.1f} (a walk without listings {ck('here: walk the tree without'):.1f}); "
+              f"on the peer {peer_check:.1f} = manifest {ck('peer: read'):.1f} + walk "
+              f"{ck('peer: walk the copy, reusing'):.1f} + compare {ck('peer: compare'):.1f} (without "
+              f"listings {ck('peer: walk the copy without'):.1f}); both at once, the peer's after its start")
+        print(f"  so with nothing changed: hostrun {h0:.1f} - the peer's check {peer_check:.1f} = "
+              f"{h0 - peer_check:.1f} -> {(h0 - peer_check) / b0:.2f}x is what the rest costs (start-up, "
+              f"session, run); the check itself is one lstat per file on each side")
+        print(f"  {TOUCHED} touched: hostrun {med['h10'] * 1000:.1f} vs by hand {med['b10'] * 1000:.1f}; "
+              f"an rsync of just those files (--files-from, by hand) {m('rsync_changed'):.1f} against the "
+              f"full rsync {m('rsync'):.1f}")
 
         # --- checks and leftovers ------------------------------------------------------------
         master_after = master_check(master[0], dest)

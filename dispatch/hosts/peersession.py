@@ -79,6 +79,7 @@ class AgentSession:
         self.signals: list[int] = []  # caught here, forwarded or ending the run between reads
         self.phase = PREPARE
         self.syncing: threading.Thread | None = None
+        self.synced = threading.Event()  # set as the sync thread's last act (it may not have exited)
         self.sync_error: list[BaseException] = []
         # The sync thread's end wakes the loop at once (a byte on this pipe): "go" follows rsync,
         # or the decision not to rsync, without waiting for a frame or a poll's timeout.
@@ -162,7 +163,7 @@ class AgentSession:
             if now - self.last_loop > HEARTBEAT * 2:
                 self.last_heard = now  # we were stopped (Ctrl-Z, a frozen host), not the link
             self.last_loop = now
-            if self.phase == SYNC and self.syncing is not None and not self.syncing.is_alive():
+            if self.phase == SYNC and self.synced.is_set():
                 self._after_sync()
             interrupted = self._forward_signals()
             if interrupted is not None:
@@ -241,6 +242,7 @@ class AgentSession:
     def _sync(self) -> None:
         """Step 4 in its thread; its end wakes the loop (unless the session is over)."""
         _capture(self.owner.sync, self.sync_error)
+        self.synced.set()
         with self.lock:
             if self.wake:
                 os.write(self.wake[1], b"s")
