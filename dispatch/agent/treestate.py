@@ -415,22 +415,21 @@ def check_copy(workdir: str, patterns: list[str]) -> tuple[dict[str, Any], Walk 
 
 def keep_listings(workdir: str, copy: dict[str, Any], walked: Walk | None) -> None:
     """After a clean check that read directories again: the same manifest with their listings, so
-    that the next check need not read them (the controller is deciding meanwhile)."""
+    that the next check need not read them (written while the controller decides, or the job runs:
+    the walk was taken before)."""
     if walked is not None and copy.get("clean") and walked.fresh:
-        try:
-            _write_manifest(workdir, str(copy["token"]), walked)
-        except OSError:
-            _forget_manifest(workdir)
+        write_manifest(workdir, str(copy["token"]), walked)
 
 
-def save_after_go(workdir: str, patterns: list[str], walked: Walk | None,
-                  go: dict[str, Any]) -> None:
-    """Record the copy as the controller's go left it: after a full sync a fresh walk; after a sync
-    of known paths (the copy was clean) the prepare walk with those paths re-read; after no sync,
-    nothing to do. Any failure removes the manifest (the next run then syncs in full)."""
+def state_after_go(workdir: str, patterns: list[str], walked: Walk | None,
+                   go: dict[str, Any]) -> tuple[str, Walk] | None:
+    """The copy as the controller's go left it, taken before the job runs: after a full sync a
+    fresh walk; after a sync of known paths (the copy was clean) the prepare walk with those paths
+    re-read; after no sync, None (nothing to record). Any failure removes the manifest (the next
+    run then syncs in full) and is None."""
     token = go.get("token")
     if not token:
-        return
+        return None
     try:
         if go.get("paths") is not None and walked is not None:
             content = dict(walked.content)
@@ -452,17 +451,30 @@ def save_after_go(workdir: str, patterns: list[str], walked: Walk | None,
             fresh = walk(workdir, patterns, walked)
         if fresh is None:
             raise OSError("the copy could not be walked")
-        _write_manifest(workdir, str(token), fresh)
+        return str(token), fresh
     except Exception:  # no manifest rather than a wrong one: the next run then syncs in full
         _forget_manifest(workdir)
+        return None
 
 
-def _write_manifest(workdir: str, token: str, walked: Walk) -> None:
-    top = os.stat(workdir)
-    write_private(os.path.join(workdir, MANIFEST), dumps({"token": token}, walked))
-    # The copy's top directory keeps the time rsync gave it (as the tree's): an rsync by hand to
-    # check the copy then finds nothing to do.
-    os.utime(workdir, ns=(top.st_atime_ns, top.st_mtime_ns))
+def save_after_go(workdir: str, patterns: list[str], walked: Walk | None,
+                  go: dict[str, Any]) -> None:
+    """``state_after_go`` written as the manifest (the agent writes it while the job runs)."""
+    state = state_after_go(workdir, patterns, walked, go)
+    if state is not None:
+        write_manifest(workdir, *state)
+
+
+def write_manifest(workdir: str, token: str, walked: Walk) -> None:
+    """The manifest of the copy; a failure leaves none (the next run then syncs in full)."""
+    try:
+        top = os.stat(workdir)
+        write_private(os.path.join(workdir, MANIFEST), dumps({"token": token}, walked))
+        # The copy's top directory keeps the time rsync gave it (as the tree's): an rsync by hand
+        # to check the copy then finds nothing to do.
+        os.utime(workdir, ns=(top.st_atime_ns, top.st_mtime_ns))
+    except Exception:
+        _forget_manifest(workdir)
 
 
 def _forget_manifest(workdir: str) -> None:
