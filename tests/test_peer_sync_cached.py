@@ -184,3 +184,22 @@ def test_real_peer_reuses_listings_on_both_sides_and_misses_no_change(
     assert syncs(log)[-3:] == ["full", "full", "full"]
     peer_run("true")
     assert syncs(log)[-3:] == ["full", "full", "full"]
+
+
+def test_names_that_are_not_utf8_survive_the_state_file(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(treestate, "RACY_NS", 0)
+    root = tmp_path / "t"
+    make(root)
+    odd = os.fsdecode(b"caf\xe9.c")
+    (root / "a" / odd).write_text("latin-1 name\n")
+    time.sleep(0.01)
+    walked = walk(str(root))
+    assert walked is not None and f"a/{odd}" in walked.entries()
+    loaded = treestate.loads(treestate.dumps({}, walked))
+    assert loaded is not None and loaded[1].same_as(walked)
+    again = walk(str(root), (), loaded[1])
+    assert again is not None and again.same_as(walked) and again.fresh == 0
+    (root / "a" / odd).write_text("latin-1 name, longer\n")
+    changed = walk(str(root), (), loaded[1])
+    assert changed is not None and not changed.same_as(walked)
