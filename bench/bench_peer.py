@@ -57,6 +57,10 @@ Where the time goes (for the next engineer; printed after the targets):
   stat walk, and an rsync of only the touched files (``--files-from``).
 * LOCAL STEPS: hostrun's local imports, config load, agent naming and toolchain probe (cached), timed
   in-process.
+* SYNC CHECK: the steps that decide whether to rsync, timed in-process after the series (nothing
+  changed): here the record's load, the tree's walk reusing its listings, the compare, and a walk
+  without listings; on the peer (its python, the shipped agent, no ssh) the manifest's load, the
+  copy's walk reusing its listings, the compare, a walk without listings, and ``check_copy`` whole.
 * TIMELINE of ``hostrun --peer -- true`` (median of ``--timeline-runs`` runs): ``strace -f -ttt
   --seccomp-bpf -e trace=execve,write -e raw=write`` on the local side (when git, the ssh and rsync
   started and ended, and when hostrun wrote its ``G`` frame: its main thread's first 5-byte write after
@@ -65,9 +69,11 @@ Where the time goes (for the next engineer; printed after the targets):
   start with ``$EPOCHREALTIME`` and ``exec``s python3. The one session is cut at those points: local
   start-up, git, local glue, ssh set-up (to the agent's start), the agent's start and probe until its
   ``P`` frame plus hostrun's compare (to rsync's exec), rsync, rsync's exit until hostrun sends ``G``,
-  the run after ``G`` (to the session's end), local to exit.
-* Import-time profiles of the local side and of the agent, then a summary with what each candidate
-  optimisation would save (estimated from the medians) and the ratio it would give.
+  the run after ``G`` (to the session's end), local to exit. With no rsync (nothing changed), ``G``
+  is the main thread's first 5-byte write after the agent's start, and the agent's start, probe and
+  copy check plus hostrun's compare are one segment.
+* Import-time profiles of the local side and of the agent, then a summary: the sync check on each
+  side, and what the rest of a run costs without the peer's check.
 
 Isolation: a private temporary directory holds the tree, the controller's config (own ``state_dir``,
 slice cgroup ``<this process's memory cgroup>/hostrun-bench-<pid>``, own ``XDG_CACHE_HOME``) and the
@@ -182,6 +188,46 @@ while stack:
             if e.is_dir(follow_symlinks=False):
                 stack.append(e.path)
 print(n, h.hexdigest(), f"{(time.perf_counter() - t0) * 1000:.1f}")
+"""
+
+# The sync check's steps, timed in-process (ms): here with hostrun's interpreter (the record of the
+# last sync, the tree's walk reusing its listings, the compare, and a walk without them), on the peer
+# with its python and the shipped agent (the manifest, the copy's walk, the compare; check_copy whole).
+SYNC_HERE = r"""
+import glob, json, os, sys, time
+from dispatch.agent.treestate import walk
+from dispatch.hosts import syncstate
+(record,) = glob.glob(os.path.join(sys.argv[1], "peer-sync", "*"))
+out = []
+def timed(label, fn):
+    t = time.perf_counter(); value = fn(); out.append((label, (time.perf_counter() - t) * 1000))
+    return value
+loaded = timed("here: load the record of the last sync", lambda: syncstate.load(record))
+walked = timed("here: walk the tree, reusing the record's listings",
+               lambda: walk(sys.argv[2], [], loaded[1] if loaded else None))
+same = timed("here: compare with the record", lambda: bool(loaded and walked and walked.same_as(loaded[1])))
+timed("here: walk the tree without listings (first run, or none valid)", lambda: walk(sys.argv[2], []))
+out.append(("here: unchanged (1 = yes)", float(same)))
+print(json.dumps(out))
+"""
+SYNC_PEER = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from dispatch.agent.treestate import MANIFEST, check_copy, loads, read_private, walk
+copy = sys.argv[2]
+out = []
+def timed(label, fn):
+    t = time.perf_counter(); value = fn(); out.append((label, (time.perf_counter() - t) * 1000))
+    return value
+loaded = timed("peer: read the copy's manifest", lambda: loads(read_private(os.path.join(copy, MANIFEST))))
+walked = timed("peer: walk the copy, reusing the manifest's listings",
+               lambda: walk(copy, [], loaded[1] if loaded else None))
+timed("peer: compare with the manifest", lambda: bool(loaded and walked and walked.same_as(loaded[1])))
+timed("peer: walk the copy without listings", lambda: walk(copy, []))
+result = timed("peer: check_copy, whole (what the agent does before its P frame)",
+               lambda: check_copy(copy, [])[0])
+out.append(("peer: copy clean (1 = yes)", float(bool(result.get("clean")))))
+print(json.dumps(out))
 """
 
 RUN_PATH_MODULES = ("import dispatch.agent.main, dispatch.agent.run, dispatch.local.runner, "
@@ -617,6 +663,7 @@ SEG_RSYNC = "rsync (walk both sides; sends only what changed)"
 SEG_WAIT_G = "here: from rsync's exit until G is sent"
 SEG_AFTER_G = "after G: the agent runs true (booking, cgroup, peak), R, ends"
 SEG_EXIT = "local, after the session, to exit"
+SEG_TO_G = "no rsync: the agent's start, imports, probe, copy check -> P; here: walk, compare -> G"
 SEGMENTS = {
     ("exec", "git"): SEG_START, ("git", "git end"): SEG_GIT, ("git end", "ssh"): SEG_GLUE,
     ("ssh", "agent"): SEG_SSH, ("agent", "rsync"): SEG_TO_P, ("rsync", "rsync end"): SEG_RSYNC,
@@ -625,6 +672,7 @@ SEGMENTS = {
     ("agent", "probe"): SEG_TO_P, ("probe", "probe end"): "local toolchain probe (rsync --version)",
     ("probe end", "rsync"): "here: compare, start rsync",
     ("ssh", "rsync"): "the session to rsync's start (no peer stamp)",
+    ("agent", "G"): SEG_TO_G,
 }
 
 
@@ -679,6 +727,11 @@ def timeline_once(argv: list[str], env: dict[str, str], cwd: str, trace: str, st
             points += [(ts, "git"), (stop, "git end")]
         else:
             points += [(ts, f"exec {prog}"), (stop, f"{prog} end")]
+    agent_at = [t for t, name in points if name == "agent"]
+    if not rsync_spans and agent_at:  # rsync skipped: G is the main thread's first empty frame
+        go = [t for t, pid in writes if pid == root and t >= agent_at[0]]
+        if go:
+            points.append((go[0], "G"))
     points.sort()
     segments = [(SEGMENTS.get((a, b), f"other: {a} -> {b}"), tb - ta)
                 for (ta, a), (tb, b) in zip(points, points[1:])]
@@ -1121,6 +1174,30 @@ def main() -> int:
                 shown = " ".join(f"{c:8.1f}" if c is not None else f"{'-':>8}" for c in cells)
                 print(f"  {label:66} {shown}")
 
+        # --- where the time goes: the sync check, in-process, both sides --------------------------
+        # The parts touched the tree: one run brings the record and the manifest up to date, and one
+        # after RACY_NS keeps the listings the first had to read again (as a run in the series would).
+        for pause in (0.0, 2.2):
+            time.sleep(pause)
+            subprocess.run(hostrun_true, env=env, cwd=tree.root, capture_output=True)
+        check: dict[str, list[float]] = {}
+        for _ in range(args.runs):
+            for argv_, run_env, cwd_ in (
+                    ([python, "-c", SYNC_HERE, state_dir, tree.root], env, tmp),
+                    ([peer_python, "-I", "-c", SYNC_PEER, str(agent_file), hostrun_remote], peer_env,
+                     str(peer.home))):
+                proc = subprocess.run(argv_, env=run_env, cwd=cwd_, capture_output=True, text=True)
+                try:
+                    for label, ms in json.loads(proc.stdout):
+                        check.setdefault(label, []).append(ms)
+                except ValueError:
+                    notes.append(f"sync check steps: {proc.stderr.strip()[-200:]}")
+        if check:
+            print(f"\nSYNC CHECK, in-process (median of {args.runs} runs each, after the series: nothing "
+                  f"changed; ms)")
+            for label, values in check.items():
+                print(f"  {label:86} {statistics.median(values):8.1f}")
+
         # --- where the time goes: timeline ------------------------------------------------------
         segs: dict[str, list[float]] = {}
         totals: list[float] = []
@@ -1194,7 +1271,7 @@ def main() -> int:
         print(f"  hostrun {h0:.1f} vs by hand {b0:.1f} ({h0 - b0:+.1f}); by hand = rsync {m('rsync'):.1f} "
               f"+ ssh 'cd DIR && true' {m('ssh_cd'):.1f}")
         known = (SEG_START, SEG_GIT, SEG_GLUE, SEG_EXIT, SEG_SSH, SEG_TO_P, SEG_RSYNC, SEG_WAIT_G,
-                 SEG_AFTER_G)
+                 SEG_AFTER_G, SEG_TO_G)
         if segs:
             others = sum(statistics.median(v) for k, v in segs.items()
                          if k.split(". ", 1)[1] not in known) * 1000
@@ -1202,7 +1279,8 @@ def main() -> int:
                   f"{seg(SEG_START):.1f} + git {seg(SEG_GIT):.1f} + local glue {seg(SEG_GLUE, SEG_EXIT):.1f} "
                   f"| the session: ssh to the agent's start {seg(SEG_SSH):.1f} + the agent to its P frame "
                   f"and the compare here {seg(SEG_TO_P):.1f} + rsync {seg(SEG_RSYNC):.1f} + rsync's exit "
-                  f"to G {seg(SEG_WAIT_G):.1f} + the run after G {seg(SEG_AFTER_G):.1f}"
+                  f"to G {seg(SEG_WAIT_G):.1f} (no rsync: the agent's start to G {seg(SEG_TO_G):.1f}) "
+                  f"+ the run after G {seg(SEG_AFTER_G):.1f}"
                   f"{f' + other {others:.1f}' if others else ''}")
         print(f"  the session replayed without rsync (G at once on P): {m('session'):.1f} = to P {to_p:.1f} "
               f"+ after G {after_g:.1f}; the same here without ssh: {m('agent_session'):.1f} = "
@@ -1230,36 +1308,24 @@ def main() -> int:
               f"stat walk {m('walk'):.1f} wall ({walk_ms} in-process, "
               f"{files_seen} entries); rsync of just the {TOUCHED} touched files (--files-from) "
               f"{m('rsync_changed'):.1f}")
-        before_rsync = seg(SEG_SSH, SEG_TO_P) if segs else to_p  # what rsync waits for in the session
-        fingerprint = m("rsync") - m("git_status_uc")
-        cached = max(0.0, h0 - m("h_cached"))
-        # the controller notices the sync thread's end only when its select() wakes (a frame, or its
-        # timeout): the timeline shows that wait; without a timeline, what the parts leave unexplained
-        wait_g = (seg(SEG_WAIT_G) if segs and any(SEG_WAIT_G in k for k in segs)
-                  else max(0.0, h0 - m("session") - m("rsync") - local_est))
-        ideas = [
-            ("send G as soon as rsync exits (the loop wakes on the sync thread's end, not on its "
-             "select timeout)", wait_g),
-            ("skip the rsync walk when a git-status fingerprint (untracked cache on) shows no change",
-             fingerprint),
-            ("start rsync (--mkpath) with the session, not after the P frame (overlap; a toolchain "
-             "mismatch then aborts after the sync)", min(before_rsync, m("rsync"))),
-            ("hostrun's own bytecode cached (PYTHONDONTWRITEBYTECODE unset)", cached),
-        ]
-        print("  each on its own (savings estimated from the medians above) -> the no-change ratio:")
-        for text, saving in ideas:
-            print(f"    {-saving:+8.1f}  -> {(h0 - saving) / b0:.2f}x  {text}")
-        # together: the overlap then hides (part of) the fingerprint instead of the walk
-        together = wait_g + fingerprint + min(before_rsync, m("git_status_uc")) + cached
-        print(f"    {-together:+8.1f}  -> {(h0 - together) / b0:.2f}x  all of them (the overlap then hides "
-              f"the fingerprint: -{min(before_rsync, m('git_status_uc')):.1f})")
-        partial = m("rsync") - m("git_status_uc") - m("rsync_changed")
-        hidden = min(before_rsync, m("git_status_uc") + m("rsync_changed"))
-        touched = (med["h10"] * 1000 - wait_g - partial - hidden - cached) / (med["b10"] * 1000)
-        print(f"  {TOUCHED} touched: rsync only what git status lists instead of the walk: "
-              f"{-partial:+.1f} -> {(med['h10'] * 1000 - partial) / (med['b10'] * 1000):.2f}x alone; "
-              f"with the rest above: "
-              f"{touched:.2f}x")
+        def ck(prefix: str) -> float:
+            found = [statistics.median(v) for k, v in check.items() if k.startswith(prefix)]
+            return found[0] if found else float("nan")
+
+        here_check = sum(ck(p) for p in ("here: load", "here: walk the tree, reusing", "here: compare"))
+        peer_check = ck("peer: check_copy")
+        print(f"  the sync check (in-process, nothing changed): here {here_check:.1f} = record "
+              f"{ck('here: load'):.1f} + walk {ck('here: walk the tree, reusing'):.1f} + compare "
+              f"{ck('here: compare'):.1f} (a walk without listings {ck('here: walk the tree without'):.1f}); "
+              f"on the peer {peer_check:.1f} = manifest {ck('peer: read'):.1f} + walk "
+              f"{ck('peer: walk the copy, reusing'):.1f} + compare {ck('peer: compare'):.1f} (without "
+              f"listings {ck('peer: walk the copy without'):.1f}); both at once, the peer's after its start")
+        print(f"  so with nothing changed: hostrun {h0:.1f} - the peer's check {peer_check:.1f} = "
+              f"{h0 - peer_check:.1f} -> {(h0 - peer_check) / b0:.2f}x is what the rest costs (start-up, "
+              f"session, run); the check itself is one lstat per file on each side")
+        print(f"  {TOUCHED} touched: hostrun {med['h10'] * 1000:.1f} vs by hand {med['b10'] * 1000:.1f}; "
+              f"an rsync of just those files (--files-from, by hand) {m('rsync_changed'):.1f} against the "
+              f"full rsync {m('rsync'):.1f}")
 
         # --- checks and leftovers ------------------------------------------------------------
         master_after = master_check(master[0], dest)

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dispatch.agent import treestate
 from dispatch.agent.frames import Frame
-from dispatch.agent.treestate import MANIFEST, walk
+from dispatch.agent.treestate import MANIFEST, Walk, walk
 from tests.conftest import Hostrun, OtherUser
 from tests.support.fakepeer import Script
-from tests.support.peers import remote_tree, setup
+from tests.support.peers import remote_tree, rsync_logger, setup, syncs
 from tests.support.phases import Driver, source_tree
 
 
@@ -165,10 +164,11 @@ def test_a_damaged_or_foreign_manifest_on_the_peer_means_the_full_sync(tmp_path:
     assert how(run(tmp_path, tree)) == "skip"
     os.chmod(manifest, 0o644)  # writable by no one else, but readable: not private, not trusted
     assert how(run(tmp_path, tree)) == "full"
-    record = json.loads((first.peer_tree / MANIFEST).read_text())
-    record["token"] = "someone-elses"
+    header, walked = treestate.loads((first.peer_tree / MANIFEST).read_bytes()) or ({}, None)
+    assert walked is not None
+    header["token"] = "someone-elses"
     (first.peer_tree / MANIFEST).unlink()
-    (first.peer_tree / MANIFEST).write_text(json.dumps(record))
+    (first.peer_tree / MANIFEST).write_bytes(treestate.dumps(header, walked))
     os.chmod(first.peer_tree / MANIFEST, 0o600)
     assert how(run(tmp_path, tree)) == "full"  # not the controller's last sync
 
@@ -207,29 +207,6 @@ def test_an_ignore_rule_the_walk_cannot_follow_never_sends_listed_paths(
 
 
 # -- the same over a real sshd peer, with the real agent (tests/test_peer_run.py's set-up) --
-
-def rsync_logger(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    """An environment whose ``rsync`` logs each argv (one JSON line) and runs the real one."""
-    real = shutil.which("rsync")
-    assert real is not None
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "rsync.jsonl"
-    wrapper = bin_dir / "rsync"
-    wrapper.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                       f"with open({str(log)!r}, 'a') as fh: fh.write(json.dumps(sys.argv[1:]) + '\\n')\n"
-                       f"os.execv({real!r}, [{real!r}, *sys.argv[1:]])\n")
-    wrapper.chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
-
-
-def syncs(log: Path) -> list[str]:
-    """Each sync rsync started so far (the ones with ``-e``): "paths" or "full"."""
-    if not log.exists():
-        return []
-    runs = [json.loads(line) for line in log.read_text().splitlines()]
-    return ["paths" if "--files-from=-" in argv else "full" for argv in runs if "-e" in argv]
-
 
 def test_real_peer_skips_resyncs_what_the_job_edited_and_sends_only_changed_files(
         hostrun: Hostrun, peers: Any, tmp_path: Path) -> None:
@@ -286,13 +263,13 @@ def test_the_walk_excludes_only_what_rsync_surely_excludes(tmp_path: Path) -> No
     (root / "src" / ".gitignore").write_text("build?\n")
     walked = walk(str(root), ["/data/", "**/nothing"])
     assert walked is not None
-    files = {rel for rel, entry in walked[0].items() if entry[0] == "f"}
+    files = {rel for rel, entry in walked.entries().items() if entry[0] == "f"}
     assert files == {".gitignore", "src/.gitignore", "src/keep.c", "src/top/x", "deep/sub/y.tmp"}
-    assert walked[3] is False  # "deep/sub" and "**/nothing" are not understood
+    assert walked.exact is False  # "deep/sub" and "**/nothing" are not understood
     (root / "src" / ".gitignore").write_text("!keep.c\n")
     unruled = walk(str(root), ["/data/"])
-    assert unruled is not None and "a.log" in unruled[0] and "data/z" not in unruled[0]
-    assert unruled[1] != walked[1]
+    assert unruled is not None and "a.log" in unruled.entries() and "data/z" not in unruled.entries()
+    assert not unruled.plain and not unruled.same_as(walked)
 
 
 def test_changed_paths_too_long_for_the_go_frame_mean_the_full_sync(tmp_path: Path) -> None:
@@ -314,17 +291,21 @@ def test_changed_paths_too_long_for_the_go_frame_mean_the_full_sync(tmp_path: Pa
     assert after is not None
     assert syncstate.MAX_PATHS_BYTES < 900 * 400 and syncstate.MAX_PATHS_BYTES < MAX_PAYLOAD
     clean = {"token": "token", "clean": True}
-    assert syncstate.plan(syncstate.load(record, after), "key", after, clean) == ("full", [])
-    one_changed = (dict(before[0], **{names[0]: after[0][names[0]]}), "other digest", after[2], True)
-    assert syncstate.plan(syncstate.load(record, one_changed), "key", one_changed, clean) \
-        == ("paths", [names[0]])
+    assert syncstate.plan(syncstate.load(record), "key", after, clean) == ("full", [])
+    top = f"{'d' * 200}/"
+    one = names[0].rpartition("/")[2]
+    one_changed = Walk(dict(before.content, **{top: (before.content[top][0], dict(
+        before.content[top][1], **{one: after.content[top][1][one]}))}), {}, after.ignores, True)
+    assert syncstate.plan(syncstate.load(record), "key", one_changed, clean) == ("paths", [names[0]])
 
 
 def test_a_record_that_parses_but_makes_no_sense_means_the_full_sync(tmp_path: Path, tree: Path) -> None:
     run(tmp_path, tree)
     (record,) = (tmp_path / "state" / "peer-sync").iterdir()
-    head = record.read_bytes().partition(b"\n")[0]
-    record.write_bytes(head + b'\n{"sub": ["d"], "sub/main.c": 2}')  # same token, nonsense entry
+    header, walked = treestate.loads(record.read_bytes()) or ({}, None)
+    assert walked is not None
+    walked.content["sub/"][1]["main.c"] = 2  # type: ignore[assignment]  # same token, nonsense
+    record.write_bytes(treestate.dumps(header, walked))
     (tree / "sub" / "main.c").write_text("changed here\n")
     again = run(tmp_path, tree)
     assert how(again) == "full"

@@ -24,6 +24,7 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.agent.treestate import Walk
     from dispatch.core.settings import Settings
 
 
@@ -135,6 +136,7 @@ class _Session:
         self.pumps = _pump_outputs(self.writer)
         self.link = _Link(control_fd, stdin_w)
         self.done = threading.Event()
+        self.background: threading.Thread | None = None  # the copy's manifest being written
         threading.Thread(target=self.link.read_loop, daemon=True).start()
         threading.Thread(target=self.link.watchdog, args=(self.done,), daemon=True).start()
         threading.Thread(target=self._beat, daemon=True).start()
@@ -157,6 +159,11 @@ class _Session:
             self.writer.send(Frame.ALERT, json.dumps(figures).encode())
         except OSError:
             pass
+
+    def join_background(self) -> None:
+        if self.background is not None:
+            self.background.join()
+            self.background = None
 
     def wait_for_go(self) -> bool:
         """Whether the controller said go; False after an abort, or once it went away or silent."""
@@ -228,6 +235,7 @@ def run_job(spec: RunSpec) -> int:
         if settings is None:
             return 0  # aborted (toolchain, sync, Ctrl-C) or the controller went away: nothing ran
     result = _run_here(spec, settings, session)
+    session.join_background()  # the manifest, written while the job ran
     session.join_pumps()
     if session.link.silent_for and not session.link.lost.is_set():
         _stopped_for_silence(result, session.link.silent_for)
@@ -251,26 +259,42 @@ def _prepare(spec: RunSpec, prepare: dict[str, Any], session: _Session) -> Setti
         except Exception:  # any doubt about the copy: the controller then rsyncs in full
             prepared["copy"] = {"token": None, "clean": False}
     session.writer.send(Frame.PROBE, json.dumps(prepared).encode())
-    # While the controller compares and syncs: load what the run needs (off the critical path).
+    # While the controller compares and syncs: load what the run needs (off the critical path),
+    # and keep the listings the check had to read in the manifest.
+    if walked is not None:
+        from dispatch.agent.treestate import keep_listings
+
+        session.background = threading.Thread(
+            target=keep_listings, args=(prepared["workdir"], prepared["copy"], walked), daemon=True)
+        session.background.start()
     import dispatch.local.runner  # noqa: F401
     from dispatch.agent.prepare import peer_settings
 
     settings, _notes = peer_settings(spec.fallback or {})
     if not session.wait_for_go():
+        session.join_background()
         session.done.set()
         _stop_sync(str(prepare.get("sync_mark") or ""))
         return None
     if isinstance(copy, dict) and "workdir" in prepared and session.link.go_payload:
-        from dispatch.agent.treestate import save_after_go
-
-        try:
-            go = json.loads(session.link.go_payload)
-        except ValueError:
-            go = {}
-        # Before the job runs: the manifest describes the copy as the sync left it.
-        save_after_go(prepared["workdir"], list(copy.get("excludes") or []), walked,
-                      go if isinstance(go, dict) else {})
+        _record_copy(prepared["workdir"], list(copy.get("excludes") or []), walked, session)
     return settings
+
+
+def _record_copy(workdir: str, excludes: list[str], walked: Walk | None, session: _Session) -> None:
+    """The copy's manifest after a sync: taken now, before the job runs; written while it runs."""
+    from dispatch.agent.treestate import state_after_go, write_manifest
+
+    try:
+        go = json.loads(session.link.go_payload)
+    except ValueError:
+        go = {}
+    session.join_background()  # one writer of the manifest at a time
+    state = state_after_go(workdir, excludes, walked, go if isinstance(go, dict) else {})
+    if state is not None:
+        session.background = threading.Thread(target=write_manifest, args=(workdir, *state),
+                                              daemon=True)
+        session.background.start()
 
 
 def _run_here(spec: RunSpec, settings: Settings | None, session: _Session) -> dict[str, Any]:

@@ -61,7 +61,7 @@ MYPY = False
 if MYPY:
     from typing import Any, Protocol
 
-    from dispatch.agent.treestate import Walked
+    from dispatch.agent.treestate import Walk
     from dispatch.core.request import RunRequest
     from dispatch.hosts.syncstate import Loaded
 
@@ -122,7 +122,7 @@ class PeerRun:
         self.remote_tree = ""
         self.sync_mark = os.urandom(8).hex()
         self._walker: threading.Thread | None = None
-        self._walked: list[tuple[Walked | None, str | None, Loaded | None]] = []
+        self._walked: list[tuple[Walk | None, str | None, Loaded | None]] = []
         self._saver: threading.Thread | None = None
         self._copy: dict[str, Any] | None = None
         self._probes: list[str] | None = None
@@ -200,9 +200,11 @@ class PeerRun:
         from dispatch.hosts import syncstate
 
         try:
-            walked = walk(self.tree, list(self.settings.sync_excludes))
             record = syncstate.record_path(self.settings.state_dir, self.host.name, tree_id(self.tree))
-            self._walked.append((walked, record, syncstate.load(record, walked)))
+            loaded = syncstate.load(record)
+            walked = walk(self.tree, list(self.settings.sync_excludes),
+                          loaded[1] if loaded is not None else None)
+            self._walked.append((walked, record, loaded))
         except Exception:  # any doubt: no walk, the full rsync
             self._walked.append((None, None, None))
 
@@ -224,6 +226,9 @@ class PeerRun:
             how, paths = "full", []
         self.sync_how = how
         if how == "skip":
+            if record is not None and walked is not None and walked.fresh and loaded is not None:
+                # The same record with the listings this walk had to read: the next walk reuses them.
+                self._save(record, key, str(loaded[0]["token"]), walked)
             return
         token = os.urandom(8).hex()
         if record is not None:
@@ -243,7 +248,10 @@ class PeerRun:
             return
         self.go_payload = json.dumps({"token": token, "paths": paths if how == "paths" else None}
                                      ).encode()
-        # The record is written while the job starts (it is only for the next run); run() waits.
+        self._save(record, key, token, walked)
+
+    def _save(self, record: str, key: str, token: str, walked: Walk) -> None:
+        """The record is written while the job starts (it is only for the next run); run() waits."""
         self._saver = threading.Thread(target=_save_record, args=(record, key, token, walked),
                                        daemon=True)
         self._saver.start()
@@ -334,7 +342,7 @@ class PeerRun:
         return AgentSession(self, proc).run()
 
 
-def _save_record(record: str, key: str, token: str, walked: Walked) -> None:
+def _save_record(record: str, key: str, token: str, walked: Walk) -> None:
     from dispatch.hosts import syncstate
 
     try:

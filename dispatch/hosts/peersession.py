@@ -79,7 +79,11 @@ class AgentSession:
         self.signals: list[int] = []  # caught here, forwarded or ending the run between reads
         self.phase = PREPARE
         self.syncing: threading.Thread | None = None
+        self.synced = threading.Event()  # set as the sync thread's last act (it may not have exited)
         self.sync_error: list[BaseException] = []
+        # The sync thread's end wakes the loop at once (a byte on this pipe): "go" follows rsync,
+        # or the decision not to rsync, without waiting for a frame or a poll's timeout.
+        self.wake: tuple[int, ...] = os.pipe()
         self.reader = FrameReader()
         self.result: dict[str, Any] | None = None
         self.ssh_errors = b""  # the end of ssh's stderr: its reason when it fails
@@ -129,12 +133,17 @@ class AgentSession:
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ, "out")  # type: ignore[arg-type]
         sel.register(self.proc.stderr, selectors.EVENT_READ, "err")  # type: ignore[arg-type]
+        sel.register(self.wake[0], selectors.EVENT_READ, "wake")
         try:
             interrupted = self._loop(sel)
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
             sel.close()
+            with self.lock:  # the sync thread writes to it under the lock, never after this
+                for fd in self.wake:
+                    os.close(fd)
+                self.wake = ()
             self._teardown()
         if interrupted is not None:
             return interrupted
@@ -145,10 +154,8 @@ class AgentSession:
     def _loop(self, sel: selectors.BaseSelector) -> Outcome | None:
         """Read and handle frames, and between reads keep the timers, until both pipes close or the
         link is dead; an Outcome when a signal ended the run before the job started."""
-        while sel.get_map():
-            # While rsync runs, nothing comes from the agent for up to 2 s: poll often, so "go" is
-            # sent as soon as rsync ends, not at the next heartbeat.
-            for key, _ in sel.select(timeout=0.01 if self.phase == SYNC else 0.5):
+        while len(sel.get_map()) > 1:  # the agent's pipes, besides the wake pipe
+            for key, _ in sel.select(timeout=0.5):
                 self._read(sel, key)
                 if self.garbled:
                     return None
@@ -156,7 +163,7 @@ class AgentSession:
             if now - self.last_loop > HEARTBEAT * 2:
                 self.last_heard = now  # we were stopped (Ctrl-Z, a frozen host), not the link
             self.last_loop = now
-            if self.phase == SYNC and self.syncing is not None and not self.syncing.is_alive():
+            if self.phase == SYNC and self.synced.is_set():
                 self._after_sync()
             interrupted = self._forward_signals()
             if interrupted is not None:
@@ -172,8 +179,11 @@ class AgentSession:
         return None
 
     def _read(self, sel: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
-        """One read from ssh's stdout (the agent's frames) or stderr (ssh's own words)."""
-        data = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
+        """One read from ssh's stdout (the agent's frames) or stderr (ssh's own words), or the sync
+        thread's wake-up."""
+        data = os.read(key.fd, 65536)
+        if key.data == "wake":
+            return
         if not data:
             sel.unregister(key.fileobj)
             return
@@ -210,8 +220,7 @@ class AgentSession:
             self.send(Frame.ABORT)
             raise
         self.phase = SYNC
-        self.syncing = threading.Thread(target=_capture, args=(self.owner.sync, self.sync_error),
-                                        daemon=True)
+        self.syncing = threading.Thread(target=self._sync, daemon=True)
         self.syncing.start()
 
     def _on_alert(self, payload: bytes) -> None:
@@ -229,6 +238,14 @@ class AgentSession:
             session=request.session, argv=request.argv, peer=True)
         owner.say(f"alert: {record['message']}")
         alertlog.write(owner.settings.alerts_path, record, owner.say)
+
+    def _sync(self) -> None:
+        """Step 4 in its thread; its end wakes the loop (unless the session is over)."""
+        _capture(self.owner.sync, self.sync_error)
+        self.synced.set()
+        with self.lock:
+            if self.wake:
+                os.write(self.wake[1], b"s")
 
     # -- between reads --
     def _after_sync(self) -> None:

@@ -9,28 +9,30 @@ only changed or new files here and the copy is clean, only they are sent. Anythi
 doubt (no record, a damaged or foreign one, other sync options), is the full rsync.
 
 The record: ``<state_dir>/peer-sync/<host>-<tree id>`` (0600 in a 0700 directory, both checked),
-a JSON header line (version, key, token, digest) and a JSON line of the walk's entries, which is read
-only when the digests differ.
+``treestate.dumps`` of the walk (its entries, and the directory listings the next walk reuses)
+under a header of the sync's options key and token.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
-from dispatch.agent.treestate import GITIGNORE, VERSION, read_private, write_private
+from dispatch.agent.treestate import GITIGNORE, Walk, dumps, loads, read_private, write_private
 
 MYPY = False
 if MYPY:
     from typing import Any
 
-    from dispatch.agent.treestate import Walked
+    from dispatch.agent.treestate import Content
 
-    Loaded = tuple[dict[str, Any], "dict[str, Any] | None"]  # the header, the entries if read
+    Loaded = tuple[dict[str, Any], Walk]  # the header, the walk recorded
 
 MAX_PATHS = 1000  # more changed paths than this: the full rsync (its walk is then worth it)
 MAX_PATHS_BYTES = 256 << 10  # the paths travel in the go frame (at most 1 MiB): well below it
+
+
+_NEW = ("new",)  # a name the last sync did not have
 
 
 def record_path(state_dir: str, host: str, tree: str) -> str:
@@ -46,70 +48,67 @@ def record_path(state_dir: str, host: str, tree: str) -> str:
     return os.path.join(directory, f"{host}-{tree}")
 
 
-def load(path: str, walked: Walked | None) -> Loaded | None:
-    """The record's header and, when this walk differs from it, its entries (read in the walk's
-    thread, off the critical path); None when there is no usable record."""
-    if walked is None:
-        return None
-    data = read_private(path)
-    if data is None:
-        return None
-    head, _, body = data.partition(b"\n")
-    try:
-        record = json.loads(head)
-        if not isinstance(record, dict):
-            return None
-        before = None
-        if record.get("digest") != walked[1] and walked[3]:
-            before = json.loads(body)
-    except ValueError:
-        return None
-    return record, before if isinstance(before, dict) else None
+def load(path: str) -> Loaded | None:
+    """The record's header and walk (read in the walk's thread, before the walk, which reuses its
+    listings); None when there is no usable record."""
+    return loads(read_private(path))
 
 
-def plan(loaded: Loaded | None, key: str, walked: Walked | None,
+def plan(loaded: Loaded | None, key: str, walked: Walk | None,
          copy: dict[str, Any] | None) -> tuple[str, list[str]]:
     """``("skip", [])``, ``("paths", changed)`` or ``("full", [])``."""
     if walked is None or loaded is None or not isinstance(copy, dict) or not copy.get("clean") \
             or not copy.get("token"):
         return "full", []
-    record, before = loaded
-    if record.get("version") != VERSION or record.get("key") != key \
-            or record.get("token") != copy["token"]:
+    header, before = loaded
+    if header.get("key") != key or header.get("token") != copy["token"]:
         return "full", []
-    if record.get("digest") == walked[1]:
+    if walked.same_as(before):
         return "skip", []
-    if not walked[3] or before is None:  # a rule the walk cannot follow: --files-from could send
-        return "full", []                # an ignored file (it reads no .gitignore)
-    changed = []
-    entries = walked[0]
-    if len(entries) < len(before):
-        return "full", []  # something was deleted here
-    for rel, entry in entries.items():
-        old = before.get(rel)
-        if old is not None and list(entry) == old:
+    if not walked.exact or not walked.plain or not before.exact or not before.plain:
+        return "full", []  # a rule the walk cannot follow: --files-from could send an ignored file
+    if {k: v[1] for k, v in walked.ignores.items()} != {k: v[1] for k, v in before.ignores.items()}:
+        return "full", []  # a rule changed
+    changed = _changed(walked.content, before.content)
+    if not changed or sum(len(rel.encode("utf-8", "surrogateescape")) + 8 for rel in changed) \
+            > MAX_PATHS_BYTES:
+        return "full", []
+    return "paths", changed
+
+
+def _changed(content: Content, before: Content) -> list[str]:
+    """The new or rewritten regular files when nothing else changed (no directory added, removed
+    or changed, nothing deleted, no .gitignore, at most ``MAX_PATHS``); else []. Only directories
+    whose content differs are looked into."""
+    if content.keys() != before.keys():
+        return []
+    changed: list[str] = []
+    for rel, now in content.items():
+        old = before[rel]
+        if old == now:
             continue
-        # Only a new or rewritten regular file, in a directory the copy has, no rule changed.
-        parent = rel.rpartition("/")[0]
-        if entry[0] != "f" or (old is not None and old[0] != "f") or rel.rpartition("/")[2] == GITIGNORE \
-                or (parent and before.get(parent) != ["d"]):
-            return "full", []
-        changed.append(rel)
+        if old[0] != now[0]:
+            return []  # the directory's own mode or owner
+        names, old_names = now[1], old[1]
+        if any(name not in names for name in old_names):
+            return []  # something was deleted here
+        for name, entry in names.items():
+            was = old_names.get(name, _NEW)
+            if was == entry:
+                continue
+            if entry is None or entry[0] != "f" or name == GITIGNORE \
+                    or (was is not _NEW and (was is None or was[0] != "f")):
+                return []
+            changed.append(rel + name)
         if len(changed) > MAX_PATHS:
-            return "full", []
-    if any(rel not in entries for rel in before):
-        return "full", []
-    if sum(len(rel.encode("utf-8", "surrogateescape")) + 8 for rel in changed) > MAX_PATHS_BYTES:
-        return "full", []
-    return ("paths", changed) if changed else ("full", [])
+            return []
+    return changed
 
 
-def save(path: str, key: str, token: str, walked: Walked) -> None:
+def save(path: str, key: str, token: str, walked: Walk) -> None:
     """The record after a successful sync (the walk taken before it, so a change made here during
     the sync shows as a change next time)."""
-    head = json.dumps({"version": VERSION, "key": key, "token": token, "digest": walked[1]})
-    body = json.dumps(walked[0], separators=(",", ":"))
-    write_private(path, f"{head}\n{body}".encode("utf-8", "surrogateescape"))
+    write_private(path, dumps({"key": key, "token": token}, walked))
 
 
 def forget(path: str) -> None:

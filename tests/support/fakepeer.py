@@ -195,10 +195,12 @@ def _agent(mode: str, script_path: str, log: str) -> int:
     copy = spec.prepare.get("copy")
     walked = None
     if isinstance(copy, dict):  # the real agent's check of its copy and its manifest after go
-        from dispatch.agent.treestate import check_copy, save_after_go
+        from dispatch.agent.treestate import check_copy, keep_listings, save_after_go
 
         prepared["copy"], walked = check_copy(workdir, list(copy.get("excludes") or []))
     writer.send(Frame.PROBE, json.dumps(prepared).encode())
+    if isinstance(copy, dict):
+        keep_listings(workdir, prepared["copy"], walked)
     control.decided.wait()
     if not control.go:  # aborted, or the controller went away: keep logging until it closes
         control.closed.wait(30)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -50,3 +53,26 @@ def peer_bookings(peer: Any) -> list[tuple[Any, ...]]:
         return con.execute("SELECT id, label, state FROM bookings").fetchall()
     finally:
         con.close()
+
+
+def rsync_logger(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose ``rsync`` logs each argv (one JSON line) and runs the real one."""
+    real = shutil.which("rsync")
+    assert real is not None
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "rsync.jsonl"
+    wrapper = bin_dir / "rsync"
+    wrapper.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                       f"with open({str(log)!r}, 'a') as fh: fh.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                       f"os.execv({real!r}, [{real!r}, *sys.argv[1:]])\n")
+    wrapper.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
+
+
+def syncs(log: Path) -> list[str]:
+    """Each sync rsync started so far (the ones with ``-e``): "paths" or "full"."""
+    if not log.exists():
+        return []
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    return ["paths" if "--files-from=-" in argv else "full" for argv in runs if "-e" in argv]
