@@ -182,16 +182,22 @@ def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, tmp_path: Path) -> None:
     assert row["exit_code"] == 130
 
 
-def test_a_pending_job_is_cancelled_on_ctrl_c(slurm: SlurmCluster, tmp_path: Path) -> None:
-    """A job that waits in Slurm's queue (the node's memory held) has no step to signal: Ctrl-C
-    cancels it at once."""
-    cfg = config(tmp_path, slurm)
+def queued_behind_a_full_node(slurm: SlurmCluster, cfg: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    """A job holding the node's memory (its id, to cancel), and hostrun's job queued behind it."""
     node = sf.parse_nodes(slurm.run(sf.node_command()).stdout)[0]
     held = slurm.run(["sbatch", "--parsable", f"--mem={node.real_memory // MiB - 100}M", "-J", "hold",
                       "--wrap", "sleep 120"]).stdout.strip()
     proc = subprocess.Popen(hostrun_argv(cfg, "--peer=farm", "-l", "queued", "-m", "200M", "--",
                                          "true"), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd=ROOT)
+    return held, proc
+
+
+def test_a_pending_job_is_cancelled_on_ctrl_c(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A job that waits in Slurm's queue (the node's memory held) has no step to signal: Ctrl-C
+    cancels it at once."""
+    cfg = config(tmp_path, slurm)
+    held, proc = queued_behind_a_full_node(slurm, cfg)
     try:
         slurm.wait_for("queued", "PENDING")
         proc.send_signal(signal.SIGINT)
@@ -361,12 +367,7 @@ def test_a_pending_job_says_why_it_waits(slurm: SlurmCluster, tmp_path: Path) ->
     cfg = config(tmp_path, slurm, "")
     text = cfg.read_text().replace("kill_grace = '2s'\n", "kill_grace = '2s'\nstatus_interval = '1s'\n")
     cfg.write_text(text)
-    node = sf.parse_nodes(slurm.run(sf.node_command()).stdout)[0]
-    held = slurm.run(["sbatch", "--parsable", f"--mem={node.real_memory // MiB - 100}M", "-J", "hold",
-                      "--wrap", "sleep 120"]).stdout.strip()
-    proc = subprocess.Popen(hostrun_argv(cfg, "--peer=farm", "-l", "queued", "-m", "200M", "--",
-                                         "true"), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=ROOT)
+    held, proc = queued_behind_a_full_node(slurm, cfg)
     try:
         slurm.wait_for("queued", "PENDING")
         time.sleep(2.5)
