@@ -34,9 +34,10 @@ from dispatch.core.request import JOB_ENV, RunRequest, job_environment
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
+from dispatch.local import ramp
 from dispatch.local.admission import wait_for_room
 from dispatch.local.admitpolicy import Admission, Room
-from dispatch.local.booking import Plan, default_label, guess, plan_booking
+from dispatch.local.booking import OOM_SCORE_ADJ, Plan, default_label, guess, plan_booking
 from dispatch.local.guardian import Guardian
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.jobwatch import Foreground, JobWatch
@@ -268,6 +269,7 @@ class _LocalRun:
                 argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
             ), plan
         self.take_device(ledger, booking_id)
+        plan = _lent(ledger, booking_id, plan)
         outcome = _run(settings, self.host, self.backend, self.job, child, request, label, plan, say,
                        self.gpu, self.watch, guardian)
         outcome.waited_s = round(waited, 3)
@@ -298,7 +300,7 @@ class _LocalRun:
             host=host.name, label=label, pid=me, pid_start=start_time(me) or 0, size=plan.size,
             cap=plan.limit, kind=plan.kind, command=" ".join(request.argv), session=request.session,
             cgroup=self.job.path or None, gpu_bytes=request.gpu_memory, group=request.group,
-            when_idle=request.when_idle, booking_id=place,
+            when_idle=request.when_idle, booking_id=place, requeue=requeue,
         )
         guardian.booked(booking_id)
         if plan.why is not None:
@@ -414,6 +416,15 @@ def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSet
             signal.signal(sig, handler)
 
 
+def _lent(ledger: Ledger, booking_id: int, plan: Plan) -> Plan:
+    """The plan as admitted: a job started on lent room (``lending``) was booked as a gamble, so
+    the kernel kills it first if a projection was wrong (and it is requeued)."""
+    row = ledger.booking(booking_id)
+    if row is None or row.kind != "gamble" or plan.kind == "gamble":
+        return plan
+    return plan._replace(kind="gamble", oom_score_adj=OOM_SCORE_ADJ["gamble"])
+
+
 def _run(
     settings: Settings, host: HostSettings, backend: CapBackend, job: JobCgroup, child: PreparedChild,
     request: RunRequest, label: str, plan: Plan, say: Callable[[str], None], gpu: GpuRun | None = None,
@@ -446,14 +457,17 @@ def _run(
         if gpu is not None:
             gpu.start_sampling(job.pids)  # the VRAM peak, recorded for the label (--gpu-memory auto)
         max_runtime = request.max_runtime if request.max_runtime is not None else host.max_runtime
-        status, peak, timed_out = JobWatch(settings, job, child.pid, max_runtime, signals, say,
-                                           foreground, watch, guardian).wait()
+        watcher = JobWatch(settings, job, child.pid, max_runtime, signals, say, foreground, watch,
+                           guardian)
+        status, peak, timed_out = watcher.wait()
     result.duration_s = round(time.monotonic() - started, 3)
     job.kill_all()
     vram = watch.finish() if watch is not None else None  # the rest of its output, then the verdict
     if gpu is not None:
         result.vram_peak_bytes = gpu.vram_peak
     _judge(result, job, status, peak, timed_out, vram, say)
+    if result.outcome == "exit" and result.peak_bytes:  # a killed run's profile ends early
+        result.ramp = list(ramp.profile(watcher.rises, result.duration_s, result.peak_bytes))
     return result
 
 
