@@ -13,8 +13,8 @@ from pathlib import Path
 from dispatch.core.units import MiB
 from dispatch.local import admitpolicy
 from dispatch.local.admitpolicy import Room
-from dispatch.local.lending import Ramp, lend, project, usage
 from dispatch.local.ledgerdb import Booking
+from dispatch.local.lending import Ramp, lend, project, usage
 from tests.conftest import Hostrun, wait_for
 
 PY = sys.executable

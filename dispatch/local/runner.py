@@ -269,7 +269,8 @@ class _LocalRun:
                 argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
             ), plan
         self.take_device(ledger, booking_id)
-        plan = _lent(ledger, booking_id, plan)
+        if requeue:  # only such a job may have been lent room
+            plan = _lent(ledger, booking_id, plan)
         outcome = _run(settings, self.host, self.backend, self.job, child, request, label, plan, say,
                        self.gpu, self.watch, guardian)
         outcome.waited_s = round(waited, 3)
