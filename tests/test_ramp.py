@@ -117,3 +117,18 @@ def test_a_run_records_its_ramp_and_the_ledger_shows_its_time_to_peak(hostrun: H
     assert points[6] < 30 * MiB  # by 70% of its ~2.5 s it had not grown
     assert peak["time_to_peak"] >= 0.8
     assert peak["min_duration"] >= 2.0
+
+
+def test_merged_rises_show_growth_early_never_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dispatch.local import jobwatch
+
+    monkeypatch.setattr(jobwatch, "MAX_RISES", 4)
+    watch = jobwatch.JobWatch.__new__(jobwatch.JobWatch)
+    watch.peak, watch.rises = 0, []
+    for at, used in ((0.1, 10), (0.2, 20), (0.3, 30), (0.4, 40), (0.5, 50)):
+        watch._rose(at, used)
+    # Past 4 pairs, each pair is merged at its earlier time with its later value.
+    assert watch.rises == [(0.1, 20), (0.3, 40), (0.5, 50)] and watch.peak == 50
+    exact = ramp.profile([(0.1, 10), (0.2, 20), (0.3, 30), (0.4, 40), (0.5, 50)], 1.0, 50)
+    merged = ramp.profile(watch.rises, 1.0, 50)
+    assert all(m >= e for m, e in zip(merged, exact)) and merged != exact
