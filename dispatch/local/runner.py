@@ -37,7 +37,7 @@ from dispatch.core.units import format_size
 from dispatch.local import ramp
 from dispatch.local.admission import wait_for_room
 from dispatch.local.admitpolicy import Admission, Room
-from dispatch.local.booking import OOM_SCORE_ADJ, Plan, default_label, guess, plan_booking
+from dispatch.local.booking import Plan, as_admitted, default_label, guess, plan_booking
 from dispatch.local.guardian import Guardian
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.jobwatch import Foreground, JobWatch
@@ -269,8 +269,8 @@ class _LocalRun:
                 argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
             ), plan
         self.take_device(ledger, booking_id)
-        if requeue:  # only such a job may have been lent room
-            plan = _lent(ledger, booking_id, plan)
+        if requeue:  # only such a job may have been lent room (``lending``)
+            plan = as_admitted(plan, ledger.booking(booking_id))
         outcome = _run(settings, self.host, self.backend, self.job, child, request, label, plan, say,
                        self.gpu, self.watch, guardian)
         outcome.waited_s = round(waited, 3)
@@ -415,15 +415,6 @@ def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSet
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-
-
-def _lent(ledger: Ledger, booking_id: int, plan: Plan) -> Plan:
-    """The plan as admitted: a job started on lent room (``lending``) was booked as a gamble, so
-    the kernel kills it first if a projection was wrong (and it is requeued)."""
-    row = ledger.booking(booking_id)
-    if row is None or row.kind != "gamble" or plan.kind == "gamble":
-        return plan
-    return plan._replace(kind="gamble", oom_score_adj=OOM_SCORE_ADJ["gamble"])
 
 
 def _run(
