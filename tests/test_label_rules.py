@@ -194,7 +194,7 @@ def test_the_vram_peak_survives_a_rebuild_from_the_journal(tmp_path: Path) -> No
     journal.write_text(peakjournal.HEADER + "".join(lines) +
                        "P\told\tlocal\t1\t1\t1\t0\t-\t-\t1.0\t-\t-\t0\n")
     peakjournal.replay(str(journal), lambda *a: None, used.append, lambda *a: None)
-    assert [row[-1] for row in used] == [None, 5000 * MiB, None]
+    assert [row[12] for row in used] == [None, 5000 * MiB, None]  # max_vram
 
 
 def test_a_ledger_from_before_vram_gains_the_column(tmp_path: Path) -> None:

@@ -55,6 +55,8 @@ def cmd_ledger(argv: list[str]) -> int:
     if args.json:
         import json
 
+        from dispatch.local.ramp import time_to_peak
+
         def row(b: Any) -> dict[str, Any]:
             return {**b._asdict(), "stale": b.id in stale,
                     "invalid": INVALID_CGROUP if b.id in invalid else None}
@@ -62,7 +64,8 @@ def cmd_ledger(argv: list[str]) -> int:
         print(json.dumps({
             "running": [row(b) for b in bookings if b.state == "running"],
             "queue": [row(b) for b in bookings if b.state == "waiting"],
-            "peaks": [{**p._asdict(), "clear_mark_after": settings.clear_mark_after,
+            "peaks": [{**p._asdict(), "time_to_peak": time_to_peak(p.ramp),
+                       "clear_mark_after": settings.clear_mark_after,
                        "marked_because": mark_reasons(p, settings.clear_mark_after)} for p in peaks],
         }, indent=2))
         return 0

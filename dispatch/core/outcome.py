@@ -6,7 +6,7 @@ import os
 
 MYPY = False
 if MYPY:
-    from typing import Any
+    from typing import Any, Optional
 
     from dispatch.core.exitcodes import ExitCode
 
@@ -21,7 +21,7 @@ FIELDS = (
 class Outcome:
     """Filled in as the run goes; ``outcome`` is "exit", "signal", or a name from exitcodes."""
 
-    __slots__ = FIELDS
+    __slots__ = (*FIELDS, "ramp")
 
     def __init__(
         self, *, exit_code: int, outcome: str, host: str, label: str, argv: list[str],
@@ -54,6 +54,9 @@ class Outcome:
         self.vram_evidence = vram_evidence  # what showed a GPU out-of-memory, if anything
         self.vram_peak_bytes = vram_peak_bytes  # --gpu-memory: the most VRAM the job's processes used
         self.requeued = requeued  # times it ran again after a slice-full kill (--requeue)
+        # The run's ramp profile (``dispatch.local.ramp``), for its label's record; kept out of
+        # FIELDS (the result file, the wire): the host that ran the job records it.
+        self.ramp: Optional[list[int]] = None
 
     @classmethod
     def of(cls, code: ExitCode, *, host: str, label: str, argv: list[str], **fields: Any) -> Outcome:

@@ -6,7 +6,8 @@ no SQLite), so the rules can be tested without a store: the ledger (``dispatch.l
 the rows inside its admission transaction, asks here, and stores the verdict. FIFO: a waiter gets in
 only when the room left after every earlier waiter's need covers its own; a waiter held by a queue
 policy (``--group``, ``--when-idle``) or stopped reserves nothing; with ``queue_policy = "backfill"``
-a waiter may still jump a memory-blocked head (``dispatch.local.backfill``).
+a waiter may still jump a memory-blocked head (``dispatch.local.backfill``); a waiter that may be
+requeued may start on room the running jobs have not grown into yet (``dispatch.local.lending``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ if MYPY:
     GpuRoom = Callable[[list[Booking]], dict[int, int]]  # running bookings -> room per GPU index
     RoomFunction = Callable[[list[Booking]], "Room"]  # running bookings -> room for a new booking
     Durations = Callable[[], Mapping[str, float]]  # the recorded longest run per label, read on demand
+    from dispatch.local.lending import Ramp
+    Ramps = Callable[[], Mapping[str, Ramp]]  # the recorded ramp profiles per label, read on demand
 
 
 def choose_gpu(rooms: dict[int, int], earlier: list[int], need: int
@@ -83,6 +86,7 @@ class Admission(NamedTuple):
     backfill: Optional[str] = None
     pass_on: bool = False
     machine: Optional[str] = None  # the machine's available memory, when it is what holds the room
+    lend: Optional[str] = None  # the LEND line when it starts on room lent by slow-growing jobs
 
 
 def policy_block(b: Booking, running: Sequence[Booking], groups: Mapping[str, int] | None
@@ -110,14 +114,16 @@ def _never_stopped(b: Booking) -> bool:
 def evaluate(booking_id: int, rows: Sequence[Booking], room: RoomFunction,
              gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None, *,
              stopped: Callable[[Booking], bool] = _never_stopped, durations: Durations | None = None,
-             now: float = 0.0) -> Admission:
+             now: float = 0.0, ramps: Ramps | None = None) -> Admission:
     """Would booking ``booking_id`` get in now? ``rows``: every booking of its host, in id order.
 
     ``room`` gets the running bookings and returns the room for a new one; ``gpu_room`` the VRAM
     room per device (``choose_gpu``). ``stopped``: whether a waiter is stopped (Ctrl-Z, SIGSTOP):
     it cannot take its turn, so it holds nobody up until resumed. ``durations`` (queue_policy
     "backfill"; read only when FIFO holds the booking): the labels' recorded longest runs, for a
-    jump ahead of a blocked head at time ``now``. Raises LookupError when the booking is gone.
+    jump ahead of a blocked head at time ``now``. ``ramps`` (read only when memory holds a waiter
+    that may be requeued): the labels' ramp profiles, for a loan (``lending.lend``). Raises
+    LookupError when the booking is gone.
     """
     running = [b for b in rows if b.state == "running"]
     me = next((b for b in rows if b.id == booking_id), None)
@@ -142,6 +148,12 @@ def evaluate(booking_id: int, rows: Sequence[Booking], room: RoomFunction,
         memory_ok, jumped = easy(me, [b for b in earlier if b.id not in held], later, running, free,
                                  durations(), now)
         extra.update(jumped)
+    if ramps is not None and not memory_ok and policy is None:
+        waiting = [b for b in earlier if b.id not in held]
+        extra["lend"] = _loan(me, waiting, running, free, ramps, durations, now)
+        memory_ok = extra["lend"] is not None
+        extra["pass_on"] = extra.get("pass_on", False) or any(
+            b.requeue for b in rows if b.state == "waiting" and b.id > booking_id)
     if not me.gpu_bytes:
         return Admission(memory_ok and policy is None, me.size, free, ahead, len(earlier), running,
                          [], memory_ok=memory_ok, policy=policy, **extra)
@@ -151,6 +163,25 @@ def evaluate(booking_id: int, rows: Sequence[Booking], room: RoomFunction,
     return Admission(memory_ok and gpu_ok and policy is None, me.size, free, ahead, len(earlier),
                      running, [], gpu_need=me.gpu_bytes, gpu_device=device, gpu_free=gpu_free,
                      gpu_ahead=gpu_ahead, memory_ok=memory_ok, gpu_ok=gpu_ok, policy=policy, **extra)
+
+
+def _loan(me: Booking, waiting: list[Booking], running: list[Booking], free: int, ramps: Ramps,
+          durations: Durations | None, now: float) -> str | None:
+    """The LEND line when ``me`` may start on loan: it may be requeued, and it delays no head (none
+    waits ahead of it, or with backfill it ends by the head's shadow)."""
+    if not me.requeue or me.gpu_bytes:
+        return None
+    from dispatch.local import backfill, lending
+
+    head_at: tuple[Booking | None, float | None] = (None, None)
+    if waiting:
+        if durations is None:
+            return None
+        verdict = backfill.decide(me, waiting, running, free, durations(), now)
+        if verdict.head is None or verdict.shadow is None:
+            return None
+        head_at = verdict.head, verdict.shadow.at
+    return lending.lend(me, running, ramps(), free, now, *head_at)
 
 
 def easy(me: Booking, earlier: list[Booking], later: list[Booking], running: list[Booking],

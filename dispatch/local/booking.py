@@ -26,7 +26,7 @@ from dispatch.core.fingerprint import short_hash
 from dispatch.core.records import NamedTuple
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
-from dispatch.local.ledgerdb import PeakRecord
+from dispatch.local.ledgerdb import Booking, PeakRecord
 
 MYPY = False
 if MYPY:
@@ -75,6 +75,14 @@ def guess(cap: int | None, limit: int, elsewhere: Sequence[tuple[str, int]], pro
     else:
         return None
     return Guess(min(limit, max(size, MIN_GUESS)), why)
+
+
+def as_admitted(plan: Plan, row: Booking | None) -> Plan:
+    """The plan as admitted: a job started on lent room (``dispatch.local.lending``) was booked as
+    a gamble, so the kernel kills it first if a projection was wrong (and it is requeued)."""
+    if row is None or row.kind != "gamble" or plan.kind == "gamble":
+        return plan
+    return plan._replace(kind="gamble", oom_score_adj=OOM_SCORE_ADJ["gamble"])
 
 
 def peer_cap(cap: int | None, default_cap: int | None, peer_memory_cap: int | None) -> int | None:

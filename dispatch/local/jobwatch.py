@@ -29,6 +29,7 @@ if MYPY:
 SAMPLE_INTERVAL = 0.05
 FAST_SAMPLE_INTERVAL = 0.01  # short jobs are over before a 50 ms sample would see them
 FAST_SAMPLING_FOR = 1.0
+MAX_RISES = 4096  # (time, peak) pairs kept for the ramp profile before they are merged in twos
 
 
 class Foreground:
@@ -112,6 +113,16 @@ class JobWatch:
         self.kill_at: float | None = None
         self.timed_out = False
         self.peak = 0
+        self.rises: list[tuple[float, int]] = []  # (seconds since start, new peak): the ramp profile
+
+    def _rose(self, at: float, used: int) -> None:
+        """Keep a new running maximum. Past ``MAX_RISES`` pairs are merged, each at its earlier time
+        with its later (higher) value: the profile may then show growth early, never late."""
+        self.peak = used
+        self.rises.append((at, used))
+        if len(self.rises) > MAX_RISES:
+            self.rises = [(self.rises[i][0], self.rises[min(i + 1, len(self.rises) - 1)][1])
+                          for i in range(0, len(self.rises), 2)]
 
     def wait(self) -> tuple[int, int, bool]:
         """(raw wait status, peak bytes sampled, whether max runtime stopped it)."""
@@ -158,7 +169,9 @@ class JobWatch:
                 status = self.foreground.follow_stop(self.pid)
                 if status is not None:
                     return status  # reaped while checking for a stop: it has exited
-            self.peak = max(self.peak, self.job.sample())
+            used = self.job.sample()
+            if used > self.peak:
+                self._rose(last - begun, used)
             if self.watch is not None:
                 self.watch.tick()
             now = time.monotonic()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.core.procinfo import is_alive, is_stopped
 from dispatch.core.text import storable
@@ -41,6 +41,8 @@ from dispatch.local.ledgerdb import (
     run_record,
 )
 from dispatch.local.ledgerfile import LedgerFile, guarded, rollback
+from dispatch.local.lending import Ramp
+from dispatch.local.ramp import decode as decode_ramp
 
 MYPY = False
 if MYPY:
@@ -95,16 +97,18 @@ class Ledger(LedgerFile):
         self, *, host: str, label: str, pid: int, pid_start: int, size: int, cap: int, kind: str,
         command: str, session: str | None, cgroup: str | None = None, gpu_bytes: int | None = None,
         group: str | None = None, when_idle: bool = False, booking_id: int | None = None,
+        requeue: bool = False,
     ) -> int:
         """A waiting booking, at the back of the queue; ``booking_id``: at the place of that
-        released booking instead (a requeued job: AUTOINCREMENT never gives its id to another)."""
+        released booking instead (a requeued job: AUTOINCREMENT never gives its id to another);
+        ``requeue``: it may be requeued, so admission may lend it room (``lending``)."""
         cur = self.db.execute(
             "INSERT INTO bookings (id, host, label, state, pid, pid_start, size, cap, kind, command,"
-            " session, queued, cgroup, gpu_bytes, grp, when_idle)"
-            " VALUES (?, ?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " session, queued, cgroup, gpu_bytes, grp, when_idle, requeue)"
+            " VALUES (?, ?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (booking_id, host, storable(label), pid, pid_start, size, cap, kind, storable(command),
              None if session is None else storable(session), time.time(), cgroup, gpu_bytes,
-             None if group is None else storable(group), int(when_idle)),
+             None if group is None else storable(group), int(when_idle), int(requeue)),
         )
         assert cur.lastrowid is not None
         self._track(cur.lastrowid)
@@ -130,7 +134,19 @@ class Ledger(LedgerFile):
         return admitpolicy.evaluate(
             booking_id, self._rows("host = ?", (host,)) if rows is None else rows, room, gpu_room,
             groups, stopped=_stopped, durations=(lambda: self._durations(host)) if backfill else None,
-            now=time.time())
+            now=time.time(), ramps=lambda: self._ramps(host))
+
+    def _ramps(self, host: str) -> dict[str, Ramp]:
+        """The ramp profiles of the labels booked on ``host`` that have one (``lending``)."""
+        out = {}
+        for label, text, fastest, longest in self.db.execute(
+                "SELECT label, ramp, min_duration, max_duration FROM peaks WHERE host = ? AND ramp"
+                " IS NOT NULL AND min_duration > 0 AND max_duration IS NOT NULL"
+                " AND label IN (SELECT label FROM bookings WHERE host = ?)", (host, host)):
+            points = decode_ramp(text)
+            if points is not None:
+                out[label] = Ramp(points, fastest, longest)
+        return out
 
     def _durations(self, host: str) -> dict[str, float]:
         """The longest recorded run of each label booked on ``host``."""
@@ -175,11 +191,15 @@ class Ledger(LedgerFile):
             ) if adm.admitted else []
             if adm.admitted and adm.backfill:
                 skipped.append(adm.backfill)
+            if adm.admitted and adm.lend:
+                skipped.append(adm.lend)
             if adm.admitted:
                 self.db.execute(
                     "UPDATE bookings SET state = 'running', since = ?, reason = NULL,"
-                    " gpu_index = coalesce(gpu_index, ?) WHERE id = ? AND state = 'waiting'",
-                    (time.time(), adm.gpu_device if adm.gpu_need else None, booking_id),
+                    " gpu_index = coalesce(gpu_index, ?), kind = CASE WHEN ? THEN 'gamble' ELSE kind"
+                    " END WHERE id = ? AND state = 'waiting'",
+                    (time.time(), adm.gpu_device if adm.gpu_need else None, adm.lend is not None,
+                     booking_id),
                 )
                 if booking_id in self._mine:
                     self._track(booking_id)
@@ -280,20 +300,21 @@ class Ledger(LedgerFile):
         self, label: str, host: str, peak: int, hit_ceiling: bool, duration: float, *,
         cap: int | None, event: str = NO_EVENT, clear_after: int = CLEAR_MARK_AFTER,
         run: RunRecord | None = None, keep: tuple[float, int] = (90.0, 100_000),
-        vram: int | None = None,
+        vram: int | None = None, ramp: Sequence[int] | None = None,
     ) -> None:
         """Fold one run into the peak table and append it to the history (``cap``: the job's own
         cap, None when it had none), in one transaction; only the last PEAK_HISTORY runs are kept.
         ``event`` and ``clear_after`` set or clear the label's mark (``ledgerdb.record_fold``).
         ``run``: its row in the run history, written in the same transaction (``keep``: days, rows).
         ``vram``: the most VRAM the run used, when it was measured (a ``--gpu-memory`` run).
+        ``ramp``: the run's ramp profile, when it recorded one (``ledgerdb.record_fold``).
 
         The run goes to the journal too, inside the write lock. When the ledger fails, it still goes
         there (then a recovery replays it, so the retry after one only writes the history row).
         """
         now = time.time()
         line = peakjournal.run_line(label, host, peak, cap, hit_ceiling, duration, now,
-                                    event=event, clear_after=clear_after, vram=vram)
+                                    event=event, clear_after=clear_after, vram=vram, ramp=ramp)
         journaled: list[bool] = []
 
         def record() -> None:
@@ -304,7 +325,7 @@ class Ledger(LedgerFile):
             try:
                 self.db.execute("BEGIN IMMEDIATE")
                 record_fold(self.db, label, host, peak, hit_ceiling, duration, cap, now, event,
-                            clear_after, vram)
+                            clear_after, vram, ramp)
                 if run is not None:
                     record_run(self.db, run, keep[0], keep[1], now)
                 size = peakjournal.append(self.journal_path, line)

@@ -8,6 +8,9 @@ connection), because a recovery (``dispatch.local.recovery``) and the peak journ
 from __future__ import annotations
 
 from dispatch.core.records import NamedTuple
+from dispatch.local.ramp import decode as decode_ramp
+from dispatch.local.ramp import encode as encode_ramp
+from dispatch.local.ramp import fold as fold_ramp
 
 MYPY = False
 if MYPY:
@@ -19,9 +22,10 @@ if MYPY:
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import Settings
 
-SCHEMA_VERSION = 7  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle;
+SCHEMA_VERSION = 8  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle;
 # 5: peaks.ceiling_at, slice_full_at, clean_runs (the marks that book a label at its cap); 6: runs;
-# 7: peaks.max_vram (the worst VRAM a --gpu-memory run of the label used)
+# 7: peaks.max_vram (the worst VRAM a --gpu-memory run of the label used); 8: peaks.ramp,
+# min_duration (how fast it grows: ``dispatch.local.ramp``), bookings.requeue (it may be lent room)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bookings (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -42,7 +46,8 @@ CREATE TABLE IF NOT EXISTS bookings (
     gpu_index INTEGER,
     gpu_bytes INTEGER,
     grp TEXT,
-    when_idle INTEGER NOT NULL DEFAULT 0
+    when_idle INTEGER NOT NULL DEFAULT 0,
+    requeue INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS bookings_host_state ON bookings (host, state, id);
 CREATE TABLE IF NOT EXISTS peaks (
@@ -59,6 +64,8 @@ CREATE TABLE IF NOT EXISTS peaks (
     slice_full_at REAL,
     clean_runs INTEGER NOT NULL DEFAULT 0,
     max_vram INTEGER,
+    ramp TEXT,
+    min_duration REAL,
     PRIMARY KEY (label, host)
 );
 CREATE TABLE IF NOT EXISTS peak_runs (
@@ -103,15 +110,17 @@ RUN_COLUMNS = ("started, ended, duration, waited, host, label, session, command,
 DAY = 86400.0
 BOOKING_COLUMNS = (
     "id, host, label, state, pid, pid_start, size, cap, kind, cgroup, command, session, queued, "
-    "since, reason, gpu_index, gpu_bytes, grp, when_idle"
+    "since, reason, gpu_index, gpu_bytes, grp, when_idle, requeue"
 )
 # Columns added after version 1, for ledgers created by an older hostrun: (name, declaration).
 ADDED_COLUMNS = (("gpu_index", "INTEGER"), ("gpu_bytes", "INTEGER"), ("grp", "TEXT"),
-                 ("when_idle", "INTEGER NOT NULL DEFAULT 0"))
+                 ("when_idle", "INTEGER NOT NULL DEFAULT 0"),
+                 ("requeue", "INTEGER NOT NULL DEFAULT 0"))
 ADDED_PEAK_COLUMNS = (("ceiling_at", "REAL"), ("slice_full_at", "REAL"),
-                      ("clean_runs", "INTEGER NOT NULL DEFAULT 0"), ("max_vram", "INTEGER"))
+                      ("clean_runs", "INTEGER NOT NULL DEFAULT 0"), ("max_vram", "INTEGER"),
+                      ("ramp", "TEXT"), ("min_duration", "REAL"))
 PEAK_COLUMNS = ("label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration,"
-                " updated, ceiling_at, slice_full_at, clean_runs, max_vram")
+                " updated, ceiling_at, slice_full_at, clean_runs, max_vram, ramp, min_duration")
 # What a run says about its label's mark (``mark_event``), in record_fold and in the
 # peak journal: killed with 254; OOM-killed otherwise; a clean run at its cap; nothing of that.
 SLICE_FULL, OOM_KILLED, CLEAN, NO_EVENT = "s", "o", "c", "-"
@@ -138,6 +147,7 @@ class Booking(NamedTuple):
     gpu_bytes: Optional[int] = None  # VRAM asked for with --gpu-memory
     grp: Optional[str] = None  # --group
     when_idle: bool = False  # --when-idle
+    requeue: bool = False  # it may be requeued (--requeue): admission may lend it room
 
 
 class PeakRecord(NamedTuple):
@@ -154,6 +164,8 @@ class PeakRecord(NamedTuple):
     slice_full_at: Optional[float] = None  # marked: killed when the slice filled (254) then
     clean_runs: int = 0  # clean runs at its cap since that mark; the mark clears at clear_mark_after
     max_vram: Optional[int] = None  # bytes: the most VRAM a --gpu-memory run used (None: unmeasured)
+    ramp: Optional[tuple[int, ...]] = None  # its ramp profile (``dispatch.local.ramp``), clean runs
+    min_duration: Optional[float] = None  # its fastest run that recorded a profile
 
 
 class PeakRun(NamedTuple):
@@ -210,6 +222,8 @@ def record_run(db: sqlite3.Connection, run: RunRecord, keep_days: float, keep_ro
 def peak_record(row: Any) -> PeakRecord:
     fields = list(row)
     fields[5] = bool(fields[5])
+    if len(fields) > 13:
+        fields[13] = decode_ramp(fields[13])
     return PeakRecord(*fields)
 
 
@@ -256,7 +270,8 @@ def peak_run_rows(db: sqlite3.Connection, host: str | None = None) -> list[PeakR
 
 def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ceiling: bool,
                 duration: float | None, cap: int | None, now: float, event: str = NO_EVENT,
-                clear_after: int = CLEAR_MARK_AFTER, vram: int | None = None) -> None:
+                clear_after: int = CLEAR_MARK_AFTER, vram: int | None = None,
+                ramp: Sequence[int] | None = None) -> None:
     """One run into peak_runs (keeping the last PEAK_HISTORY) and into peaks; in a write transaction.
     Also how a recovery replays the journal, so a rebuilt table equals the one that was there.
 
@@ -264,6 +279,9 @@ def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ce
     SLICE_FULL marks the label (``slice_full_at``, clean runs back to 0); OOM_KILLED sets the count
     back to 0; CLEAN counts one, and the ``clear_after``-th in a row clears the mark, so one lucky
     run does not put the label back to peak or gamble booking.
+
+    ``ramp``: the run's ramp profile (a clean run's): folded pointwise (``ramp.fold``), and its
+    duration into ``min_duration``, so a projected phase is never later than the fastest run's.
     """
     db.execute(
         "INSERT INTO peak_runs (label, host, peak, cap, hit_ceiling, duration, at)"
@@ -290,6 +308,11 @@ def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ce
     if vram is not None:
         db.execute("UPDATE peaks SET max_vram = max(coalesce(max_vram, 0), ?) WHERE label = ? AND"
                    " host = ?", (vram, *key))
+    if ramp is not None:
+        old = db.execute("SELECT ramp FROM peaks WHERE label = ? AND host = ?", key).fetchone()
+        db.execute("UPDATE peaks SET ramp = ?, min_duration = min(coalesce(min_duration, ?), ?)"
+                   " WHERE label = ? AND host = ?",
+                   (encode_ramp(fold_ramp(decode_ramp(old[0]), ramp)), duration, duration, *key))
     if hit_ceiling:
         db.execute("UPDATE peaks SET ceiling_at = ? WHERE label = ? AND host = ?", (now, *key))
     if event == SLICE_FULL:
@@ -339,7 +362,8 @@ def record_outcome(settings: Settings, ledger: Any, outcome: Outcome, request: R
             ledger.record_peak(outcome.label, outcome.host, outcome.peak_bytes, outcome.hit_ceiling,
                                outcome.duration_s, cap=cap, event=event,
                                clear_after=settings.clear_mark_after, run=run,
-                               keep=settings.history_keep, vram=outcome.vram_peak_bytes)
+                               keep=settings.history_keep, vram=outcome.vram_peak_bytes,
+                               ramp=outcome.ramp)
     except LedgerError as exc:
         say(f"warning: the peak and history row of this run were not recorded: {exc}")
 

@@ -82,6 +82,7 @@ def insert_booking(db: sqlite3.Connection, b: Booking, with_id: bool) -> None:
     names = list(Booking._fields)
     values: list[object] = list(b)
     values[names.index("when_idle")] = int(b.when_idle)
+    values[names.index("requeue")] = int(b.requeue)
     if not with_id:
         names, values = names[1:], values[1:]
     db.execute(f"INSERT INTO bookings ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
@@ -142,8 +143,9 @@ def _build(tmp: str, journal_path: str, live: list[Booking], mine: list[Booking]
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         used, skipped = peakjournal.replay(
             journal_path,
-            lambda label, host, peak, hit, duration, cap, at, event, clear_after, vram: record_fold(
-                db, label, host, peak, hit, duration, cap, at, event, clear_after, vram),
+            lambda label, host, peak, hit, duration, cap, at, event, clear_after, vram, ramp: (
+                record_fold(db, label, host, peak, hit, duration, cap, at, event, clear_after, vram,
+                            ramp)),
             lambda row: db.execute(f"INSERT OR REPLACE INTO peaks ({PEAK_COLUMNS}) "
                                    f"VALUES ({', '.join('?' * len(row))})", row),
             lambda label, host, peak, hit, duration, cap, at: db.execute(

@@ -34,9 +34,10 @@ from dispatch.core.request import JOB_ENV, RunRequest, job_environment
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
+from dispatch.local import ramp
 from dispatch.local.admission import wait_for_room
 from dispatch.local.admitpolicy import Admission, Room
-from dispatch.local.booking import Plan, default_label, guess, plan_booking
+from dispatch.local.booking import Plan, as_admitted, default_label, guess, plan_booking
 from dispatch.local.guardian import Guardian
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.jobwatch import Foreground, JobWatch
@@ -268,6 +269,8 @@ class _LocalRun:
                 argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
             ), plan
         self.take_device(ledger, booking_id)
+        if requeue:  # only such a job may have been lent room (``lending``)
+            plan = as_admitted(plan, ledger.booking(booking_id))
         outcome = _run(settings, self.host, self.backend, self.job, child, request, label, plan, say,
                        self.gpu, self.watch, guardian)
         outcome.waited_s = round(waited, 3)
@@ -298,7 +301,7 @@ class _LocalRun:
             host=host.name, label=label, pid=me, pid_start=start_time(me) or 0, size=plan.size,
             cap=plan.limit, kind=plan.kind, command=" ".join(request.argv), session=request.session,
             cgroup=self.job.path or None, gpu_bytes=request.gpu_memory, group=request.group,
-            when_idle=request.when_idle, booking_id=place,
+            when_idle=request.when_idle, booking_id=place, requeue=requeue,
         )
         guardian.booked(booking_id)
         if plan.why is not None:
@@ -446,14 +449,17 @@ def _run(
         if gpu is not None:
             gpu.start_sampling(job.pids)  # the VRAM peak, recorded for the label (--gpu-memory auto)
         max_runtime = request.max_runtime if request.max_runtime is not None else host.max_runtime
-        status, peak, timed_out = JobWatch(settings, job, child.pid, max_runtime, signals, say,
-                                           foreground, watch, guardian).wait()
+        watcher = JobWatch(settings, job, child.pid, max_runtime, signals, say, foreground, watch,
+                           guardian)
+        status, peak, timed_out = watcher.wait()
     result.duration_s = round(time.monotonic() - started, 3)
     job.kill_all()
     vram = watch.finish() if watch is not None else None  # the rest of its output, then the verdict
     if gpu is not None:
         result.vram_peak_bytes = gpu.vram_peak
     _judge(result, job, status, peak, timed_out, vram, say)
+    if result.outcome == "exit" and result.peak_bytes:  # a killed run's profile ends early
+        result.ramp = list(ramp.profile(watcher.rises, result.duration_s, result.peak_bytes))
     return result
 
 
