@@ -124,20 +124,25 @@ def test_a_stopped_waiter_at_the_head_holds_nobody_up(hostrun: Hostrun, tmp_path
     hold = hostrun.popen("-m", "150M", "--label", "hold", "--", "sh", "-c",
                          f"touch {started}; while [ ! -e {release} ]; do sleep 0.05; done")
     wait_for(started.exists)
-    head = hostrun.popen("-m", "200M", "--label", "head", "--", "true")
-    wait_for(lambda: any(b[1] == "head" for b in hostrun.bookings()))
-    os.kill(head.pid, signal.SIGTSTP)
-    wait_for(lambda: is_stopped(head.pid))
-    small = hostrun.popen("-m", "100M", "--label", "small", "--", "true")
+    head = small = None
     try:
+        # A process group of its own under this process (same session): the kernel discards SIGTSTP
+        # for a process in an orphaned group, which this test's may be (a runner started by setsid).
+        head = hostrun.popen("-m", "200M", "--label", "head", "--", "true", process_group=0)
+        wait_for(lambda: any(b[1] == "head" for b in hostrun.bookings()))
+        os.kill(head.pid, signal.SIGTSTP)
+        wait_for(lambda: is_stopped(head.pid))
+        small = hostrun.popen("-m", "100M", "--label", "small", "--", "true")
         assert small.wait(timeout=60) == 0, small.stderr.read() if small.stderr else ""
         assert [b[1:3] for b in hostrun.bookings() if b[1] != "hold"] == [("head", "waiting")]
-    finally:
-        os.kill(head.pid, signal.SIGCONT)
+    finally:  # whatever failed, nothing is left stopped or holding the slice
+        if head is not None:
+            os.kill(head.pid, signal.SIGCONT)
         release.touch()
-        small.terminate()
+        if small is not None:
+            small.terminate()
     assert hold.wait(timeout=30) == 0
-    assert head.wait(timeout=30) == 0
+    assert head is not None and head.wait(timeout=30) == 0
 
 
 def test_waiting_job_killed_by_sigkill_leaves_no_queue_entry(hostrun: Hostrun, tmp_path: Path) -> None:
