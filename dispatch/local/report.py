@@ -101,9 +101,15 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
     return data
 
 
+REPORT_LEFT_OUT = ("ramp", "min_duration")  # admission's own (``lending``): no placement reads them
+
+
 def peak_data(peak: PeakRecord) -> PeakRecordData:
-    """A peak record as a report carries it."""
-    return peak._asdict()  # type: ignore[return-value]  # its fields are PeakRecordData's keys
+    """A peak record as a report carries it (less what only this host's admission reads)."""
+    data = peak._asdict()
+    for name in REPORT_LEFT_OUT:
+        del data[name]
+    return data  # type: ignore[return-value]  # its other fields are PeakRecordData's keys
 
 
 def threads_free(heavy_threads: int, load1: float) -> int:
