@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dispatch.cli.completion import candidates
-from tests.conftest import ON_CI
+from tests.conftest import _unavailable
 
 BIN = str(Path(sys.executable).parent)  # where the venv's hostrun console script is
 
@@ -73,9 +73,8 @@ def run_shell(argv: list[str], tmp_path: Path) -> str:
 def need(shell: str) -> str:
     path = shutil.which(shell)
     if path is None:
-        if ON_CI:
-            pytest.fail(f"CI=true but {shell} is not installed (scripts/setup installs it)")
-        pytest.skip(f"{shell} is not installed")
+        _unavailable(f"{shell} is not installed (scripts/setup installs it)")
+    assert path is not None
     return path
 
 
