@@ -401,28 +401,27 @@ class SlurmRun:
     def _say_pending(self) -> None:
         """While the job waits in Slurm's queue, say why, every ``status_interval`` (as a local
         waiter's line does); nothing once it runs, or when it cannot be read."""
-        if self.job_id is None:
-            try:
-                self.job_id = find_job(self.commands, self.token)
-            except HostrunError:
-                return
-        if self.job_id is None:
+        job_id = self._job_id(quiet=True)
+        if job_id is None:
             return
         try:
-            record = sf.parse_job(self.commands.run(sf.job_command(self.job_id),
+            record = sf.parse_job(self.commands.run(sf.job_command(job_id),
                                                     timeout=COMMAND_TIMEOUT).stdout)
         except HostrunError:
             return
         if record is not None and record.state == "PENDING":
             self.say(f"waiting in {self.where}'s queue: {record.reason or 'no reason given'} "
-                     f"(Slurm job {self.job_id})")
+                     f"(Slurm job {job_id})")
 
-    def _job_id(self) -> str | None:
+    def _job_id(self, quiet: bool = False) -> str | None:
+        """The job's id, found by its token once; ``quiet``: no warning when it cannot be (the
+        periodic pending line tries again next time)."""
         if self.job_id is None:
             try:
                 self.job_id = find_job(self.commands, self.token)
             except HostrunError as exc:
-                self.say(f"warning: could not find the Slurm job: {exc}")
+                if not quiet:
+                    self.say(f"warning: could not find the Slurm job: {exc}")
         return self.job_id
 
     def _split_wait(self, outcome: Outcome, run_time: float | None) -> None:
