@@ -212,3 +212,55 @@ def test_a_job_that_exits_254_by_itself_is_not_requeued(hostrun: Hostrun, tmp_pa
     assert proc.returncode == 254, proc.stderr
     assert attempts.read_text() == "run\n" and "requeued" not in proc.stderr
     assert (result(out)["outcome"], result(out)["requeued"]) == ("exit", 0)
+
+
+def test_a_job_killed_at_its_cap_booking_each_time_ends_254_after_two_requeues(hostrun: Hostrun,
+                                                                               tmp_path: Path) -> None:
+    """``MAX_REQUEUES``: the third slice-full kill is the run's exit code. A job booked at its cap is
+    only killed when another job undercounted its booking: here "hog" (a 40 MiB gamble) takes 120 MiB
+    each time the victim has started an attempt, for 3 s, and the victim, which takes 200 MiB of its
+    250 MiB cap, raises its own oom_score_adj to 1000 (as any process may; lowering the hog's needs a
+    capability this machine's root lacks), so the kernel takes the victim every time."""
+    hostrun.configure(slice="300M", top='gamble_size = "40M"')
+    attempts, grown = tmp_path / "attempts", tmp_path / "grown"
+    hog = hostrun.popen("--label", "hog", "--", PY, "-c", f"""
+import pathlib, time
+attempts = pathlib.Path({str(attempts)!r})
+for n in (1, 2, 3):
+    while not attempts.exists() or len(attempts.read_text().splitlines()) < n:
+        time.sleep(0.02)
+    x = bytearray(120 << 20)
+    pathlib.Path({str(grown)!r} + str(n)).touch()
+    time.sleep(3)
+    del x
+""")
+    out = tmp_path / "victim.json"
+    try:
+        victim = hostrun.run("--requeue", "-m", "250M", "--label", "victim", "--result-file", str(out),
+                             "--", PY, "-c", f"""
+import pathlib, time
+open('/proc/self/oom_score_adj', 'w').write('1000')
+with open({str(attempts)!r}, 'a') as fh:
+    fh.write('run\\n')
+n = len(pathlib.Path({str(attempts)!r}).read_text().splitlines())
+while not pathlib.Path({str(grown)!r} + str(n)).exists():
+    time.sleep(0.02)
+x = bytearray(200 << 20)
+""", timeout=120)
+        assert hog.wait(timeout=60) == 0, (hog.communicate()[1], victim.stderr)
+    finally:
+        if hog.poll() is None:
+            hog.kill()
+            hog.wait()
+    assert victim.returncode == 254, victim.stderr
+    assert attempts.read_text() == "run\n" * 3
+    r = result(out)
+    assert (r["exit_code"], r["booking_kind"], r["requeued"]) == (254, "cap", 2)
+    assert victim.stderr.count("requeued: victim") == 2
+    requeues = [line.split(" REQUEUE ")[1] for line in queue_log(hostrun).splitlines() if " REQUEUE " in line]
+    assert len(requeues) == 2 and requeues[0].split(":")[0] == requeues[1].split(":")[0], requeues
+    assert "(1 of 2)" in requeues[0] and "(2 of 2)" in requeues[1]
+    runs = history(hostrun, "victim")
+    assert [(h["exit_code"], h["booking_kind"]) for h in runs] == [(254, "gamble"), (254, "cap"),
+                                                                     (254, "cap")]
+    assert hostrun.bookings() == []
