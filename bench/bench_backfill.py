@@ -38,11 +38,12 @@ kills no job; backfill's makespan is below FIFO's. Standard library only; root; 
 Simulated rows (``_packsim``; no real job, zero overheads, deterministic), so that the real rows can
 be read against what is reachable at all: the best makespan found by a scheduler that knows every
 peak and duration and books whole peaks (list scheduling over several job orders, FIFO and EASY
-among them), the same booking ramp profiles (perfect time-to-peak packing), and hostrun's own FIFO
-and EASY backfill with zero overhead (estimates exact, then with hostrun's margin, then with the
-bookings at what hostrun records: the nominal peak plus ``--sim-extra-mib``). The real rows' excess
-over the last is overhead (hand-off, interpreter start, sampling), not policy. ``--simulate-only``
-prints these rows alone in a few seconds, without root.
+among them; at the nominal peaks, then at what hostrun records), the same booking ramp profiles
+(perfect time-to-peak packing), and hostrun's own FIFO and EASY backfill with zero overhead
+(estimates exact, then with hostrun's margin, then with the bookings at what hostrun records: the
+nominal peak plus ``--sim-extra-mib``). The real rows' excess over the last is overhead (hand-off,
+interpreter start, sampling), not policy. ``--simulate-only`` prints these rows alone in a few
+seconds, without root.
 """
 
 from __future__ import annotations
