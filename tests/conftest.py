@@ -511,6 +511,7 @@ _NOT_RUN_KINDS = (  # (words in a skip reason, what the summary calls it), first
     (("VM", "qemu"), "the test VM"),
     (("Slurm", "slurm", "munge"), "Slurm"),
     (("sshd", "openssh"), "sshd"),
+    (("cgroup v1",), "cgroup v1 (the suite's own cgroup tests; the VM tests run hostrun on systemd and v2)"),
     (("root", "useradd", "cgroup"), "root (real cgroups, a second user)"),
 )
 
