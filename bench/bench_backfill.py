@@ -59,6 +59,7 @@ import sys
 import tempfile
 import time
 
+import _firstpass
 import _packsim
 from _common import (
     MEMORY_MOUNT,
@@ -312,11 +313,24 @@ def simulated(args: argparse.Namespace, seed: int) -> list[tuple[str, float, int
     with zero overhead), printed as they come; they lose no job by construction."""
     jobs = job_mix(args.jobs, seed)
     rows, notes = _packsim.simulate(jobs, args.slice_mib, seed, args.sim_orders, args.sim_extra_mib)
+    caps = cap_mix(jobs, seed, args.slice_mib)
+    for policy, what in FIRST_PASS_RULES:
+        makespan, kills, lost = _firstpass.first_pass(jobs, caps, args.slice_mib, args.sim_extra_mib,
+                                                      policy)
+        rows.append((f"hostrun first pass, --requeue, {what}, zero overhead (simulated)", makespan,
+                     f"{kills} killed and requeued, {lost:.1f} s of runs lost"))
     for line in notes:
         print(f"  {line}")
     for name, makespan, _ in rows:
         print(f"  {name}: {makespan:.1f} s")
-    return [(name, makespan, 0, notes) for name, makespan, notes in rows]
+    return [(name, makespan, 0, how) for name, makespan, how in rows]
+
+
+FIRST_PASS_RULES = (  # _firstpass's policies, as the table names them
+    ("fifo", "hostrun's rule (no durations: nothing jumps the head)"),
+    ("easy-program", "EASY with the program's longest recent run as every estimate"),
+    ("greedy", "any waiter that fits starts (the head unprotected)"),
+)
 
 
 def header(args: argparse.Namespace, seed: int) -> tuple[list[tuple[int, float, float]], list[int], float]:

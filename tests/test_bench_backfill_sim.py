@@ -146,3 +146,32 @@ def test_easy_scan_is_hostruns_decide() -> None:
             checked += 1
             jumped += theirs.admit and theirs.how is not None
     assert checked > 500 and jumped > 20  # the jump rules were exercised, not only plain fits
+
+
+firstpass = _load("_firstpass")
+
+
+def test_first_pass_a_gambler_that_outgrows_the_slice_is_killed_and_rerun_at_its_cap() -> None:
+    """Both booked at half their 600 MiB caps (300 + 300 fit a 600 MiB slice); A ramps by 50 MiB every
+    0.125 s beside B's 300 MiB, so at its 7th step (350 MiB, t = 0.75 s) the slice overflows and the
+    kernel takes A (the larger gambler). Requeued at its cap, A waits for B's end (2 s) and runs its
+    2 s: makespan 4 s, 0.75 s of A's first run lost."""
+    jobs = [(400, 1.0, 1.0), (300, 0.0, 2.0)]
+    makespan, kills, lost = firstpass.first_pass(jobs, [600, 600], 600, 0.0, "fifo")
+    assert kills == 1
+    assert makespan == pytest.approx(4.0, abs=0.03) and lost == pytest.approx(0.75, abs=0.03)
+
+
+def test_first_pass_rules_differ_only_where_the_head_is_blocked() -> None:
+    """Slice 400 MiB: X (200 MiB, booked at half its 400 MiB cap) runs 2 s; H, booked at half of 600,
+    does not fit beside it; Y (a 50 MiB guess) could. fifo and easy-program (no run has ended, so no
+    duration is known) keep Y behind H: X 0-2, H 2-3, Y 2-5. greedy starts Y at once: done at 3 s."""
+    jobs = [(200, 0.0, 2.0), (300, 0.0, 1.0), (50, 0.0, 3.0)]
+    caps = [400, 600, 100]
+    results = {p: firstpass.first_pass(jobs, caps, 400, 0.0, p) for p in firstpass.POLICIES}
+    assert results["fifo"][0] == pytest.approx(5.0, abs=0.03)
+    assert results["easy-program"][0] == pytest.approx(5.0, abs=0.03)
+    assert results["greedy"][0] == pytest.approx(3.0, abs=0.03)
+    assert all(kills == 0 for _, kills, _ in results.values())
+    with pytest.raises(ValueError, match="policy"):
+        firstpass.first_pass(jobs, caps, 400, 0.0, "lifo")
