@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import textwrap
@@ -130,7 +131,7 @@ OTHER_CLIENT = textwrap.dedent("""\
         if m.get("op") == "child":  # a child of this process, for a scope
             pid = os.fork()
             if pid == 0:  # as hostrun's job would after its exec: not holding the connection
-                os.close(s.fileno()); time.sleep(60); os._exit(0)
+                os.close(s.fileno()); os.close(1); time.sleep(60); os._exit(0)  # stdout: the test's pipe
             m = {"op": "scope", "pids": [pid], "cap": m["cap"],
                  "unit": "hostrun-shared-%d-%d-1.scope" % (os.getuid(), pid)}
         ask(m)
@@ -218,6 +219,8 @@ def test_a_scope_holds_only_the_callers_own_children(setup: Setup, other_user: O
         mine.kill()
         mine.wait()
     wait_for(lambda: ("KillUnit", [started["unit"], "all", 9]) in setup.fake.calls)
+    child = int(started["unit"].split("-")[3])  # the fake manager kills nothing: the test does
+    os.kill(child, signal.SIGKILL)
 
 
 def test_bad_requests_get_one_line_and_nothing_is_booked(setup: Setup) -> None:
