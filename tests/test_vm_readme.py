@@ -23,22 +23,32 @@ REPO = Path(__file__).resolve().parent.parent
 WHEELS = "/tmp/hostrun-wheels"
 
 
-def test_the_demo_runs_on_systemd_as_both_users(vm: Any, guest: Any, wheelhouse: Path) -> None:
-    def demo(user: str) -> str:
+USERS = ("dev", "root")
+
+
+def from_checkout_as_both_users(vm: Any, guest: Any, command: str, timeout: float) -> dict[str, str]:
+    """``command`` run from a fresh copy of this checkout in the VM by its normal user and by root at
+    once (one emulated CPU each: both in the time of one), pip pointed at the wheelhouse and told not
+    to byte-compile (minutes in the emulated VM): each one's output, ending ``exit=N``."""
+    def one(user: str) -> str:
         g = guest(user)
         checkout = f"{g.dir}/hostrun"
         copy_checkout(vm, user, REPO, checkout)
         return g.sh(f"cd {checkout} && PIP_NO_INDEX=1 PIP_FIND_LINKS={WHEELS} PIP_NO_COMPILE=1 "
-                    "./scripts/demo 2>&1; echo demo-exit=$?", timeout=1200, check=False).stdout
+                    f"{command} 2>&1; echo exit=$?", timeout=timeout, check=False).stdout
 
-    with ThreadPoolExecutor(2) as pool:  # one emulated CPU each: both in the time of one
-        outputs = dict(zip(("dev", "root"), pool.map(demo, ("dev", "root"))))
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(USERS, pool.map(one, USERS)))
+
+
+def test_the_demo_runs_on_systemd_as_both_users(vm: Any, guest: Any, wheelhouse: Path) -> None:
+    outputs = from_checkout_as_both_users(vm, guest, "./scripts/demo", timeout=1200)
     for user, out in outputs.items():
         # Once both have ended: its slice unit and private directory are gone.
         manager = "systemctl --user" if user == "dev" else "systemctl"
         left = vm.ssh(user, f"{manager} list-units --all --plain --no-legend 'hostrun-demo*'; "
                       "ls -d /tmp/hostrun-demo.* 2>/dev/null", check=False).stdout.strip()
-        assert "demo-exit=0" in out, f"{user}: {out[-3000:]}"
+        assert out.rstrip().endswith("exit=0"), f"{user}: {out[-3000:]}"
         assert "backend:  systemd" in out
         if user == "dev":
             assert "in the user manager" in out
@@ -52,21 +62,14 @@ def test_the_demo_runs_on_systemd_as_both_users(vm: Any, guest: Any, wheelhouse:
 
 
 def test_scripts_test_runs_on_systemd_as_both_users(vm: Any, guest: Any, wheelhouse: Path) -> None:
-    def scripts_test(user: str) -> str:
-        g = guest(user)
-        checkout = f"{g.dir}/hostrun"
-        copy_checkout(vm, user, REPO, checkout)
-        return g.sh(f"cd {checkout} && PIP_NO_INDEX=1 PIP_FIND_LINKS={WHEELS} "
-                    "./scripts/test -q -p no:cacheprovider tests/test_units.py tests/test_run_local.py "
-                    "2>&1; echo test-exit=$?", timeout=2400, check=False).stdout
-
-    with ThreadPoolExecutor(2) as pool:  # one emulated CPU each: both in the time of one
-        outputs = dict(zip(("dev", "root"), pool.map(scripts_test, ("dev", "root"))))
+    outputs = from_checkout_as_both_users(
+        vm, guest, "./scripts/test -q -p no:cacheprovider tests/test_units.py tests/test_run_local.py",
+        timeout=2400)
     for user, out in outputs.items():
         print(f"--- {user}: ./scripts/test's set-up lines and last lines\n"  # shown by pytest -rP
               + "\n".join([line for line in out.splitlines() if line.startswith("setup:")]
                           + out.splitlines()[-4:]))
-        assert "test-exit=0" in out, f"{user}: {out[-3000:]}"
+        assert out.rstrip().endswith("exit=0"), f"{user}: {out[-3000:]}"
         assert "setup: ready" in out and "Success: no issues found" in out, f"{user}: {out[-3000:]}"
         not_run = [line for line in out.splitlines() if line.startswith("not run here:")]
         assert len(not_run) == 1, f"{user}: {out[-2000:]}"
