@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from dispatch.core.units import GiB
-from dispatch.local.admitpolicy import Admission, Room, evaluate, passed_over
+from dispatch.local.admitpolicy import Admission, Room, evaluate, may_follow, passed_over
 from dispatch.local.ledgerdb import Booking
 
 NOW = 1_000_000.0
@@ -118,3 +118,14 @@ def test_passed_over_names_each_earlier_waiters_reason() -> None:
         "SKIP memory big need 4.0 GiB free 3.0 GiB (booking 1, passed by booking 3)",
         "SKIP group-cap build 1/1 (booking 2, passed by booking 3)",
     ]
+
+
+def test_an_admission_rings_the_next_only_when_one_behind_could_get_in() -> None:
+    """``may_follow``: a waiter behind fits the room left with the admitted job running, or may be
+    lent room; else nobody is rung."""
+    rows = [booking(1, 3 * GiB, "running"), booking(2, 3 * GiB), booking(3, 3 * GiB), booking(4, GiB)]
+    assert may_follow(2, rows, room_of(8 * GiB))  # 2 GiB left: 4 fits (FIFO holds it; backfill may not)
+    assert not may_follow(2, rows, room_of(7 * GiB - 1))  # 2 counted as running: under 1 GiB left
+    assert not may_follow(4, rows, room_of(100 * GiB))  # nobody behind
+    lendable = [*rows[:3], booking(4, 2 * GiB)._replace(requeue=True)]
+    assert may_follow(2, lendable, room_of(6 * GiB))  # no room left, but 4 may be lent some

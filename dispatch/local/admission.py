@@ -3,7 +3,8 @@ run"; docs/admission.md).
 
 Room = slice limit - bookings of running jobs - cache-free usage above those bookings. A waiter
 blocks on its own doorbell FIFO (``dispatch.local.wakeup``): a release rings the head of the queue,
-an admission rings the next waiter, and a woken waiter that cannot get in rings the next only while
+an admission rings the next waiter when one behind could fit the room left
+(``admitpolicy.may_follow``), and a woken waiter that cannot get in rings the next only while
 those behind it still could (it is held by a queue policy, or only VRAM blocks it, or, with
 ``queue_policy = "backfill"``, a later waiter with a recorded duration fits the room now and may jump
 it); otherwise one that lacks memory stops the chain, as every later waiter reserves its memory

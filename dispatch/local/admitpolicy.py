@@ -217,6 +217,27 @@ def easy(me: Booking, earlier: list[Booking], later: list[Booking], running: lis
     return verdict.admit, out
 
 
+def may_follow(booking_id: int, rows: Sequence[Booking], room: RoomFunction) -> bool:
+    """Just after ``booking_id`` was admitted: could a waiter behind it get in now? ``rows``: the
+    host's bookings as that admission read them; ``room``: the same room function.
+
+    Only a waiter whose need fits the room left with ``booking_id`` running (FIFO and backfill admit
+    no waiter larger than the room, whatever else holds it), or one that may be lent room
+    (``lending``: room the running jobs have not grown into). When there is none, ringing the next
+    waiter would only wake a process to read the ledger and find no room, on the CPU the admitted
+    job needs to start; the ring a later release sends still comes.
+    """
+    later = [b for b in rows if b.state == "waiting" and b.id > booking_id]
+    if not later:
+        return False
+    if any(b.requeue for b in later):
+        return True
+    running = [b._replace(state="running") if b.id == booking_id else b for b in rows
+               if b.state == "running" or b.id == booking_id]
+    left = room(running).free
+    return any(b.size <= left for b in later)
+
+
 def passed_over(booking_id: int, earlier: Sequence[Booking], adm: Admission,
                 groups: Mapping[str, int] | None) -> list[str]:
     """The queue log's ``SKIP`` lines for the earlier waiters admission ``adm`` of ``booking_id``

@@ -63,6 +63,15 @@ def _stopped(b: Booking) -> bool:
     return is_stopped(b.pid)
 
 
+def _may_follow(booking_id: int, rows: list[Booking], room: RoomFunction) -> bool:
+    """``admitpolicy.may_follow``: whether the admission of ``booking_id`` rings the next waiter.
+    Read after the commit, so a failure to read the room only means ringing, as before."""
+    try:
+        return admitpolicy.may_follow(booking_id, rows, room)
+    except Exception:  # a hint: when in doubt, ring
+        return True
+
+
 class Ledger(LedgerFile):
     """The store's operations on bookings, peaks and runs; ``LedgerFile`` keeps it usable."""
 
@@ -70,9 +79,10 @@ class Ledger(LedgerFile):
     def wake_next(self, host: str, after: int = 0) -> None:
         """Ring the first waiter of ``host`` after booking ``after`` (0: the head) that listens.
 
-        Called after a release (from the head), an admission (from the one admitted: the room left
-        may fit the next too) and a reclaim; a woken waiter that cannot get in passes it on only while
-        those behind it still could (admission.wait_for_room). Never raises: the waiters' safety poll
+        Called after a release (from the head), an admission (from the one admitted, when the room
+        left may fit a waiter behind it: ``admitpolicy.may_follow``) and a reclaim; a woken waiter
+        that cannot get in passes it on only while those behind it still could
+        (admission.wait_for_room). Never raises: the waiters' safety poll
         covers a ring that fails.
         """
         try:
@@ -217,7 +227,7 @@ class Ledger(LedgerFile):
             for b in reclaimed:
                 wakeup.remove(self.state_dir, b.id)
             self.wake_next(host)
-        elif adm.admitted:
+        elif adm.admitted and _may_follow(booking_id, rows, room):
             self.wake_next(host, booking_id)
         if skipped:
             self.log(skipped)
