@@ -247,7 +247,7 @@ def wait_for_room(
                 last_locked = now
                 adm = ledger.try_admit(booking_id, host, room, gpu_room, groups, why, backfill)
                 stop_reclaimed(backend, adm.reclaimed)
-                if adm.admitted:  # try_admit rang the next waiter
+                if adm.admitted:  # try_admit rang the next waiter, if one may follow
                     return time.monotonic() - started
             recheck = min(max(base, RECHECK_MAX), base * (1 + adm.position))
             if rung and (adm.policy is not None or adm.memory_ok or adm.pass_on):

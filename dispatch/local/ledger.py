@@ -124,11 +124,17 @@ class Ledger(LedgerFile):
         self._track(cur.lastrowid)
         return cur.lastrowid
 
-    def _reclaim_locked(self, host: str) -> tuple[list[Booking], list[Booking]]:
-        """Delete the bookings of ``host`` whose holder is gone (in the caller's transaction):
-        (those deleted, the host's rows left, in id order: what the same transaction reads next)."""
+    def _reclaim_locked(self, host: str, booking_id: int) -> tuple[list[Booking], list[Booking]]:
+        """Delete the bookings of ``host`` whose holder is gone (in the caller's transaction), among
+        those the verdict on ``booking_id`` rests on: the running ones and the waiters up to it.
+        (Those deleted, the host's rows left, in id order: what the same transaction reads next.)
+
+        A stale waiter behind it holds no room and none of its place: the try of any waiter behind
+        it, or a newcomer's first, reclaims it. Checking only these keeps the head's try, the one on
+        the hand-off's path, from reading every waiter's ``/proc/PID/stat`` on a long queue."""
         rows = self._rows("host = ?", (host,))
-        stale = [b for b in rows if not is_alive(b.pid, b.pid_start)]
+        stale = [b for b in rows if (b.state == "running" or b.id <= booking_id)
+                 and not is_alive(b.pid, b.pid_start)]
         if stale:
             self.db.executemany("DELETE FROM bookings WHERE id = ?", [(b.id,) for b in stale])
             gone = {b.id for b in stale}
@@ -194,7 +200,7 @@ class Ledger(LedgerFile):
         """
         try:  # BEGIN inside: a signal's exception raised right after it must still roll back
             self.db.execute("BEGIN IMMEDIATE")
-            reclaimed, rows = self._reclaim_locked(host)  # one read of the rows for the whole try
+            reclaimed, rows = self._reclaim_locked(host, booking_id)  # the rows, read once per try
             adm = self._evaluate(booking_id, host, room, gpu_room, groups, backfill, rows)
             skipped = admitpolicy.passed_over(booking_id, [
                 b for b in rows if b.state == "waiting" and b.id < booking_id], adm, groups
