@@ -129,3 +129,21 @@ def test_an_admission_rings_the_next_only_when_one_behind_could_get_in() -> None
     assert not may_follow(4, rows, room_of(100 * GiB))  # nobody behind
     lendable = [*rows[:3], booking(4, 2 * GiB)._replace(requeue=True)]
     assert may_follow(2, lendable, room_of(6 * GiB))  # no room left, but 4 may be lent some
+
+
+def test_a_plain_room_tells_the_room_left_without_reading_it_again() -> None:
+    """``Room.plain`` (nothing above the bookings counted): the admission's room less its need is
+    what is left, so ``may_follow`` does not call the room function again; otherwise it does."""
+    rows = [booking(1, GiB, "running"), booking(2, GiB), booking(3, GiB)]
+    assert evaluate(2, rows, lambda running: Room(2 * GiB, plain=True)).plain
+
+    def unread(running: list[Booking]) -> Room:
+        raise AssertionError("the room was read again")
+
+    def admitted(free: int, plain: bool) -> Admission:
+        return Admission(True, GiB, free, 0, 0, [], [], plain=plain)
+
+    assert may_follow(2, rows, unread, admitted(2 * GiB, True))  # 1 GiB left: 3 fits
+    assert not may_follow(2, rows, unread, admitted(2 * GiB - 1, True))
+    with pytest.raises(AssertionError, match="read again"):
+        may_follow(2, rows, unread, admitted(2 * GiB, False))

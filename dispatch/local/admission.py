@@ -63,15 +63,19 @@ def room_function(backend: CapBackend, limit: int,
     """
     def room(running: list[Booking]) -> Room:
         booked = sum(b.size for b in running)
-        in_slice = slice_room(limit, booked, backend.slice_usage().used)
+        used = backend.slice_usage().used
+        in_slice = slice_room(limit, booked, used)
+        plain = used <= booked + USAGE_SLACK  # nothing above the bookings counted (Room.plain)
         try:
             mem = meminfo()
         except OSError:
-            return Room(in_slice)
+            return Room(in_slice, plain=plain)
         yet = not_at_peak(backend, running)
         on_machine = mem.available - yet
         if on_machine >= in_slice:
-            return Room(in_slice)
+            # A booking of N more leaves the slice exactly N less, and the machine at least N less
+            # (what it has yet to use grows by at most N): the slice still holds the room.
+            return Room(in_slice, plain=plain)
         return Room(on_machine, f"the machine has {format_size(max(0, on_machine))} available "
                                 f"(MemAvailable {format_size(mem.available)} less {format_size(yet)} "
                                 "booked by running jobs and not yet used): memory used outside the "

@@ -63,11 +63,11 @@ def _stopped(b: Booking) -> bool:
     return is_stopped(b.pid)
 
 
-def _may_follow(booking_id: int, rows: list[Booking], room: RoomFunction) -> bool:
+def _may_follow(booking_id: int, rows: list[Booking], room: RoomFunction, adm: Admission) -> bool:
     """``admitpolicy.may_follow``: whether the admission of ``booking_id`` rings the next waiter.
     Read after the commit, so a failure to read the room only means ringing, as before."""
     try:
-        return admitpolicy.may_follow(booking_id, rows, room)
+        return admitpolicy.may_follow(booking_id, rows, room, adm)
     except Exception:  # a hint: when in doubt, ring
         return True
 
@@ -233,7 +233,7 @@ class Ledger(LedgerFile):
             for b in reclaimed:
                 wakeup.remove(self.state_dir, b.id)
             self.wake_next(host)
-        elif adm.admitted and _may_follow(booking_id, rows, room):
+        elif adm.admitted and _may_follow(booking_id, rows, room, adm):
             self.wake_next(host, booking_id)
         if skipped:
             self.log(skipped)
