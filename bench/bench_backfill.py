@@ -44,6 +44,12 @@ among them; at the nominal peaks, then at what hostrun records), the same bookin
 nominal peak plus ``--sim-extra-mib``). The real rows' excess over the last is overhead (hand-off,
 interpreter start, sampling), not policy. ``--simulate-only`` prints these rows alone in a few
 seconds, without root.
+
+The ``fifo`` and ``backfill`` series with recorded peaks are also replayed with zero overhead at what
+their jobs really took (each job's booking and the duration hostrun measured, exec to end, from the
+run history): the overhead line then splits into the jobs' own durations (their interpreter start
+and page faults: ``job.py 400 2.0 2.1`` takes ~4.5 s alone, not 4.1 s) and what is left for launch
+and hand-off.
 """
 
 from __future__ import annotations
