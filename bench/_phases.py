@@ -16,29 +16,47 @@ job before its exec) is not in it.
   job          while the job runs (the watch: memory samples)
   to_release   the job's end to its booking released (verdict, peak and history, release)
   to_exit      released to exit (cgroup removed, guardian dismissed, result file)
+
+For the slot hand-off (``handoffs``: one job's end to the next waiter's exec, phase by phase, wall
+time) more marks are taken, each with the monotonic clock every process shares: the booking id
+(``booked N``), the verdict (``judged``), the peak and history (``recorded``), the release
+(``releasing``), each doorbell ring (``ring ID ANSWER``), each wake-up (``woken``), each peek and
+locked try, and the job's ``go``. ``wakeup`` is imported up front for that (hostrun imports it only
+once a job must wait; a few hundred microseconds, counted in ``to_queue``).
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
+from collections.abc import Callable
 
 MARKS: list[tuple[str, float, float]] = []
+OFFSET = time.time() - time.monotonic()  # wall clock - monotonic: the jobs' own stamps are wall clock
 
 
 def mark(name: str) -> None:
     MARKS.append((name, time.monotonic(), time.process_time()))
 
 
-def wrap(owner: object, attr: str, before: str | None, after: str | None) -> None:
+def wrap(owner: object, attr: str, before: str | None, after: str | None,
+         named: Callable[[tuple[object, ...], object], str] | None = None,
+         named_before: Callable[[tuple[object, ...]], str] | None = None) -> None:
+    """Mark ``before`` and ``after`` a call; ``named(args, result)``: the after mark's name,
+    ``named_before(args)`` the before mark's."""
     original = getattr(owner, attr)
 
     def wrapper(*args: object, **kwargs: object) -> object:
-        if before:
+        if named_before is not None:
+            mark(named_before(args))
+        elif before:
             mark(before)
         result = original(*args, **kwargs)
-        if after:
+        if named is not None:
+            mark(named(args, result))
+        elif after:
             mark(after)
         return result
 
@@ -53,16 +71,32 @@ def main() -> None:
 
     mark("imported")
     wrap(runner, "wait_for_room", "queued", "admitted")
-    wrap(spawn.PreparedChild, "go", None, "exec")
+    wrap(spawn.PreparedChild, "go", "go", "exec")
     wrap(jobwatch.JobWatch, "wait", None, "job_end")
-    wrap(ledger.Ledger, "release", None, "released")
+    wrap(ledger.Ledger, "release", "releasing", "released")
+    # the hand-off's steps (see the docstring)
+    from dispatch.local import wakeup
+
+    wrap(runner, "_run", None, "judged")
+    wrap(runner._LocalRun, "record", None, "recorded")
+    wrap(ledger.Ledger, "enqueue", None, None, lambda a, r: f"booked {r}")
+    wrap(ledger.Ledger, "peek", None, None,
+         lambda a, r: "peeked yes" if getattr(r, "admitted", False) else "peeked no")
+    wrap(ledger.Ledger, "try_admit", "try", None,
+         lambda a, r: "tried yes" if getattr(r, "admitted", False) else "tried no")
+    # the ring is marked before the write too: the rung waiter may run (and mark) before it returns
+    wrap(ledger.Ledger, "_reclaim_locked", "locked", None)
+    wrap(ledger.Ledger, "wake_next", "waking", None)
+    wrap(wakeup, "ring", None, None, lambda a, r: f"ring {a[1]} {r}", lambda a: f"ringing {a[1]}")
+    wrap(wakeup.Doorbell, "wait", None, None, lambda a, r: f"woken {r}" if r else "timeout")
     out = os.environ["HOSTRUN_BENCH_PHASES"]
 
     def leave(code: int) -> None:
         mark("exit")
         import json  # only now: hostrun's own path may not load it (its cost would show as hostrun's)
 
-        line = json.dumps({"pid": os.getpid(), "code": code, "marks": MARKS}) + "\n"
+        line = json.dumps({"pid": os.getpid(), "code": code, "marks": MARKS, "offset": OFFSET,
+                           "argv": sys.argv[-1]}) + "\n"
         fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, line.encode())
@@ -104,3 +138,160 @@ def per_phase(path: str) -> tuple[int, dict[str, list[float]]]:
 if __name__ == "__main__":
     sys.path.pop(0)  # this script's directory (bench/): hostrun's modules come from where they would
     main()
+
+
+# ---------------------------------------------------------------- the slot hand-off, wall time
+# Each step from one job's end to the next job's exec, in order: (name, what it is). The first is the
+# job's own last stamp (its ``date``) to hostrun seeing its end; the last, the next job's exec to its
+# own first stamp (``sh`` and ``date`` starting).
+HANDOFF_STEPS = (
+    ("end_seen", "job's last stamp -> its hostrun sees the end (exit, pidfd, reap)"),
+    ("verdict", "-> verdict and peak read (kill_all, counters, ramp)"),
+    ("record", "-> peak and history written (one transaction)"),
+    ("to_release", "-> release begins (attempt returns; child reaped, cgroup killed again)"),
+    ("release", "-> the head's doorbell rung (DELETE, queue read, ring)"),
+    ("wake", "-> the rung waiter runs (select returns)"),
+    ("peek", "-> its locked try begins (a peek first: a plain read and verdict)"),
+    ("lock", "-> the write lock held (BEGIN IMMEDIATE)"),
+    ("decide", "-> committed (reclaim, verdict, UPDATE, COMMIT)"),
+    ("ring_next", "-> the next waiter rung, if it is (queue read, ring)"),
+    ("admitted", "-> wait_for_room returns"),
+    ("to_go", "-> go (the run set up: signals, terminal, outcome)"),
+    ("exec", "-> the job's exec seen by hostrun (pipe, oom_score_adj, execve)"),
+    ("job_start", "-> the job's first stamp (sh, date)"),
+)
+
+
+def _load(path: str) -> list[dict[str, object]]:
+    import json
+
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _first(marks: list[list[object]], name: str, after: float = float("-inf"),
+           before: float = float("inf")) -> tuple[float, float] | None:
+    """(monotonic, cpu) of the first mark called ``name`` (or starting with it) in (after, before]."""
+    for n, t, c in marks:
+        if (n == name or str(n).startswith(name + " ")) and after < t <= before:  # type: ignore[operator]
+            return float(t), float(c)  # type: ignore[arg-type]
+    return None
+
+
+def _last(marks: list[list[object]], name: str, before: float = float("inf"),
+          after: float = float("-inf")) -> tuple[float, float] | None:
+    found = None
+    for n, t, c in marks:
+        if (n == name or str(n).startswith(name + " ")) and after < t <= before:  # type: ignore[operator]
+            found = float(t), float(c)  # type: ignore[arg-type]
+    return found
+
+
+def handoffs(path: str, stamps: dict[str, tuple[float, float]]) -> dict[str, object]:
+    """The hand-offs in one run: each job admitted on a wake-up whose ring came from another
+    hostrun's release, split into ``HANDOFF_STEPS`` (seconds, wall). ``stamps``: the jobs' own
+    (first, last) wall-clock stamps by their stamp file (the last argument of each hostrun).
+
+    Returns {"clean": [{step: seconds, ..., "total": s, "steady": bool, "cpu_release": s,
+    "cpu_admit": s}], "chained": n, "first_try": n, "unmatched": n}. ``steady``: the waiter had
+    queued before the releasing job ended (the queue was formed; not the start-up burst).
+    ``cpu_release``: the releasing hostrun's CPU from the job's end to the ring; ``cpu_admit``: the
+    waiter's from its wake-up to its exec."""
+    procs = _load(path)
+    by_booking: dict[int, dict[str, object]] = {}
+    rings: list[tuple[float, int, dict[str, object]]] = []
+    for p in procs:
+        marks = p["marks"]
+        assert isinstance(marks, list)
+        ringing = 0.0
+        for n, t, _ in marks:
+            parts = str(n).split()
+            if parts[0] == "booked":
+                by_booking[int(parts[1])] = p
+            elif parts[0] == "ringing":
+                ringing = float(t)
+            elif parts[0] == "ring" and parts[2] == "rung":
+                rings.append((ringing, int(parts[1]), p))
+    rings.sort(key=lambda r: r[0])
+    clean: list[dict[str, float | bool]] = []
+    chained = first_try = unmatched = 0
+    for booking, b in by_booking.items():
+        marks = b["marks"]
+        assert isinstance(marks, list)
+        admitted = _first(marks, "admitted")
+        queued = _first(marks, "queued")
+        if admitted is None or queued is None:
+            continue
+        woken = _last(marks, "woken", before=admitted[0])
+        if woken is None:
+            first_try += 1
+            continue
+        ring = [r for r in rings if r[1] == booking and r[0] <= woken[0]]
+        if not ring:
+            unmatched += 1
+            continue
+        at, _, a = ring[-1]
+        a_marks = a["marks"]
+        assert isinstance(a_marks, list)
+        releasing = _last(a_marks, "releasing", before=at)
+        if releasing is None or _first(a_marks, "released", after=releasing[0]) is None \
+                or _first(a_marks, "released", after=releasing[0])[0] < at:  # type: ignore[index]
+            chained += 1  # rung by an admission passing it on, not by a release
+            continue
+        job_end = _last(a_marks, "job_end", before=releasing[0])
+        judged = _last(a_marks, "judged", before=releasing[0])
+        recorded = _last(a_marks, "recorded", before=releasing[0])
+        tried = _last(marks, "tried", before=admitted[0])
+        tried_at = _last(marks, "try", before=tried[0]) if tried else None
+        locked = _first(marks, "locked", after=tried_at[0]) if tried_at else None
+        waking = _first(marks, "waking", after=locked[0], before=tried[0]) if locked and tried else None
+        waking = waking or tried  # no ring to the next waiter: that step took no time
+        go = _first(marks, "go", after=admitted[0])
+        exec_ = _first(marks, "exec", after=admitted[0])
+        a_stamps = stamps.get(str(a["argv"]))
+        b_stamps = stamps.get(str(b["argv"]))
+        if None in (job_end, judged, recorded, go, exec_, tried, tried_at, locked, waking) or not a_stamps \
+                or not b_stamps:
+            unmatched += 1
+            continue
+        a_off, b_off = float(a["offset"]), float(b["offset"])  # type: ignore[arg-type]
+        a_last = a_stamps[1] - a_off
+        b_first = b_stamps[0] - b_off
+        points = [a_last, job_end[0], judged[0], recorded[0], releasing[0], at, woken[0],  # type: ignore[index]
+                  tried_at[0], locked[0], waking[0], tried[0], admitted[0], go[0], exec_[0], b_first]  # type: ignore[index]
+        row: dict[str, float | bool] = {
+            name: points[i + 1] - points[i] for i, (name, _) in enumerate(HANDOFF_STEPS)}
+        row["total"] = b_first - a_last
+        row["steady"] = queued[0] < job_end[0]  # type: ignore[index]
+        ring_cpu = _first(a_marks, "ring", after=at)
+        row["cpu_release"] = (ring_cpu[1] if ring_cpu else releasing[1]) - job_end[1]  # type: ignore[index]
+        row["cpu_admit"] = exec_[1] - woken[1]  # type: ignore[index]
+        clean.append(row)
+    return {"clean": clean, "chained": chained, "first_try": first_try, "unmatched": unmatched}
+
+
+def handoff_lines(found: dict[str, object]) -> list[str]:
+    """The hand-off table: median / p90 ms per step, all clean hand-offs and the steady ones."""
+    clean = found["clean"]
+    assert isinstance(clean, list)
+    steady = [r for r in clean if r["steady"]]
+    out = [f"  slot hand-off, wall time per step (ms; {len(clean)} hand-offs rung by a release, "
+           f"{len(steady)} of them with the waiter queued before the job ended; "
+           f"{found['chained']} rung by an admission passing it on, {found['first_try']} admitted "
+           f"at their first try, {found['unmatched']} not matched):",
+           f"    {'step':<11} {'all p50':>8} {'p90':>7} {'steady p50':>11} {'p90':>7}   what"]
+
+    def q(rows: list[dict[str, float | bool]], key: str, p: float) -> str:
+        values = sorted(float(r[key]) * 1000 for r in rows)
+        if not values:
+            return "-"
+        if p == 50:
+            return f"{statistics.median(values):.1f}"
+        return f"{values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]:.1f}"
+
+    for key, what in (*HANDOFF_STEPS, ("total", "job end -> next job's first stamp"),
+                      ("cpu_release", "CPU: releasing hostrun, end seen -> ring"),
+                      ("cpu_admit", "CPU: rung waiter, wake-up -> exec")):
+        out.append(f"    {key:<11} {q(clean, key, 50):>8} {q(clean, key, 90):>7} "
+                   f"{q(steady, key, 50):>11} {q(steady, key, 90):>7}   {what}")
+    return out

@@ -279,6 +279,28 @@ def print_phases(path: str, jobs: int) -> None:
           f"{statistics.mean(total) * 1000:6.1f}")
 
 
+def print_handoffs(path: str, ts_paths: list[str]) -> None:
+    """The hand-off's wall time per step (bench/_phases.py ``handoffs``), from the same marks."""
+    from _phases import handoff_lines, handoffs
+
+    stamps = {}
+    for ts in ts_paths:
+        try:
+            with open(ts, encoding="utf-8") as fh:
+                values = [float(x) for x in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+        if len(values) == 2:
+            stamps[ts] = (values[0], values[1])
+    try:
+        found = handoffs(path, stamps)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"  hand-off steps: not read ({exc})")
+        return
+    for line in handoff_lines(found):
+        print(line)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -446,6 +468,7 @@ def main() -> int:
               f"{cores} cores over the wall time; baseline {base_cpu:.2f} s)")
         if args.phases:
             print_phases(phases_path, args.jobs)
+            print_handoffs(phases_path, ts_paths)
         if waited:
             print(f"  admission wait (result files): median {statistics.median(waited):.3f} s, "
                   f"max {max(waited):.3f} s")

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from dispatch.core.procinfo import is_stopped, start_time
-from dispatch.core.units import MiB
+from dispatch.core.units import GiB, MiB
+from dispatch.local.admitpolicy import Room
 from dispatch.local.ledger import Ledger
+from dispatch.local.ledgerdb import Booking
 from tests.conftest import Hostrun, pid_alive, wait_for
 
 
@@ -68,6 +70,37 @@ def test_stale_booking_with_reused_pid_is_reclaimed(hostrun: Hostrun) -> None:
     assert proc.returncode == 0
     assert "waiting" not in proc.stderr
     assert hostrun.bookings() == []
+
+
+def test_a_try_reclaims_the_stale_bookings_its_verdict_rests_on(hostrun: Hostrun) -> None:
+    """A locked try reclaims stale running bookings and stale waiters ahead of it, not a stale
+    waiter behind it (which holds no room): the next try from behind it reclaims that one."""
+    hostrun.state_dir.mkdir(mode=0o700, exist_ok=True)
+    ledger = Ledger(str(hostrun.state_dir))
+    me = os.getpid()
+    alive, gone = start_time(me) or 0, (start_time(me) or 0) + 12345
+
+    def book(label: str, started: int) -> int:
+        return ledger.enqueue(host="local", label=label, pid=me, pid_start=started, size=MiB,
+                              cap=MiB, kind="cap", command=label, session=None)
+
+    running, ahead, mine, behind, last = (book("running", gone), book("ahead", gone),
+                                          book("mine", alive), book("behind", gone), book("last", alive))
+    ledger.db.execute("UPDATE bookings SET state = 'running', since = 0 WHERE id = ?", (running,))
+
+    def room(rows: list[Booking]) -> Room:
+        return Room(GiB)
+
+    try:
+        adm = ledger.try_admit(mine, "local", room)
+        assert adm.admitted and sorted(b.id for b in adm.reclaimed) == [running, ahead]
+        assert [b.id for b in ledger.bookings()] == [mine, behind, last]
+        adm = ledger.try_admit(last, "local", room)
+        assert adm.admitted and [b.id for b in adm.reclaimed] == [behind]
+    finally:
+        for booking in (running, ahead, mine, behind, last):
+            ledger.release(booking)
+        ledger.close()
 
 
 def test_reclaim_stops_a_dead_holders_job(hostrun: Hostrun) -> None:

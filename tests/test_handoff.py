@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
+from dispatch.core.procinfo import start_time
+from dispatch.core.units import MiB
 from dispatch.local import wakeup
+from dispatch.local.admitpolicy import Room
+from dispatch.local.ledger import Ledger
+from dispatch.local.ledgerdb import Booking
 from tests.conftest import Hostrun, OtherUser, wait_for
 from tests.support.handoff import NO_POLL, bell, no_status, start_holder, waiting_id
 
@@ -107,3 +113,35 @@ def test_a_fifo_another_user_made_is_refused(hostrun: Hostrun, tmp_path: Path,
     assert holder.wait(timeout=30) == 0
     assert hostrun.bookings() == []
     assert planted.lstat().st_uid == other_user.uid  # left alone
+
+
+def test_an_admission_rings_the_next_waiter_only_when_the_room_left_may_fit_one(hostrun: Hostrun) -> None:
+    """The real ledger and doorbells: an admission that leaves room for nobody behind rings nobody;
+    a release rings the head; an admission that leaves room for a waiter behind rings the next."""
+    hostrun.state_dir.mkdir(mode=0o700, exist_ok=True)
+    state = str(hostrun.state_dir)
+    ledger = Ledger(state)
+    me = os.getpid()
+
+    def book(label: str, size: int) -> int:
+        return ledger.enqueue(host="local", label=label, pid=me, pid_start=start_time(me) or 0,
+                              size=size, cap=size, kind="cap", command=label, session=None)
+
+    def room(limit: int) -> Callable[[list[Booking]], Room]:
+        return lambda running: Room(limit - sum(b.size for b in running))
+
+    head, big, small = book("head", 200 * MiB), book("big", 200 * MiB), book("small", 100 * MiB)
+    bells = {b: wakeup.Doorbell(state, b) for b in (big, small)}
+    try:
+        assert ledger.try_admit(head, "local", room(250 * MiB)).admitted  # 50M left: fits nobody
+        assert (bells[big].wait(0), bells[small].wait(0)) == ("", "")
+        ledger.release(head)
+        assert (bells[big].wait(0), bells[small].wait(0)) == ("!", "")
+        assert ledger.try_admit(big, "local", room(300 * MiB)).admitted  # 100M left: small fits
+        assert (bells[big].wait(0), bells[small].wait(0)) == ("", "!")
+    finally:
+        for b in bells.values():
+            b.close()
+        for booking in (head, big, small):
+            ledger.release(booking)
+        ledger.close()

@@ -3,7 +3,8 @@ run"; docs/admission.md).
 
 Room = slice limit - bookings of running jobs - cache-free usage above those bookings. A waiter
 blocks on its own doorbell FIFO (``dispatch.local.wakeup``): a release rings the head of the queue,
-an admission rings the next waiter, and a woken waiter that cannot get in rings the next only while
+an admission rings the next waiter when one behind could fit the room left
+(``admitpolicy.may_follow``), and a woken waiter that cannot get in rings the next only while
 those behind it still could (it is held by a queue policy, or only VRAM blocks it, or, with
 ``queue_policy = "backfill"``, a later waiter with a recorded duration fits the room now and may jump
 it); otherwise one that lacks memory stops the chain, as every later waiter reserves its memory
@@ -62,15 +63,19 @@ def room_function(backend: CapBackend, limit: int,
     """
     def room(running: list[Booking]) -> Room:
         booked = sum(b.size for b in running)
-        in_slice = slice_room(limit, booked, backend.slice_usage().used)
+        used = backend.slice_usage().used
+        in_slice = slice_room(limit, booked, used)
+        plain = used <= booked + USAGE_SLACK  # nothing above the bookings counted (Room.plain)
         try:
             mem = meminfo()
         except OSError:
-            return Room(in_slice)
+            return Room(in_slice, plain=plain)
         yet = not_at_peak(backend, running)
         on_machine = mem.available - yet
         if on_machine >= in_slice:
-            return Room(in_slice)
+            # A booking of N more leaves the slice exactly N less, and the machine at least N less
+            # (what it has yet to use grows by at most N): the slice still holds the room.
+            return Room(in_slice, plain=plain)
         return Room(on_machine, f"the machine has {format_size(max(0, on_machine))} available "
                                 f"(MemAvailable {format_size(mem.available)} less {format_size(yet)} "
                                 "booked by running jobs and not yet used): memory used outside the "
@@ -246,7 +251,7 @@ def wait_for_room(
                 last_locked = now
                 adm = ledger.try_admit(booking_id, host, room, gpu_room, groups, why, backfill)
                 stop_reclaimed(backend, adm.reclaimed)
-                if adm.admitted:  # try_admit rang the next waiter
+                if adm.admitted:  # try_admit rang the next waiter, if one may follow
                     return time.monotonic() - started
             recheck = min(max(base, RECHECK_MAX), base * (1 + adm.position))
             if rung and (adm.policy is not None or adm.memory_ok or adm.pass_on):

@@ -63,6 +63,15 @@ def _stopped(b: Booking) -> bool:
     return is_stopped(b.pid)
 
 
+def _may_follow(booking_id: int, rows: list[Booking], room: RoomFunction, adm: Admission) -> bool:
+    """``admitpolicy.may_follow``: whether the admission of ``booking_id`` rings the next waiter.
+    Read after the commit, so a failure to read the room only means ringing, as before."""
+    try:
+        return admitpolicy.may_follow(booking_id, rows, room, adm)
+    except Exception:  # a hint: when in doubt, ring
+        return True
+
+
 class Ledger(LedgerFile):
     """The store's operations on bookings, peaks and runs; ``LedgerFile`` keeps it usable."""
 
@@ -70,9 +79,10 @@ class Ledger(LedgerFile):
     def wake_next(self, host: str, after: int = 0) -> None:
         """Ring the first waiter of ``host`` after booking ``after`` (0: the head) that listens.
 
-        Called after a release (from the head), an admission (from the one admitted: the room left
-        may fit the next too) and a reclaim; a woken waiter that cannot get in passes it on only while
-        those behind it still could (admission.wait_for_room). Never raises: the waiters' safety poll
+        Called after a release (from the head), an admission (from the one admitted, when the room
+        left may fit a waiter behind it: ``admitpolicy.may_follow``) and a reclaim; a woken waiter
+        that cannot get in passes it on only while those behind it still could
+        (admission.wait_for_room). Never raises: the waiters' safety poll
         covers a ring that fails.
         """
         try:
@@ -114,11 +124,17 @@ class Ledger(LedgerFile):
         self._track(cur.lastrowid)
         return cur.lastrowid
 
-    def _reclaim_locked(self, host: str) -> tuple[list[Booking], list[Booking]]:
-        """Delete the bookings of ``host`` whose holder is gone (in the caller's transaction):
-        (those deleted, the host's rows left, in id order: what the same transaction reads next)."""
+    def _reclaim_locked(self, host: str, booking_id: int) -> tuple[list[Booking], list[Booking]]:
+        """Delete the bookings of ``host`` whose holder is gone (in the caller's transaction), among
+        those the verdict on ``booking_id`` rests on: the running ones and the waiters up to it.
+        (Those deleted, the host's rows left, in id order: what the same transaction reads next.)
+
+        A stale waiter behind it holds no room and none of its place: the try of any waiter behind
+        it, or a newcomer's first, reclaims it. Checking only these keeps the head's try, the one on
+        the hand-off's path, from reading every waiter's ``/proc/PID/stat`` on a long queue."""
         rows = self._rows("host = ?", (host,))
-        stale = [b for b in rows if not is_alive(b.pid, b.pid_start)]
+        stale = [b for b in rows if (b.state == "running" or b.id <= booking_id)
+                 and not is_alive(b.pid, b.pid_start)]
         if stale:
             self.db.executemany("DELETE FROM bookings WHERE id = ?", [(b.id,) for b in stale])
             gone = {b.id for b in stale}
@@ -184,7 +200,7 @@ class Ledger(LedgerFile):
         """
         try:  # BEGIN inside: a signal's exception raised right after it must still roll back
             self.db.execute("BEGIN IMMEDIATE")
-            reclaimed, rows = self._reclaim_locked(host)  # one read of the rows for the whole try
+            reclaimed, rows = self._reclaim_locked(host, booking_id)  # the rows, read once per try
             adm = self._evaluate(booking_id, host, room, gpu_room, groups, backfill, rows)
             skipped = admitpolicy.passed_over(booking_id, [
                 b for b in rows if b.state == "waiting" and b.id < booking_id], adm, groups
@@ -217,7 +233,7 @@ class Ledger(LedgerFile):
             for b in reclaimed:
                 wakeup.remove(self.state_dir, b.id)
             self.wake_next(host)
-        elif adm.admitted:
+        elif adm.admitted and _may_follow(booking_id, rows, room, adm):
             self.wake_next(host, booking_id)
         if skipped:
             self.log(skipped)
