@@ -29,7 +29,9 @@ from pathlib import Path
 
 import pytest
 
+from dispatch.capping import ORDER, candidates
 from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job
+from dispatch.capping.cgroupfs import SOCKET_ENV
 from dispatch.core.errors import BackendError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.units import GiB, MiB
@@ -284,6 +286,35 @@ def test_probe_fails_without_a_cgroup2_mount(fake: FakeCgroup2) -> None:
     probe, backend = Cgroup2Backend.probe(None, files=(RECORDED_V1_CGROUP, RECORDED_V1_MOUNTINFO))
     assert backend is None
     assert probe == (False, "no cgroup2 hierarchy mounted")
+
+
+def test_the_backend_choice_probes_no_v2_backend_where_memory_is_on_v1(
+        fake: FakeCgroup2, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """This machine's situation: cgroup2 mounted beside a v1 memory hierarchy, which holds the memory
+    controller, so systemd and cgroup2 can never work; with no shared socket, only cgroup1 is probed
+    (and imported). The cgroup2 probe agrees on the same files."""
+    (fake.root / "cgroup.controllers").write_text(RECORDED_UNIFIED_CONTROLLERS)
+    files = (RECORDED_V1_CGROUP,
+             RECORDED_V1_MOUNTINFO + RECORDED_UNIFIED_LINE.format(mount=_escape(str(fake.root))))
+    monkeypatch.setenv(SOCKET_ENV, str(tmp_path / "no-such.sock"))
+    assert candidates(files) == ("cgroup1",)
+    assert candidates((RECORDED_V1_CGROUP, RECORDED_V1_MOUNTINFO)) == ("cgroup1",)
+    assert not Cgroup2Backend.probe(None, files=files)[0].ok
+    socket = tmp_path / "shared.sock"
+    socket.write_text("")
+    monkeypatch.setenv(SOCKET_ENV, str(socket))
+    assert candidates(files) == ("shared", "cgroup1")  # its probe asks the daemon
+    assert candidates((RECORDED_V1_CGROUP, RECORDED_V1_MOUNTINFO)) == ("cgroup1",)
+
+
+def test_the_backend_choice_probes_every_backend_on_a_v2_host(
+        fake: FakeCgroup2, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(SOCKET_ENV, str(tmp_path / "no-such.sock"))
+    assert candidates(fake.files("/")) == ("systemd", "cgroup2", "cgroup1")
+    assert backend_for(fake).name == "cgroup2"  # the probe that was kept succeeds on these files
+    monkeypatch.setenv(SOCKET_ENV, str(tmp_path))  # exists
+    assert candidates(fake.files("/")) == ORDER
+    assert candidates(None) == ORDER  # unreadable: every probe says why
 
 
 def test_probe_fails_when_the_slice_parent_does_not_exist(fake: FakeCgroup2) -> None:
