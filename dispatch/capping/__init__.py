@@ -66,9 +66,9 @@ def candidates(files: tuple[str, str] | None) -> tuple[str, ...]:
 
     mounts = parse_mountinfo(files[1])
     v2_memory = "cgroup2" in mounts and "memory" not in mounts
-    shared = "cgroup2" in mounts and os.path.exists(socket_path())
-    return tuple(name for name in ORDER
-                 if name == "cgroup1" or (shared if name == "shared" else v2_memory))
+    possible = {"shared": "cgroup2" in mounts and os.path.exists(socket_path()),
+                "systemd": v2_memory, "cgroup2": v2_memory}
+    return tuple(name for name in ORDER if possible.get(name, True))
 
 
 def probe_all(host: HostSettings) -> list[tuple[str, Probe]]:
