@@ -238,13 +238,10 @@ class SharedJob(SystemdJob):
         return self.conn
 
     def remove(self) -> None:
-        self._stop_keeper()
+        self.close()  # the keeper and the sampled memory.stat (SystemdJob's)
         if self.conn is not None:
             self.conn.close()
             self.conn = None
-
-    def close(self) -> None:
-        self._stop_keeper()
 
 
 def waiting_line(news: dict[str, Any], waited: float) -> str:
