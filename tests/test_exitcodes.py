@@ -44,4 +44,3 @@ def test_members_cannot_be_reassigned() -> None:
     with pytest.raises(AttributeError):
         ExitCode.OWN_CAP = 3  # type: ignore[misc]
     assert ExitCode.OWN_CAP == 250
-
