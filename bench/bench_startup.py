@@ -21,7 +21,9 @@ normalized form that every later run reads.
   (``--no-gpu-series`` skips it).
 
 Reported: median, p10 and p90 wall time of each, the ratio of the medians and the target
-(``hostrun -- true`` <= 3x bare ``python -c pass``; about 70 ms on the reference machines), then the
+(``hostrun -- true`` <= 2.5x bare ``python -c pass``); the same for CPU time (user+sys from ``wait4``,
+with the children each process waited for: a hostrun's guardian and job), which other sessions' load
+moves far less than wall time; then the
 top entries of ``python -X importtime -m dispatch -- true`` by cumulative import time, and whether
 ``dispatch.local.kernlog`` and ``dispatch.local.gpu`` were imported (neither without GPUs).
 
@@ -90,11 +92,19 @@ def pct(values: list[float], q: int) -> float:
 
 
 # ---------------------------------------------------------------- the benchmark
-def timed(argv: list[str], env: dict[str, str]) -> tuple[float, int, str]:
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, int, str, float]:
+    """Wall time, exit code, stderr and CPU time (user+sys of the process and every child it waited
+    for: the guardian and the job of a ``hostrun``), read from ``wait4``'s resource usage."""
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE)
-    return time.perf_counter() - t0, proc.returncode, proc.stderr.decode("utf-8", "replace")
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        err.seek(0)
+        text = err.read().decode("utf-8", "replace")
+    return wall, proc.returncode, text, usage.ru_utime + usage.ru_stime
 
 
 def bytecode_state(python: str, env: dict[str, str]) -> str:
@@ -231,7 +241,7 @@ def main() -> int:
         cmd_hostrun = [hostrun, "--config", config, "--", "true"]
         cmd_python = [python, "-c", "pass"]
 
-        wall, rc, err = timed(cmd_hostrun, env)
+        wall, rc, err, _ = timed(cmd_hostrun, env)
         print(f"\nwarm-up (validates and caches the config): {wall * 1000:.1f} ms, exit {rc}")
         if rc != 0:
             print(f"hostrun failed in the warm-up:\n{err}", file=sys.stderr)
@@ -251,12 +261,14 @@ def main() -> int:
             series.insert(1, ("flip", flip_label, cmd_hostrun, env_flip))
 
         times: dict[str, list[float]] = {key: [] for key, _, _, _ in series}
+        cpus: dict[str, list[float]] = {key: [] for key, _, _, _ in series}
         failures: list[str] = []
         for i in range(args.runs):
             k = i % len(series)
             for key, _, argv, run_env in series[k:] + series[:k]:  # rotate: share the noise
-                wall, rc, err = timed(argv, run_env)
+                wall, rc, err, cpu = timed(argv, run_env)
                 times[key].append(wall)
+                cpus[key].append(cpu)
                 if rc != 0:
                     failures.append(f"run {i} {key}: exit {rc}: {err.strip()[:200]}")
 
@@ -268,6 +280,16 @@ def main() -> int:
             med[key] = statistics.median(v)
             print(f"  {label:36} {med[key] * 1000:8.1f} {pct(v, 10) * 1000:8.1f} "
                   f"{pct(v, 90) * 1000:8.1f} {min(v) * 1000:8.1f} {max(v) * 1000:8.1f}")
+        print("\n  CPU time (user+sys, with the children each waited for), ms")
+        print(f"  {'':36} {'median':>8} {'p10':>8} {'p90':>8} {'ratio':>8}")
+        cpu_med = {key: statistics.median(cpus[key]) for key in cpus}
+        for key, label, _, _ in series:
+            v = cpus[key]
+            print(f"  {label:36} {cpu_med[key] * 1000:8.1f} {pct(v, 10) * 1000:8.1f} "
+                  f"{pct(v, 90) * 1000:8.1f} {cpu_med[key] / cpu_med['python']:7.2f}x")
+        print(f"  hostrun's own CPU: {(cpu_med['hostrun'] - cpu_med['python']) * 1000:.1f} ms"
+              + (f"; with .pyc cached [*] {(cpu_med['cached'] - cpu_med['python']) * 1000:.1f} ms"
+                 if "cached" in cpu_med else ""))
         ratio = med["hostrun"] / med["python"]
         verdict = "PASS" if ratio <= TARGET_RATIO and not failures else "FAIL"
         print(f"\n  ratio of medians, hostrun -- true / python -c pass: {ratio:.2f}x "

@@ -29,7 +29,10 @@ from pathlib import Path
 
 import pytest
 
+from dispatch.capping import ORDER, candidates
+from dispatch.capping.base import flat_value, parse_flat_keyed
 from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job
+from dispatch.capping.cgroupfs import SOCKET_ENV
 from dispatch.core.errors import BackendError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.units import GiB, MiB
@@ -286,6 +289,35 @@ def test_probe_fails_without_a_cgroup2_mount(fake: FakeCgroup2) -> None:
     assert probe == (False, "no cgroup2 hierarchy mounted")
 
 
+def test_the_backend_choice_probes_no_v2_backend_where_memory_is_on_v1(
+        fake: FakeCgroup2, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """This machine's situation: cgroup2 mounted beside a v1 memory hierarchy, which holds the memory
+    controller, so systemd and cgroup2 can never work; with no shared socket, only cgroup1 is probed
+    (and imported). The cgroup2 probe agrees on the same files."""
+    (fake.root / "cgroup.controllers").write_text(RECORDED_UNIFIED_CONTROLLERS)
+    files = (RECORDED_V1_CGROUP,
+             RECORDED_V1_MOUNTINFO + RECORDED_UNIFIED_LINE.format(mount=_escape(str(fake.root))))
+    monkeypatch.setenv(SOCKET_ENV, str(tmp_path / "no-such.sock"))
+    assert candidates(files) == ("cgroup1",)
+    assert candidates((RECORDED_V1_CGROUP, RECORDED_V1_MOUNTINFO)) == ("cgroup1",)
+    assert not Cgroup2Backend.probe(None, files=files)[0].ok
+    socket = tmp_path / "shared.sock"
+    socket.write_text("")
+    monkeypatch.setenv(SOCKET_ENV, str(socket))
+    assert candidates(files) == ("shared", "cgroup1")  # its probe asks the daemon
+    assert candidates((RECORDED_V1_CGROUP, RECORDED_V1_MOUNTINFO)) == ("cgroup1",)
+
+
+def test_the_backend_choice_probes_every_backend_on_a_v2_host(
+        fake: FakeCgroup2, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(SOCKET_ENV, str(tmp_path / "no-such.sock"))
+    assert candidates(fake.files("/")) == ("systemd", "cgroup2", "cgroup1")
+    assert backend_for(fake).name == "cgroup2"  # the probe that was kept succeeds on these files
+    monkeypatch.setenv(SOCKET_ENV, str(tmp_path))  # exists
+    assert candidates(fake.files("/")) == ORDER
+    assert candidates(None) == ORDER  # unreadable: every probe says why
+
+
 def test_probe_fails_when_the_slice_parent_does_not_exist(fake: FakeCgroup2) -> None:
     probe, backend = Cgroup2Backend.probe("/nowhere/hostrun", files=fake.files("/"))
     assert backend is None
@@ -486,6 +518,38 @@ def test_sample_is_anon_plus_shmem_without_page_cache(fake: FakeCgroup2) -> None
     (Path(job.path) / "memory.stat").write_text(memory_stat(anon=300 * MiB, file=900 * MiB, shmem=20 * MiB))
     (Path(job.path) / "memory.current").write_text(str(1250 * MiB))
     assert job.sample() == 320 * MiB
+
+
+def test_samples_read_memory_stat_afresh_through_one_descriptor(fake: FakeCgroup2) -> None:
+    """The watch's samples keep memory.stat open (read again from offset 0); ``remove`` closes it."""
+    backend = ready(fake)
+    job = backend.create_job("5-6", GiB)
+    stat_file = Path(job.path) / "memory.stat"
+    stat_file.write_text(memory_stat(anon=300 * MiB, shmem=20 * MiB))
+    assert job.sample() == 320 * MiB
+    fd = job._stat_fd
+    assert os.readlink(f"/proc/self/fd/{fd}") == str(stat_file)
+    stat_file.write_text(memory_stat(anon=700 * MiB, file=5 * MiB))
+    assert job.sample() == 700 * MiB
+    assert job._stat_fd == fd
+    job.remove()
+    assert job._stat_fd == -1 and not os.path.exists(f"/proc/self/fd/{fd}")
+
+
+def test_flat_value_is_parse_flat_keyed_for_one_key() -> None:
+    """What a sample looks up in memory.stat's bytes is what the full parse reads, key for key:
+    this machine's own memory.stat (cgroup v1), a v2 one, and the edge cases."""
+    texts = [memory_stat(anon=3 * MiB, file=7 * MiB, shmem=1), "anon 5\nanon_thp 9\n", "x 1\nshmem 2",
+             "shmem_thp 4\nshmem x\n", "", "total_rss 1 2\ntotal_rss_huge 3\n"]
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        own = Path("/sys/fs/cgroup/memory" + path) / "memory.stat"
+        if "memory" in controllers.split(",") and own.exists():
+            texts.append(own.read_text())
+    for text in texts:
+        parsed = parse_flat_keyed(text)
+        for key in {*parsed, "anon", "shmem", "total_rss", "total_shmem", "total_rss_huge", "x", "nope"}:
+            assert flat_value(text.encode(), key) == parsed.get(key, 0), (key, text[:80])
 
 
 def test_charged_peak(fake: FakeCgroup2) -> None:

@@ -1,11 +1,14 @@
 """Pick the memory-cap backend: the first of shared, systemd, cgroup2, cgroup1 whose probe succeeds,
-else none.
+else none. A backend that /proc/self/mountinfo shows cannot work here is not probed, nor imported
+(``candidates``).
 
 A host's ``backend`` key forces one (its probe must still succeed). ``probe_all`` feeds ``hostrun
 doctor``, which shows why each backend is or is not usable.
 """
 
 from __future__ import annotations
+
+import os
 
 from dispatch.capping.base import CapBackend, Probe
 from dispatch.core.errors import BackendError
@@ -50,6 +53,24 @@ def _probe(name: str, host: HostSettings,
     return Cgroup1Backend.probe(host.cgroup, files)
 
 
+def candidates(files: tuple[str, str] | None) -> tuple[str, ...]:
+    """ORDER, less the backends whose probe ``files`` already show would fail, so that their modules
+    (the shared daemon's client, systemd's D-Bus, cgroup2: ~3 ms) are not imported on every run of
+    a cgroup v1 host. Each rule is a check the probe itself makes first: systemd and cgroup2 need the
+    memory controller in a cgroup2 hierarchy, which the kernel never gives while a v1 hierarchy holds
+    it (a v1 ``memory`` mount); shared needs its socket and a cgroup2 mount. ``files`` None
+    (unreadable): every backend, and each probe says why it failed."""
+    if files is None:
+        return ORDER
+    from dispatch.capping.cgroupfs import parse_mountinfo, socket_path
+
+    mounts = parse_mountinfo(files[1])
+    v2_memory = "cgroup2" in mounts and "memory" not in mounts
+    possible = {"shared": "cgroup2" in mounts and os.path.exists(socket_path()),
+                "systemd": v2_memory, "cgroup2": v2_memory}
+    return tuple(name for name in ORDER if possible.get(name, True))
+
+
 def probe_all(host: HostSettings) -> list[tuple[str, Probe]]:
     files = _self_files()
     return [(name, _probe(name, host, files)[0]) for name in ORDER]
@@ -61,9 +82,9 @@ def select_backend(host: HostSettings, mem_total: int) -> CapBackend:
 
     if host.backend == "none":
         return NoCapBackend(mem_total)
-    names = (host.backend,) if host.backend else ORDER
     reasons = []
     files = _self_files()
+    names = (host.backend,) if host.backend else candidates(files)
     for name in names:
         probe, backend = _probe(name, host, files)
         if backend is not None:

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import stat
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from dispatch.core.records import NamedTuple
+
+MYPY = False
+if MYPY:
+    import signal
+else:  # the C module: ``signal`` converts to and from enums, and importing enum costs a run ~2 ms
+    import _signal as signal
 
 
 class Probe(NamedTuple):
@@ -57,6 +62,26 @@ def parse_flat_keyed(text: str) -> dict[str, int]:
             except ValueError:
                 continue
     return result
+
+
+def flat_value(data: bytes, key: str) -> int:
+    """``parse_flat_keyed(text).get(key, 0)`` for one key of a file's raw bytes, found rather than
+    parsed line by line: the job watch reads two keys of ``memory.stat`` up to 100 times a second."""
+    needle = key.encode() + b" "
+    if data.startswith(needle):
+        start = 0
+    else:
+        start = data.find(b"\n" + needle) + 1
+        if start == 0:
+            return 0
+    end = data.find(b"\n", start)
+    parts = data[start:end if end >= 0 else len(data)].split()
+    if len(parts) != 2:
+        return 0
+    try:
+        return int(parts[1])
+    except ValueError:
+        return 0
 
 
 def read_text(path: str) -> str:

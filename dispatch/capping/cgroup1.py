@@ -88,14 +88,11 @@ class Cgroup1Job(DirectJob):
         return attribute(oom_kill, job_events - slice_events, slice_events, {
             "oom_kill": oom_kill, "job_oom_events": job_events, "slice_oom_events": slice_events})
 
-    def remove(self) -> None:
-        self.close()
-        super().remove()
-
     def close(self) -> None:
         for watch in (self._job_watch, self._slice_watch):
             if watch:
                 watch.close()
+        super().close()
 
     def held_fds(self) -> list[int]:
         return [w.efd for w in (self._job_watch, self._slice_watch) if w is not None and w.efd >= 0]

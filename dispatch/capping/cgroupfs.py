@@ -1,8 +1,15 @@
-"""Locating cgroup hierarchies: pure parsers of /proc/self/cgroup and /proc/self/mountinfo."""
+"""Locating cgroup hierarchies: pure parsers of /proc/self/cgroup and /proc/self/mountinfo; and
+where a shared slice's daemon listens (``dispatch.capping.shared``), which the backend choice looks
+at before it imports that client."""
 
 from __future__ import annotations
 
+import os
+
 SLICE_NAME = "hostrun"
+SOCKET_DIR = "/run/hostrun"
+SOCKET_PATH = SOCKET_DIR + "/shared.sock"
+SOCKET_ENV = "HOSTRUN_SHARED_SOCKET"  # where the daemon listens, for a test's own daemon
 _OCTAL = frozenset("01234567")
 
 
@@ -78,3 +85,7 @@ def read_self_files() -> tuple[str, str]:
     with open("/proc/self/mountinfo", encoding="utf-8") as fh:
         mountinfo = fh.read()
     return cgroup, mountinfo
+
+
+def socket_path() -> str:
+    return os.environ.get(SOCKET_ENV) or SOCKET_PATH

@@ -27,6 +27,10 @@ import stat
 import time
 
 from dispatch.capping.base import Probe
+from dispatch.capping.cgroupfs import SOCKET_DIR as SOCKET_DIR  # kept in cgroupfs: the backend choice
+from dispatch.capping.cgroupfs import SOCKET_ENV as SOCKET_ENV  # looks for the socket before it
+from dispatch.capping.cgroupfs import SOCKET_PATH as SOCKET_PATH  # imports this client
+from dispatch.capping.cgroupfs import socket_path
 from dispatch.capping.systemd import SystemdBackend, SystemdJob, _spawn_keeper, slice_cgroup_path
 from dispatch.core.errors import BackendError, SharedError
 
@@ -36,9 +40,6 @@ if MYPY:
     from collections.abc import Callable
     from typing import Any
 
-SOCKET_DIR = "/run/hostrun"
-SOCKET_PATH = SOCKET_DIR + "/shared.sock"
-SOCKET_ENV = "HOSTRUN_SHARED_SOCKET"  # where the daemon listens, for a test's own daemon
 PROTOCOL = 1
 MAX_LINE = 1 << 20
 JOB_AFFIXES = ("hostrun-shared-", ".scope")
@@ -57,10 +58,6 @@ def decode(line: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     return value
-
-
-def socket_path() -> str:
-    return os.environ.get(SOCKET_ENV) or SOCKET_PATH
 
 
 def root_only(path: str) -> str | None:
@@ -241,13 +238,10 @@ class SharedJob(SystemdJob):
         return self.conn
 
     def remove(self) -> None:
-        self._stop_keeper()
+        self.close()  # the keeper and the sampled memory.stat (SystemdJob's)
         if self.conn is not None:
             self.conn.close()
             self.conn = None
-
-    def close(self) -> None:
-        self._stop_keeper()
 
 
 def waiting_line(news: dict[str, Any], waited: float) -> str:

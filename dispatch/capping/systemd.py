@@ -237,12 +237,13 @@ class SystemdJob(Cgroup2Job):
 
     def remove(self) -> None:
         """Let the keeper go: the scope is then empty and systemd removes it (never rmdir'ed here)."""
-        self._stop_keeper()
+        self.close()
         if self._manager is not None:
             self._manager.close()
 
     def close(self) -> None:
         self._stop_keeper()
+        super().close()
 
 
 def scope_properties(description: str, slice_unit: str, cap: int, grace: float
