@@ -44,3 +44,4 @@ def test_members_cannot_be_reassigned() -> None:
     with pytest.raises(AttributeError):
         ExitCode.OWN_CAP = 3  # type: ignore[misc]
     assert ExitCode.OWN_CAP == 250
+
