@@ -15,11 +15,10 @@ from tests.support.peers import setup as peer_setup
 HEAVY = {"pydantic", "rich", "asyncio", "typing", "argparse"}
 # Light enough alone, but each pulls in more (shutil: bz2, lzma, fnmatch; random: hashlib bits;
 # warnings; re and json: their compilers and scanners; subprocess: selectors, threading; the sqlite3
-# package: datetime for its adapters, where the ledger needs only the C module _sqlite3; base64: re;
-# enum: ~2 ms alone, loaded by the signal module's wrappers, so the run path uses _signal).
+# package: datetime for its adapters, where the ledger needs only the C module _sqlite3; base64: re).
 RUN_PATH_AVOIDS = HEAVY | {"json", "re", "shutil", "warnings", "random", "subprocess", "gettext",
                            "locale", "hashlib", "dispatch.local.gpu", "dispatch.local.kernlog",
-                           "sqlite3", "datetime", "base64", "enum", "signal"}
+                           "sqlite3", "datetime", "base64"}
 REPORT_PATH_AVOIDS = HEAVY | {"shutil", "gettext", "random", "hashlib", "dispatch.config.model"}
 PEER_RUN_AVOIDS = HEAVY | {"shutil", "gettext", "random", "hashlib"}
 

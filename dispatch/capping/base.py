@@ -9,18 +9,13 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import stat
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from dispatch.core.records import NamedTuple
-
-MYPY = False
-if MYPY:
-    import signal
-else:  # the C module: ``signal`` converts to and from enums, and importing enum costs a run ~2 ms
-    import _signal as signal
 
 
 class Probe(NamedTuple):

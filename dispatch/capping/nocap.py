@@ -7,14 +7,9 @@ that group (setsid) cannot be tracked, which is exactly why hostrun refuses this
 from __future__ import annotations
 
 import os
+import signal
 
 from dispatch.capping.base import CapBackend, JobCgroup, OomVerdict, SliceUsage
-
-MYPY = False
-if MYPY:
-    import signal
-else:  # the C module: ``signal`` converts to and from enums, and importing enum costs a run ~2 ms
-    import _signal as signal
 
 
 def _rss(pid: int) -> int:

@@ -6,87 +6,11 @@ outcome hostrun can report has a distinct code here, so a caller never has to gu
 
 from __future__ import annotations
 
+import enum
 from errno import ENOENT
 
-MYPY = False
-if MYPY:
-    from enum import IntEnum as _IntEnum
-else:
-    import sys
 
-    class _IntEnumType(type):
-        """The class side of ``enum.IntEnum`` as ExitCode uses it (its members by name, in order, by
-        value through ``ExitCode(code)``), without importing ``enum``, which cost every hostrun call
-        ~2 ms (tests/test_exitcodes.py holds the two side by side)."""
-
-        def __new__(mcls, name, bases, ns):  # type: ignore[no-untyped-def]
-            cls = super().__new__(mcls, name, bases, ns)
-            members = {}
-            for key, value in ns.items():
-                if not key.startswith("_") and type(value) is int:
-                    member = int.__new__(cls, value)
-                    member._name_ = key
-                    type.__setattr__(cls, key, member)
-                    members[key] = member
-            cls._member_map_ = members
-            cls._value2member_map_ = {int(m): m for m in members.values()}
-            return cls
-
-        def __call__(cls, value):  # type: ignore[no-untyped-def]
-            try:
-                return cls._value2member_map_[value]
-            except (KeyError, TypeError):
-                raise ValueError(f"{value!r} is not a valid {cls.__qualname__}") from None
-
-        def __getitem__(cls, name):  # type: ignore[no-untyped-def]
-            return cls._member_map_[name]
-
-        def __iter__(cls):  # type: ignore[no-untyped-def]
-            return iter(list(cls._member_map_.values()))
-
-        def __len__(cls):  # type: ignore[no-untyped-def]
-            return len(cls._member_map_)
-
-        @property
-        def __members__(cls):  # type: ignore[no-untyped-def]
-            return dict(cls._member_map_)
-
-        def __setattr__(cls, name, value):  # type: ignore[no-untyped-def]
-            if name in cls.__dict__.get("_member_map_", {}):
-                raise AttributeError(f"cannot reassign member {name!r}")
-            super().__setattr__(name, value)
-
-        def __repr__(cls):  # type: ignore[no-untyped-def]
-            return f"<enum {cls.__name__!r}>"
-
-    class _IntEnum(int, metaclass=_IntEnumType):
-        @property
-        def name(self):  # type: ignore[no-untyped-def]
-            return self._name_
-
-        @property
-        def value(self):  # type: ignore[no-untyped-def]
-            return int(self)
-
-        def __repr__(self):  # type: ignore[no-untyped-def]
-            return f"<{type(self).__name__}.{self._name_}: {int(self)}>"
-
-        if sys.version_info >= (3, 11):
-            __str__ = int.__repr__
-        else:  # pragma: no cover - as IntEnum printed itself before 3.11
-            def __str__(self):  # type: ignore[no-untyped-def]
-                return f"{type(self).__name__}.{self._name_}"
-
-        def __format__(self, spec):  # type: ignore[no-untyped-def]
-            return int.__format__(int(self), spec)
-
-        def __reduce_ex__(self, protocol):  # type: ignore[no-untyped-def]
-            return type(self), (int(self),)
-
-        __hash__ = int.__hash__
-
-
-class ExitCode(_IntEnum):
+class ExitCode(enum.IntEnum):
     """hostrun's own outcomes. The enum name, lower-cased with dashes, is the outcome name."""
 
     USAGE = 2

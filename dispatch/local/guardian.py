@@ -11,15 +11,10 @@ job's cgroup takes it down.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
 
 from dispatch.capping.base import JobCgroup
-
-MYPY = False
-if MYPY:
-    import signal
-else:  # the C module: ``signal`` converts to and from enums, and importing enum costs a run ~2 ms
-    import _signal as signal
 
 
 class Watcher:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -27,11 +28,8 @@ from dispatch.local.ledgerdb import SCHEMA_VERSION, Booking, booking_rows, migra
 
 MYPY = False
 if MYPY:
-    import signal
     import sqlite3
 else:
-    import _signal as signal  # the C module: ``signal`` converts to enums (importing enum: ~2 ms)
-
     try:  # the C module alone: the sqlite3 package adds datetime adapters hostrun never uses, and
         import _sqlite3 as sqlite3  # its imports (datetime: ~2.5 ms of every run); the same classes
     except ImportError:

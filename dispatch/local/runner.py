@@ -20,6 +20,7 @@ read per job: ``has_nvidia_gpus``) every other job has the kernel log watched to
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable
 
@@ -48,14 +49,11 @@ from dispatch.local.spawn import CGROUP_FAILED, PreparedChild
 
 MYPY = False
 if MYPY:
-    import signal
     from typing import Any
 
     from dispatch.local.gpu import GpuRun
     from dispatch.local.kernlog import KernelWatch
     from dispatch.local.ledgerdb import Booking
-else:  # the C module: ``signal`` converts to and from enums, and importing enum costs a run ~2 ms
-    import _signal as signal
 
 # They end a wait for room, as SIGINT does (KeyboardInterrupt).
 WAIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)

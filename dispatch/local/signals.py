@@ -3,12 +3,7 @@ the job runs and acted on by the caller's loop (standard library only)."""
 
 from __future__ import annotations
 
-MYPY = False
-if MYPY:
-    import signal
-else:  # the C module: ``signal`` converts to and from enums, and importing enum costs a run ~2 ms
-    import _signal as signal
-
+import signal
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 

@@ -14,16 +14,11 @@ instead. ``go`` may add environment variables decided only at admission (``CUDA_
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Sequence
 
 from dispatch.capping.base import JobCgroup
 from dispatch.core.exitcodes import NOT_FOUND, exec_failure
-
-MYPY = False
-if MYPY:
-    import signal
-else:  # the C module: ``signal`` converts to and from enums, and importing enum costs a run ~2 ms
-    import _signal as signal
 
 # Python ignores SIGPIPE (and SIGXFSZ); an ignored signal stays ignored across exec, so restore them.
 _RESTORE = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(signal, name))
