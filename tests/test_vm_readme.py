@@ -66,9 +66,9 @@ def test_scripts_test_runs_on_systemd_as_both_users(vm: Any, guest: Any, wheelho
         vm, guest, "./scripts/test -q -p no:cacheprovider tests/test_units.py tests/test_run_local.py",
         timeout=2400)
     for user, out in outputs.items():
-        print(f"--- {user}: ./scripts/test's set-up lines and last lines\n"  # shown by pytest -rP
-              + "\n".join([line for line in out.splitlines() if line.startswith("setup:")]
-                          + out.splitlines()[-4:]))
+        print(f"--- {user}: ./scripts/test's set-up, not-run and summary lines\n"  # pytest -rP shows it
+              + "\n".join(line for line in out.splitlines()
+                          if line.startswith(("setup:", "not run here:")) or " passed" in line))
         assert out.rstrip().endswith("exit=0"), f"{user}: {out[-3000:]}"
         assert "setup: ready" in out and "Success: no issues found" in out, f"{user}: {out[-3000:]}"
         not_run = [line for line in out.splitlines() if line.startswith("not run here:")]
