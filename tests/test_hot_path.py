@@ -52,7 +52,7 @@ def test_a_plain_run_imports_no_cap_backend_that_cannot_work_here(hostrun: Hostr
     from dispatch.capping import ORDER, _self_files, candidates
 
     kept = candidates(_self_files())
-    hostrun.run("--", "true")
+    hostrun.run("--", "true")  # the config cache is warm from here on
     names = imported(hostrun, "--", "true")
     assert {f"dispatch.capping.{name}" for name in ORDER if name not in kept} & names == set()
     assert f"dispatch.capping.{kept[0]}" in names

@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from dispatch.core.errors import HostrunError
 from dispatch.core.procinfo import is_alive, is_stopped
 from dispatch.core.text import storable
 from dispatch.local import admitpolicy, peakjournal
@@ -68,7 +69,7 @@ def _may_follow(booking_id: int, rows: list[Booking], room: RoomFunction, adm: A
     Read after the commit, so a failure to read the room only means ringing, as before."""
     try:
         return admitpolicy.may_follow(booking_id, rows, room, adm)
-    except Exception:  # a hint: when in doubt, ring
+    except (OSError, ValueError, HostrunError):  # the room unreadable: a hint, so when in doubt, ring
         return True
 
 
