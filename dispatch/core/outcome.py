@@ -105,13 +105,15 @@ def write_result(path: str, outcome: Outcome) -> None:
 def check_result_path(path: str) -> str | None:
     """Why a result file could not be written at ``path`` (checked before the job runs), or None.
 
-    Creates and removes the same temporary name ``write_result`` uses, in the same directory.
+    Creates and removes a temporary file named as ``write_result``'s are, in the same directory.
     """
+    from dispatch.core.atomicfile import temporary_name
+
     if os.path.isdir(path):
         return "it is a directory"
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = temporary_name(path)
     try:
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
     except OSError as exc:
         return exc.strerror or str(exc)
     os.unlink(tmp)

@@ -18,6 +18,14 @@ The files live in DIR itself, so that every user and session that works in DIR s
 status``), else ``DIR/.hostrun-lock``. The lock file is never removed; the record is replaced
 atomically and removed by the holder before it unlocks.
 
+DIR is meant to be written by several users, so any of them may plant something at those names (a
+symlink to ``/etc/shadow``, a FIFO, a file of their own). The directory holding the files is opened
+once and every name is reached through that descriptor (a ``.git`` swapped for a symlink later
+redirects nothing); each file is opened with ``O_NOFOLLOW|O_NONBLOCK`` and used only when it is a
+regular file; the lock file's mode is set only when this call created it (``O_CREAT|O_EXCL``); the
+record is read bounded in size and written through ``core.atomicfile`` (an unguessable temporary
+name, created exclusively). The lock file is opened read-only: ``flock`` needs no more.
+
 ``hostrun lock`` is not the memory-capped runner: for both, nest them, ``hostrun lock DIR -- hostrun
 -m 4G -- make``. A ``hostrun lock DIR`` inside a command that already holds DIR's lock (the holder is
 an ancestor process) runs its command inside that lock instead of waiting for itself forever.
@@ -29,6 +37,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -47,6 +56,8 @@ LOCK_NAME = ".hostrun-lock"  # in DIR
 GIT_LOCK_NAME = "hostrun-lock"  # in DIR/.git
 POLL = 0.1  # seconds between tries while waiting: a released lock is taken within this
 UNRECORDED_GRACE = 1.0  # a flock held with no record yet (a holder that just took it) is not news
+MAX_RECORD = 64 << 10  # a record is a few hundred bytes; a neighbour's huge file is not read whole
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across exec, so restore them.
 _CHILD_DEFAULTS = (*FORWARDED, signal.SIGQUIT,
@@ -140,68 +151,124 @@ def lock_paths(directory: str) -> LockPaths:
     return LockPaths(real, lock, lock + ".json")
 
 
-def read_record(path: str) -> Holder | None:
-    """The record, or None when there is none (or it cannot be read: then it names nobody)."""
+def open_lock_dir(paths: LockPaths) -> int:
+    """The directory the lock files live in, opened once: every later name is looked up in it, so a
+    component swapped for a symlink afterwards (``.git`` pointed at ``/etc``) redirects nothing."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        fd = os.open(paths.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(f"cannot open {paths.dir}: {exc.strerror}") from None
+    if os.path.dirname(paths.lock) == paths.dir:
+        return fd
+    try:
+        return os.open(".git", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    except OSError as exc:
+        raise UsageError(f"refusing {paths.dir}/.git for the lock: {_open_problem(exc)}; "
+                         "nothing ran") from None
+    finally:
+        os.close(fd)
+
+
+def _open_problem(exc: OSError) -> str:
+    import errno
+
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return "it is a symbolic link or not a directory (someone else may have planted it)"
+    return exc.strerror or str(exc)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device or other special file"
+
+
+def read_record(path: str, dir_fd: int | None = None) -> Holder | None:
+    """The record, or None when there is none (or it cannot be read: then it names nobody). A
+    symlink, FIFO or anything but a regular file at its name names nobody either, and is never
+    followed or waited on; only its first ``MAX_RECORD`` bytes are read."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = json.loads(os.read(fd, MAX_RECORD))
         fields = {k: data[k] for k in Holder._fields if k in data}
         return Holder(**fields)
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
         return None
+    finally:
+        os.close(fd)
 
 
-def write_record(path: str, holder: Holder) -> None:
+def write_record(path: str, holder: Holder, dir_fd: int | None = None) -> None:
     """Replace the record atomically (readers never see half of one); readable by everyone."""
     write_atomic(path, (json.dumps(holder._asdict(), sort_keys=True) + "\n").encode(), 0o644,
-                 exact_mode=True)
+                 exact_mode=True, dir_fd=dir_fd)
 
 
-def _remove_record_if_ours(path: str, me: Holder) -> None:
-    current = read_record(path)
+def _remove_record_if_ours(dir_fd: int, name: str, me: Holder) -> None:
+    current = read_record(name, dir_fd)
     if current is not None and (current.pid, current.start) == (me.pid, me.start):
         try:
-            os.unlink(path)
+            os.unlink(name, dir_fd=dir_fd)
         except OSError:
             pass
 
 
-def _open_lock_file(path: str) -> int:
+def _open_lock_file(dir_fd: int, path: str) -> int:
+    """The lock file, created (mode 0644, so that every user of DIR can open it to lock) or opened
+    as it is. Refused, nothing changed, when its name holds anything but a regular file."""
+    name = os.path.basename(path)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    except PermissionError:
-        try:  # flock needs no write access: another user's lock file still locks
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(name, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
+        created = True
+    except FileExistsError:
+        created = False
+        try:
+            fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
         except OSError as exc:
-            raise UsageError(f"cannot open the lock file {path}: {exc.strerror}") from None
-        return fd
+            raise UsageError(f"refusing the lock file {path}: {_open_problem(exc)}; nothing ran; "
+                             "remove it if it is not a plain file") from None
     except OSError as exc:
         raise UsageError(f"cannot create the lock file {path}: {exc.strerror}") from None
-    try:  # so that other users of DIR can lock it too (the umask usually removes group/other write)
-        if os.fstat(fd).st_uid == os.geteuid():
-            os.fchmod(fd, 0o666)
-    except OSError:
-        pass
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"refusing the lock file {path}: it is {_kind(mode)}, not a regular file; "
+                             "nothing ran; remove it")
+        if created:  # the umask may have left it unreadable to the other users of DIR
+            os.fchmod(fd, 0o644)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
-def _same_file(fd: int, path: str) -> bool:
+def _same_file(fd: int, dir_fd: int, path: str) -> bool:
     """The locked descriptor is still the file at ``path`` (nobody replaced or removed it)."""
     try:
-        a, b = os.fstat(fd), os.stat(path)
+        a, b = os.fstat(fd), os.stat(os.path.basename(path), dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def flock_held(path: str) -> bool:
-    """Whether some process holds the flock on ``path`` now (a missing file: nobody)."""
+def flock_held(path: str, dir_fd: int | None = None) -> bool:
+    """Whether some process holds the flock on ``path`` now (a missing file, or anything but a
+    regular file: nobody)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, _OPEN_FLAGS, dir_fd=dir_fd)
     except OSError:
         return False
     try:
-        return not try_flock(fd, shared=True)
+        return stat.S_ISREG(os.fstat(fd).st_mode) and not try_flock(fd, shared=True)
     finally:
         os.close(fd)  # also releases the shared lock just taken
 
@@ -224,28 +291,30 @@ def _ancestors() -> set[tuple[int, int]]:
 
 
 def acquire(paths: LockPaths, me: Holder, say: Callable[[str], None], interval: float,
-            wait: float | None = None) -> int | None:
+            wait: float | None = None, *, dir_fd: int) -> int | None:
     """Take the lock: the flock's descriptor, or None when an ancestor already holds it (nested).
+    ``dir_fd`` is ``open_lock_dir(paths)``.
 
     Waits while another holder runs, saying who every ``interval`` seconds; raises
     ``LockTimeoutError`` once ``wait`` seconds have passed.
     """
+    record = os.path.basename(paths.record)
     began = time.monotonic()
     deadline = None if wait is None else began + wait
     next_line = began
     ancestors: set[tuple[int, int]] | None = None
     while True:
-        fd = _open_lock_file(paths.lock)
+        fd = _open_lock_file(dir_fd, paths.lock)
         blocker: Holder | None = None
         if not try_flock(fd):
             os.close(fd)
-            blocker = read_record(paths.record)
+            blocker = read_record(record, dir_fd)
         else:
-            if not _same_file(fd, paths.lock):
+            if not _same_file(fd, dir_fd, paths.lock):
                 os.close(fd)  # the file was replaced while we locked it: lock the new one
                 continue
             try:
-                prior = read_record(paths.record)
+                prior = read_record(record, dir_fd)
                 why = prior.gone() if prior is not None else None
                 if prior is None or why is not None:
                     if prior is not None:
@@ -255,7 +324,7 @@ def acquire(paths: LockPaths, me: Holder, say: Callable[[str], None], interval: 
                             say(f"warning: its command, pid {prior.child}, is still running "
                                 f"({cmdline(prior.child) or prior.command})")
                     try:
-                        write_record(paths.record, me)
+                        write_record(record, me, dir_fd)
                     except OSError as exc:  # the flock is the lock; the record only says who
                         say(f"warning: cannot write the lock record {paths.record}: {exc.strerror}; "
                             "holding the lock without it")
@@ -285,11 +354,11 @@ def acquire(paths: LockPaths, me: Holder, say: Callable[[str], None], interval: 
         time.sleep(pause)
 
 
-def release(paths: LockPaths, me: Holder, fd: int) -> None:
+def release(paths: LockPaths, me: Holder, fd: int, *, dir_fd: int) -> None:
     """Remove our record, then drop the flock (in that order: a waiter never sees our record
     with a free flock)."""
     try:
-        _remove_record_if_ours(paths.record, me)
+        _remove_record_if_ours(dir_fd, os.path.basename(paths.record), me)
     finally:
         os.close(fd)
 
@@ -349,24 +418,34 @@ def run_locked(directory: str, argv: Sequence[str], say: Callable[[str], None], 
     me = Holder(pid=me_pid, start=start_time(me_pid) or 0, session=session or default_session(),
                 command=shlex.join(argv), since=time.time(), host=socket.gethostname(),
                 boot_id=boot_id(), dir=paths.dir)
-    fd = acquire(paths, me, say, interval, wait)
-    if fd is None:  # nested inside a holder: already ours
-        return run_child(argv, say=say)
+    where = open_lock_dir(paths)
     try:
-        def started(pid: int) -> None:
-            write_record(paths.record, me._replace(child=pid, child_start=start_time(pid) or 0))
+        fd = acquire(paths, me, say, interval, wait, dir_fd=where)
+        if fd is None:  # nested inside a holder: already ours
+            return run_child(argv, say=say)
+        try:
+            record = os.path.basename(paths.record)
 
-        return run_child(argv, on_start=started, say=say)
+            def started(pid: int) -> None:
+                write_record(record, me._replace(child=pid, child_start=start_time(pid) or 0), where)
+
+            return run_child(argv, on_start=started, say=say)
+        finally:
+            release(paths, me, fd, dir_fd=where)
     finally:
-        release(paths, me, fd)
+        os.close(where)
 
 
 def status(directory: str) -> dict[str, Any]:
     """Who holds DIR's lock now: ``state`` is ``free``, ``held`` or ``stale`` (free, with a record
     left by a holder that is gone: the next taker takes over)."""
     paths = lock_paths(directory)
-    held = flock_held(paths.lock)
-    record = read_record(paths.record)
+    where = open_lock_dir(paths)
+    try:
+        held = flock_held(os.path.basename(paths.lock), where)
+        record = read_record(os.path.basename(paths.record), where)
+    finally:
+        os.close(where)
     why = record.gone() if record is not None else None
     if held or (record is not None and why is None):
         state = "held"

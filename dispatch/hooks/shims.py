@@ -18,6 +18,7 @@ import os
 import stat
 import sys
 
+from dispatch.core.atomicfile import temporary_name
 from dispatch.core.errors import UsageError
 from dispatch.hooks.shimpath import MARKER, find_real, is_shim
 
@@ -89,7 +90,7 @@ def install(directory: str, tools: list[str]) -> list[str]:
     written = []
     for tool in tools:
         path = os.path.join(where, tool)
-        tmp = f"{path}.{os.getpid()}.tmp"
+        tmp = temporary_name(path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o700)
         try:
             os.write(fd, shim_text(tool).encode())
