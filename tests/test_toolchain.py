@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from dispatch.core.fingerprint import short_hash
-from dispatch.guards.toolchain import _key, probe_here, probes_for, seed, selector_files
+from dispatch.guards.toolchain import _key, compare, probe_here, probes_for, seed, selector_files
 from tests.support.fakerustup import FakeRustup
 
 STABLE, BETA, NIGHTLY = "rustc 1.80.0 (fake)", "rustc 1.81.0-beta (fake)", "rustc 1.83.0-nightly (fake)"
@@ -141,3 +141,37 @@ def test_configured_probes_are_added_and_programs_replaced(tmp_path: Path) -> No
     programs = {"cargo": ("cargo -V",), "bazel": ("bazel --version",), "make": ()}
     assert probes_for(["sh", "-c", "cargo b; bazel build //x; make"], str(tmp_path),
                       programs=programs) == ["cargo -V", "bazel --version"]
+
+
+def test_the_configured_table_replaces_an_interpreters_probe_too(tmp_path: Path) -> None:
+    """``toolchain_programs = { python3 = [] }`` was ignored for python/python3 (the interpreter's
+    own ``-V`` was always added); now the table wins, for a versioned interpreter through its
+    ``python3`` entry unless it has one of its own."""
+    none: dict[str, tuple[str, ...]] = {"python3": ()}
+    assert probes_for(["python3", "x.py"], str(tmp_path), programs=none) == []
+    assert probes_for(["python3.11", "-c", "1"], str(tmp_path), programs=none) == []
+    strict = {"python": ("python -c 'import sys; print(sys.version)'",)}
+    assert probes_for(["python", "-V"], str(tmp_path), programs=strict) == list(strict["python"])
+    own = {"python3": (), "python3.12": ("python3.12 -VV",)}
+    assert probes_for(["python3.12", "t.py"], str(tmp_path), programs=own) == ["python3.12 -VV"]
+    assert probes_for(["python3", "x.py"], str(tmp_path)) == ["python3 -V"]  # default unchanged
+
+
+def _probed(output: str | None) -> dict[str, Any]:
+    return {"found": output is not None, "output": output}
+
+
+@pytest.mark.parametrize(("probe", "here", "there", "differs"), [
+    ("python3 -V", "Python 3.11.7", "Python 3.11.2", False),  # a patch release: same ABI and bytecode
+    ("python3.11 -V", "Python 3.11.7", "Python 3.11.0rc1", False),
+    (".venv/bin/python -V", "Python 3.11.7", "Python 3.12.1", True),  # a minor release refuses
+    ("python3 -V", "Python 3.11.7", None, True),
+    ("python3 -c 'import sys; print(sys.version)'", "3.11.7 (main)", "3.11.2 (main)", True),
+    ("node -v", "v20.20.2", "v20.20.1", True),  # only Python's -V is read to its minor version
+])
+def test_an_interpreter_is_compared_to_its_minor_version(probe: str, here: str, there: str | None,
+                                                          differs: bool) -> None:
+    lines = compare({probe: _probed(here)}, {probe: _probed(there)}, "peer1")
+    assert bool(lines) == differs, lines
+    if differs and there is not None:
+        assert lines == [f"{probe}: here {here!r} / peer1 {there!r}"]  # the full lines, as printed

@@ -2,8 +2,9 @@
 kernel, 2 GiB of memory, systemd + cgroup v2) the peer, reached over ssh as root and as a normal user.
 Nothing is installed there but Debian's python3 and rsync: the agent ships itself.
 
-Jobs sent there are plain programs (dd, sleep, sh): a python job would compare python3 -V of both
-machines (3.11.7 here, 3.11.2 there) and rightly be refused 247. The power-off test runs last
+Jobs sent there are mostly plain programs (dd, sleep, sh). A python job compares python3 -V of both
+machines (3.11.7 here, 3.11.2 there) to the minor version, so it runs; a configured probe that reads
+the full version refuses it 247. The power-off test runs last
 (``vm_last``): the machine stays off after it.
 """
 
@@ -138,6 +139,27 @@ def test_a_program_the_peer_lacks_is_compared_only_when_the_job_runs_it(root_pai
     cargo = pair.run("--peer", "--", "cargo", "build")
     assert cargo.returncode == ExitCode.TOOLCHAIN_MISMATCH
     assert "toolchain: rustc -Vv: found only here" in cargo.stderr
+
+
+def test_a_python_job_runs_across_a_patch_release_and_the_table_decides_its_probes(
+        root_pair: Pair) -> None:
+    """pyenv's 3.11.7 here, Debian's 3.11.2 in the VM: before, every ``--peer -- python3 …`` job was
+    refused 247 and ``toolchain_programs = { python3 = [...] }`` changed nothing. Now the minor
+    versions agree, so it runs; a probe configured for python3 replaces ``python3 -V``, and one that
+    prints the full version tells the two machines apart."""
+    pair = root_pair
+    here = subprocess.run(["python3", "-V"], capture_output=True, text=True, check=True).stdout
+    there = pair.peer.sh("python3 -V").stdout
+    assert here.split(".")[:2] == there.split(".")[:2] and here != there, (here, there)
+    done = pair.run("--peer", "--", "python3", "-c", "print(open('a.txt').read(), end='')")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "from the tree\n"
+    strict = "python3 -c 'import platform; print(platform.python_version())'"
+    pair.configure(top=f"[toolchain_programs]\npython3 = [{json.dumps(strict)}]")
+    refused = pair.run("--peer", "--", "python3", "-c", "print(1)")
+    assert refused.returncode == ExitCode.TOOLCHAIN_MISMATCH, refused.stderr
+    assert f"toolchain: {strict}: here " in refused.stderr
+    assert "python3 -V" not in refused.stderr
 
 
 def test_jobs_larger_than_the_vm_are_refused_as_documented(root_pair: Pair) -> None:

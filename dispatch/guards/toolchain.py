@@ -101,7 +101,8 @@ def probes_for(argv: Sequence[str], cwd: str,
     (``./build.sh``, ``bash ci.sh``, ``python3 tool.py``) — then ``extra`` (``toolchain_probes``:
     always compared). ``programs`` (``toolchain_programs``) adds to or replaces the built-in table.
     Scanning words rather than command positions can only add probes, never miss one."""
-    table = {**PROGRAM_PROBES, **(programs or {})}
+    own = dict(programs or {})
+    table = {**PROGRAM_PROBES, **own}
     words: list[str] = []
     scripts = 0
     for i, word in enumerate(argv):
@@ -118,7 +119,10 @@ def probes_for(argv: Sequence[str], cwd: str,
     for word in words:
         name = os.path.basename(word)
         found = table.get(name)
-        if name in ("python", "python3") or _program(word) == "python3":
+        configured = own.get(name, own.get("python3") if _program(word) else None)
+        if configured is not None:
+            found = configured  # the user's table wins, for an interpreter too
+        elif name in ("python", "python3") or _program(word) == "python3":
             # The interpreter named is the one to compare: python3.11, or a path (a virtualenv's).
             found = (f"{word if '/' in word else name} -V",)
         for probe in found or ():
@@ -312,8 +316,32 @@ def seed(workdir: str, files: Mapping[str, str]) -> None:
             continue
 
 
+def _interpreter_probe(probe: str) -> bool:
+    """Whether ``probe`` is the built-in ``-V`` of a Python interpreter (``python3 -V``,
+    ``python3.11 -V``, ``.venv/bin/python -V``), whose output is compared to the minor version."""
+    words = probe.split(" ")
+    name = os.path.basename(words[0])
+    return len(words) == 2 and words[1] == "-V" and (name in ("python", "python3")
+                                                     or _program(words[0]) == "python3")
+
+
+def _minor(output: str) -> str:
+    """``Python 3.11`` for ``Python 3.11.7`` (or ``3.11.0rc1``); any other output as it is."""
+    parts = output.strip().split(" ")
+    if len(parts) == 2 and parts[0] == "Python":
+        numbers = parts[1].split(".")
+        if len(numbers) >= 2 and numbers[0].isdigit() and numbers[1].isdigit():
+            return f"Python {numbers[0]}.{numbers[1]}"
+    return output
+
+
 def compare(local: dict[str, dict[str, Any]], remote: dict[str, dict[str, Any]], peer: str) -> list[str]:
-    """The differences, one line each ("" when the toolchains agree)."""
+    """The differences, one line each ("" when the toolchains agree).
+
+    A Python interpreter's version is compared to the minor version (3.11.7 here and 3.11.2 there
+    agree): patch releases keep the bytecode format, the C ABI and the wheel tags, so a job's
+    results do not depend on them, while a minor release changes all three. A stricter check is one
+    ``toolchain_probes`` entry away (``python3 -c "import sys; print(sys.version)"``)."""
     lines: list[str] = []
     for probe in local:
         mine, theirs = local[probe], remote.get(probe, {"found": False, "output": None})
@@ -325,9 +353,10 @@ def compare(local: dict[str, dict[str, Any]], remote: dict[str, dict[str, Any]],
             continue
         ours = (mine["output"] or "").splitlines()
         others = (theirs["output"] or "").splitlines()
+        same = _minor if _interpreter_probe(probe) else str
         for i in range(max(len(ours), len(others))):
             a = ours[i] if i < len(ours) else "<nothing>"
             b = others[i] if i < len(others) else "<nothing>"
-            if a != b:
+            if same(a) != same(b):
                 lines.append(f"{probe}: here {a!r} / {peer} {b!r}")
     return lines
