@@ -171,6 +171,37 @@ def test_a_state_dir_someone_else_can_write_is_refused(
     hostrun.state_dir = tmp_path / "state"  # for the fixture's leak check
 
 
+@pytest.mark.parametrize("where", ["their-file", "their-link", "their-dir"])
+def test_an_alert_file_someone_else_controls_is_refused(
+        hostrun: Hostrun, other_user: OtherUser, tmp_path: Path, where: str) -> None:
+    """``alert_file`` was opened by path, unchecked: root appended alerts to the other user's file
+    (alerts they could forge for every session to read) or, through their symlink, to a root file
+    they chose. Now it is judged as a config file is, and refused in one line before anything runs."""
+    victim = tmp_path / "root-owned"
+    victim.write_text("root's\n")
+    os.chmod(victim, 0o600)
+    theirs = other_user.home / "alerts.jsonl"
+    if where == "their-file":
+        other_user.run(["sh", "-c", f": > {theirs}; chmod 644 {theirs}"])
+    elif where == "their-link":
+        other_user.run(["ln", "-s", str(victim), str(theirs)])
+    else:
+        other_user.run(["mkdir", "-m", "777", str(other_user.home / "drop")])
+        theirs = other_user.home / "drop" / "alerts.jsonl"
+    marker = tmp_path / "ran"
+    hostrun.configure(top=f'alert_file = "{theirs}"')
+    for command in (["-m", "32M", "--", "touch", str(marker)], ["alerts"]):
+        line = refusal(hostrun.run(*command, env=clean_env(tmp_path)))
+        assert "alert_file" in line and str(theirs.parent) in line, line
+    assert not marker.exists()
+    assert victim.read_text() == "root's\n"
+    mine = tmp_path / "mine" / "alerts.jsonl"
+    mine.parent.mkdir(mode=0o700)
+    hostrun.configure(top=f'alert_file = "{mine}"')
+    done = hostrun.run("-m", "32M", "--", "touch", str(marker), env=clean_env(tmp_path))
+    assert done.returncode == 0 and marker.exists(), done.stderr
+
+
 # ---------------------------------------------------------- (a) the ControlPath fallback directory
 def long_state_dir(hostrun: Hostrun, tmp_path: Path) -> str:
     hostrun.state_dir = tmp_path / ("long-" + "s" * 70) / "state"

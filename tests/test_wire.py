@@ -9,12 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dispatch.agent.frames import Frame, encode
 from dispatch.agent.wire import CARRIED, RunSpec, error_result, outcome_of, result_of
 from dispatch.core.errors import OverPeerCapError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.outcome import Outcome
 from dispatch.core.request import RunRequest
+from dispatch.local.booking import default_label
 
 ROOT = Path(__file__).resolve().parent.parent
 # Not UTF-8, a NUL-free control byte, a lone surrogate-escaped byte, a shell metacharacter, and 2 MiB.
@@ -77,11 +80,23 @@ def test_result_round_trips_with_host_and_argv_from_the_controller() -> None:
     assert got.argv is not ARGV and got.argv == ARGV
 
 
+@pytest.mark.parametrize("label", ["build", None])
+def test_a_peer_never_chooses_the_label_the_controller_records(label: str | None) -> None:
+    """The label keys this host's history and alerts: an R frame from a compromised peer that names
+    another label (to overwrite its peaks, or to raise alerts under it) is recorded under the
+    controller's own: the one asked for, or the argv's default label as a local run would use."""
+    request = RunRequest(argv=ARGV, label=label)
+    sent = Outcome(exit_code=0, outcome="exit", host="local", label="victim-label", argv=ARGV,
+                   peak_bytes=1 << 40)
+    got = outcome_of(json.loads(json.dumps(result_of(sent))), "peer1", request)
+    assert got.label == (label or default_label(ARGV))
+
+
 def test_error_result_carries_the_errors_exit_code() -> None:
     result = json.loads(json.dumps(error_result(OverPeerCapError("too big"))))
     got = outcome_of(result, "peer1", RunRequest(argv=["make"], label=None))
     assert (got.exit_code, got.outcome, got.message, got.label) == (
-        ExitCode.OVER_PEER_CAP, "over-peer-cap", "too big", "")
+        ExitCode.OVER_PEER_CAP, "over-peer-cap", "too big", default_label(["make"]))
     other = outcome_of(error_result(RuntimeError("boom")), "peer1", RunRequest(argv=["make"]))
     assert (other.exit_code, other.outcome, other.message) == (1, "error", "boom")
 

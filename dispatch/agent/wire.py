@@ -82,11 +82,14 @@ def error_result(exc: Exception) -> dict[str, Any]:
 
 def outcome_of(result: dict[str, Any], host: str, request: RunRequest) -> Outcome:
     """The controller's ``Outcome`` of an ``R`` frame: what the agent sent (fields it does not know
-    are ignored), with the host and the argv from this side."""
+    are ignored), with the host, the label and the argv from this side. The label keys this host's
+    history and alerts, so the peer never chooses it: a compromised peer could otherwise write
+    another label's peaks or raise alerts under a name of its choosing."""
     from dispatch.core.outcome import FIELDS, Outcome
+    from dispatch.local.booking import default_label
 
     fixed = ("exit_code", "outcome", "host", "label", "argv")
     known = {k: result[k] for k in FIELDS if k in result and k not in fixed}
     return Outcome(exit_code=int(result["exit_code"]), outcome=str(result.get("outcome", "exit")),
-                   host=host, label=str(result.get("label") or request.label or ""),
+                   host=host, label=request.label or default_label(request.argv),
                    argv=list(request.argv), **known)

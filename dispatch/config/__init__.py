@@ -51,6 +51,7 @@ def load_settings(explicit: str | None = None, environ: Mapping[str, str] | None
     if path is None:
         settings = Settings.default().with_env_overrides(env)
         trust.check_existing_dir(settings.state_dir, "state directory")
+        _check_alert_file(settings, "alert_file", env)
         return settings
     settings = _load_file(path, env).with_env_overrides(env)
     _check_named(settings, path, env)
@@ -71,6 +72,20 @@ def _check_named(settings: Settings, path: str, environ: Mapping[str, str]) -> N
             except OSError:  # unreadable on the way (permission denied): ssh will say so
                 continue
     trust.check_existing_dir(settings.state_dir, f"state_dir (from {os.path.abspath(path)})")
+    _check_alert_file(settings, f"alert_file (from {os.path.abspath(path)})", environ)
+
+
+def _check_alert_file(settings: Settings, what: str, environ: Mapping[str, str]) -> None:
+    """A configured ``alert_file`` is judged as a config file is (``trust.check_file``): alerts are
+    read back as instructions to sessions (the watchdog hands them on), and the file is appended to
+    as the caller, root included, so another user's file, or one in a directory they can write,
+    would let them forge alerts or have root append to a file they chose. The default, in the
+    state directory, is covered by that directory's own check."""
+    if settings.alert_file:
+        try:
+            trust.check_file(settings.alert_file, what, environ)
+        except OSError:  # unreadable on the way (permission denied): writing it will say so
+            pass
 
 
 def _load_file(path: str, environ: Mapping[str, str]) -> Settings:
