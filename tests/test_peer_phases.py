@@ -67,12 +67,14 @@ def test_happy_path_passes_the_exit_code_and_keeps_stdout_and_stderr_apart(
     assert spec.cwd.endswith("/sub")
 
 
-def test_the_outcome_comes_from_the_result_frame_with_this_sides_host_and_argv(
+def test_the_outcome_comes_from_the_result_frame_with_this_sides_host_label_and_argv(
         tmp_path: Path, tree: Path) -> None:
+    """The peer's numbers are taken; the names this host's records are keyed by are not."""
     result = {"exit_code": 0, "outcome": "exit", "host": "the-peers-own-name", "label": "from-peer",
               "peak_bytes": 123456789, "booking_kind": "cap", "cap_bytes": 1 << 30}
     outcome = Driver(tmp_path, tree, Script(result=result))()
-    assert (outcome.host, outcome.label, outcome.peak_bytes) == ("fake", "from-peer", 123456789)
+    assert (outcome.host, outcome.peak_bytes) == ("fake", 123456789)
+    assert outcome.label == "build" and outcome.label != result["label"]
     assert (outcome.cap_bytes, outcome.booking_kind, outcome.argv) == (1 << 30, "cap", ARGV)
 
 
