@@ -508,6 +508,7 @@ def guest(vm: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 _NOT_RUN_KINDS = (  # (words in a skip reason, what the summary calls it), first match wins
+    (("Claude Code client",), "the real Claude Code client (npm)"),
     (("VM", "qemu"), "the test VM"),
     (("Slurm", "slurm", "munge"), "Slurm"),
     (("sshd", "openssh"), "sshd"),

@@ -925,7 +925,7 @@ def test_an_idle_session_is_woken_by_its_alert_once(hostrun: Hostrun, tmp_path: 
     alert on stderr (which wakes the session). A newer Stop's waiter replaces an older one, which
     ends quietly; an alert already read (by the next event) is not given again."""
     env = {**os.environ, "HOSTRUN_REWAKE_POLL": "0.2", "HOSTRUN_REWAKE_FOR": "60",
-           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+           "XDG_CACHE_HOME": str(tmp_path / "cache"), "CLAUDE_CODE_ENTRYPOINT": "cli"}
     stop_event = json.dumps(event("stop", cwd=str(tmp_path)))
 
     def waiter() -> subprocess.Popen[str]:

@@ -53,3 +53,9 @@ def cmdline(pid: int) -> str:
             return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return ""
+
+
+def parent_of(pid: int) -> int | None:
+    """Field 4 (ppid) of /proc/PID/stat, or None if it cannot be read."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields is not None and len(fields) > 1 else None

@@ -40,6 +40,9 @@ MAX_ALERT_LINE = 420  # characters of one alert's line: MAX_ALERTS of them fit i
 REWAKE_POLL = 1.0  # seconds between looks at the alert file while the session is idle
 REWAKE_FOR = 3300.0  # the longest a waiter waits (under its installed 3600 s timeout)
 REWAKE_POLL_ENV, REWAKE_FOR_ENV = "HOSTRUN_REWAKE_POLL", "HOSTRUN_REWAKE_FOR"  # tests: shorter
+# Claude Code tells its hooks how it was started: ``cli`` is the terminal UI; ``sdk-cli`` is
+# ``claude -p``, and the SDKs have their own names. Only the terminal UI has an idle session to wake.
+ENTRYPOINT_ENV, INTERACTIVE = "CLAUDE_CODE_ENTRYPOINT", "cli"
 
 ALERT_HEADINGS = {
     SESSION_START: "Unread hostrun alert{s} for this session ({n}; each is shown once, and hostrun "
@@ -123,8 +126,15 @@ def rewake(data: dict[str, Any], args: HookArgs, err: TextIO) -> None:
     and wake it with the alert (``Rewake``: exit 2, the alert on stderr), so a job killed or a room
     freed while nobody types reaches the agent within a few seconds. One waiter per session: a newer
     one (the next Stop) replaces it, and it ends quietly when the session's next event has read the
-    alerts or it has waited ``REWAKE_FOR``. Never while ``stop_hook_active``, nor for a subagent."""
-    if data.get("stop_hook_active") or data.get("agent_id"):
+    alerts, when the client that started it is gone, or when it has waited ``REWAKE_FOR``.
+
+    Only in the terminal UI (``CLAUDE_CODE_ENTRYPOINT=cli``): a headless client (``claude -p``, the
+    SDK) waits for every Stop hook, background ones included, before it prints its result and
+    exits, so a waiter there would hold every ``-p`` run for the whole ``REWAKE_FOR``; and nobody
+    is idle at a headless prompt to be woken. The Stop that ends a woken turn
+    (``stop_hook_active``) arms a waiter again: it wakes only on a new unread alert, so it cannot
+    loop, and without it the session went unwatched after its first wake. Never for a subagent."""
+    if data.get("agent_id") or os.environ.get(ENTRYPOINT_ENV) != INTERACTIVE:
         return
     name = claude_session(data.get("session_id"))
     if name is None:
@@ -133,6 +143,9 @@ def rewake(data: dict[str, Any], args: HookArgs, err: TextIO) -> None:
     settings = hook_settings(args, err, data)
     if settings is None:
         return
+    client = _client()
+    if client is None:
+        return  # already gone (or never known): nobody to wake
     import time
 
     from dispatch.hooks import hookstate
@@ -144,7 +157,7 @@ def rewake(data: dict[str, Any], args: HookArgs, err: TextIO) -> None:
     poll = float(os.environ.get(REWAKE_POLL_ENV) or REWAKE_POLL)
     until = time.monotonic() + float(os.environ.get(REWAKE_FOR_ENV) or REWAKE_FOR)
     try:
-        _wait_for_alerts(settings, name, marker, me, poll, until, err)
+        _wait_for_alerts(settings, name, marker, me, poll, until, client, err)
     finally:
         try:
             with open(marker, encoding="utf-8") as fh:
@@ -155,11 +168,45 @@ def rewake(data: dict[str, Any], args: HookArgs, err: TextIO) -> None:
             pass
 
 
+SHELLS = frozenset(("sh", "dash", "bash", "zsh", "ksh", "busybox"))
+
+
+def _client() -> tuple[int, int] | None:
+    """(pid, start time) of the client that runs this hook: the nearest ancestor that is not a
+    shell (Claude Code runs a hook as ``/bin/sh -c COMMAND``, and a shell may or may not exec it).
+    None when it cannot be found."""
+    from dispatch.core.procinfo import parent_of, start_time
+
+    pid = os.getppid()
+    for _ in range(8):
+        if pid <= 1:
+            return None
+        try:
+            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+                comm = fh.read().strip()
+        except OSError:
+            return None
+        if comm not in SHELLS:
+            started = start_time(pid)
+            return None if started is None else (pid, started)
+        parent = parent_of(pid)
+        if parent is None:
+            return None
+        pid = parent
+    return None
+
+
 def _wait_for_alerts(settings: Settings, name: str, marker: str, me: str, poll: float, until: float,
-                     err: TextIO) -> None:
+                     client: tuple[int, int], err: TextIO) -> None:
     """Look for the session's alerts every ``poll`` seconds until ``until`` (``time.monotonic``),
-    raising ``Rewake`` with the first found; return when a newer waiter has written ``marker``."""
+    raising ``Rewake`` with the first found; return when a newer waiter has written ``marker`` or
+    the client is gone. The client is looked at after an alert is seen and before it is marked
+    read: a waiter whose client has ended leaves the alert unread, for ``hostrun alerts --unread``
+    and the resumed session's SessionStart (before, it took the alert and woke nobody)."""
     import time
+
+    from dispatch.core.procinfo import is_alive
+    from dispatch.placement import alerts
 
     while time.monotonic() < until:
         time.sleep(poll)
@@ -169,6 +216,14 @@ def _wait_for_alerts(settings: Settings, name: str, marker: str, me: str, poll: 
                     return  # a newer Stop's waiter took over
         except OSError:
             return
+        if not is_alive(*client):
+            return
+        try:
+            pending = alerts.unread(settings, name, mark=False)
+        except Exception:  # an unusable cursor: alert_lines says so when it is read for real
+            pending = [{}]
+        if not pending or not is_alive(*client):
+            continue
         lines = alert_lines(settings, name, STOP, err)
         if lines:
             raise Rewake("\n".join(lines)[:MAX_CONTEXT])

@@ -1,0 +1,139 @@
+"""A fake Anthropic Messages API on loopback, for the real Claude Code client (tests/support/
+claudeclient.py): ``POST /v1/messages`` answered as a stream of server-sent events, from a script.
+
+The client is pointed at it with ``ANTHROPIC_BASE_URL`` and makes no other traffic
+(``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1``). Every request is logged (``requests``), so a test
+asserts on what the model was sent: the hook's context, a denial's reason, a woken turn's alert.
+
+The script is a list of steps for the main conversation, one per model turn: ``("bash", COMMAND)``
+answers with a ``tool_use`` block calling the Bash tool, ``("text", TEXT)`` with a final text. Which
+step a request gets is the number of assistant turns already in its messages, so a client that
+retries a request gets the same answer. A request past the script, or one without the Bash tool
+among its tools (a side request), is answered ``"done."``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Step = tuple[str, str]
+
+
+class FakeMessagesAPI:
+    """Start with ``start()``; ``url`` for ``ANTHROPIC_BASE_URL``; ``stop()`` at the end."""
+
+    def __init__(self, script: list[Step] | None = None) -> None:
+        self.script: list[Step] = list(script or [])
+        self.requests: list[dict[str, Any]] = []
+        self.paths: list[str] = []
+        self.lock = threading.Lock()
+        self.server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> FakeMessagesAPI:
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                with api.lock:
+                    api.paths.append("GET " + self.path)
+                self.send_response(404)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with api.lock:
+                    api.paths.append("POST " + self.path)
+                if not self.path.startswith("/v1/messages") or "count_tokens" in self.path:
+                    data = json.dumps({"input_tokens": 10}).encode()
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                with api.lock:
+                    api.requests.append(body)
+                self._stream(body, api.answer(body))
+
+            def _stream(self, body: dict[str, Any], step: Step) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("cache-control", "no-cache")
+                self.end_headers()
+
+                def event(name: str, data: dict[str, Any]) -> None:
+                    self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+
+                event("message_start", {"type": "message_start", "message": {
+                    "id": f"msg_{len(api.requests)}", "type": "message", "role": "assistant",
+                    "model": body.get("model"), "content": [], "stop_reason": None,
+                    "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 1}}})
+                kind, value = step
+                if kind == "bash":
+                    block = {"type": "tool_use", "id": f"toolu_{len(api.requests):04d}", "name": "Bash",
+                             "input": {}}
+                    delta = {"type": "input_json_delta", "partial_json": json.dumps(
+                        {"command": value, "description": "run a command"})}
+                    stop = "tool_use"
+                else:
+                    block, stop = {"type": "text", "text": ""}, "end_turn"
+                    delta = {"type": "text_delta", "text": value}
+                event("content_block_start", {"type": "content_block_start", "index": 0,
+                                              "content_block": block})
+                event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
+                event("content_block_stop", {"type": "content_block_stop", "index": 0})
+                event("message_delta", {"type": "message_delta", "delta": {
+                    "stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 5}})
+                event("message_stop", {"type": "message_stop"})
+                self.wfile.flush()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def answer(self, body: dict[str, Any]) -> Step:
+        tools = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
+        if "Bash" not in tools:
+            return ("text", "done.")
+        turn = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+        return self.script[turn] if turn < len(self.script) else ("text", "done.")
+
+    def main_requests(self) -> list[dict[str, Any]]:
+        """The requests of the main conversation (those offering the Bash tool)."""
+        with self.lock:
+            return [r for r in self.requests
+                    if any(isinstance(t, dict) and t.get("name") == "Bash" for t in r.get("tools") or [])]
+
+    def sent_text(self) -> str:
+        """Everything the model was sent in the main conversation's last request, as text: user
+        prompts, tool results (a command's output, a hook's denial reason) and system reminders."""
+        requests = self.main_requests()
+        return _text(requests[-1].get("messages")) if requests else ""
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(_text(v) for v in value)
+    if isinstance(value, dict):
+        return "\n".join(_text(v) for k, v in value.items() if k in ("content", "text"))
+    return ""

@@ -1,0 +1,80 @@
+"""hostrun's hooks under the real Claude Code client (tests/support/claudeclient.py, pinned; from
+the npm registry, cached), talking to a fake Messages API of our own on loopback
+(tests/support/claudeapi.py), with the client's non-essential traffic off: nothing leaves the
+machine. The client runs the hooks ``hostrun agents install`` wrote, as it does for a user.
+
+Where the client cannot be installed (no npm, no registry) the tier is not run and says so in the
+suite's not-run line; on CI that is a failure.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ON_CI, Hostrun
+from tests.support.claudeapi import FakeMessagesAPI
+from tests.support.claudeclient import VERSION, Claude, ClientUnavailable, ensure_client
+
+MODES = ("remind", "wrap", "guard")
+
+
+@pytest.fixture(scope="session")
+def client_binary() -> Path:
+    try:
+        return ensure_client()
+    except ClientUnavailable as exc:
+        if ON_CI:
+            pytest.fail(f"CI=true but {exc}")
+        pytest.skip(str(exc))  # only off CI
+
+
+@pytest.fixture
+def api() -> Iterator[FakeMessagesAPI]:
+    server = FakeMessagesAPI().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def claude(client_binary: Path, api: FakeMessagesAPI, tmp_path: Path) -> Claude:
+    return Claude(client_binary, tmp_path / "client-home", api.url)
+
+
+def project(hostrun: Hostrun, tmp_path: Path, mode: str) -> Path:
+    """A git checkout with hostrun's hooks installed in its ``.claude/settings.json``."""
+    tree = tmp_path / "project"
+    tree.mkdir()
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    hostrun.configure(slice="1G")
+    done = hostrun.run("agents", "install", "claude-code", "--mode", mode, cwd=tree)
+    assert done.returncode == 0, done.stderr
+    assert "hook rewake" in (tree / ".claude" / "settings.json").read_text()
+    return tree
+
+
+def test_the_pinned_client_is_the_one_run(client_binary: Path) -> None:
+    said = subprocess.run([str(client_binary), "--version"], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert said.stdout.startswith(VERSION), said.stdout
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_print_mode_finishes_in_an_installed_project(
+        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path, mode: str) -> None:
+    """``claude -p`` waits for every Stop hook, background ones too, before it prints its result:
+    before, the rewake waiter held every ``-p`` run in an installed project for its whole 55 min
+    (this test's 120 s hang detector ended it, no result printed). Now the waiter is not started
+    headless, and the run ends with its result once the model's last answer is in."""
+    tree = project(hostrun, tmp_path, mode)
+    api.script = [("bash", "echo light-command-ran"), ("text", "all done")]
+    proc, result = claude.print_mode("go", tree, "--allowedTools", "Bash")
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert result.get("result") == "all done" and not result.get("is_error"), result
+    assert "light-command-ran" in api.sent_text()  # the command ran and its output reached the model
+    assert not list((tmp_path / "client-home").rglob("rewake-*.pid"))
