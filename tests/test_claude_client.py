@@ -9,15 +9,19 @@ suite's not-run line; on CI that is a failure.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ON_CI, Hostrun
+from dispatch.core.exitcodes import ExitCode
+from tests.conftest import ON_CI, Hostrun, wait_for
 from tests.support.claudeapi import FakeMessagesAPI
-from tests.support.claudeclient import VERSION, Claude, ClientUnavailable, ensure_client
+from tests.support.claudeclient import VERSION, Claude, ClientUnavailable, Terminal, ensure_client
 
 MODES = ("remind", "wrap", "guard")
 
@@ -78,3 +82,56 @@ def test_print_mode_finishes_in_an_installed_project(
     assert result.get("result") == "all done" and not result.get("is_error"), result
     assert "light-command-ran" in api.sent_text()  # the command ran and its output reached the model
     assert not list((tmp_path / "client-home").rglob("rewake-*.pid"))
+
+
+def _hog(hostrun: Hostrun, label: str, session: str) -> None:
+    proc = hostrun.run("-m", "100M", "--label", label, "--session", session, "--",
+                       sys.executable, "-c", "x = bytearray(300 << 20)")
+    assert proc.returncode == ExitCode.OWN_CAP, proc.stderr
+
+
+def _idle(claude: Claude, tree: Path, hooks: Path) -> tuple[Terminal, str, str]:
+    """The terminal UI after one turn, idle with its rewake waiter: (ui, session, waiter's pid)."""
+    ui = Terminal(claude, tree, f"hostrun-cc-{os.getpid()}", HOSTRUN_REWAKE_POLL="0.3")
+    wait_for(lambda: "\u276f" in ui.screen(), timeout=60, interval=0.5)  # its prompt
+    ui.send("hi", "Enter")
+    markers = wait_for(lambda: list(hooks.glob("rewake-*.pid")), timeout=60, interval=0.3)
+    return ui, markers[0].name.removeprefix("rewake-").removesuffix(".pid"), markers[0].read_text()
+
+
+def test_an_idle_terminal_session_is_woken_by_each_alert(
+        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path) -> None:
+    """The terminal UI in tmux: after its turn the session idles and the rewake waiter watches it.
+    A job of the session killed at its cap wakes it with the alert (the model is sent it). Before,
+    the Stop ending that woken turn (``stop_hook_active``) started no waiter, so a second kill
+    reached nobody until the user typed; now it wakes the session again."""
+    tree = project(hostrun, tmp_path, "wrap")
+    hooks = tmp_path / "client-home" / ".cache" / "hostrun" / "hooks"
+    ui, session, first_waiter = _idle(claude, tree, hooks)
+    try:
+        _hog(hostrun, "idle-hog", session)
+        wait_for(lambda: "idle-hog" in api.sent_text(), timeout=60, interval=0.3)
+        wait_for(lambda: any(m.read_text() != first_waiter for m in hooks.glob("rewake-*.pid")),
+                 timeout=60, interval=0.3)  # the woken turn's Stop armed a new waiter
+        _hog(hostrun, "second-hog", session)
+        wait_for(lambda: "second-hog" in api.sent_text(), timeout=60, interval=0.3)
+    finally:
+        ui.close()
+
+
+def test_a_killed_clients_waiter_ends_and_leaves_the_next_alert_unread(
+        hostrun: Hostrun, claude: Claude, tmp_path: Path) -> None:
+    """The client is killed while idle: before, its waiter went on and took the session's next
+    alert, which then reached nobody (not ``alerts --unread``, not a resumed session); now the
+    waiter ends with its client and the alert stays unread."""
+    tree = project(hostrun, tmp_path, "wrap")
+    hooks = tmp_path / "client-home" / ".cache" / "hostrun" / "hooks"
+    ui, session, _ = _idle(claude, tree, hooks)
+    try:
+        os.kill(ui.pid, signal.SIGKILL)
+        wait_for(lambda: not list(hooks.glob("rewake-*.pid")), timeout=30, interval=0.3)
+        _hog(hostrun, "after-the-client", session)
+        unread = hostrun.run("alerts", "--unread", "--session", session)
+        assert "after-the-client" in unread.stdout, (unread.stdout, unread.stderr)
+    finally:
+        ui.close()

@@ -88,3 +88,37 @@ class Claude:
         except ValueError:
             result = {}
         return proc, result
+
+
+class Terminal:
+    """The client's terminal UI in a tmux session of its own (``send``, ``screen``), started in
+    ``cwd`` with onboarding done and ``cwd`` trusted in its home's ``.claude.json``, as a user who
+    has used it before would have."""
+
+    def __init__(self, claude: Claude, cwd: Path, name: str, **env: str) -> None:
+        import shlex
+
+        self.name = name
+        state = {"hasCompletedOnboarding": True, "theme": "dark",
+                 "customApiKeyResponses": {"approved": ["sk-fake-test"], "rejected": []},
+                 "projects": {str(cwd): {"hasTrustDialogAccepted": True,
+                                         "hasCompletedProjectOnboarding": True}}}
+        (claude.home / ".claude.json").write_text(json.dumps(state))
+        words = ["env", *(f"{k}={v}" for k, v in claude.env(**env).items()), str(claude.binary)]
+        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "160", "-y", "50", "-c", str(cwd),
+                        " ".join(shlex.quote(w) for w in words)], check=True, timeout=30)
+        self.pid = int(self._tmux("display-message", "-p", "-t", name, "#{pane_pid}").strip())
+
+    def _tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True,
+                              timeout=30).stdout
+
+    def screen(self) -> str:
+        return self._tmux("capture-pane", "-p", "-t", self.name)
+
+    def send(self, *keys: str) -> None:
+        self._tmux("send-keys", "-t", self.name, *keys)
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True, timeout=30,
+                       check=False)
