@@ -135,3 +135,20 @@ def test_a_killed_clients_waiter_ends_and_leaves_the_next_alert_unread(
         assert "after-the-client" in unread.stdout, (unread.stdout, unread.stderr)
     finally:
         ui.close()
+
+
+def test_install_and_uninstall_round_trip_leaves_the_project_as_it_was(
+        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path) -> None:
+    """Installed, the client runs hostrun's hooks (SessionStart exports the session's name to its
+    shell: a command the model runs sees ``HOSTRUN_SESSION``); uninstalled, the checkout has no
+    ``.claude/`` again (before: a ``{}`` file in a new directory) and the client runs without them."""
+    tree = project(hostrun, tmp_path, "remind")
+    api.script = [("bash", "echo session=$HOSTRUN_SESSION"), ("text", "ok")]
+    proc, result = claude.print_mode("go", tree, "--allowedTools", "Bash")
+    assert proc.returncode == 0 and result.get("result") == "ok", proc.stderr[-2000:]
+    assert f"session=claude-{result['session_id']}" in api.sent_text()
+    done = hostrun.run("agents", "uninstall", "claude-code", cwd=tree)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tree.iterdir()) == [".git"]
+    proc, result = claude.print_mode("go", tree, "--allowedTools", "Bash")
+    assert proc.returncode == 0 and "session=\n" in api.sent_text() + "\n", api.sent_text()[-500:]

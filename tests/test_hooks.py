@@ -581,7 +581,53 @@ def test_install_user_creates_a_private_file_and_uninstall_restores_nothing(tmp_
     assert install.installed(json.loads(settings.read_text())).keys() == {
         "PreToolUse", "SessionStart", "PostToolUse", "PostToolUseFailure", "Stop"}
     assert agents("uninstall", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
-    assert json.loads(settings.read_text()) == {}
+    assert not settings.exists() and not (home / ".claude").exists()  # as before the install
+
+
+USERS_OWN = """{
+    "theme": "dark",
+    "hooks": {
+        "Stop": []
+    },
+    "permissions": {"allow": ["Bash(ls:*)"]}
+}
+"""
+
+
+@pytest.mark.parametrize("text", [USERS_OWN, '{\n\t"hooks": {}\n}\n', "{}"])
+def test_uninstall_gives_the_file_back_byte_for_byte(tmp_path: Path, text: str) -> None:
+    """Before, uninstall re-indented a 4-space or tab file to 2 spaces and removed the user's own
+    empty ``"hooks": {}`` or ``"Stop": []``. Now the install remembers the text, and uninstall,
+    finding only the install's own change, puts it back as it was."""
+    home = tmp_path / "home"
+    (home / ".claude").mkdir(parents=True)
+    settings = home / ".claude" / "settings.json"
+    settings.write_text(text)
+    assert agents("install", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
+    installed_text = settings.read_text()
+    assert "hook rewake" in installed_text
+    if "    " in text:
+        assert '\n    "hooks": {' in installed_text  # the install kept the file's indentation too
+    assert agents("install", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
+    assert agents("uninstall", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
+    assert settings.read_text() == text
+
+
+def test_uninstall_after_the_user_edited_the_file_removes_only_ours(tmp_path: Path) -> None:
+    """A file changed since the install cannot be put back: our entries go, the user's edit and the
+    file's indentation stay."""
+    home = tmp_path / "home"
+    (home / ".claude").mkdir(parents=True)
+    settings = home / ".claude" / "settings.json"
+    settings.write_text(USERS_OWN)
+    assert agents("install", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
+    data = json.loads(settings.read_text())
+    data["model"] = "sonnet"
+    settings.write_text(json.dumps(data, indent=4) + "\n")
+    assert agents("uninstall", "claude-code", "--user", cwd=tmp_path, home=home).returncode == 0
+    after = settings.read_text()
+    assert json.loads(after)["model"] == "sonnet" and "hostrun" not in after
+    assert '\n    "theme": "dark"' in after
 
 
 def test_install_through_a_symlink_writes_the_target(tmp_path: Path) -> None:
@@ -820,7 +866,7 @@ def test_install_local_and_from_a_subdirectory(tmp_path: Path) -> None:
     status = json.loads(agents("status", "--json", cwd=project, home=home).stdout)
     assert [p["scope"] for p in status["installed"] if p["hooks"]] == ["local"]
     assert agents("uninstall", "claude-code", "--local", cwd=project, home=home).returncode == 0
-    assert json.loads(local.read_text()) == {}
+    assert not local.exists() and not local.parent.exists()
 
 
 # -------------------------------------------------------------------- wrap: the user's permission rules

@@ -8,9 +8,12 @@ hook post-tool-use``, PostToolUseFailure (every tool) → ``hostrun hook post-to
 Stop → ``hostrun hook stop``. Installing twice gives the same file; an older
 install that lacks an entry gains it;
 the user's other keys and hooks stay as they are (an entry of ours is replaced where it stands). The
-file is replaced atomically with its mode kept (through a symlink, the file it points to); a file
-that is not valid JSON is an error (exit 2) and is left untouched. ``uninstall`` removes exactly the
-entries of ours (a hook whose command is ``… hostrun hook …``) and what they alone left empty.
+file is replaced atomically with its mode and indentation kept (through a symlink, the file it points
+to); a file that is not valid JSON is an error (exit 2) and is left untouched. ``uninstall`` gives
+the file back byte for byte (or removes it, and a ``.claude`` directory the install made) when
+nothing but the install changed it since: the install remembers the old text in the hooks' state
+directory. Otherwise it removes exactly the entries of ours (a hook whose command is ``… hostrun hook
+…``) and what they alone left empty.
 ``status`` says what is installed where (and which entries an install lacks) and feeds sample events
 through the hooks (in process) to check the answers' shape; it exits 78 (``not-run``: the hooks do
 not work as documented) when a check fails.
@@ -223,9 +226,27 @@ def installed(data: dict[str, Any] | None) -> dict[str, list[str]]:
     return found
 
 
-def write(path: str, data: dict[str, Any], user: bool) -> None:
+def _text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _indent(text: str | None) -> str | int:
+    """The indentation the file already uses (its first indented line's), else 2 spaces: a file
+    the user keeps with 4 spaces or tabs stays so."""
+    for line in (text or "").splitlines()[1:]:
+        stripped = line.lstrip(" \t")
+        if stripped and len(stripped) < len(line):
+            return line[: len(line) - len(stripped)]
+    return 2
+
+
+def write(path: str, data: dict[str, Any], user: bool, indent: str | int = 2) -> str:
     """Replace the file atomically, keeping its mode (a new one: 0644 in a project, 0600 for the
-    user; its ``.claude`` directory 0755 / 0700)."""
+    user; its ``.claude`` directory 0755 / 0700); the text written."""
     from dispatch.core.atomicfile import write_atomic
 
     real = os.path.realpath(path)
@@ -234,7 +255,66 @@ def write(path: str, data: dict[str, Any], user: bool) -> None:
     except FileNotFoundError:
         mode = 0o600 if user else 0o644
         os.makedirs(os.path.dirname(real), mode=0o700 if user else 0o755, exist_ok=True)
-    write_atomic(real, (json.dumps(data, indent=2) + "\n").encode(), mode, exact_mode=True)
+    text = json.dumps(data, indent=indent) + "\n"
+    write_atomic(real, text.encode(), mode, exact_mode=True)
+    return text
+
+
+def _record_name(path: str) -> str:
+    from dispatch.core.fingerprint import short_hash
+
+    return f"install-{short_hash(os.path.realpath(path).encode(), 16)}.json"
+
+
+def _remember(path: str, before: str | None, dir_existed: bool, after: str) -> None:
+    """What the file (and its directory) were before hostrun first added its hooks, and the text it
+    wrote, so that ``uninstall`` can give the file back byte for byte (``_restore``). A reinstall
+    over its own text keeps the first install's ``before``; over a file that already holds our
+    hooks with no record of it, nothing is known, and nothing is remembered."""
+    from dispatch.hooks import hookstate
+
+    name = _record_name(path)
+    old = hookstate.load(name)
+    if isinstance(old, dict) and old.get("after") == before:
+        before, dir_existed = old.get("before"), bool(old.get("dir_existed"))
+    elif before is not None and installed(json.loads(before) if before.strip() else {}):
+        return
+    hookstate.save(name, {"before": before, "dir_existed": dir_existed, "after": after})
+
+
+def _restore(path: str, current: str | None) -> bool:
+    """Give the file back as it was before the install, when nothing but our hooks changed it since
+    (its text is the one hostrun wrote): the old bytes, or no file (and no ``.claude`` directory,
+    if the install made it and it is empty now). False when that cannot be known."""
+    from dispatch.hooks import hookstate
+
+    record = hookstate.load(_record_name(path))
+    if not isinstance(record, dict) or current is None or record.get("after") != current:
+        return False
+    before = record.get("before")
+    real = os.path.realpath(path)
+    if isinstance(before, str):
+        from dispatch.core.atomicfile import write_atomic
+
+        write_atomic(real, before.encode(), os.stat(real).st_mode & 0o7777, exact_mode=True)
+    else:
+        os.unlink(real)
+        if not record.get("dir_existed"):
+            try:
+                os.rmdir(os.path.dirname(real))
+            except OSError:
+                pass  # something else is in it now: it stays
+    _forget(path)
+    return True
+
+
+def _forget(path: str) -> None:
+    from dispatch.hooks import hookstate
+
+    try:
+        os.unlink(os.path.join(hookstate.directory(), _record_name(path)))
+    except OSError:
+        pass
 
 
 def main(argv: list[str], say: Callable[[str], None]) -> int:
@@ -269,6 +349,7 @@ def main(argv: list[str], say: Callable[[str], None]) -> int:
     args = p.parse_args(rest)
     path = settings_path(args.user, local=args.local)
     data = read(path)
+    text = _text(path) if data is not None else None
     if action == "install":
         command = args.command or default_command(args.user)
         check_command(command)
@@ -281,7 +362,13 @@ def main(argv: list[str], say: Callable[[str], None]) -> int:
     if new == data:
         say(f"{path}: already {'installed' if action == 'install' else 'without hostrun hooks'}")
         return 0
-    write(path, new, args.user or args.local)
+    if action == "install":
+        dir_existed = os.path.isdir(os.path.dirname(os.path.realpath(path)))
+        after = write(path, new, args.user or args.local, _indent(text))
+        _remember(path, text, dir_existed, after)
+    elif not _restore(path, text):
+        write(path, new, args.user or args.local, _indent(text))
+        _forget(path)
     say(f"{path}: hostrun hooks {'installed' if action == 'install' else 'removed'}")
     root = os.path.dirname(os.path.dirname(path))
     if not args.user and action == "install" and os.path.realpath(os.getcwd()) != os.path.realpath(root):
