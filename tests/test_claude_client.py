@@ -9,6 +9,7 @@ suite's not-run line; on CI that is a failure.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -152,3 +153,25 @@ def test_install_and_uninstall_round_trip_leaves_the_project_as_it_was(
     assert sorted(p.name for p in tree.iterdir()) == [".git"]
     proc, result = claude.print_mode("go", tree, "--allowedTools", "Bash")
     assert proc.returncode == 0 and "session=\n" in api.sent_text() + "\n", api.sent_text()[-500:]
+
+
+def test_wrap_honours_a_projects_allow_rule_only_in_a_trusted_workspace(
+        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path) -> None:
+    """A checkout that allows ``Bash(make:*)`` itself: the client ignores that until the user trusts
+    the workspace. Before, wrap read the rule anyway and answered ``allow``, so ``make check`` ran
+    under ``claude -p`` where the client alone would have refused it; now it is refused there, and
+    once the workspace is trusted it runs, through hostrun, in a job's cgroup."""
+    tree = project(hostrun, tmp_path, "wrap")
+    settings = tree / ".claude" / "settings.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()),
+                                    "permissions": {"allow": ["Bash(make:*)"]}}))
+    (tree / "Makefile").write_text("check:\n\tcat /proc/self/cgroup > ran.txt\n")
+    api.script = [("bash", "make check"), ("text", "ok")]
+    proc, _ = claude.print_mode("go", tree)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (tree / "ran.txt").exists(), api.sent_text()[-1000:]
+    (claude.home / ".claude.json").write_text(json.dumps(
+        {"projects": {str(tree.resolve()): {"hasTrustDialogAccepted": True}}}))
+    proc, _ = claude.print_mode("go", tree)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"{hostrun.cgroup}/job-" in (tree / "ran.txt").read_text()

@@ -908,8 +908,32 @@ def test_wrap_decides_as_the_users_rules_would_for_the_original_command(
         assert "-m dispatch --config" in out["updatedInput"]["command"]  # rewritten through hostrun
 
 
+def trust(hook: Hook, directory: Path) -> None:
+    """What accepting Claude Code's trust dialog for ``directory`` writes into ``~/.claude.json``."""
+    hook.home.mkdir(parents=True, exist_ok=True)
+    (hook.home / ".claude.json").write_text(json.dumps(
+        {"projects": {str(directory.resolve()): {"hasTrustDialogAccepted": True}}}))
+
+
+def test_a_projects_allow_rules_count_only_once_the_workspace_is_trusted(hook: Hook) -> None:
+    """Claude Code ignores a checkout's own ``permissions.allow`` until the user trusted the
+    workspace (never, in a fresh CI checkout). Before, the hook read them anyway and said ``allow``,
+    so the heavy command ran without the approval the client alone would have asked for. A deny
+    rule of the project's counts either way; the user's own allow rules too."""
+    claude_settings(hook.project / ".claude" / "settings.json", allow=["Bash(make:*)"])
+    decision = lambda: hook.bash("make -j8", "--mode", "wrap")[0]["hookSpecificOutput"].get(  # noqa: E731
+        "permissionDecision")
+    assert decision() == "ask"
+    trust(hook, hook.project.parent)  # a directory above counts, as in the client
+    assert decision() == "allow"
+    (hook.home / ".claude.json").unlink()
+    claude_settings(hook.home / ".claude" / "settings.json", allow=["Bash(make:*)"])
+    assert decision() == "allow"
+
+
 def test_wrap_reads_every_settings_file_and_never_preapproves_a_compound_command(hook: Hook) -> None:
     claude_settings(hook.project / ".claude" / "settings.local.json", allow=["Bash(make:*)"])
+    trust(hook, hook.project)
     assert hook.bash("make -j8", "--mode", "wrap")[0]["hookSpecificOutput"]["permissionDecision"] == "allow"
     # a second command riding on an allowed first one is not pre-approved (Claude Code checks each)
     answer, _ = hook.bash("make -j8 && rm -rf /tmp/x", "--mode", "wrap")

@@ -14,7 +14,8 @@ everywhere would skip prompts the user wants. So the decision follows the user's
   ``plan``, leave it alone (Claude Code refuses it there whatever hostrun does).
 
 The rules: ``permissions.allow/ask/deny`` of the managed, project-local, project and user settings
-files, all together (a deny anywhere wins), in Claude Code's syntax: ``Bash`` and ``Bash(*)`` (any
+files, all together (a deny anywhere wins), the project's allow rules only once the user trusted the
+workspace (``workspace_trusted``), as the client does, in Claude Code's syntax: ``Bash`` and ``Bash(*)`` (any
 command), ``Bash(cmd)`` (exactly), ``Bash(prefix:*)`` (the prefix as a whole word, then anything),
 and ``*`` as "any characters" elsewhere (a single trailing `` *`` also matches nothing). A command
 with several parts (``&&``, ``;``, ``|``, a substitution) is pre-approved only by a rule for any
@@ -36,12 +37,48 @@ COMPOUND = ("&&", "||", ";", "|", "\n", "$(", "`", "&")
 PROMPTING_MODES = ("default", "acceptEdits")
 
 
-def settings_files(root: str, environ: Mapping[str, str]) -> list[str]:
+def _config_dir(environ: Mapping[str, str]) -> str:
+    """Claude Code's user directory: ``$CLAUDE_CONFIG_DIR``, else ``~/.claude``."""
     from dispatch.core.configpath import user_home
 
-    home = user_home(environ)
-    return [MANAGED, os.path.join(root, ".claude", "settings.local.json"),
-            os.path.join(root, ".claude", "settings.json"), os.path.join(home, ".claude", "settings.json")]
+    return environ.get("CLAUDE_CONFIG_DIR") or os.path.join(user_home(environ), ".claude")
+
+
+def settings_files(root: str, environ: Mapping[str, str]) -> list[str]:
+    return [MANAGED, *project_files(root), os.path.join(_config_dir(environ), "settings.json")]
+
+
+def project_files(root: str) -> list[str]:
+    return [os.path.join(root, ".claude", "settings.local.json"),
+            os.path.join(root, ".claude", "settings.json")]
+
+
+def workspace_trusted(root: str, environ: Mapping[str, str]) -> bool:
+    """Whether the user accepted Claude Code's trust dialog for ``root`` or a directory above it
+    (``projects.<dir>.hasTrustDialogAccepted`` in its ``.claude.json``: ``~/.claude.json``, or in
+    ``$CLAUDE_CONFIG_DIR``). Until then the client ignores the project's own allow rules (a
+    checkout cannot pre-approve its commands), so the hook must too."""
+    from dispatch.core.configpath import user_home
+
+    configured = environ.get("CLAUDE_CONFIG_DIR")
+    path = os.path.join(configured, ".claude.json") if configured else os.path.join(
+        user_home(environ), ".claude.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            projects = json.load(fh).get("projects")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if not isinstance(projects, dict):
+        return False
+    directory = os.path.realpath(root)
+    while True:
+        entry = projects.get(directory)
+        if isinstance(entry, dict) and entry.get("hasTrustDialogAccepted") is True:
+            return True
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return False
+        directory = parent
 
 
 def rules(paths: Iterable[str]) -> dict[str, list[str]]:
@@ -99,7 +136,11 @@ def rule_matches(rule: str, command: str) -> bool:
 
 def decide(command: str, mode: object, root: str, environ: Mapping[str, str] | None = None) -> str:
     """``allow``, ``ask`` or ``leave`` (no rewrite: Claude Code decides on the original command)."""
-    found = rules(settings_files(root, os.environ if environ is None else environ))
+    env = os.environ if environ is None else environ
+    found = rules(settings_files(root, env))
+    if not workspace_trusted(root, env):  # the project's deny and ask rules still count
+        others = [f for f in settings_files(root, env) if f not in project_files(root)]
+        found["allow"] = rules(others)["allow"]
     if any(rule_matches(r, command) for r in found["deny"]):
         return "leave"
     if any(rule_matches(r, command) for r in found["ask"]):
