@@ -160,7 +160,8 @@ def test_wrap_honours_a_projects_allow_rule_only_in_a_trusted_workspace(
     """A checkout that allows ``Bash(make:*)`` itself: the client ignores that until the user trusts
     the workspace. Before, wrap read the rule anyway and answered ``allow``, so ``make check`` ran
     under ``claude -p`` where the client alone would have refused it; now it is refused there, and
-    once the workspace is trusted it runs, through hostrun, in a job's cgroup."""
+    once the workspace is trusted it runs, through hostrun, in a job's cgroup. The refusal's text,
+    which is all the model is told, says that nothing ran."""
     tree = project(hostrun, tmp_path, "wrap")
     settings = tree / ".claude" / "settings.json"
     settings.write_text(json.dumps({**json.loads(settings.read_text()),
@@ -170,6 +171,10 @@ def test_wrap_honours_a_projects_allow_rule_only_in_a_trusted_workspace(
     proc, _ = claude.print_mode("go", tree)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (tree / "ran.txt").exists(), api.sent_text()[-1000:]
+    # headless, the hook's ask became a denial whose text is the hook's reason: it must not say
+    # the command ran (before: "runs under a memory cap, booked in hostrun's ledger")
+    told = api.sent_text()
+    assert "hostrun wrap: heavy" in told and "if it was refused, nothing ran" in told, told[-1500:]
     (claude.home / ".claude.json").write_text(json.dumps(
         {"projects": {str(tree.resolve()): {"hasTrustDialogAccepted": True}}}))
     proc, _ = claude.print_mode("go", tree)

@@ -98,12 +98,17 @@ def _wrap(data: dict[str, Any], command: str, verdict: Verdict, context: list[st
         context.insert(1, "hostrun wrap: not rewritten: your permission rules or mode decide "
                           f"this command as it is; to cap it, run: {instead}")
         return answer(PRE_TOOL_USE, additionalContext="\n".join(context))
-    context.insert(1, f"hostrun wrap: it runs through hostrun as: {instead}")
+    # Each line must read right as a prompt and as a refusal: headless (claude -p, dontAsk) an
+    # ``ask`` becomes a denial whose only text is this reason, so nothing here may say it ran.
+    context.insert(1, f"hostrun wrap: rewritten to run through hostrun; if it is allowed, it runs "
+                      f"as: {instead}")
     tool_input = dict(data["tool_input"])
     tool_input["command"] = instead
-    return answer(PRE_TOOL_USE, permissionDecision=decision,
-                  permissionDecisionReason=f"hostrun wrap: heavy ({verdict.why}); runs under a "
-                                           "memory cap, booked in hostrun's ledger",
+    reason = (f"hostrun wrap: heavy ({verdict.why}); if you allow it, it runs through hostrun, "
+              f"under a memory cap and booked in hostrun's ledger, as: {instead}")
+    if decision == "ask":
+        reason += " (if it was refused, nothing ran)"
+    return answer(PRE_TOOL_USE, permissionDecision=decision, permissionDecisionReason=reason,
                   updatedInput=tool_input, additionalContext="\n".join(context))
 
 
