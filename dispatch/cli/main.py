@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from dispatch.cli.common import COMMANDS
 from dispatch.core.errors import HostrunError
-from dispatch.core.exitcodes import interrupted
+from dispatch.core.exitcodes import ExitCode, interrupted
 from dispatch.core.runoptions import PROG
 
 
@@ -69,6 +69,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HostrunError as exc:
         print(error_line(exc, name), file=sys.stderr)
         return int(exc.exit_code)
+    except OSError as exc:
+        import errno
+
+        from dispatch.core.text import printable
+
+        if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM, errno.ENOSPC):
+            raise
+        # A resource limit (fds, pids, memory, space) is the host's state, not a bug: one line, 78.
+        print(f"{PROG}: error: {printable(str(exc))} (a limit on open files, processes, "
+              "memory or disk space stopped hostrun; its booking was released)", file=sys.stderr)
+        return int(ExitCode.NOT_RUN)
     except KeyboardInterrupt:
         import signal
 
