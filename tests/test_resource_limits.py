@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import resource
+import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,4 +29,28 @@ def test_fd_limit_is_one_line_and_78(hostrun: Hostrun, fds: int) -> None:
     else:
         assert done.returncode == 78, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert fds != 8 or "pipe" in done.stderr, done.stderr
+    assert hostrun.bookings() == []
+
+
+def test_fork_under_a_pids_limit_is_one_line_and_78(hostrun: Hostrun, tmp_path: Path) -> None:
+    """A real pids cgroup with pids.max 2 (hostrun itself and one more): the job's fork fails."""
+    root = Path("/sys/fs/cgroup/pids")
+    if not (root / "cgroup.procs").exists():
+        pytest.skip("no cgroup v1 pids controller mounted")
+    group = root / f"hostrun-test-pids-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        (group / "pids.max").write_text("2")
+        hostrun.configure()
+
+        def enter() -> None:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+
+        done = hostrun.run("-m", "32M", "--", "true", capture_output=True, preexec_fn=enter)
+    finally:
+        group.rmdir()
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 78, done.stderr
+    assert done.stderr.count("\n") == 1 and "fork" in done.stderr, done.stderr
     assert hostrun.bookings() == []

@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         # A resource limit (fds, pids, memory, space) is the host's state, not a bug: one line, 78.
         print(f"{PROG}: error: {printable(str(exc))} (a limit on open files, processes, "
-              "memory or disk space stopped hostrun; its booking was released)", file=sys.stderr)
+              "memory or disk space stopped hostrun; nothing is left booked)", file=sys.stderr)
         return int(ExitCode.NOT_RUN)
     except KeyboardInterrupt:
         import signal

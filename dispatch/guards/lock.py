@@ -45,7 +45,7 @@ from dispatch.core.atomicfile import write_atomic
 from dispatch.core.errors import LockTimeoutError, UsageError
 from dispatch.core.exitcodes import from_wait_status
 from dispatch.core.flocking import try_flock
-from dispatch.core.procinfo import cmdline, is_alive, start_time
+from dispatch.core.procinfo import CannotTell, cmdline, is_alive, start_time
 from dispatch.core.records import NamedTuple
 
 MYPY = False
@@ -95,7 +95,10 @@ class Holder(NamedTuple):
             return f"it was recorded on host {self.host}, where this host cannot see its processes"
         if self.boot_id and self.boot_id != boot_id():
             return "it was recorded before this host last booted"
-        now = start_time(self.pid) if self.pid > 0 else None
+        try:
+            now = start_time(self.pid) if self.pid > 0 else None
+        except CannotTell:  # an fd limit or EACCES is not proof the holder is gone: it holds
+            return None
         if now is None:
             return f"pid {self.pid} is gone"
         if now != self.start:
@@ -278,7 +281,10 @@ def _ancestors() -> set[tuple[int, int]]:
     found: set[tuple[int, int]] = set()
     pid = os.getppid()
     while pid > 1 and len(found) < 512:
-        started = start_time(pid)
+        try:
+            started = start_time(pid)
+        except CannotTell:
+            break
         if started is None:
             break
         found.add((pid, started))

@@ -175,7 +175,7 @@ def _client() -> tuple[int, int] | None:
     """(pid, start time) of the client that runs this hook: the nearest ancestor that is not a
     shell (Claude Code runs a hook as ``/bin/sh -c COMMAND``, and a shell may or may not exec it).
     None when it cannot be found."""
-    from dispatch.core.procinfo import parent_of, start_time
+    from dispatch.core.procinfo import CannotTell, parent_of, start_time
 
     pid = os.getppid()
     for _ in range(8):
@@ -187,7 +187,10 @@ def _client() -> tuple[int, int] | None:
         except OSError:
             return None
         if comm not in SHELLS:
-            started = start_time(pid)
+            try:
+                started = start_time(pid)
+            except CannotTell:
+                return None
             return None if started is None else (pid, started)
         parent = parent_of(pid)
         if parent is None:

@@ -18,6 +18,7 @@ import signal
 from collections.abc import Sequence
 
 from dispatch.capping.base import JobCgroup
+from dispatch.core.errors import NotRunError
 from dispatch.core.exitcodes import NOT_FOUND, exec_failure
 
 # Python ignores SIGPIPE (and SIGXFSZ); an ignored signal stays ignored across exec, so restore them.
@@ -57,9 +58,19 @@ class PreparedChild:
     def fork(cls, job: JobCgroup, argv: Sequence[str], env: dict[str, str],
              outputs: tuple[int, int] | None = None) -> PreparedChild:
         exec_argv = list(argv)
-        go_r, go_w = os.pipe()
-        err_r, err_w = os.pipe()
-        pid = os.fork()
+        opened: list[int] = []
+        try:
+            go_r, go_w = os.pipe()
+            opened += (go_r, go_w)
+            err_r, err_w = os.pipe()
+            opened += (err_r, err_w)
+            pid = os.fork()
+        except OSError as exc:  # a pids or fd limit: say so (78) instead of a traceback
+            for fd in opened:
+                os.close(fd)
+            step = "fork" if len(opened) == 4 else "pipe"
+            raise NotRunError(f"cannot start the job ({step}: {exc.strerror or exc}): "
+                              "a limit on processes or open files was reached; nothing ran") from exc
         if pid == 0:  # pragma: no cover - the child; exercised by every end-to-end test
             code = NOT_FOUND
             try:
