@@ -167,9 +167,14 @@ def check_hosts(settings: Any, names: list[str] | None) -> None:
 
 def readings_status(settings: Any, readings: list[Any]) -> int:
     """``report``'s and ``capacity``'s exit code: 78 when this host's own report failed (e.g. a forced
-    backend), else 246 when a peer's did, else 0."""
+    backend), else 246 when a peer's did, else 0. A 78 says why on stderr, as every other 78 does
+    (the table or JSON on stdout may be read by a script, or not at all)."""
+    from dispatch.core.text import printable
     from dispatch.hosts.kinds import host_for
 
-    if any(not r.ok and host_for(settings, r.host).is_here for r in readings):
+    own = [r for r in readings if not r.ok and host_for(settings, r.host).is_here]
+    if own:
+        for r in own:
+            print(f"{PROG}: error: host {r.host}: {printable(str(r.error))}", file=sys.stderr)
         return int(ExitCode.NOT_RUN)
     return 0 if all(r.ok for r in readings) else int(ExitCode.PEER_UNREACHABLE)

@@ -344,7 +344,9 @@ class _LocalRun:
                 try:
                     self.ledger.release(self.booking_id)
                 except LedgerError as exc:  # a dead holder's booking: the next admission reclaims it
-                    self.say(f"warning: could not release booking {self.booking_id}: {exc}")
+                    self.say(f"warning: could not release booking {self.booking_id}: {exc}; "
+                             "its holder has ended, so the next run on this host releases it "
+                             "once the state dir can be written again")
             self.ledger.close()
         try:
             self.job.remove()
