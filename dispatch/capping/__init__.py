@@ -62,8 +62,8 @@ def candidates(files: tuple[str, str] | None) -> tuple[str, ...]:
     (unreadable): every backend, and each probe says why it failed."""
     if files is None:
         return ORDER
-    from dispatch.capping.cgroupfs import parse_mountinfo, socket_path
     from dispatch.capping import sharedmember
+    from dispatch.capping.cgroupfs import parse_mountinfo, socket_path
 
     mounts = parse_mountinfo(files[1])
     v2_memory = "cgroup2" in mounts and "memory" not in mounts
