@@ -221,7 +221,8 @@ def test_a_member_never_runs_outside_an_installed_slice_whose_daemon_is_gone(
     """Daemon stopped (its socket removed, as after a start-limit hit), then stalled (SIGSTOP: the
     socket still accepts): a member's run ends 78 with the line naming what the administrator runs,
     and nothing ran; ``backend = "systemd"`` runs it in the member's own slice and says so; a
-    non-member (dev3) is not held to a slice that is not theirs. Last here: it stops the daemon."""
+    non-member (dev3) is not held to a slice that is not theirs (the usual chain). Last here: it
+    stops the daemon."""
     dev, dev3 = shared["dev"], shared["dev3"]
     vm = dev.vm
     vm.ssh("root", "systemctl stop hostrun-shared.socket hostrun-shared.service; "
@@ -233,13 +234,15 @@ def test_a_member_never_runs_outside_an_installed_slice_whose_daemon_is_gone(
         assert "systemctl reset-failed hostrun-shared.socket" in done.stderr
         assert "Traceback" not in done.stderr
         assert dev.sh(f"test -e {dev.dir}/ran", check=False).returncode == 1  # nothing ran
-        outsider = dev3.run("-m", "50M", "--", "true")
-        assert outsider.returncode == 0, outsider.stderr
+        outsider = dev3.run("-m", "50M", "--", "true")  # dev3 has no user manager: no backend
+        assert outsider.returncode == 78, outsider.stderr
+        assert "no memory-cap backend works on this host" in outsider.stderr
         assert "shared slice" not in outsider.stderr
         opt_out = f"{dev.dir}/own.toml"
         dev.sh(f"sed 's/^slice = .*/&\\nbackend = \"systemd\"/' {dev.config} > {opt_out}")
-        own = dev.sh(shlex.join(["hostrun", "--config", opt_out, "-m", "50M", "--", "true"]),
-                     check=False)
+        vm.ssh("root", "systemctl start user@$(id -u dev).service")  # dev's own manager
+        own = dev.sh('XDG_RUNTIME_DIR=/run/user/$(id -u) ' + shlex.join(
+            ["hostrun", "--config", opt_out, "-m", "50M", "--", "true"]), check=False)
         assert own.returncode == 0, own.stderr
         assert "running outside the shared slice of group hostrun-shared" in own.stderr
         vm.ssh("root", "systemctl start hostrun-shared.socket && "
