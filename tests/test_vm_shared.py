@@ -214,3 +214,47 @@ def test_exact_codes_on_the_shared_slice(shared: dict[str, User]) -> None:
     dev.sh("touch release; while kill -0 $(cat pid) 2>/dev/null; do sleep 0.2; done")
     assert codes == ["254"] * 3
     assert dev.status()["bookings"] == []
+
+
+def test_a_member_never_runs_outside_an_installed_slice_whose_daemon_is_gone(
+        shared: dict[str, User]) -> None:
+    """Daemon stopped (its socket removed, as after a start-limit hit), then stalled (SIGSTOP: the
+    socket still accepts): a member's run ends 78 with the line naming what the administrator runs,
+    and nothing ran; ``backend = "systemd"`` runs it in the member's own slice and says so; a
+    non-member (dev3) is not held to a slice that is not theirs (the usual chain). Last here: it
+    stops the daemon."""
+    dev, dev3 = shared["dev"], shared["dev3"]
+    vm = dev.vm
+    vm.ssh("root", "systemctl stop hostrun-shared.socket hostrun-shared.service; "
+                   "test ! -e /run/hostrun/shared.sock")
+    try:
+        done = dev.run("-m", "50M", "--", "touch", f"{dev.dir}/ran")
+        assert done.returncode == 78, (done.returncode, done.stderr)
+        assert "shared slice of group hostrun-shared is installed here but not usable" in done.stderr
+        assert "systemctl reset-failed hostrun-shared.socket" in done.stderr
+        assert "Traceback" not in done.stderr
+        assert dev.sh(f"test -e {dev.dir}/ran", check=False).returncode == 1  # nothing ran
+        outsider = dev3.run("-m", "50M", "--", "true")  # dev3 has no user manager: no backend
+        assert outsider.returncode == 78, outsider.stderr
+        assert "no memory-cap backend works on this host" in outsider.stderr
+        assert "shared slice" not in outsider.stderr
+        opt_out = f"{dev.dir}/own.toml"
+        dev.sh(f"sed 's/^slice = .*/&\\nbackend = \"systemd\"/' {dev.config} > {opt_out}")
+        vm.ssh("root", "systemctl start user@$(id -u dev).service")  # dev's own manager
+        own = dev.sh('XDG_RUNTIME_DIR=/run/user/$(id -u) ' + shlex.join(
+            ["hostrun", "--config", opt_out, "-m", "50M", "--", "true"]), check=False)
+        assert own.returncode == 0, own.stderr
+        assert "running outside the shared slice of group hostrun-shared" in own.stderr
+        vm.ssh("root", "systemctl start hostrun-shared.socket && "
+                       "systemctl start hostrun-shared.service && "
+                       "systemctl kill -s SIGSTOP hostrun-shared.service")
+        stalled = dev.run("-m", "50M", "--", "touch", f"{dev.dir}/ran")
+        assert stalled.returncode == 78, (stalled.returncode, stalled.stderr)
+        assert "no answer from the shared-slice daemon" in stalled.stderr, stalled.stderr
+        assert "not usable" in stalled.stderr
+        assert dev.sh(f"test -e {dev.dir}/ran", check=False).returncode == 1
+    finally:
+        vm.ssh("root", "systemctl kill -s SIGCONT hostrun-shared.service; "
+                       "systemctl reset-failed hostrun-shared.socket hostrun-shared.service; "
+                       "systemctl start hostrun-shared.socket", check=False)
+    assert dev.status()["bookings"] == []

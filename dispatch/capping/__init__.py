@@ -62,11 +62,13 @@ def candidates(files: tuple[str, str] | None) -> tuple[str, ...]:
     (unreadable): every backend, and each probe says why it failed."""
     if files is None:
         return ORDER
+    from dispatch.capping import sharedmember
     from dispatch.capping.cgroupfs import parse_mountinfo, socket_path
 
     mounts = parse_mountinfo(files[1])
     v2_memory = "cgroup2" in mounts and "memory" not in mounts
-    possible = {"shared": "cgroup2" in mounts and os.path.exists(socket_path()),
+    possible = {"shared": "cgroup2" in mounts and (os.path.exists(socket_path())
+                                                   or os.path.exists(sharedmember.UNIT_PATH)),
                 "systemd": v2_memory, "cgroup2": v2_memory}
     return tuple(name for name in ORDER if possible.get(name, True))
 
@@ -77,9 +79,15 @@ def probe_all(host: HostSettings) -> list[tuple[str, Probe]]:
 
 
 def select_backend(host: HostSettings, mem_total: int) -> CapBackend:
-    """The backend to use; ``none`` (a NoCapBackend) when nothing works here."""
+    """The backend to use; ``none`` (a NoCapBackend) when nothing works here.
+
+    A member of an installed shared slice never falls past it to a slice of their own: when the
+    shared probe fails the run ends 78 (SharedError), unless the configuration forced another
+    backend, which is then said on stderr (``sharedmember``)."""
     from dispatch.capping.nocap import NoCapBackend
 
+    if host.backend not in (None, "shared"):
+        _note_outside(host.backend)
     if host.backend == "none":
         return NoCapBackend(mem_total)
     reasons = []
@@ -89,8 +97,31 @@ def select_backend(host: HostSettings, mem_total: int) -> CapBackend:
         probe, backend = _probe(name, host, files)
         if backend is not None:
             return backend
+        if name == "shared" and not host.backend:
+            _refuse_if_member(probe.detail)
         reasons.append(f"{name}: {probe.detail}")
     if host.backend:
         raise BackendError(f"hosts.{host.name}.backend = {host.backend!r} is not usable here: "
                            f"{reasons[0]}")
     return NoCapBackend(mem_total)
+
+
+def _refuse_if_member(why: str) -> None:
+    """Raise SharedError when this user belongs to an installed shared slice (its probe failed)."""
+    from dispatch.capping.sharedmember import member_group, refusal
+    from dispatch.core.errors import SharedError
+
+    group = member_group()
+    if group is not None:
+        raise SharedError(refusal(group, why))
+
+
+def _note_outside(backend: str) -> None:
+    """Say on stderr that a member's configuration runs this job outside the shared budget."""
+    import sys
+
+    from dispatch.capping.sharedmember import member_group, outside_note
+
+    group = member_group()
+    if group is not None:
+        print(outside_note(group, backend), file=sys.stderr)
