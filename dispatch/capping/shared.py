@@ -54,7 +54,10 @@ def encode(message: dict[str, Any]) -> bytes:
 def decode(line: bytes) -> dict[str, Any]:
     import json
 
-    value = json.loads(line)
+    try:
+        value = json.loads(line)
+    except RecursionError:  # nested deeper than the parser's stack: not a message either
+        raise ValueError("nested too deep") from None
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     return value
