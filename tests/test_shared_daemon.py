@@ -419,3 +419,43 @@ def test_a_starting_daemon_ends_the_scopes_no_booking_owns(setup: Setup) -> None
     _alive(setup)
     killed = sorted(b[0] for m, b in setup.fake.calls if m == "KillUnit")
     assert killed == ["hostrun-shared-0-5-2.scope", "hostrun-shared-1000-77-1.scope"]
+
+
+def test_a_fuzz_from_two_users_leaves_the_booking_held_meanwhile(setup: Setup, other_user: OtherUser,
+                                                                  tmp_path: Path) -> None:
+    """The VM's fuzz (tests/test_vm_shared_hostile.py's script: malformed, oversized, deeply nested
+    and out-of-range requests, pipelined floods never read) from root and the other user at once,
+    more than 10,000 requests, while a booking is held and others are made and ended: the daemon's
+    loop lives, the held booking is as it was, and every later booking is admitted."""
+    from tests.test_vm_shared_hostile import ATTACK
+
+    holder = setup.client()
+    holder.send({"op": "book", "size": 100 * MiB, "cap": 100 * MiB, "label": "held"})
+    assert holder.receive() == {"state": "admitted"}
+    (before,) = setup.client().ask({"op": "list"})["bookings"]
+    mine, theirs = tmp_path / "attack.py", other_user.home / "attack.py"
+    for path in (mine, theirs):
+        path.write_text(ATTACK)
+    env = {"PATH": "/usr/bin:/bin", "ATTACK_SOCKET": setup.path}
+    fuzzers = [subprocess.Popen([sys.executable, str(mine), "fuzz", "1", "6000"], env=env,
+                                stdout=subprocess.PIPE, text=True),
+               subprocess.Popen(["/usr/bin/python3", str(theirs), "fuzz", "2", "6000"],
+                                stdout=subprocess.PIPE, text=True, user=other_user.uid,
+                                group=other_user.gid, extra_groups=[],
+                                env={**env, "HOME": str(other_user.home)})]
+    booked = 0
+    while any(f.poll() is None for f in fuzzers):  # meanwhile bookings come and go
+        c = setup.client()
+        c.send({"op": "book", "size": MiB, "cap": MiB, "label": "meanwhile"})
+        assert c.receive() == {"state": "admitted"}
+        c.close()
+        booked += 1
+    sent = 0
+    for f in fuzzers:
+        out, _ = f.communicate()
+        assert f.returncode == 0 and "malformed" in out, out
+        sent += int(out.split("sent")[-1])
+    assert sent >= 10_000 and booked
+    assert setup.thread.is_alive()
+    wait_for(lambda: [b["label"] for b in setup.client().ask({"op": "list"})["bookings"]] == ["held"])
+    assert setup.client().ask({"op": "list"})["bookings"] == [before]
