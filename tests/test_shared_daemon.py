@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ import pytest
 
 from dispatch.capping.systemd import Manager, SystemdBackend
 from dispatch.core.units import MiB
+from dispatch.local import sharedd
 from dispatch.local.sharedd import WAITING_MAX, Daemon
 from tests.conftest import OtherUser, wait_for
 from tests.support.fakesystemd import FakeManager
@@ -65,13 +67,17 @@ class Client:
 
 
 class Setup:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, left: tuple[str, ...] = ()) -> None:
+        """``left``: scope directories already in the slice when the daemon starts (a daemon
+        before it died with their jobs running)."""
         self.root = root
         self.slice = root / "cg" / "hostrun.slice"
         self.slice.mkdir(parents=True)
         for name, text in (("memory.current", "0"), ("memory.max", str(LIMIT)),
                            ("memory.stat", "anon 0\nshmem 0\nfile 0\n")):
             (self.slice / name).write_text(text + "\n")
+        for unit in left:
+            (self.slice / unit).mkdir()
         self.fake = FakeManager(str(root / "systemd-private"))
         self.manager = Manager(self.fake.path, "", False)
         backend = SystemdBackend(str(root / "cg"), "hostrun.slice", self.manager)
@@ -80,7 +86,7 @@ class Setup:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.path)
         os.chmod(self.path, 0o777)  # the group's 0660 in real life: here any user may connect
-        listener.listen(16)
+        listener.listen(1024)
         self.daemon = Daemon(listener, "hostrun.slice", LIMIT, "staff", backend, self.manager)
         self.thread = threading.Thread(target=self.daemon.serve, kwargs={"handle_signals": False},
                                        daemon=True)
@@ -105,13 +111,13 @@ class Setup:
 
 
 @pytest.fixture
-def setup(tmp_path: Path) -> Iterator[Setup]:
+def setup(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Setup]:
     os.chmod(tmp_path, 0o755)
     for parent in tmp_path.parents:  # the other user must reach the socket
         if parent == Path("/"):
             break
         os.chmod(parent, os.stat(parent).st_mode | 0o011)
-    s = Setup(tmp_path)
+    s = Setup(tmp_path, getattr(request, "param", ()))
     try:
         yield s
     finally:
@@ -234,3 +240,222 @@ def test_bad_requests_get_one_line_and_nothing_is_booked(setup: Setup) -> None:
     with pytest.raises((EOFError, ConnectionResetError)):
         c.receive()
     assert setup.client().ask({"op": "list"})["bookings"] == []
+
+
+def _alive(setup: Setup) -> None:
+    """The daemon still answers a fresh connection (its loop is alive) and holds no booking."""
+    assert setup.thread.is_alive(), "the daemon's loop died"
+    assert setup.client().ask({"op": "list"})["bookings"] == []
+
+
+def _ended(client: Client) -> list[dict[str, Any]]:
+    """The lines the daemon sent before it closed this connection."""
+    lines = []
+    with pytest.raises((EOFError, ConnectionResetError)):
+        while True:
+            lines.append(client.receive())
+    return lines
+
+
+def test_deep_nesting_and_long_lines_end_only_their_own_connection(setup: Setup) -> None:
+    """100,000 ``[`` on one line (json.loads' RecursionError, before: the daemon died), 20,000 (under
+    the request bound: the nesting itself), and a line that never ends: each ends its own connection
+    with one line, and a booking held meanwhile on another connection stays."""
+    holder = setup.client()
+    holder.send({"op": "book", "size": 100 * MiB, "cap": 100 * MiB, "label": "holder"})
+    assert holder.receive() == {"state": "admitted"}
+    for payload in (b"[" * 100_000 + b"\n", b"[" * 20_000 + b"\n", b'{"op": "' + b"x" * 2_000_000):
+        c = setup.client()
+        try:
+            c.sock.sendall(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it stopped reading at its bound: what it said before is still to be read
+        (line,) = _ended(c)
+        assert line["error"] in ("not a JSON object", "request too long"), line
+        assert setup.thread.is_alive(), f"the daemon died on {payload[:20]!r}"
+    (booking,) = setup.client().ask({"op": "list"})["bookings"]
+    assert booking["label"] == "holder" and booking["state"] == "running"
+    holder.close()
+    wait_for(lambda: setup.client().ask({"op": "list"})["bookings"] == [])
+
+
+def test_out_of_range_numbers_are_refused_with_one_line(setup: Setup) -> None:
+    """A pid or grace too large for a C long (before: OverflowError killed the daemon), a pid above
+    the kernel's pid range, NaN and infinities, floats and booleans where bytes are asked: each is
+    refused on its connection, which stays usable; nothing is booked or started."""
+    child = subprocess.Popen(["sleep", "60"])  # a child of this test: the caller's own
+    try:
+        c = setup.client()
+        unit = f"hostrun-shared-0-{child.pid}-1.scope"
+        for bad, said in (({"pids": [2 ** 63]}, "pids:"), ({"pids": [2 ** 70]}, "pids:"),
+                          ({"pids": [1 << 23]}, "pids:"), ({"pids": [-5]}, "pids:"),
+                          ({"grace": 10 ** 400}, "grace:"), ({"grace": -10 ** 400}, "grace:"),
+                          ({"grace": "1"}, "grace:"), ({"grace": float("nan")}, "grace:"),
+                          ({"grace": float("inf")}, "grace:"), ({"grace": 1e300}, "grace:"),
+                          ({"cap": 1.5}, "cap:"), ({"cap": True}, "cap:"),
+                          ({"unit": ["x"]}, "unit must be"), ({"unit": "hostrun-shared-0-١٢.scope"},
+                                                              "unit must be")):
+            request = {"op": "scope", "pids": [child.pid], "cap": MiB, "unit": unit, **bad}
+            answer = c.ask(request)
+            assert said in answer.get("error", ""), (bad, answer)
+            assert setup.thread.is_alive(), f"the daemon died on {bad}"
+        for bad in ({"size": 2 ** 64}, {"size": -1}, {"size": 1e9}, {"size": MiB, "cap": 10 ** 300},
+                    {"size": MiB, "cap": MiB, "label": ["x"] * 10}):
+            answer = c.ask({"op": "book", "cap": MiB, **bad})
+            assert "error" in answer or bad.get("label"), (bad, answer)
+            if "error" not in answer:  # a label that is not text is dropped, the booking stands
+                assert answer == {"state": "admitted"}
+        for op in (["x"] * 1000, {"a": 1}, None, 7, "x" * 5000):
+            answer = c.ask({"op": op})
+            assert "unknown request" in answer["error"] and len(answer["error"]) < 200, answer
+        assert "StartTransientUnit" not in setup.fake.members()
+        c.close()
+    finally:
+        child.kill()
+        child.wait()
+    wait_for(lambda: setup.client().ask({"op": "list"})["bookings"] == [])
+
+
+FLOOD = textwrap.dedent("""\
+    import socket, sys
+    path, count = sys.argv[1], int(sys.argv[2])
+    held = []
+    try:
+        while len(held) < count:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(path)
+            held.append(s)
+    except OSError as exc:
+        print("stopped at", len(held), exc, flush=True)
+    print("holding", len(held), flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_running_out_of_descriptors_in_accept_does_not_kill_the_daemon(
+        setup: Setup, tmp_path: Path) -> None:
+    """More connections than the daemon has descriptors for (EMFILE in accept; before: the daemon
+    died): it stops accepting for a moment, and answers again once they are gone. The descriptor
+    limit is this test process's (the daemon is a thread of it), lowered for the flood only."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/proc/self/fd"))
+    script = tmp_path / "flood.py"
+    script.write_text(FLOOD)
+    flood = subprocess.Popen([sys.executable, str(script), setup.path, "200"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 40, hard))
+        try:
+            assert flood.stdout is not None
+            assert flood.stdout.readline().startswith("holding")
+            # it ran out, and stopped accepting for a while (before: its loop died here)
+            wait_for(lambda: not getattr(setup.daemon, "accepting", True), timeout=30)
+        finally:
+            flood.communicate("")  # its connections close
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    finally:
+        flood.kill()
+        flood.wait()
+    wait_for(lambda: setup.thread.is_alive() and len(setup.daemon.clients) == 0, timeout=30)
+    _alive(setup)
+
+
+def test_connections_are_limited_per_user(setup: Setup, other_user: OtherUser,
+                                          monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The other user holds as many connections as it may: its next is refused with one line
+    naming the limit, while root (another uid) still connects and books."""
+    monkeypatch.setattr(sharedd, "MAX_PER_UID", 8, raising=False)  # raising: the old daemon had none
+    script = other_user.home / "flood.py"
+    script.write_text(FLOOD)
+    flood = subprocess.Popen(["/usr/bin/python3", str(script), setup.path, "8"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, user=other_user.uid,
+                             group=other_user.gid, extra_groups=[],
+                             env={"PATH": "/usr/bin:/bin", "HOME": str(other_user.home)})
+    try:
+        assert flood.stdout is not None
+        assert flood.stdout.readline().strip() == "holding 8"
+        wait_for(lambda: len(setup.daemon.clients) == 8)
+        ninth = OtherClient(other_user, setup.path)
+        try:
+            answer = ninth.ask({"op": "hello", "protocol": 1})
+            assert f"uid {other_user.uid} has 8 connections" in answer["error"], answer
+        finally:
+            ninth.close()
+        mine = setup.client()
+        mine.send({"op": "book", "size": MiB, "cap": MiB, "label": "root's"})
+        assert mine.receive() == {"state": "admitted"}
+        mine.close()
+    finally:
+        flood.communicate("")
+    wait_for(lambda: len(setup.daemon.clients) == 0)
+    _alive(setup)
+
+
+def test_a_flood_that_never_reads_its_answers_is_dropped_and_others_answered(setup: Setup) -> None:
+    """4,000 pipelined requests never read (before: each answer past the socket's buffer blocked
+    the one-threaded daemon 5 s in sendall, so this other caller's hello waited hours): another
+    caller is answered while they queue; 40,000 more pass the output bound, and the flooder's
+    connection is dropped (it reads fewer answers than it asked for, then the end)."""
+    flooder = setup.client()
+    flooder.sock.sendall(b'{"op":"list"}\n' * 4_000)
+    other = setup.client()
+    assert other.ask({"op": "hello", "protocol": 1})["protocol"] == 1
+    try:
+        flooder.sock.sendall(b'{"op":"list"}\n' * 40_000)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # dropped before it had sent them all
+    lines = _ended(flooder)
+    assert len(lines) < 44_000 and all("bookings" in line for line in lines)
+    _alive(setup)
+
+
+@pytest.mark.parametrize("setup", [("hostrun-shared-1000-77-1.scope", "hostrun-shared-0-5-2.scope",
+                                    "other.scope")], indirect=True)
+def test_a_starting_daemon_ends_the_scopes_no_booking_owns(setup: Setup) -> None:
+    """Scopes left in the slice by a daemon that died run unbooked (the new one knows no booking):
+    the daemon ends them as it starts, and leaves units that are not hostrun's jobs alone."""
+    _alive(setup)
+    killed = sorted(b[0] for m, b in setup.fake.calls if m == "KillUnit")
+    assert killed == ["hostrun-shared-0-5-2.scope", "hostrun-shared-1000-77-1.scope"]
+
+
+def test_a_fuzz_from_two_users_leaves_the_booking_held_meanwhile(setup: Setup, other_user: OtherUser,
+                                                                  tmp_path: Path) -> None:
+    """The VM's fuzz (tests/test_vm_shared_hostile.py's script: malformed, oversized, deeply nested
+    and out-of-range requests, pipelined floods never read) from root and the other user at once,
+    more than 10,000 requests, while a booking is held and others are made and ended: the daemon's
+    loop lives, the held booking is as it was, and every later booking is admitted."""
+    from tests.test_vm_shared_hostile import ATTACK
+
+    holder = setup.client()
+    holder.send({"op": "book", "size": 100 * MiB, "cap": 100 * MiB, "label": "held"})
+    assert holder.receive() == {"state": "admitted"}
+    (before,) = setup.client().ask({"op": "list"})["bookings"]
+    mine, theirs = tmp_path / "attack.py", other_user.home / "attack.py"
+    for path in (mine, theirs):
+        path.write_text(ATTACK)
+    env = {"PATH": "/usr/bin:/bin", "ATTACK_SOCKET": setup.path}
+    fuzzers = [subprocess.Popen([sys.executable, str(mine), "fuzz", "1", "6000"], env=env,
+                                stdout=subprocess.PIPE, text=True),
+               subprocess.Popen(["/usr/bin/python3", str(theirs), "fuzz", "2", "6000"],
+                                stdout=subprocess.PIPE, text=True, user=other_user.uid,
+                                group=other_user.gid, extra_groups=[],
+                                env={**env, "HOME": str(other_user.home)})]
+    booked = 0
+    while any(f.poll() is None for f in fuzzers):  # meanwhile bookings come and go
+        c = setup.client()
+        c.send({"op": "book", "size": MiB, "cap": MiB, "label": "meanwhile"})
+        assert c.receive() == {"state": "admitted"}
+        c.close()
+        booked += 1
+    sent = 0
+    for f in fuzzers:
+        out, _ = f.communicate()
+        assert f.returncode == 0 and "malformed" in out, out
+        sent += int(out.split("sent")[-1])
+    assert sent >= 10_000 and booked
+    assert setup.thread.is_alive()
+    wait_for(lambda: [b["label"] for b in setup.client().ask({"op": "list"})["bookings"]] == ["held"])
+    assert setup.client().ask({"op": "list"})["bookings"] == [before]

@@ -54,7 +54,10 @@ def encode(message: dict[str, Any]) -> bytes:
 def decode(line: bytes) -> dict[str, Any]:
     import json
 
-    value = json.loads(line)
+    try:
+        value = json.loads(line)
+    except RecursionError:  # nested deeper than the parser's stack: not a message either
+        raise ValueError("nested too deep") from None
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     return value
@@ -160,6 +163,19 @@ class Connection:
                 raise SharedError(str(answer["error"]))
             return answer
 
+    def closed_by_daemon(self) -> bool:
+        """Whether the daemon has closed this connection (read without consuming or waiting)."""
+        import socket
+
+        if self._sock is None:
+            return False
+        try:
+            return not self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
@@ -231,6 +247,10 @@ class SharedJob(SystemdJob):
                 said = now
                 if on_wait is not None:
                     on_wait(last)
+
+    def daemon_gone(self) -> bool:
+        """Whether the daemon dropped this job's connection, and so its booking, while it ran."""
+        return self.conn is not None and self.conn.closed_by_daemon()
 
     def _require_conn(self) -> Connection:
         if self.conn is None:

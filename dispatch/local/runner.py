@@ -460,9 +460,23 @@ def _run(
     if gpu is not None:
         result.vram_peak_bytes = gpu.vram_peak
     _judge(result, job, status, peak, timed_out, vram, say)
+    if backend.name == "shared":
+        _daemon_gone(result, job, say)
     if result.outcome == "exit" and result.peak_bytes:  # a killed run's profile ends early
         result.ramp = list(ramp.profile(watcher.rises, result.duration_s, result.peak_bytes))
     return result
+
+
+def _daemon_gone(result: Outcome, job: JobCgroup, say: Callable[[str], None]) -> None:
+    """Say so when the shared-slice daemon dropped the job's connection during the run: the booking
+    was the connection's, and a daemon that starts kills every scope it finds unbooked."""
+    from dispatch.capping.shared import SharedJob
+
+    if isinstance(job, SharedJob) and job.daemon_gone():
+        result.message = ("the shared-slice daemon went away during the run (it crashed or was "
+                          "restarted), and with it this job's booking; a daemon that starts ends every "
+                          "job it no longer books, so this one may have been killed for that")
+        say(f"warning: {result.message}")
 
 
 def _judge(result: Outcome, job: JobCgroup, status: int, peak: int, timed_out: bool, vram: str | None,

@@ -7,6 +7,11 @@ code root runs must be root's alone (every directory from ``/`` down, and the in
 package a user could edit would be that user's root shell. (It runs with the working directory
 ``/``, which ``-m`` puts first on ``sys.path``.) The size is the administrator's, fixed
 in the unit: users' ``slice``/``reserve`` keys do not apply to a shared slice.
+
+The service restarts on failure, every ``RESTART_SEC`` seconds with no start limit: a start limit
+reached would fail the socket and remove it, closing the shared slice to every member until an
+administrator came (a restarted daemon ends the jobs it finds unbooked, ``sharedd.Daemon.sweep``).
+Its descriptor limit is well above the daemon's connection limit, so accepting never runs out.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ if MYPY:
 UNIT_DIR = "/etc/systemd/system"
 SOCKET_UNIT = "hostrun-shared.socket"
 SERVICE_UNIT = "hostrun-shared.service"
+RESTART_SEC = 2  # a crash loop costs one interpreter start per 2 s, and never closes the socket
+NOFILE = 8192  # the daemon's descriptors: MAX_CLIENTS (1024) connections and what requests open
 
 
 def _package_root() -> str:
@@ -51,10 +58,14 @@ def unit_texts(python: str, pythonpath: str, group: str, size: int, slice_unit: 
         "[Unit]\n"
         f"Description=hostrun shared slice: admission and job scopes for group {group}\n"
         f"Requires={SOCKET_UNIT}\n"
-        f"After={SOCKET_UNIT}\n\n"
+        f"After={SOCKET_UNIT}\n"
+        "StartLimitIntervalSec=0\n\n"
         "[Service]\n"
         f"ExecStart={python} -m dispatch.local.sharedd --slice {slice_unit} --size {size} "
         f"--group {group}\n"
+        "Restart=on-failure\n"
+        f"RestartSec={RESTART_SEC}s\n"
+        f"LimitNOFILE={NOFILE}\n"
         f"Environment=PYTHONPATH={pythonpath}\n"
         "Environment=PYTHONDONTWRITEBYTECODE=1\n"
         "WorkingDirectory=/\n"

@@ -1,0 +1,312 @@
+"""The shared slice's root daemon against hostile members, on the VM's real systemd with real users.
+
+``dev`` is the member whose jobs must keep their bookings; ``dev2`` and ``dev4`` are members who
+attack the daemon through its socket with programs of their own (the system python3, nothing of
+hostrun's): a line of 100,000 ``[``, numbers too large for a C long, 1,100 connections, thousands of
+pipelined requests never read, and a fuzz of more than 10,000 malformed, oversized, deeply nested
+and out-of-range requests. The daemon must stay the same process (no restart) and every booking
+must stay as it was. And when the daemon does die (SIGKILL, as a crash would), systemd restarts it
+and the new one ends the jobs it finds unbooked, so nobody is admitted into room a job still uses.
+Uses ``tests/test_vm_shared.py``'s fixture (the units installed once for this module).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.test_vm_shared import GROUP, SLICE, User, _holder_script
+from tests.test_vm_shared import shared as shared  # the module's fixture: installs, uninstalls
+
+ATTACK = textwrap.dedent("""\
+    import json, os, random, socket, sys, time
+    PATH = os.environ.get("ATTACK_SOCKET", "/run/hostrun/shared.sock")
+    kind, seed = sys.argv[1], int(sys.argv[2])
+    rnd = random.Random(seed)
+
+    def conn():
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(120)
+        s.connect(PATH)
+        return s
+
+    def say(s, data):
+        "Send, then read every answer to the end (the daemon may close first: fine)."
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        got = b""
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+        except OSError:
+            pass
+        s.close()
+        return got
+
+    def line(obj):
+        return json.dumps(obj).encode() + b"\\n"
+
+    def weird():
+        return rnd.choice([2 ** 63, -2 ** 63, 2 ** 64 + 1, 10 ** 400, -1, 0, 1, 1.5, 1e308, -1e308,
+                           float("nan"), float("inf"), True, None, "1", "x" * 300, [], [1] * 50,
+                           {"a": 1}, 1 << 23, 4194304, 4194305])
+
+    def request():
+        "One out-of-range or odd request (valid JSON; the connection stays)."
+        op = rnd.choice(["scope", "book", "hello", "list", "unbook", weird()])
+        m = {"op": op}
+        for key in rnd.sample(["pids", "cap", "size", "grace", "unit", "label", "protocol"], 3):
+            m[key] = weird()
+        if op == "scope" and rnd.random() < 0.5:
+            m["pids"] = [weird(), weird()][: rnd.randint(1, 2)]
+        if op == "book" and rnd.random() < 0.3:  # a booking too big, or not bytes
+            m.update(size=rnd.choice([2 ** 64, 10 ** 30, 1.0, -5]), cap=weird())
+        return line(m)
+
+    def malformed():
+        "A line that ends its connection: not JSON, not an object, nested too deep, too long."
+        return rnd.choice([
+            lambda: bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 200))) + b"\\n",
+            lambda: b"[" * rnd.choice([1001, 5000, 20000, 100000]) + b"\\n",
+            lambda: b'{"a":' * rnd.choice([1001, 8000, 30000]) + b"\\n",
+            lambda: b"[1]\\n", lambda: b'"op"\\n', lambda: b'{"op": "book", "size": \\n',
+            lambda: b'{"op": "list", "pad": "' + b"x" * rnd.choice([70000, 300000]) + b'"}\\n',
+            lambda: b"x" * 2_000_000,
+            lambda: b'{"op": "book", "size": ' + b"9" * 5000 + b"}\\n",
+        ])()
+
+    sent = 0
+    if kind == "crash":  # the issue's three reproductions, then a check that the daemon answers
+        print("nested", say(conn(), b"[" * 100000 + b"\\n")[:80], flush=True)
+        child = os.fork()
+        if child == 0:
+            time.sleep(60)
+            os._exit(0)
+        unit = "hostrun-shared-%d-%d-1.scope" % (os.getuid(), child)
+        answers = say(conn(), line({"op": "scope", "pids": [2 ** 63], "cap": 1 << 20, "unit": unit})
+                      + line({"op": "scope", "pids": [child], "cap": 1 << 20, "unit": unit,
+                              "grace": 10 ** 400}))
+        print("numbers", answers.decode(errors="replace").strip().replace("\\n", " | "), flush=True)
+        os.kill(child, 9)
+        held, refused = [], 0
+        for _ in range(1100):
+            try:
+                held.append(conn())
+            except OSError:
+                refused += 1
+        # the backlog is first come, first accepted: the last is refused while the first 128 stay
+        last = held[-1].recv(4096).decode(errors="replace").strip()
+        for s in held:
+            s.close()
+        print("connections", len(held), refused, last, flush=True)
+    elif kind == "flood":  # pipelined requests never read; the connection held until told
+        s = conn()
+        s.setblocking(False)
+        data = b'{"op":"list"}\\n' * int(sys.argv[3])
+        try:
+            while data:
+                data = data[s.send(data):]
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            print("flood dropped while sending", exc, flush=True)
+        print("flooding", flush=True)
+        while not os.path.exists("stop"):
+            time.sleep(0.2)
+    else:  # fuzz: requests, malformed lines and pipelined floods until `count` are sent
+        count = int(sys.argv[3])
+        floods = []
+        broken = flooded = 0
+        while sent < count:
+            roll = rnd.random()
+            if roll < 0.50:  # a batch of odd requests on one connection, every answer read
+                n = rnd.randint(5, 50)
+                say(conn(), b"".join(request() for _ in range(n)))
+                sent += n
+            elif roll < 0.97:
+                say(conn(), malformed())
+                sent += 1
+                broken += 1
+            else:  # a pipelined flood nobody reads, left open (not counted in `sent`)
+                s = conn()
+                s.setblocking(False)
+                n = rnd.choice([4000, 20000])
+                try:
+                    s.send(b'{"op":"list"}\\n' * n)
+                except OSError:
+                    pass
+                floods.append(s)
+                flooded += n
+                if len(floods) > 20:
+                    floods.pop(0).close()
+        for s in floods:
+            s.close()
+        print("malformed", broken, "flooded", flooded, flush=True)
+    print("sent", sent, flush=True)
+""")
+
+
+def _member(vm: Any, name: str) -> User:
+    vm.ssh("root", f"id {name} >/dev/null 2>&1 || useradd -m -s /bin/sh {name}; "
+                   f"usermod -aG {GROUP} {name}")
+    return User(vm, name)
+
+
+@pytest.fixture(scope="module")
+def attackers(vm: Any, shared: dict[str, User]) -> dict[str, User]:
+    """dev2 and a third member, dev4, each with the attack script in its directory."""
+    users = {"dev2": shared["dev2"], "dev4": _member(vm, "dev4")}
+    for user in users.values():
+        user.sh("cat > attack.py", input=ATTACK)
+    return users
+
+
+def _daemon(vm: Any) -> tuple[str, str]:
+    """(MainPID, NRestarts) of the daemon's service: the same pair means the same process."""
+    done = vm.ssh("root", "systemctl show -p MainPID -p NRestarts hostrun-shared.service")
+    facts = dict(line.split("=", 1) for line in done.stdout.split())
+    return facts["MainPID"], facts["NRestarts"]
+
+
+def _start_holder(dev: User, size_m: int = 100, touch_m: int = 50, label: str = "victim") -> int:
+    """dev's job, booked and holding its memory until ``release``; its pid."""
+    dev.sh(f"rm -f ready release; {_holder_script(dev, size_m, touch_m, label)} > out 2> err & "
+           "echo $! > pid")
+    wait_for(lambda: dev.sh("test -e ready", check=False).returncode == 0, timeout=120, interval=0.5)
+    return int(dev.sh("cat ready").stdout)
+
+
+def _end_holder(dev: User) -> str:
+    """Release dev's job, wait for its hostrun; what it said on stderr."""
+    return dev.sh("touch release; wait_pid=$(cat pid); while kill -0 $wait_pid 2>/dev/null; "
+                  "do sleep 0.2; done; cat err").stdout
+
+
+def _booking(dev: User, label: str) -> dict[str, Any]:
+    (booking,) = [b for b in dev.status()["bookings"] if b["label"] == label]
+    return booking  # type: ignore[no-any-return]
+
+
+def test_the_unit_restarts_on_failure_and_has_descriptors_for_every_client(vm: Any,
+                                                                          shared: dict[str, User]) -> None:
+    shared["dev"].status()  # the socket starts the service
+    done = vm.ssh("root", "systemctl show -p Restart -p RestartUSec -p LimitNOFILE "
+                          "-p StartLimitIntervalUSec hostrun-shared.service")
+    facts = dict(line.split("=", 1) for line in done.stdout.split())
+    assert facts["Restart"] == "on-failure", facts
+    assert int(facts["LimitNOFILE"]) > 1024 + 64, facts  # the daemon's MAX_CLIENTS, and its own
+    assert facts["StartLimitIntervalUSec"] in ("0", "infinity"), facts  # no start limit to reach
+    assert facts["RestartUSec"] == "2s", facts
+
+
+def test_the_issues_crashes_end_only_their_own_connections(
+        vm: Any, shared: dict[str, User], attackers: dict[str, User]) -> None:
+    """As dev2: 100,000 ``[`` on one line, a pid and a grace too large for a C long, 1,100
+    connections (before: each killed the daemon, which came back knowing no booking). Each gets one
+    line; the 129th connection and after are refused, naming the per-user limit; dev's booked job
+    runs on, its booking the same, and the daemon is the same process."""
+    dev, dev2 = shared["dev"], attackers["dev2"]
+    job = _start_holder(dev)
+    before, booking = _daemon(vm), _booking(dev, "victim")
+    out = dev2.sh("python3 attack.py crash 1", timeout=600).stdout
+    assert "request too long" in out.split("numbers")[0], out
+    assert "pids: one or two process ids" in out and "grace: seconds, 1 to 60" in out, out
+    (connections,) = [line for line in out.splitlines() if line.startswith("connections")]
+    assert "has 128 connections to the shared-slice daemon, the most one user may hold" in connections
+    assert _daemon(vm) == before, out
+    assert _booking(dev, "victim") == booking
+    assert dev.sh(f"kill -0 {job} && echo alive").stdout.strip() == "alive"
+    assert "went away" not in _end_holder(dev)
+    wait_for(lambda: dev.status()["bookings"] == [], timeout=30, interval=0.5)
+
+
+def test_a_member_that_never_reads_its_answers_stalls_nobody(
+        vm: Any, shared: dict[str, User], attackers: dict[str, User]) -> None:
+    """dev2 and dev4 each pipeline 4,000 requests and never read an answer (before: the one-threaded
+    daemon then blocked 5 s on each, and others got 'no answer … in 60s', 78): while they hold their
+    connections, dev's listing is answered and dev's job is admitted and runs."""
+    dev = shared["dev"]
+    for user in attackers.values():
+        user.sh("rm -f stop flood.out; python3 attack.py flood 2 4000 > flood.out 2>&1 & echo $! > apid")
+    for user in attackers.values():
+        wait_for(lambda u=user: "flooding" in u.sh("cat flood.out").stdout, timeout=120, interval=0.5)
+    try:
+        for _ in range(3):
+            assert dev.status()["limit"] > 0
+        done = dev.run("-m", "20M", "--", "true", timeout=120)
+        assert done.returncode == 0, done.stderr
+    finally:
+        for user in attackers.values():
+            user.sh("touch stop; while kill -0 $(cat apid) 2>/dev/null; do sleep 0.2; done")
+
+
+def test_a_fuzz_of_ten_thousand_requests_leaves_every_booking_as_it_was(
+        vm: Any, shared: dict[str, User], attackers: dict[str, User]) -> None:
+    """Two members send more than 10,000 malformed, oversized, deeply nested and out-of-range
+    requests and pipelined floods between them, while dev's job holds its booking and dev books and
+    runs more jobs one after another. Afterwards: the same daemon process, dev's booking exactly as
+    it was, every one of dev's runs exit 0, and the listing holds nothing of the attackers'."""
+    dev = shared["dev"]
+    job = _start_holder(dev, 150, 100, "held")
+    before, booking = _daemon(vm), _booking(dev, "held")
+    dev.sh(f"rm -f stop codes; while [ ! -e stop ]; do {dev.cmd('-m', '30M', '--', 'true')} "
+           ">/dev/null 2>>loop.err; echo $? >> codes; done > /dev/null 2>&1 & echo $! > loop")
+    for seed, user in enumerate(attackers.values(), start=10):
+        user.sh(f"rm -f fuzz.out; python3 attack.py fuzz {seed} 6000 > fuzz.out 2>&1 & echo $! > apid")
+    try:
+        for user in attackers.values():
+            user.sh("while kill -0 $(cat apid) 2>/dev/null; do sleep 1; done", timeout=1800)
+    finally:
+        dev.sh("touch stop; while kill -0 $(cat loop) 2>/dev/null; do sleep 0.2; done")
+    sent = 0
+    for user in attackers.values():
+        out = user.sh("cat fuzz.out").stdout
+        assert "Traceback" not in out, out
+        sent += int(out.split("sent")[-1])
+    assert sent >= 10_000
+    assert _daemon(vm) == before
+    assert _booking(dev, "held") == booking
+    assert dev.sh(f"kill -0 {job} && echo alive").stdout.strip() == "alive"
+    codes = dev.sh("cat codes").stdout.split()
+    assert codes and set(codes) == {"0"}, (codes, dev.sh("cat loop.err").stdout)
+    assert [b["label"] for b in dev.status()["bookings"]] == ["held"]
+    _end_holder(dev)
+    wait_for(lambda: dev.status()["bookings"] == [], timeout=30, interval=0.5)
+
+
+def test_a_daemon_that_died_comes_back_and_ends_the_jobs_it_no_longer_books(
+        vm: Any, shared: dict[str, User]) -> None:
+    """The daemon killed (as a crash would) while dev's 300M job runs: systemd starts it again by
+    itself, and the new daemon, which knows no booking, kills the job's scope rather than let it run
+    unbooked (before: it ran on while dev2 was admitted into its room, and was killed 254 there);
+    dev's hostrun says why. Then dev2's 300M is admitted."""
+    dev, dev2 = shared["dev"], shared["dev2"]
+    job = _start_holder(dev, 300, 200, "orphan")
+    unit = _booking(dev, "orphan")["unit"]
+    pid, restarts = _daemon(vm)
+    vm.ssh("root", "systemctl kill -s KILL hostrun-shared.service")
+    # no connection made meanwhile: the restart is systemd's own, not a socket activation
+    wait_for(lambda: dev.sh(f"kill -0 {job}", check=False).returncode != 0, timeout=120, interval=0.5)
+    err = dev.sh("while kill -0 $(cat pid) 2>/dev/null; do sleep 0.2; done; cat err").stdout
+    assert "the shared-slice daemon went away during the run" in err, err
+    new_pid, new_restarts = _daemon(vm)
+    assert new_pid != pid and int(new_restarts) == int(restarts) + 1
+    assert vm.ssh("root", f"test -e /sys/fs/cgroup/hostrun.slice/{unit}", check=False).returncode != 0
+    assert "was in the slice with no booking" in vm.ssh(
+        "root", "journalctl -u hostrun-shared.service --no-pager -n 50").stdout
+    done = dev2.run("-m", "300M", "--", "dd", "if=/dev/zero", "of=/dev/null", "bs=200M", "count=1",
+                    timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(dev.run("shared", "status", "--json").stdout)["bookings"] == []
+    assert dev.status()["limit"] == SLICE
+
