@@ -424,11 +424,11 @@ def test_a_starting_daemon_ends_the_scopes_no_booking_owns(setup: Setup) -> None
 
 def test_a_fuzz_from_two_users_leaves_the_booking_held_meanwhile(setup: Setup, other_user: OtherUser,
                                                                   tmp_path: Path) -> None:
-    """The VM's fuzz (tests/test_vm_shared_hostile.py's script: malformed, oversized, deeply nested
+    """The VM's fuzz (tests/support/sharedattack.py's script: malformed, oversized, deeply nested
     and out-of-range requests, pipelined floods never read) from root and the other user at once,
     more than 10,000 requests, while a booking is held and others are made and ended: the daemon's
     loop lives, the held booking is as it was, and every later booking is admitted."""
-    from tests.test_vm_shared_hostile import ATTACK
+    from tests.support.sharedattack import ATTACK
 
     holder = setup.client()
     holder.send({"op": "book", "size": 100 * MiB, "cap": 100 * MiB, "label": "held"})
