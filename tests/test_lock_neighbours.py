@@ -23,17 +23,9 @@ import pytest
 from dispatch.guards import lock
 from tests.conftest import OtherUser
 from tests.support.lockcli import Cli
+from tests.support.lockcli import cli as cli  # the fixture
 
 RACE_RUNS = 25
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Iterator[Cli]:
-    c = Cli(tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop_all()
 
 
 @pytest.fixture

@@ -22,15 +22,7 @@ from dispatch.core.procinfo import start_time
 from dispatch.guards import lock, workdirs
 from tests.conftest import wait_for
 from tests.support.lockcli import Cli
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Iterator[Cli]:
-    c = Cli(tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop_all()
+from tests.support.lockcli import cli as cli  # the fixture
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import pytest
 from dispatch.guards import workdirs
 from tests.conftest import ON_CI, OtherUser
 from tests.support.lockcli import Cli
+from tests.support.lockcli import cli as cli  # the fixture
 
 SESSION = "root-session"
 
@@ -43,15 +44,6 @@ def _snapshot(top: Path) -> dict[str, str]:
             path = os.path.join(current, name)
             found[os.path.relpath(path, top)] = Path(path).read_text()
     return found
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Iterator[Cli]:
-    c = Cli(tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop_all()
 
 
 @pytest.fixture

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 
 class Cli:
@@ -45,3 +48,13 @@ class Cli:
                 proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    """A ``Cli`` whose background runs are killed at the end of the test."""
+    c = Cli(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop_all()
