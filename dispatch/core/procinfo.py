@@ -24,18 +24,14 @@ def _stat_fields(pid: int) -> list[bytes] | None:
     alive, is a waiter stopped), so with a long queue it is most of the try's CPU."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 4096)  # one line of ~52 numbers and a comm of at most 64 bytes
+        finally:
+            os.close(fd)
     except OSError as e:
         if e.errno in _GONE:
             return None
         raise CannotTell(e.errno, f"cannot read /proc/{pid}/stat: {e.strerror}") from e
-    try:
-        data = os.read(fd, 4096)  # one line of ~52 numbers and a comm of at most 64 bytes
-    except OSError as e:
-        if e.errno in _GONE:
-            return None
-        raise CannotTell(e.errno, f"cannot read /proc/{pid}/stat: {e.strerror}") from e
-    finally:
-        os.close(fd)
     # comm (field 2) may hold spaces and parentheses: split after the last ')'.
     end = data.rfind(b")")
     return data[end + 2 :].split() if end >= 0 else None

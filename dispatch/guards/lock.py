@@ -45,7 +45,7 @@ from dispatch.core.atomicfile import write_atomic
 from dispatch.core.errors import LockTimeoutError, UsageError
 from dispatch.core.exitcodes import from_wait_status
 from dispatch.core.flocking import try_flock
-from dispatch.core.procinfo import CannotTell, cmdline, is_alive, start_time
+from dispatch.core.procinfo import CannotTell, cmdline, is_alive, parent_of, start_time
 from dispatch.core.records import NamedTuple
 
 MYPY = False
@@ -288,11 +288,10 @@ def _ancestors() -> set[tuple[int, int]]:
         if started is None:
             break
         found.add((pid, started))
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                pid = int(fh.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+        parent = parent_of(pid)
+        if parent is None:
             break
+        pid = parent
     return found
 
 
