@@ -460,3 +460,19 @@ def test_a_fuzz_from_two_users_leaves_the_booking_held_meanwhile(setup: Setup, o
     assert setup.thread.is_alive()
     wait_for(lambda: [b["label"] for b in setup.client().ask({"op": "list"})["bookings"]] == ["held"])
     assert setup.client().ask({"op": "list"})["bookings"] == [before]
+
+
+def test_an_open_connection_never_reads_as_closed_by_the_daemon(setup: Setup) -> None:
+    """At a job's end hostrun peeks at its connection to tell whether the daemon went away. The
+    socket still carried the timeout its last ``receive`` left, so Python waited that out and raised
+    TimeoutError, read as "closed": a false "the shared-slice daemon went away" warning (seen in the
+    VM after an attack). Open, it reads open (a daemon that really went away: the VM's SIGKILL test)."""
+    from dispatch.capping.shared import Connection
+
+    conn = Connection(setup.path)
+    try:
+        assert conn.ask({"op": "hello", "protocol": 1})["protocol"] == 1  # leaves a timeout set
+        assert not conn.closed_by_daemon()
+        assert conn.ask({"op": "list"}) is not None  # and the connection still works after the peek
+    finally:
+        conn.close()

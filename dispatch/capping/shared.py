@@ -169,6 +169,9 @@ class Connection:
 
         if self._sock is None:
             return False
+        # Non-blocking for the peek: a timeout left from the last ``receive`` makes Python wait it
+        # out and raise TimeoutError, which read as "closed" (a false warning at a job's end).
+        self._sock.settimeout(0.0)
         try:
             return not self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
