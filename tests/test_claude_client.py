@@ -14,53 +14,17 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dispatch.core.exitcodes import ExitCode
-from tests.conftest import ON_CI, Hostrun, wait_for
+from tests.conftest import Hostrun, wait_for
 from tests.support.claudeapi import FakeMessagesAPI
-from tests.support.claudeclient import VERSION, Claude, ClientUnavailable, Terminal, ensure_client
+from tests.support.claudeclient import VERSION, Claude, Terminal
+from tests.support.claudefixtures import MODES, api, claude, client_binary, project
 
-MODES = ("remind", "wrap", "guard")
-
-
-@pytest.fixture(scope="session")
-def client_binary() -> Path:
-    try:
-        return ensure_client()
-    except ClientUnavailable as exc:
-        if ON_CI:
-            pytest.fail(f"CI=true but {exc}")
-        pytest.skip(str(exc))  # only off CI
-
-
-@pytest.fixture
-def api() -> Iterator[FakeMessagesAPI]:
-    server = FakeMessagesAPI().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def claude(client_binary: Path, api: FakeMessagesAPI, tmp_path: Path) -> Claude:
-    return Claude(client_binary, tmp_path / "client-home", api.url)
-
-
-def project(hostrun: Hostrun, tmp_path: Path, mode: str) -> Path:
-    """A git checkout with hostrun's hooks installed in its ``.claude/settings.json``."""
-    tree = tmp_path / "project"
-    tree.mkdir()
-    subprocess.run(["git", "init", "-q", str(tree)], check=True)
-    hostrun.configure(slice="1G")
-    done = hostrun.run("agents", "install", "claude-code", "--mode", mode, cwd=tree)
-    assert done.returncode == 0, done.stderr
-    assert "hook rewake" in (tree / ".claude" / "settings.json").read_text()
-    return tree
+__all__ = ["api", "claude", "client_binary"]  # fixtures, used by name
 
 
 def test_the_pinned_client_is_the_one_run(client_binary: Path) -> None:
@@ -180,3 +144,49 @@ def test_wrap_honours_a_projects_allow_rule_only_in_a_trusted_workspace(
     proc, _ = claude.print_mode("go", tree)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"{hostrun.cgroup}/job-" in (tree / "ran.txt").read_text()
+
+
+def _status(hostrun: Hostrun, claude: Claude, tree: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``hostrun agents status`` with the client on PATH, as ``claude``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if not (bin_dir / "claude").exists():
+        (bin_dir / "claude").symlink_to(claude.binary)
+    env = claude.env(PATH=f"{bin_dir}:{os.environ['PATH']}")
+    return hostrun.run("agents", "status", cwd=tree, env=env, timeout=180)
+
+
+def test_agents_status_makes_one_real_round_trip_through_the_client(
+        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path) -> None:
+    """With ``claude`` on PATH, status runs it once headless in the project: the client read the
+    installed settings and ran hostrun's SessionStart and Stop hooks, and ended (the rewake waiter
+    did not hold it). One request, to the cheap model, with no tools."""
+    tree = project(hostrun, tmp_path, "guard")
+    api.script = [("text", "ok")]
+    done = _status(hostrun, claude, tree, tmp_path)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    line = next(x for x in done.stdout.splitlines() if x.startswith("client round trip"))
+    assert line.startswith(f"client round trip ok: Claude Code {VERSION}"), line
+    assert "SessionStart, Stop" in line, line
+    asked = [r for r in api.requests if "connectivity check by hostrun" in json.dumps(r.get("messages"))]
+    assert len(asked) == 1 and "haiku" in str(asked[0].get("model")) and not asked[0].get("tools"), asked
+
+
+def test_agents_status_fails_when_the_client_does_not_run_hostruns_hooks(
+        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path) -> None:
+    """A settings file hostrun reads as installed but the client will not use (a hook entry it
+    rejects: a timeout that is not a number): the self-test alone passes; the round trip shows the
+    client never ran hostrun's SessionStart hook, and status exits 78."""
+    tree = project(hostrun, tmp_path, "wrap")
+    settings = tree / ".claude" / "settings.json"
+    data = json.loads(settings.read_text())
+    for group in data["hooks"]["SessionStart"]:
+        for hook in group["hooks"]:
+            hook["timeout"] = "thirty"
+    settings.write_text(json.dumps(data))
+    api.script = [("text", "ok")]
+    done = _status(hostrun, claude, tree, tmp_path)
+    assert done.returncode == ExitCode.NOT_RUN, (done.stdout[-2000:], done.stderr[-2000:])
+    assert "client round trip FAIL" in done.stdout and "did not run hostrun's SessionStart" in done.stdout, \
+        done.stdout[-2000:]
+    assert "self-test FAIL" not in done.stdout, done.stdout[-3000:]

@@ -146,7 +146,8 @@ def test_agents_table_is_read_and_checked(hook: Hook) -> None:
 def test_unknown_agents_key_exits_2_naming_it(tmp_path: Path) -> None:
     config = tmp_path / "hosts.toml"
     config.write_text('[agents]\nmode = "remind"\nheavvy = ["x"]\n')
-    proc = subprocess.run([sys.executable, "-m", "dispatch", "--config", str(config), "agents", "status"],
+    proc = subprocess.run([sys.executable, "-m", "dispatch", "--config", str(config), "agents", "status",
+                           "--no-round-trip"],
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT),
                                                                "XDG_CACHE_HOME": str(tmp_path / "c")})
     assert proc.returncode == 2
@@ -771,7 +772,8 @@ def test_own_cap_kill_reaches_its_session_through_the_hooks_once(hostrun: Hostru
 
 
 def test_agents_status_self_test_passes(hostrun: Hostrun, tmp_path: Path) -> None:
-    proc = hostrun.run("agents", "status", cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
+    proc = hostrun.run("agents", "status", "--no-round-trip", cwd=tmp_path,
+                       env={**os.environ, "HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("self-test ok") == len(selftest.cases()) == 15 and "FAIL" not in proc.stdout
 

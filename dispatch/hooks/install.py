@@ -321,7 +321,8 @@ def main(argv: list[str], say: Callable[[str], None]) -> int:
     if not argv or argv[0] not in ACTIONS:
         if argv and argv[0] in ("-h", "--help"):
             print("usage: hostrun agents {install,uninstall} claude-code [--project|--local|--user] "
-                  "[--mode MODE] [--command CMD]\n       hostrun agents status [--json] [--config PATH]"
+                  "[--mode MODE] [--command CMD]\n       hostrun agents status [--json] [--config PATH] "
+                  "[--no-round-trip] [--model MODEL]"
                   "\n\nhostrun's hooks in Claude Code's settings.json (docs/agents.md).")
             return 0
         raise UsageError(f"agents: choose one of {', '.join(ACTIONS)} (see 'hostrun agents --help')")
@@ -404,6 +405,9 @@ def status(argv: list[str]) -> int:
                           "events through them.")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--config", metavar="PATH", help="configuration file")
+    p.add_argument("--no-round-trip", action="store_true",
+                   help="skip the one real 'claude -p' run made when claude is on PATH")
+    p.add_argument("--model", default="haiku", help="the model of that run (default: haiku)")
     args = p.parse_args(argv)
     from dispatch.config import load_settings
 
@@ -423,10 +427,13 @@ def status(argv: list[str]) -> int:
     from dispatch.hooks.selftest import run_all
 
     checks = run_all(args.config)
-    ok = all(c["ok"] for c in checks) and all(r["ok"] for p in places for r in p["real_run"])
+    trip = None if args.no_round_trip else _round_trip(places, args.model)
+    ok = (all(c["ok"] for c in checks) and all(r["ok"] for p in places for r in p["real_run"])
+          and (trip is None or trip["ok"] is not False))
     failed = 0 if ok else int(ExitCode.NOT_RUN)
     if args.json:
-        print(json.dumps({"installed": places, "self_test": checks, "ok": ok}, indent=2))
+        print(json.dumps({"installed": places, "self_test": checks, "client_round_trip": trip, "ok": ok},
+                         indent=2))
         return failed
     from dispatch.core.text import printable
 
@@ -449,4 +456,30 @@ def status(argv: list[str]) -> int:
     for check in checks:
         print(printable(f"self-test {'ok  ' if check['ok'] else 'FAIL'} {check['name']}"
                         + ("" if check["ok"] else f": {check['problem']}")))
+    if trip is not None:
+        print(printable(_trip_line(trip)))
     return failed
+
+
+def _round_trip(places: list[dict[str, Any]], model: str) -> dict[str, Any] | None:
+    """One real ``claude -p`` where the client is on PATH and hostrun's hooks are installed, in the
+    directory whose settings hold them (the project's root; for the user's file, here)."""
+    from dispatch.hooks import clienttrip
+
+    client = clienttrip.find_client()
+    where = next((p for p in places if p["hooks"]), None)
+    if client is None or where is None:
+        return None
+    cwd = os.getcwd() if where["scope"] == "user" else os.path.dirname(os.path.dirname(where["path"]))
+    return clienttrip.round_trip(client, cwd, model)
+
+
+def _trip_line(trip: dict[str, Any]) -> str:
+    who = f"Claude Code {trip['version'] or '(version unknown)'} ({trip['client']}, in {trip['cwd']})"
+    if trip["ok"]:
+        ran = sorted({h["event"] for h in trip["hooks"]})
+        return (f"client round trip ok: {who} ran hostrun's hooks ({', '.join(ran)}) and ended in "
+                f"{trip['seconds']} s (one request to {trip['model']})")
+    if trip["ok"] is None:
+        return f"client round trip incomplete: {who}: hostrun's hooks ran; {trip['problem']}"
+    return f"client round trip FAIL: {who}: {trip['problem']}"

@@ -6,20 +6,26 @@ The client is pointed at it with ``ANTHROPIC_BASE_URL`` and makes no other traff
 asserts on what the model was sent: the hook's context, a denial's reason, a woken turn's alert.
 
 The script is a list of steps for the main conversation, one per model turn: ``("bash", COMMAND)``
-answers with a ``tool_use`` block calling the Bash tool, ``("text", TEXT)`` with a final text. Which
-step a request gets is the number of assistant turns already in its messages, so a client that
-retries a request gets the same answer. A request past the script, or one without the Bash tool
-among its tools (a side request), is answered ``"done."``.
+answers with a ``tool_use`` block calling the Bash tool, ``("agent", PROMPT)`` with one starting a
+subagent (the client's ``Agent`` tool), ``("text", TEXT)`` with a final text. A step's value may be a
+function of what the model was sent so far (``sent_text`` of that request), as a model reads a
+refusal and runs the line it gives. Which step a request gets is the number of assistant turns
+already in its messages, so a client that retries a request gets the same answer. A subagent's
+conversation (its first prompt holds ``SUBAGENT``) follows ``subagent_script`` the same way. A
+request past its script, or one without the Bash tool among its tools (a side request), is answered
+``"done."``.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-Step = tuple[str, str]
+Step = tuple[str, "str | Callable[[str], str]"]
+SUBAGENT = "SUBAGENT"
 
 
 class FakeMessagesAPI:
@@ -27,6 +33,7 @@ class FakeMessagesAPI:
 
     def __init__(self, script: list[Step] | None = None) -> None:
         self.script: list[Step] = list(script or [])
+        self.subagent_script: list[Step] = []
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.lock = threading.Lock()
@@ -82,11 +89,16 @@ class FakeMessagesAPI:
                     "model": body.get("model"), "content": [], "stop_reason": None,
                     "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 1}}})
                 kind, value = step
-                if kind == "bash":
-                    block = {"type": "tool_use", "id": f"toolu_{len(api.requests):04d}", "name": "Bash",
+                if callable(value):
+                    value = value(_text(body.get("messages")))
+                if kind in ("bash", "agent"):
+                    name, given = (("Bash", {"command": value, "description": "run a command"})
+                                   if kind == "bash" else
+                                   ("Agent", {"description": "a subagent", "prompt": f"{SUBAGENT}: {value}",
+                                              "subagent_type": "general-purpose"}))
+                    block = {"type": "tool_use", "id": f"toolu_{len(api.requests):04d}", "name": name,
                              "input": {}}
-                    delta = {"type": "input_json_delta", "partial_json": json.dumps(
-                        {"command": value, "description": "run a command"})}
+                    delta = {"type": "input_json_delta", "partial_json": json.dumps(given)}
                     stop = "tool_use"
                 else:
                     block, stop = {"type": "text", "text": ""}, "end_turn"
@@ -114,13 +126,21 @@ class FakeMessagesAPI:
         if "Bash" not in tools:
             return ("text", "done.")
         turn = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
-        return self.script[turn] if turn < len(self.script) else ("text", "done.")
+        script = self.subagent_script if _is_subagents(body) else self.script
+        return script[turn] if turn < len(script) else ("text", "done.")
 
     def main_requests(self) -> list[dict[str, Any]]:
-        """The requests of the main conversation (those offering the Bash tool)."""
+        """The requests of the main conversation (those offering the Bash tool, not a subagent's)."""
         with self.lock:
-            return [r for r in self.requests
-                    if any(isinstance(t, dict) and t.get("name") == "Bash" for t in r.get("tools") or [])]
+            return [r for r in self.requests if not _is_subagents(r)
+                    and any(isinstance(t, dict) and t.get("name") == "Bash" for t in r.get("tools") or [])]
+
+    def subagent_text(self) -> str:
+        """What the subagent was sent in its last request, as ``sent_text``."""
+        with self.lock:
+            mine = [r for r in self.requests if _is_subagents(r)]
+        return _text(mine[-1].get("messages")) if mine else ""
+
 
     def sent_text(self) -> str:
         """Everything the model was sent in the main conversation's last request, as text: user
@@ -137,3 +157,9 @@ def _text(value: Any) -> str:
     if isinstance(value, dict):
         return "\n".join(_text(v) for k, v in value.items() if k in ("content", "text"))
     return ""
+
+
+def _is_subagents(body: dict[str, Any]) -> bool:
+    messages = body.get("messages") or []
+    return bool(messages) and f"{SUBAGENT}: " in _text(messages[0]) and not any(
+        f"{SUBAGENT}: " in _text(m) for m in messages if m.get("role") == "assistant")
