@@ -122,8 +122,10 @@ ADDED_PEAK_COLUMNS = (("ceiling_at", "REAL"), ("slice_full_at", "REAL"),
 PEAK_COLUMNS = ("label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration,"
                 " updated, ceiling_at, slice_full_at, clean_runs, max_vram, ramp, min_duration")
 # What a run says about its label's mark (``mark_event``), in record_fold and in the
-# peak journal: killed with 254; OOM-killed otherwise; a clean run at its cap; nothing of that.
-SLICE_FULL, OOM_KILLED, CLEAN, NO_EVENT = "s", "o", "c", "-"
+# peak journal: killed with 254; OOM-killed otherwise; a clean run at its cap; failed otherwise
+# (a non-zero exit or a signal: it may raise the booking peak, never set it); nothing of that.
+SLICE_FULL, OOM_KILLED, CLEAN, FAILED, NO_EVENT = "s", "o", "c", "f", "-"
+UNFINISHED = (SLICE_FULL, OOM_KILLED, FAILED)  # runs whose peak says "at least", not "this much"
 CLEAR_MARK_AFTER = 3  # the default of ``clear_mark_after``
 
 
@@ -282,7 +284,14 @@ def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ce
 
     ``ramp``: the run's ramp profile (a clean run's): folded pointwise (``ramp.fold``), and its
     duration into ``min_duration``, so a projected phase is never later than the fastest run's.
+
+    The booking peak (``max_peak``): a run that did not succeed (``UNFINISHED``) may raise it, never
+    set it: a build that fails in its first seconds peaked at a fraction of what the real build
+    needs, and booked at that the next run is the undercount that ends in 254. Until a run exits 0
+    (or one hits its own cap: booked at its cap for good then) it stays 0, "none": booked at its
+    cap, or as a gamble. The run's own peak still goes into ``last_peak`` and the history.
     """
+    sets = event not in UNFINISHED or hit_ceiling
     db.execute(
         "INSERT INTO peak_runs (label, host, peak, cap, hit_ceiling, duration, at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -296,13 +305,15 @@ def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ce
     db.execute(
         "INSERT INTO peaks (label, host, max_peak, runs, last_peak, hit_ceiling, last_duration,"
         " max_duration, updated) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)"
-        " ON CONFLICT (label, host) DO UPDATE SET max_peak = max(max_peak, excluded.max_peak),"
+        " ON CONFLICT (label, host) DO UPDATE SET max_peak = CASE WHEN ? OR max_peak > 0"
+        " THEN max(max_peak, ?) ELSE max_peak END,"
         " runs = runs + 1, last_peak = excluded.last_peak,"
         " hit_ceiling = max(hit_ceiling, excluded.hit_ceiling),"
         " last_duration = excluded.last_duration,"
         " max_duration = max(coalesce(max_duration, 0), excluded.max_duration),"
         " updated = excluded.updated",
-        (label, host, peak, peak, int(hit_ceiling), duration, duration, now),
+        (label, host, peak if sets else 0, peak, int(hit_ceiling), duration, duration, now,
+         int(sets), peak),
     )
     key = (label, host)
     if vram is not None:
@@ -372,7 +383,8 @@ def mark_event(outcome: Outcome, kind: str | None) -> str:
     """What a finished run does to its label's mark (``ledgerdb.record_fold``): hostrun's 254 verdict
     marks it (a job's own ``exit 254`` does not); any other OOM kill sets its clean count back to 0;
     exit 0 booked at its cap (``kind`` "cap") with nothing OOM-killed counts as clean. A run that
-    failed otherwise says nothing either way."""
+    failed otherwise (FAILED) says nothing of the mark, and its peak may only raise the booking
+    peak."""
     from dispatch.core.exitcodes import ExitCode
 
     if outcome.is_verdict(ExitCode.SLICE_FULL):
@@ -381,4 +393,4 @@ def mark_event(outcome: Outcome, kind: str | None) -> str:
         return OOM_KILLED
     if outcome.exit_code == 0 and kind == "cap":
         return CLEAN
-    return NO_EVENT
+    return NO_EVENT if outcome.exit_code == 0 else FAILED
