@@ -98,6 +98,9 @@ PRIVATE = {"/tmp/r.json": "r.json"}
 # Volatile parts, each replaced on both sides by its own placeholder (narrow on purpose).
 VOLATILE: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^srun: error: [\w.-]+: task "), "srun: error: NODE: task "),  # the node's name
+    # the slice advice (dispatch/core/sliceadvice.py): the config file named, the size from the RAM
+    (re.compile(r"(?<= in )/\S+/hosts\.toml\b"), "CONFIG"),
+    (re.compile(r'(?<=slice = ")\d+[MG](?=")'), "SIZE"),
 ]
 
 

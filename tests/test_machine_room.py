@@ -128,12 +128,12 @@ def test_an_unreadable_meminfo_leaves_the_slice_to_decide() -> None:
 # ------------------------------------------------------------------------------------ default reserve
 def test_a_default_reserve_that_leaves_no_slice_is_one_line_and_78() -> None:
     with pytest.raises(NotRunError) as err:
-        HostSettings("local").slice_limit(2 * GiB - 80 * MiB)  # the test VM: 1.9 GiB
+        HostSettings("local").slice_limit(2 * GiB - 80 * MiB, "/home/u/.config/hostrun/hosts.toml")
     assert err.value.exit_code == ExitCode.NOT_RUN
     text = str(err.value)
     assert "\n" not in text
-    assert text.startswith("this machine has 1.9 GiB of RAM and the default reserve (max(2 GiB, RAM/5) "
+    assert text.startswith("this machine has 1.9 GiB of RAM, and the default reserve (max(2 GiB, RAM/5) "
                            "= 2.0 GiB")
-    assert 'set hosts.local.slice (e.g. slice = "768M") or a smaller hosts.local.reserve' in text
+    assert text.endswith('add slice = "896M" under [hosts.local] in /home/u/.config/hostrun/hosts.toml')
     assert HostSettings("local").slice_limit(16 * GiB) == 16 * GiB - (16 * GiB) // 5 * 1
     assert HostSettings("local", slice_bytes=GiB).slice_limit(2 * GiB) == GiB  # a set slice stands

@@ -9,7 +9,7 @@ from dispatch import __version__
 from dispatch.capping import probe_all, select_backend
 from dispatch.core.errors import BackendError
 from dispatch.core.hostfacts import read_meminfo
-from dispatch.core.settings import Settings
+from dispatch.core.settings import HostSettings, Settings
 
 MYPY = False
 if MYPY:
@@ -40,13 +40,19 @@ def diagnose(settings: Settings) -> dict[str, Any]:
     if kernel_log is not None and not kernel_log["ok"]:
         problems.append(f"this host has NVIDIA GPUs, but {kernel_log['detail']}: jobs are not watched "
                         "for NV_ERR_NO_MEMORY (245 then comes only from a --gpu-memory job's output)")
-    from dispatch.core.errors import NotRunError
+    from dispatch.core import sliceadvice
+    from dispatch.core.errors import NoSliceError
 
+    config = sliceadvice.config_file(settings.source)
     try:
-        slice_limit: int | None = fixed if fixed is not None else host.slice_limit(mem.total)
-    except NotRunError as exc:  # the default reserve leaves no slice on this machine
+        slice_limit: int | None = fixed if fixed is not None else host.slice_limit(mem.total, config)
+    except NoSliceError as exc:  # the default reserve leaves no slice on this machine
         slice_limit = None
         problems.append(str(exc))
+    over = None if fixed is not None or host.slice_bytes is None else sliceadvice.over_ram(
+        host.name, host.slice_bytes, mem.total, config)
+    if over is not None:
+        problems.append(over)
     return {
         "version": __version__,
         "python": sys.version.split()[0],
@@ -58,12 +64,29 @@ def diagnose(settings: Settings) -> dict[str, Any]:
         "forced_backend": host.backend,
         "slice": slice_path,
         "slice_limit": slice_limit,
+        "slice_from": _slice_from(host, mem.total, fixed, slice_limit, config),
         "memory_total": mem.total,
         "heavy_threads": host.threads(),
         "probes": [{"backend": name, "ok": p.ok, "detail": p.detail} for name, p in probe_all(host)],
         "gpu_kernel_log": kernel_log,
         "problems": problems,
     }
+
+
+def _slice_from(host: HostSettings, mem_total: int, fixed: int | None, limit: int | None,
+                config: str) -> str:
+    """Where the slice's size comes from, in words: what took the rest of the RAM."""
+    from dispatch.core.sliceadvice import DEFAULT_RESERVE_TEXT, default_reserve
+    from dispatch.core.units import format_size
+
+    if fixed is not None:
+        return "the backend's own slice"
+    if host.slice_bytes is not None:
+        return f"hosts.{host.name}.slice in {config}"
+    if host.reserve_bytes is not None:
+        return f"RAM less hosts.{host.name}.reserve {format_size(host.reserve_bytes)}"
+    reserve = f"the default reserve {DEFAULT_RESERVE_TEXT} = {format_size(default_reserve(mem_total))}"
+    return f"none: {reserve} leaves none" if limit is None else f"RAM less {reserve}"
 
 
 def _kernel_log_check() -> dict[str, Any] | None:

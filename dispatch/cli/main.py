@@ -32,9 +32,10 @@ def command(name: str) -> Callable[[list[str]], int]:
 
 
 def error_line(exc: HostrunError, name: str) -> str:
-    """The one line an error is said as. A usage error proper (a bad command line or input, not a
-    configuration or trust refusal, which name their own fix) ends with where help is, once, for
-    every command: ``(see 'hostrun lock --help')``."""
+    """The one line an error is said as (``hostrun: error: …``, or the error's own ``prefix``). A
+    usage error proper (a bad command line or input, not a configuration or trust refusal, which
+    name their own fix) ends with where help is, once, for every command: ``(see 'hostrun lock
+    --help')``."""
     from dispatch.core.errors import UsageError
     from dispatch.core.text import printable
 
@@ -42,7 +43,7 @@ def error_line(exc: HostrunError, name: str) -> str:
     if type(exc) is UsageError and not message.endswith("--help')"):
         where = PROG if name == "run" else f"{PROG} {name}"
         message = f"{message} (see '{where} --help')"
-    return f"{PROG}: error: {message}"
+    return f"{PROG}: {exc.prefix}: {message}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,28 +38,38 @@ class Col(NamedTuple):
     drop: int = 0
     flex: bool = False
     justify: str = "left"
+    least: int = 0  # a flex column's narrowest (0: FLEX_MIN, or MAIN_MIN for one never dropped)
 
 
 FLEX_MIN = 8  # a flex column is never narrower than this (or its header) ...
 MAIN_MIN = 12  # ... nor one never dropped (what the row is about: a label, a reason)
 
 
-def fitted(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]]) -> Table:
+def fitted(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]], tight: bool = False,
+           wrap: bool = False) -> Table:
     """A table of one line per row within the console's width (``rows``: rich markup, already
     escaped): columns dropped in ``drop`` order while even their minimum widths do not fit, then the
-    flex columns share what is left, each cut with an ellipsis (the full text stays in ``--json``)."""
+    flex columns share what is left, each cut with an ellipsis (the full text stays in ``--json``).
+
+    ``tight``: where all the columns do not fit with a space either side of each cell, the cells lose
+    those spaces before any column is dropped (``history``: what a run peaked at, how long it took and
+    how it ended are what the table is for). ``wrap``: the flex columns fold onto more lines instead
+    of being cut (``doctor``'s reasons are what it is there to say)."""
     from rich.text import Text
 
     natural = [max([len(c.name)] + [Text.from_markup(r[i]).cell_len for r in rows])
                for i, c in enumerate(cols)]
-    least = [min(n, max(len(c.name), FLEX_MIN if c.drop else MAIN_MIN)) if c.flex else n
+    least = [min(n, max(len(c.name), c.least or (FLEX_MIN if c.drop else MAIN_MIN))) if c.flex else n
              for c, n in zip(cols, natural)]
     keep = list(range(len(cols)))
     width = console.width
+    pad = 1
 
     def overhead(n: int) -> int:
-        return 3 * n + 1  # a border and a space either side of each cell
+        return (2 * pad + 1) * n + 1  # a border and ``pad`` spaces either side of each cell
 
+    if tight and sum(least) + overhead(len(keep)) > width:
+        pad = 0
     for i in sorted(keep, key=lambda i: -cols[i].drop):
         if sum(least[k] for k in keep) + overhead(len(keep)) <= width or cols[i].drop == 0:
             break
@@ -75,11 +85,12 @@ def fitted(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]]) -> Ta
             widths[k] = least[k] + spare * (natural[k] - least[k]) // more
     heading = Text.from_markup(title, overflow="ellipsis")
     heading.no_wrap = True
-    table = Table(title=heading if title else None)
+    table = Table(title=heading if title else None, padding=(0, pad))
     for k in keep:
         c = cols[k]
-        table.add_column(c.name, justify=c.justify, no_wrap=True, overflow="ellipsis",  # type: ignore[arg-type]
-                         max_width=widths.get(k))
+        folds = wrap and c.flex
+        table.add_column(c.name, justify=c.justify, no_wrap=not folds,  # type: ignore[arg-type]
+                         overflow="fold" if folds else "ellipsis", max_width=widths.get(k))
     for r in rows:
         table.add_row(*(r[k] for k in keep))
     return table
@@ -120,7 +131,8 @@ def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
                           format_duration(now - b.queued), _t(b.reason or "")))
     rows, marks = [], []
     for p in peaks:
-        rows.append((_t(p.label), _t(p.host), format_size(p.max_peak), format_size(p.last_peak),
+        booking_peak = format_size(p.max_peak) if p.max_peak else "-"  # no run succeeded yet
+        rows.append((_t(p.label), _t(p.host), booking_peak, format_size(p.last_peak),
                      str(p.runs), "yes" if p.hit_ceiling else "no", format_duration(p.last_duration)))
         reasons = mark_reasons(p, clear_after)
         if reasons:
@@ -149,9 +161,12 @@ def history(runs: Sequence[RunRecord]) -> None:
     if not runs:
         console.print("history: no runs")
         return
-    cols = (Col("started", 1), Col("duration", 2), Col("host", 4), Col("label", 0, flex=True),
-            Col("session", 5, flex=True), Col("exit"), Col("peak", 3), Col("cap", 6), Col("booked", 7),
-            Col("command", 3, flex=True))
+    # Never left out: how long it took, how it ended, its peak (the README's promise), the label;
+    # the command is cut instead. Left out first where even that is too wide: session, host, the
+    # start, then cap and booked.
+    cols = (Col("started", 3), Col("duration"), Col("host", 5), Col("label", 0, flex=True),
+            Col("session", 6, flex=True), Col("exit"), Col("peak"), Col("cap", 2), Col("booked", 1),
+            Col("command", 0, flex=True, least=FLEX_MIN))
     rows = []
     for r in runs:
         code = str(r.exit_code) if r.outcome in ("exit", "signal") \
@@ -161,7 +176,7 @@ def history(runs: Sequence[RunRecord]) -> None:
         rows.append((time.strftime("%m-%d %H:%M:%S", time.localtime(r.started)),
                      format_duration(r.duration), _t(r.host), _t(r.label), _t(r.session or ""),
                      code, peak, format_size(r.cap), booked, _t(r.command)))
-    console.print(fitted("run history (oldest first)", cols, rows))
+    console.print(fitted("run history (oldest first)", cols, rows, tight=True))
 
 
 def readings(items: Sequence[Any]) -> None:
@@ -212,13 +227,17 @@ def doctor(data: dict[str, Any]) -> None:
     console.print(f"ledger:   {_t(data['ledger'])}")
     console.print(f"backend:  [bold]{data['backend']}[/bold]"
                   + (f" (forced by config: {data['forced_backend']})" if data["forced_backend"] else ""))
-    console.print(f"slice:    {data['slice'] or '-'}, limit {format_size(data['slice_limit'])} "
-                  f"of {format_size(data['memory_total'])} RAM")
+    ram = format_size(data["memory_total"])
+    if data["slice_limit"] is None:
+        console.print(f"slice:    {_t(data['slice_from'])} on {ram} of RAM (see the problem below)")
+    else:
+        console.print(f"slice:    {_t(data['slice'] or '-')}, limit {format_size(data['slice_limit'])} "
+                      f"of {ram} RAM ({_t(data['slice_from'])})")
     console.print(f"threads:  {data['heavy_threads']}")
     rows = [(p["backend"], "yes" if p["ok"] else "no", _t(p["detail"])) for p in data["probes"]]
     rows.append(("none", "yes", "always; only with --no-cap"))
     console.print(fitted("memory-cap backends, in order of preference",
-                         (Col("backend"), Col("usable"), Col("detail", 0, flex=True)), rows))
+                         (Col("backend"), Col("usable"), Col("detail", 0, flex=True)), rows, wrap=True))
     for problem in data["problems"]:
         console.print(f"[red]problem:[/red] {_t(problem)}")
     for entry in data.get("peers", []):  # each as its kind describes itself (Host.diagnose)

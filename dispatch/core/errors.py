@@ -8,7 +8,8 @@ calls ``sys.exit``. Every hostrun error class lives here, so the whole tree is i
     │   └── ConfigError             2    a configuration key or value is wrong (names the key)
     │       └── UntrustedPathError  2    a file or directory someone else owns or can write (trust.py)
     ├── NotRunError                 78   a preflight condition was not met
-    │   └── GpuError                78   nvidia-smi exists but failed or did not answer in time
+    │   ├── GpuError                78   nvidia-smi exists but failed or did not answer in time
+    │   └── NoSliceError            78   the default reserve leaves no slice on this machine
     ├── LockTimeoutError            78   ``lock --wait`` ran out while another holder kept DIR
     ├── NeverFitsError              243  cap larger than the host's whole slice
     ├── LongJobError                244  too long for one host and not declared long (--long-job-rule)
@@ -39,6 +40,9 @@ class HostrunError(Exception):
 
     exit_code: int = ExitCode.USAGE
     host: str | None = None
+    # The word after "hostrun: " on its line: "error" is exit 2's (docs/exit-codes.md); a refusal
+    # that is no mistake of the caller's says what it is about instead.
+    prefix: str = "error"
 
     def __init_subclass__(cls, code: int | None = None) -> None:
         """``class XError(HostrunError, code=ExitCode.Y)``: XError's exit code (else its parent's)."""
@@ -72,6 +76,13 @@ class NotRunError(HostrunError, code=ExitCode.NOT_RUN):
 
 class GpuError(NotRunError):
     """nvidia-smi exists but failed or did not answer in time."""
+
+
+class NoSliceError(NotRunError):
+    """No slice is configured and the default reserve leaves none here: nobody erred, the machine
+    is small; the line says what to add where (``dispatch.core.sliceadvice``)."""
+
+    prefix = "no slice"
 
 
 class LockTimeoutError(HostrunError, code=ExitCode.NOT_RUN):

@@ -69,17 +69,19 @@ class HostSettings(NamedTuple):
         """The host's kind: the one set, else the one its name implies."""
         return self.kind or inferred_kind(self.name)
 
-    def slice_limit(self, mem_total: int) -> int:
+    def slice_limit(self, mem_total: int, config: str = "", cap: int | None = None) -> int:
         """Slice size: ``slice`` if set, else RAM minus ``reserve`` (default 20% of RAM, >= 2 GiB).
 
         A ``reserve`` that leaves less than 1 MiB is a configuration error (exit 2): the config was
-        checked against the RAM of the machine that validated it, which may not be this one.
+        checked against the RAM of the machine that validated it, which may not be this one. A
+        default reserve that leaves less than ``MIN_DEFAULT_SLICE`` is a NoSliceError (78) naming the
+        line to add to ``config`` (``dispatch.core.sliceadvice.config_file``), one that holds ``cap``.
         """
         if self.slice_bytes is not None:
             return self.slice_bytes
         reserve = self.reserve_bytes
         if reserve is None:
-            reserve = max(2 * GiB, mem_total // 5)
+            reserve = max(2 * GiB, mem_total // 5)  # sliceadvice.default_reserve (not imported here)
         if self.reserve_bytes is not None and mem_total - reserve < MIN_SIZE:
             from dispatch.core.errors import ConfigError
             from dispatch.core.units import format_size
@@ -87,16 +89,10 @@ class HostSettings(NamedTuple):
             raise ConfigError(f"hosts.{self.name}.reserve {format_size(reserve)} leaves no slice: "
                               f"this machine has {format_size(mem_total)} of RAM")
         if self.reserve_bytes is None and mem_total - reserve < MIN_DEFAULT_SLICE:
-            from dispatch.core.errors import NotRunError
-            from dispatch.core.units import format_size
+            from dispatch.core.errors import NoSliceError
+            from dispatch.core.sliceadvice import config_file, no_slice
 
-            half = max(256 << 20, (mem_total // 2) >> 28 << 28)  # half the RAM, in 256 MiB steps
-            suggest = f"{half >> 30}G" if half % GiB == 0 else f"{half >> 20}M"
-            raise NotRunError(
-                f"this machine has {format_size(mem_total)} of RAM and the default reserve "
-                f"(max(2 GiB, RAM/5) = {format_size(reserve)}, kept for everything outside hostrun's "
-                f"jobs) leaves no slice for them: set hosts.{self.name}.slice (e.g. slice = "
-                f"\"{suggest}\") or a smaller hosts.{self.name}.reserve")
+            raise NoSliceError(no_slice(self.name, mem_total, config or config_file(""), cap))
         return max(0, mem_total - reserve)
 
     def threads(self) -> int:

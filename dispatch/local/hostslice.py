@@ -25,10 +25,11 @@ class LocalSlice:
     BackendError). The limit is computed when first asked for, so a caller can refuse a host
     without a working backend before a bad ``reserve`` is reported."""
 
-    __slots__ = ("_limit", "backend", "host", "mem")
+    __slots__ = ("_limit", "backend", "host", "mem", "source")
 
     def __init__(self, settings: Settings) -> None:
         self.host: HostSettings = settings.local
+        self.source = settings.source  # the config file in use, named by the slice advice
         self.mem: MemInfo = read_meminfo()
         self.backend: CapBackend = select_backend(self.host, self.mem.total)
         self.backend.kill_grace = settings.kill_grace
@@ -36,10 +37,43 @@ class LocalSlice:
 
     @property
     def limit(self) -> int:
+        return self.limit_for(None)
+
+    def limit_for(self, cap: int | None) -> int:
+        """The slice's limit; where the default reserve leaves none, the 78 advises a slice that
+        holds ``cap`` too."""
         if self._limit is None:
             fixed = self.backend.fixed_limit
-            self._limit = fixed if fixed is not None else self.host.slice_limit(self.mem.total)
+            self._limit = fixed if fixed is not None else self.host.slice_limit(
+                self.mem.total, self.config, cap)
         return self._limit
+
+    @property
+    def config(self) -> str:
+        from dispatch.core.sliceadvice import config_file
+
+        return config_file(self.source)
+
+    def never_fits(self, cap: int) -> str:
+        """The 243 line of a cap larger than the slice: where the slice's size came from, and the
+        line to write (``dispatch.core.sliceadvice``), or why none would do."""
+        from dispatch.core import sliceadvice as advice
+        from dispatch.core.units import format_size
+
+        host, mem = self.host, self.mem.total
+        if self.backend.fixed_limit is not None:
+            return advice.too_big(cap, self.limit, f"the {self.backend.name} slice's own limit",
+                                  "ask for a smaller -m (that slice's size is its administrator's)")
+        if host.slice_bytes is not None:
+            how = f"hosts.{host.name}.slice in {self.config}"
+        elif host.reserve_bytes is not None:
+            how = (f"{format_size(mem)} of RAM less hosts.{host.name}.reserve "
+                   f"{format_size(host.reserve_bytes)}")
+        else:
+            how = (f"{format_size(mem)} of RAM less the default reserve of "
+                   f"{format_size(advice.default_reserve(mem))} for everything outside hostrun's jobs")
+        fix = advice.bigger(host.name, cap, mem, self.config, host.slice_bytes is not None)
+        return advice.too_big(cap, self.limit, how, fix)
 
     def live_jobs(self) -> list[Booking]:
         """The running jobs to re-book, should a ledger read find its file damaged (the recovery

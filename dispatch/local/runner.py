@@ -186,13 +186,10 @@ def _checked_cap(here: LocalSlice, request: RunRequest) -> int | None:
             "no memory-cap backend works on this host (run 'hostrun doctor' to see why); "
             "pass --no-cap to run uncapped anyway"
         )
-    limit = here.limit
     cap = request.cap if request.cap is not None else host.default_cap
+    limit = here.limit_for(cap)  # 78 here when the default reserve leaves no slice
     if cap is not None and cap > limit:
-        raise NeverFitsError(
-            f"cap {format_size(cap)} is larger than the whole slice ({format_size(limit)}); "
-            "it could never be admitted"
-        )
+        raise NeverFitsError(here.never_fits(cap))
     return cap
 
 
