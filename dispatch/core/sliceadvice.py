@@ -63,10 +63,15 @@ def config_file(source: str, environ: Mapping[str, str] | None = None) -> str:
     return os.path.join(home, "hostrun", "hosts.toml")
 
 
-def line_to_add(host: str, size: int, config: str, has_slice: bool = False) -> str:
-    """The instruction: the exact TOML line, its table and its file."""
-    verb = "change it to" if has_slice else "add"
-    return f'{verb} slice = "{toml_size(size)}" under [hosts.{host}] in {config}'
+def line_to_add(host: str, size: int, config: str, key: str = "") -> str:
+    """The instruction: the exact TOML line, its table and its file. ``key``: the sizing key the
+    table already has (``slice``: changed; ``reserve``: replaced, as the two exclude each other)."""
+    line = f'slice = "{toml_size(size)}" under [hosts.{host}] in {config}'
+    if key == "slice":
+        return f"change it to {line}"
+    if key == "reserve":
+        return f"replace hosts.{host}.reserve with {line}"
+    return f"add {line}"
 
 
 def no_slice(host: str, mem_total: int, config: str, cap: int | None = None) -> str:
@@ -86,14 +91,14 @@ def too_big(cap: int, limit: int, how: str, fix: str) -> str:
             f"it could never be admitted: {fix}")
 
 
-def bigger(host: str, cap: int, mem_total: int, config: str, has_slice: bool) -> str:
+def bigger(host: str, cap: int, mem_total: int, config: str, key: str) -> str:
     """How to make the slice hold ``cap``: the line to write, or, when no advised slice would hold
     it, the largest cap this machine can be given."""
     size = advised(mem_total, cap)
     if size is None:
         return (f"this machine has {format_size(mem_total)} of RAM, and a slice leaves a quarter of it "
                 f"at least for everything else: ask for -m {toml_size(most(mem_total))} or less")
-    return f"{line_to_add(host, size, config, has_slice)}, or ask for a smaller -m"
+    return f"{line_to_add(host, size, config, key)}, or ask for a smaller -m"
 
 
 def over_ram(host: str, slice_bytes: int, mem_total: int, config: str) -> str | None:
@@ -105,4 +110,4 @@ def over_ram(host: str, slice_bytes: int, mem_total: int, config: str) -> str | 
     assert size is not None
     return (f"hosts.{host}.slice {format_size(slice_bytes)} is not less than this machine's "
             f"{format_size(mem_total)} of RAM: its jobs together could take all of it, and nothing "
-            f"would be left for the system and your session; {line_to_add(host, size, config, True)}")
+            f"would be left for the system and your session; {line_to_add(host, size, config, 'slice')}")

@@ -72,7 +72,9 @@ class LocalSlice:
         else:
             how = (f"{format_size(mem)} of RAM less the default reserve of "
                    f"{format_size(advice.default_reserve(mem))} for everything outside hostrun's jobs")
-        fix = advice.bigger(host.name, cap, mem, self.config, host.slice_bytes is not None)
+        key = "slice" if host.slice_bytes is not None else (
+            "reserve" if host.reserve_bytes is not None else "")
+        fix = advice.bigger(host.name, cap, mem, self.config, key)
         return advice.too_big(cap, self.limit, how, fix)
 
     def live_jobs(self) -> list[Booking]:

@@ -11,8 +11,9 @@ NULL, label and host with backslash, tab and newline escaped::
        ceiling_at slice_full_at clean_runs [max_vram [ramp min_duration]]
     H  at label host peak cap hit duration            a run already counted in a P line
 
-``event`` and ``clear_after`` (what the run did to its label's mark, and the ``clear_mark_after`` then
-in force) are written with the run, so a replay sets and clears marks as the ledger did; ``vram`` only
+``event`` and ``clear_after`` (what the run did to its label's mark, or ``f``: that it failed, and the
+``clear_mark_after`` then in force) are written with the run, so a replay sets and clears marks, and
+leaves a failed run's peak out of an unset booking peak, as the ledger did; ``vram`` only
 for a run whose VRAM was measured (``-`` before a ramp otherwise); ``ramp`` (its ramp profile, ten
 comma-separated byte counts, ``dispatch.local.ramp``) only for a run that recorded one. Lines
 written before marks, VRAM or ramps existed (R and P without the last fields) are still read: no

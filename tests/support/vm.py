@@ -200,9 +200,10 @@ class VM:
     """One booted machine: ``run(user, argv)`` over ssh, ``freeze``/``thaw`` (SIGSTOP/SIGCONT of
     qemu: the whole machine stops, kernel and clock included), ``power_off``/``boot`` again."""
 
-    def __init__(self, image: Image, workdir: Path) -> None:
+    def __init__(self, image: Image, workdir: Path, memory_mib: int = MEMORY_MIB) -> None:
         self.image = image
         self.dir = workdir
+        self.memory_mib = memory_mib  # a boot parameter: the image (and its key) is the same at any size
         self.overlay = workdir / "overlay.qcow2"
         self.console = workdir / "console.log"
         self.ssh_config = workdir / "ssh_config"
@@ -232,7 +233,7 @@ class VM:
         os.chmod(self.image.key, 0o600)
         argv = [
             "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2",
-            "-m", str(MEMORY_MIB), "-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio",
+            "-m", str(self.memory_mib), "-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio",
             "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
             "-append", "root=/dev/vda rw console=ttyS0 quiet mitigations=off",
             "-drive", f"file={self.overlay},if=virtio,format=qcow2,cache=unsafe",
