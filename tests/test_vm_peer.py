@@ -11,6 +11,7 @@ the full version refuses it 247. The power-off test runs last
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import time
@@ -180,7 +181,9 @@ def test_a_peer_without_a_slice_says_why_in_one_line(root_pair: Pair) -> None:
     g.sh("sed -i '/^slice = /d' ~/.config/hostrun/hosts.toml")
     done = pair.run("--peer", "-m", "100M", "--", "true")
     assert done.returncode == ExitCode.NOT_RUN, done.stderr
-    assert "the default reserve" in done.stderr and "set hosts.local.slice" in done.stderr
+    assert "the default reserve" in done.stderr  # and the line to add to the peer's own file:
+    assert re.search(r'add slice = "\d+M" under \[hosts\.local\] in /\S+/\.config/hostrun/hosts\.toml',
+                     done.stderr), done.stderr
     doctor = json.loads(pair.run("doctor", "--json").stdout)
     (vm,) = [p for p in doctor["peers"] if p["host"] == "vm"]
     assert not vm["ok"]

@@ -45,7 +45,8 @@ def diagnose(settings: Settings) -> dict[str, Any]:
 
     config = sliceadvice.config_file(settings.source)
     try:
-        slice_limit: int | None = fixed if fixed is not None else host.slice_limit(mem.total, config)
+        slice_limit: int | None = fixed if fixed is not None else host.slice_limit(mem.total,
+                                                                                   settings.source)
     except NoSliceError as exc:  # the default reserve leaves no slice on this machine
         slice_limit = None
         problems.append(str(exc))

@@ -69,13 +69,14 @@ class HostSettings(NamedTuple):
         """The host's kind: the one set, else the one its name implies."""
         return self.kind or inferred_kind(self.name)
 
-    def slice_limit(self, mem_total: int, config: str = "", cap: int | None = None) -> int:
+    def slice_limit(self, mem_total: int, source: str = "", cap: int | None = None) -> int:
         """Slice size: ``slice`` if set, else RAM minus ``reserve`` (default 20% of RAM, >= 2 GiB).
 
         A ``reserve`` that leaves less than 1 MiB is a configuration error (exit 2): the config was
         checked against the RAM of the machine that validated it, which may not be this one. A
         default reserve that leaves less than ``MIN_DEFAULT_SLICE`` is a NoSliceError (78) naming the
-        line to add to ``config`` (``dispatch.core.sliceadvice.config_file``), one that holds ``cap``.
+        line to add, one that holds ``cap``, and the file: ``source`` (``Settings.source``), else the
+        per-user one (``dispatch.core.sliceadvice.config_file``).
         """
         if self.slice_bytes is not None:
             return self.slice_bytes
@@ -92,7 +93,7 @@ class HostSettings(NamedTuple):
             from dispatch.core.errors import NoSliceError
             from dispatch.core.sliceadvice import config_file, no_slice
 
-            raise NoSliceError(no_slice(self.name, mem_total, config or config_file(""), cap))
+            raise NoSliceError(no_slice(self.name, mem_total, config_file(source), cap))
         return max(0, mem_total - reserve)
 
     def threads(self) -> int:

@@ -45,7 +45,7 @@ class LocalSlice:
         if self._limit is None:
             fixed = self.backend.fixed_limit
             self._limit = fixed if fixed is not None else self.host.slice_limit(
-                self.mem.total, self.config, cap)
+                self.mem.total, self.source, cap)
         return self._limit
 
     @property
