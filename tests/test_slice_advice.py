@@ -103,8 +103,8 @@ def test_a_243_names_where_the_slice_came_from_and_doing_what_it_says_runs(hostr
     (line,) = refused.stderr.splitlines()
     assert line.startswith("hostrun: error: cap 2.0 GiB is larger than the whole slice (300 MiB: "
                            f"hosts.local.slice in {config}); it could never be admitted: "), line
-    told = re.search(r'change it to (slice = "\d+[MG]") under \[hosts\.local\] in (\S+), or ask for a '
-                     r"smaller -m$", line)
+    told = re.search(r'ask for a smaller -m, or change it to (slice = "\d+[MG]") under \[hosts\.local\] '
+                     r"in (\S+)$", line)
     assert told is not None and told[2] == config, line
     text = hostrun.config_path.read_text()
     hostrun.config_path.write_text(re.sub(r'^slice = "300M"$', told[1], text, flags=re.M))

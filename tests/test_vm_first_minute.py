@@ -76,7 +76,7 @@ class Machine:
     def follow(self, line: str, cap: str) -> str:
         """Do what a refusal says: write the line it names into the file it names, or take the
         ``-m`` it names. Returns the cap to ask for next."""
-        told = re.search(r'(add|change it to) (slice = "\d+[MG]") under \[hosts\.local\] in (\S+)', line)
+        told = re.search(r'(add|change it to) (slice = "\d+[MG]") under \[hosts\.local\] in (\S+)$', line)
         if told is None:
             smaller = re.search(r"ask for -m (\S+) or less$", line)
             assert smaller is not None, line
@@ -127,8 +127,8 @@ def venv_install(vm: VM, wheelhouse: Path) -> str:
                            "install --user . 2>&1; echo exit=$?", check=False, timeout=600).stdout
     assert not refused.rstrip().endswith("exit=0"), refused[-2000:]
     assert "externally-managed-environment" in refused or "No module named pip" in refused, refused
-    done = vm.ssh(USER, f"cd {checkout} && PIP_NO_INDEX=1 PIP_FIND_LINKS={WHEELS} PIP_NO_COMPILE=1 "
-                        f"{line} 2>&1; echo exit=$?", check=False, timeout=1200).stdout
+    done = vm.ssh(USER, f"cd {checkout} && export PIP_NO_INDEX=1 PIP_FIND_LINKS={WHEELS} PIP_NO_COMPILE=1 "
+                        f"&& {line} 2>&1; echo exit=$?", check=False, timeout=1200).stdout
     vm.ssh(USER, f"rm -rf {checkout}", check=False)
     assert done.rstrip().endswith("exit=0"), done[-3000:]
     assert "hostrun" in vm.ssh(USER, "ls ~/.local/bin").stdout

@@ -278,7 +278,8 @@ def capacity(hosts: Sequence[Any]) -> None:
             else:
                 cap = format_size(a.cap) if a.cap is not None else "none"
                 cap += " (default)" if a.cap_source == "default-cap" else ""
-            rows.append((_t(a.label), str(a.runs), f"{format_size(a.max_peak)} / {format_size(a.last_peak)}",
+            worst = format_size(a.max_peak) if a.max_peak else "-"  # no run of it succeeded yet
+            rows.append((_t(a.label), str(a.runs), f"{worst} / {format_size(a.last_peak)}",
                          booked, fits, cap, format_size(a.half_rule_cap), at_half,
                          " ".join(short.get(f, f) for f in a.flags) or "-"))
         console.print(fitted(f"{where}, its own peak table; slice {format_size(h.slice_limit)}{then}",

@@ -98,7 +98,7 @@ def bigger(host: str, cap: int, mem_total: int, config: str, key: str) -> str:
     if size is None:
         return (f"this machine has {format_size(mem_total)} of RAM, and a slice leaves a quarter of it "
                 f"at least for everything else: ask for -m {toml_size(most(mem_total))} or less")
-    return f"{line_to_add(host, size, config, key)}, or ask for a smaller -m"
+    return f"ask for a smaller -m, or {line_to_add(host, size, config, key)}"  # the path ends the line
 
 
 def over_ram(host: str, slice_bytes: int, mem_total: int, config: str) -> str | None:
