@@ -366,7 +366,7 @@ def test_connections_are_limited_per_user(setup: Setup, other_user: OtherUser,
                                           monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The other user holds as many connections as it may: its next is refused with one line
     naming the limit, while root (another uid) still connects and books."""
-    monkeypatch.setattr(sharedd, "MAX_PER_UID", 8, raising=False)  # raising: the old daemon had none
+    monkeypatch.setattr(setup.daemon, "max_per_uid", 8)
     script = other_user.home / "flood.py"
     script.write_text(FLOOD)
     flood = subprocess.Popen(["/usr/bin/python3", str(script), setup.path, "8"], stdin=subprocess.PIPE,

@@ -16,38 +16,34 @@ keeps, each against a caller who wants more than its share.
   the daemon kills what is left in the scope.
 - Nothing a caller sends is shown to another without escaping (labels are stored as sent, escaped
   by whoever prints them).
-- **Bounds**, so that no member can crash or stall the daemon for the others: a request line is at
-  most ``MAX_REQUEST`` bytes and JSON nested too deep is refused (either ends that connection);
-  numbers are checked for type and range before use (pids within ``PID_MAX``, ``grace`` 1 to 60 s,
-  sizes positive whole bytes); any other failure of a request ends only its connection. Sockets
-  never block: answers a caller does not read queue up to ``MAX_OUTPUT`` bytes, past which its
-  connection is dropped. Connections: ``MAX_CLIENTS`` in all, ``MAX_PER_UID`` per user; a daemon out
-  of descriptors stops accepting for ``ACCEPT_PAUSE`` seconds instead of dying.
+- **Bounds**, so that no member can crash or stall the daemon for the others: the line server's
+  (``dispatch.local.lineserver``: request size and nesting, one request's failure ends only its
+  connection, sockets that never block, ``MAX_CLIENTS`` in all and ``MAX_PER_UID`` per user, a pause
+  when out of descriptors); here, numbers are checked for type and range before use (pids within
+  ``PID_MAX``, ``grace`` 1 to 60 s, sizes positive whole bytes).
 - **Restart**: a daemon that starts knows no booking, so every job scope already in the slice runs
   unbooked: it kills them (``sweep``) before it admits anyone. Their callers' connections were the
   old daemon's and closed with it; hostrun says so when such a job ends.
 
-One thread, one ``selectors`` loop: requests are handled one at a time (at most ``BATCH`` of one
-caller's in a row), so admission needs no lock. Standard library only.
+One thread, one ``selectors`` loop (``LineServer``): requests are handled one at a time, so
+admission needs no lock. Standard library only.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import selectors
 import signal
 import socket
-import struct
 import sys
 import time
 
 from dispatch.capping.base import read_int
-from dispatch.capping.shared import JOB_AFFIXES, PROTOCOL, SOCKET_PATH, decode, encode
+from dispatch.capping.shared import JOB_AFFIXES, PROTOCOL, SOCKET_PATH
 from dispatch.capping.systemd import SYSTEM_MANAGER, Manager, SystemdBackend, scope_properties
 from dispatch.core.errors import BackendError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.local.admission import slice_room
+from dispatch.local.lineserver import Connection, LineServer
 
 MYPY = False
 if MYPY:
@@ -57,13 +53,8 @@ WAITING_MAX = 64 << 20  # a scope's limit until its booking is admitted: the for
 TICK = 1.0  # seconds between re-evaluations while bookings wait (usage and MemAvailable move)
 MAX_CLIENTS = 1024  # connections in all (the unit's LimitNOFILE is well above it)
 MAX_PER_UID = 128  # connections of one user: one member cannot take every slot from the others
-MAX_REQUEST = 64 << 10  # bytes in one request line (hostrun's are under 1 KiB)
-MAX_OUTPUT = 256 << 10  # bytes of answers queued for a caller that does not read them
-BATCH = 64  # one caller's requests handled in a row before the others get their turn
-ACCEPT_PAUSE = 0.5  # seconds without accepting once out of descriptors (accept would fail at once)
 PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: no process id is larger
 GRACE = (1.0, 60.0)  # seconds a scope's processes get between SIGTERM and SIGKILL
-OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def _log(text: str) -> None:
@@ -74,25 +65,12 @@ def _log(text: str) -> None:
         pass
 
 
-class Client:
-    """One connection: at most one booking and one scope, and the answers it has yet to read.
-
-    ``send`` never blocks: what the socket does not take at once waits in ``out`` for the loop to
-    write when the caller reads; a caller whose ``out`` would pass ``MAX_OUTPUT`` is ``end``ed.
-    Either way the loop learns of it through ``dirty``."""
+class Client(Connection):
+    """One connection: at most one booking and one scope."""
 
     def __init__(self, sock: socket.socket, uid: int, pid: int, seq: int, user: str,
                  dirty: set[Client]) -> None:
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.uid = uid
-        self.pid = pid
-        self.seq = seq
-        self.buf = b""
-        self.out = bytearray()
-        self.gone = ""  # why the loop is to drop this connection ("" while it is not)
-        self.events = selectors.EVENT_READ
-        self._dirty = dirty
+        super().__init__(sock, uid, pid, seq, dirty)
         self.user = user
         self.unit = ""
         self.cap = 0
@@ -101,44 +79,6 @@ class Client:
         self.state = ""  # "", "waiting", "running"
         self.since = 0.0
         self.last_news: tuple[object, ...] = ()
-
-    def send(self, message: dict[str, Any]) -> None:
-        if self.gone:
-            return
-        data = encode(message)
-        if self.out:
-            if len(self.out) + len(data) > MAX_OUTPUT:
-                self.end(f"does not read its answers ({len(self.out)} bytes unread)")
-                return
-            self.out += data
-            return
-        try:
-            sent = self.sock.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            self.end("")  # gone: nothing to say to it
-            return
-        if sent < len(data):
-            self.out += data[sent:]
-            self._dirty.add(self)  # the loop waits until it can write the rest
-
-    def flush(self) -> None:
-        """Write what the socket takes of ``out`` (the loop saw it writable)."""
-        try:
-            sent = self.sock.send(self.out)
-        except BlockingIOError:
-            return
-        except OSError:
-            self.end("")
-            return
-        del self.out[:sent]
-        if not self.out:
-            self._dirty.add(self)
-
-    def end(self, why: str) -> None:
-        self.gone = why or "closed"
-        self._dirty.add(self)
 
     def public(self) -> dict[str, Any]:
         return {"user": self.user, "uid": self.uid, "pid": self.pid, "label": self.label,
@@ -167,206 +107,42 @@ def process_facts(pid: int) -> tuple[int, set[int]]:
     return ppid, uids
 
 
-class Daemon:
+class Daemon(LineServer):
+    name = "shared-slice daemon"
+    max_clients = MAX_CLIENTS
+    max_per_uid = MAX_PER_UID
+    tick = TICK
+    request_errors = (BackendError, OSError, ValueError, TypeError)
+
     def __init__(self, listener: socket.socket, slice_unit: str, limit: int, group: str,
                  backend: SystemdBackend, manager: Manager) -> None:
-        self.listener = listener
+        super().__init__(listener)
         self.slice_unit = slice_unit
         self.limit = limit
         self.group = group
         self.backend = backend
         self.manager = manager
         self.clients: dict[int, Client] = {}
-        self.per_uid: dict[int, int] = {}
         self.names: dict[int, str] = {}
-        self.dirty: set[Client] = set()
-        self.pending: set[Client] = set()  # callers with whole request lines not yet handled
-        self.seq = 0
-        self.selector = selectors.DefaultSelector()
-        self.stopping = False
-        self.accepting = True
-        self._accept_again = 0.0
 
-    # -- the loop ---------------------------------------------------------------------------------
+    def log(self, text: str) -> None:
+        _log(text)
 
-    def serve(self, handle_signals: bool = True) -> None:
-        """Until SIGTERM/SIGINT (``handle_signals``, the main thread's), or ``stop``."""
-        self.listener.setblocking(False)
-        self.selector.register(self.listener, selectors.EVENT_READ, None)
-        if handle_signals:
-            signal.signal(signal.SIGTERM, self._stop)
-            signal.signal(signal.SIGINT, self._stop)
-        self.sweep()
-        while not self.stopping:
-            self._turn()
-        for client in list(self.clients.values()):
-            self._drop(client, evaluate=False)
-        self.selector.close()
-        self.listener.close()
-
-    def _turn(self) -> None:
-        """One wake-up: what the sockets have, the requests pending, the waiting bookings."""
-        waiting = any(c.state == "waiting" for c in self.clients.values())
-        timeout = 0.0 if self.pending else TICK if waiting else None
-        if not self.accepting:
-            left = max(0.0, self._accept_again - time.monotonic())
-            timeout = left if timeout is None else min(timeout, left)
-        for key, events in self.selector.select(timeout):
-            client = key.data
-            try:
-                if client is None:
-                    self._accept()
-                elif not client.gone:
-                    if events & selectors.EVENT_WRITE:
-                        client.flush()
-                    if events & selectors.EVENT_READ and client not in self.pending:
-                        self._read(client)
-            except Exception as exc:  # a fault of this daemon's: it ends one connection, not all
-                _log(f"{type(exc).__name__} on a connection: {exc}")
-                if client is not None:
-                    client.end("")
-            self._settle()
-        for client in list(self.pending):
-            self._work(client)
-            self._settle()
-        if not self.accepting and time.monotonic() >= self._accept_again:
-            self.selector.register(self.listener, selectors.EVENT_READ, None)
-            self.accepting = True
-        if waiting:
-            self.evaluate()
-            self._settle()
-
-    def _settle(self) -> None:
-        """Drop the connections that ended; wait for writability where answers are queued."""
-        while self.dirty:
-            client = self.dirty.pop()
-            if client.fd not in self.clients:
-                continue
-            if client.gone:
-                self._drop(client)
-                continue
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.out else 0)
-            if events != client.events:
-                self.selector.modify(client.sock, events, client)
-                client.events = events
-
-    def _stop(self, _signum: int, _frame: object) -> None:
-        self.stopping = True
-
-    def stop(self) -> None:
-        """From another thread: the loop ends at its next wake-up (a connection wakes it)."""
-        self.stopping = True
-
-    def _accept(self) -> None:
-        try:
-            sock, _ = self.listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            if exc.errno in OUT_OF_DESCRIPTORS:  # the connection waits in the backlog meanwhile
-                _log(f"cannot accept ({exc.strerror}): not accepting for {ACCEPT_PAUSE:g}s")
-                self.selector.unregister(self.listener)
-                self.accepting = False
-                self._accept_again = time.monotonic() + ACCEPT_PAUSE
-            return  # else: that caller gave up before it was accepted
-        try:
-            sock.setblocking(False)
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        except OSError:
-            sock.close()
-            return
-        pid, uid, _gid = struct.unpack("3i", creds)
-        refusal = ""
-        if len(self.clients) >= MAX_CLIENTS:
-            refusal = f"the shared-slice daemon holds {len(self.clients)} connections, its most"
-        elif self.per_uid.get(uid, 0) >= MAX_PER_UID:
-            refusal = (f"uid {uid} has {self.per_uid[uid]} connections to the shared-slice daemon, "
-                       "the most one user may hold")
-        if refusal:
-            try:
-                sock.send(encode({"error": refusal}))
-            except OSError:
-                pass
-            sock.close()
-            return
+    def connection(self, sock: socket.socket, uid: int, pid: int, seq: int) -> Client:
         if uid not in self.names:
             self.names[uid] = _user_name(uid)
-        self.seq += 1
-        client = Client(sock, uid, pid, self.seq, self.names[uid], self.dirty)
-        self.clients[client.fd] = client
-        self.per_uid[uid] = self.per_uid.get(uid, 0) + 1
-        self.selector.register(sock, selectors.EVENT_READ, client)
+        return Client(sock, uid, pid, seq, self.names[uid], self.dirty)
 
-    def _read(self, client: Client) -> None:
-        try:
-            data = client.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            client.end("")
-            return
-        client.buf += data
-        self._work(client)
-        if b"\n" not in client.buf and len(client.buf) > MAX_REQUEST:
-            client.send({"error": "request too long"})
-            client.end("request too long")
+    def started(self) -> None:
+        self.sweep()
 
-    def _work(self, client: Client) -> None:
-        """Handle up to ``BATCH`` of the caller's whole lines; the rest wait for the next turn."""
-        self.pending.discard(client)
-        for _ in range(BATCH):
-            if client.gone or b"\n" not in client.buf:
-                return
-            line, _, client.buf = client.buf.partition(b"\n")
-            self._request(client, line)
-        if not client.gone and b"\n" in client.buf:
-            self.pending.add(client)
+    def busy(self) -> bool:
+        return any(c.state == "waiting" for c in self.clients.values())
 
-    def _request(self, client: Client, line: bytes) -> None:
-        if len(line) > MAX_REQUEST:
-            client.send({"error": "request too long"})
-            client.end("request too long")
-            return
-        try:
-            message = decode(line)
-        except (ValueError, RecursionError):
-            client.send({"error": "not a JSON object"})
-            client.end("not a JSON object")
-            return
-        try:
-            answer = self.handle(client, message)
-        except (BackendError, OSError, ValueError, TypeError) as exc:
-            answer = {"error": str(exc)[:500]}
-        except Exception as exc:  # anything else: this request's connection ends, the daemon goes on
-            _log(f"{type(exc).__name__} handling a request of uid {client.uid}: {str(exc)[:200]}")
-            client.send({"error": f"the shared-slice daemon could not handle this request "
-                                  f"({type(exc).__name__})"})
-            client.end(type(exc).__name__)
-            return
-        if answer is not None:
-            client.send(answer)
-
-    def _drop(self, client: Client, evaluate: bool = True) -> None:
-        if self.clients.get(client.fd) is not client:
-            return
-        del self.clients[client.fd]
-        self.per_uid[client.uid] -= 1
-        if not self.per_uid[client.uid]:
-            del self.per_uid[client.uid]
-        self.pending.discard(client)
-        try:
-            self.selector.unregister(client.sock)
-        except (KeyError, ValueError):
-            pass
-        client.sock.close()
-        client.gone = client.gone or "closed"
+    def dropped(self, client: Client) -> None:
         if client.unit:
             self._kill_unit(client.unit)
         client.state = ""
-        if evaluate:
-            self.evaluate()
 
     def _kill_unit(self, unit: str) -> None:
         try:
