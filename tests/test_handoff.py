@@ -94,7 +94,7 @@ def test_a_fifo_another_user_made_is_refused(hostrun: Hostrun, tmp_path: Path,
     os.mkfifo(planted, 0o666)
     other_user.chown(planted)
     holder, go = start_holder(hostrun, tmp_path, "250M")  # booking 2
-    waiter = hostrun.run("-m", "250M", "--label", "w", "--", "true", timeout=60)  # booking 3
+    waiter = hostrun.run("-m", "250M", "--label", "w", "--", "true", timeout=60, env=NO_POLL)  # booking 3
     assert waiter.returncode == 2
     errors = [line for line in waiter.stderr.splitlines() if line.startswith("hostrun: error:")]
     assert len(errors) == 1 and "refusing wake-up FIFO" in errors[0] and str(planted) in errors[0]

@@ -34,8 +34,9 @@ from dispatch.core.request import JOB_ENV, RunRequest, job_environment
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
-from dispatch.local import ramp
+from dispatch.local import admitclient, ramp
 from dispatch.local.admission import wait_for_room
+from dispatch.local.admitclient import Link
 from dispatch.local.admitpolicy import Admission, Room
 from dispatch.local.booking import Plan, as_admitted, default_label, guess, plan_booking
 from dispatch.local.guardian import Guardian
@@ -229,6 +230,7 @@ class _LocalRun:
         self.guardian: Guardian | None = None
         self.child: PreparedChild | None = None
         self.ledger: Ledger | None = None
+        self.link: Link | None = None  # the admission engine's connection, when it admits this run
         self.booking_id: int | None = None
         self.old_mask: set[int | signal.Signals] | None = None
 
@@ -258,7 +260,8 @@ class _LocalRun:
             on_wait = _wait_alert(settings, self.host.name, label, request, say, on_wait, wait_alert)
         waited, signum = _wait(settings, ledger, self.backend, self.host, booking_id, self.limit, say,
                                self.gpu, on_wait,
-                               (self.job, plan, label) if self.backend.name == "shared" else None)
+                               (self.job, plan, label) if self.backend.name == "shared" else None,
+                               self.link)
         if waited is None:
             child.cancel()
             return Outcome(
@@ -290,16 +293,21 @@ class _LocalRun:
                                 elsewhere, program, program_peaks)
         plan = plan_booking(cap=self.cap, peak=peak, slice_limit=self.limit,
                             gamble_size=self.settings.gamble_size_for(host), first_guess=first_guess)
+        if self.gpu is None and self.backend.name != "shared" and admitclient.wanted():
+            self.link = admitclient.Link(self.settings, self.say).connect()  # 78 when it cannot start
         # From the moment the booking exists, a SIGTERM/SIGHUP/SIGQUIT must end the wait cleanly
         # (release it, say "nothing ran"): held back until _wait has its handlers in place.
         self.old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)
         me = os.getpid()
-        self.booking_id = booking_id = ledger.enqueue(
+        fields: dict[str, Any] = dict(
             host=host.name, label=label, pid=me, pid_start=start_time(me) or 0, size=plan.size,
             cap=plan.limit, kind=plan.kind, command=" ".join(request.argv), session=request.session,
-            cgroup=self.job.path or None, gpu_bytes=request.gpu_memory, group=request.group,
-            when_idle=request.when_idle, booking_id=place, requeue=requeue,
-        )
+            cgroup=self.job.path or None, group=request.group, when_idle=request.when_idle,
+            booking_id=place, requeue=requeue)
+        if self.link is not None:
+            self.booking_id = booking_id = self.link.book(fields)
+        else:
+            self.booking_id = booking_id = ledger.enqueue(**fields, gpu_bytes=request.gpu_memory)
         guardian.booked(booking_id)
         if plan.why is not None:
             ledger.log([f"GAMBLE {label} (booking {booking_id}) at {format_size(plan.size)} of its "
@@ -336,6 +344,13 @@ class _LocalRun:
         self.job.kill_all()
         if self.watch is not None:
             self.watch.close()
+        if self.link is not None:
+            try:
+                self.link.release()
+            except LedgerError as exc:
+                self.say(f"warning: could not release booking {self.booking_id}: {exc}")
+            self.link.close()
+            self.booking_id = None
         if self.ledger is not None:
             if self.booking_id is not None:
                 try:
@@ -382,7 +397,7 @@ def _wait_alert(settings: Settings, host: str, label: str, request: RunRequest,
 def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSettings,
           booking_id: int, limit: int, say: Callable[[str], None],
           gpu: GpuRun | None = None, on_wait: Callable[[Admission], None] | None = None,
-          shared: tuple[JobCgroup, Plan, str] | None = None,
+          shared: tuple[JobCgroup, Plan, str] | None = None, link: Link | None = None,
           ) -> tuple[float | None, int]:
     """(seconds waited for admission, 0), or (None, signal) when a signal ended the wait.
 
@@ -403,6 +418,8 @@ def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSet
 
             def room(running: list[Booking]) -> Room:
                 return Room(limit)
+        if link is not None:  # the engine admits it, and says so
+            return link.wait(say, on_wait), 0
         return waited + wait_for_room(
             ledger, backend, host.name, booking_id, limit, settings.status_interval, say,
             gpu.snapshot if gpu is not None else None, on_wait, settings.groups,

@@ -10,7 +10,10 @@ from pathlib import Path
 
 from tests.conftest import Hostrun, wait_for
 
-NO_POLL = {**os.environ, "HOSTRUN_WAIT_RECHECK": "3600"}
+# Waiters that take the ledger's lock themselves (as a --gpu-memory run or one on the shared backend
+# does, HOSTRUN_ADMISSION=direct), with their safety retry off: they get in only when rung. Their
+# holders go through the admission engine, whose releases must ring them too.
+NO_POLL = {**os.environ, "HOSTRUN_WAIT_RECHECK": "3600", "HOSTRUN_ADMISSION": "direct"}
 
 
 def no_status(hostrun: Hostrun, **settings: str) -> None:

@@ -1,0 +1,271 @@
+"""A run's side of the admission engine (``dispatch.local.admitd``): reach it, starting it when no
+engine answers, book, wait in a read until it says ``admitted``, release.
+
+Starting is under an flock on ``state_dir/admitd.lock``, so two runs at once start one engine; the
+engine is started detached (its own session, ``/`` as its directory, no descriptor of the run's)
+and given the run's settings on stdin, and answers ``ready`` once it listens. When it cannot be
+started the run ends 78 (``EngineError``), before anything ran: never an unbooked run.
+
+When the engine dies while a run waits, the run reaches the next one (starting it) and re-attaches
+its booking, which the ledger kept with its place in the queue.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+from dispatch.core.errors import HostrunError
+from dispatch.core.exitcodes import ExitCode
+
+MYPY = False
+if MYPY:
+    from collections.abc import Callable
+    from typing import Any
+
+    from dispatch.core.settings import Settings
+    from dispatch.local.admitpolicy import Admission
+
+START_TIMEOUT = 20.0  # seconds for a started engine to answer (a loaded machine, a cold cache)
+REACH_TRIES = 3  # engines that die under a waiting run before it gives up (78)
+DISABLE_ENV = "HOSTRUN_ADMISSION"  # "direct": runs take the ledger's lock themselves, no engine
+
+
+class EngineError(HostrunError, code=ExitCode.NOT_RUN):
+    """The admission engine could not be reached or started: nothing was run."""
+
+
+def wanted(environ: Any = None) -> bool:
+    return (os.environ if environ is None else environ).get(DISABLE_ENV, "") != "direct"
+
+
+def digest_of(settings: Settings) -> tuple[str, bytes]:
+    """(the engine's name for these settings, the settings as the engine reads them)."""
+    import marshal
+
+    from dispatch.core.fingerprint import short_hash
+
+    data = marshal.dumps(settings.to_normalized())
+    return short_hash(data, 16), data
+
+
+class Link:
+    """One connection to the engine of ``settings``' state dir; ``connect`` makes it."""
+
+    def __init__(self, settings: Settings, say: Callable[[str], None]) -> None:
+        self.settings = settings
+        self.say = say
+        self.digest, self.data = digest_of(settings)
+        self.sock: socket.socket | None = None
+        self.buf = b""
+        self.booking_id: int | None = None
+
+    # -- reaching the engine ----------------------------------------------------------------------
+
+    def connect(self) -> Link:
+        from dispatch.local.admitd import socket_path
+
+        path = socket_path(self.settings.state_dir, self.digest)
+        sock = _try_connect(path)
+        if sock is None:
+            sock = self._start(path)
+        self.sock, self.buf = sock, b""
+        hello = self.ask({"op": "hello", "protocol": 1})
+        if hello.get("protocol") != 1:
+            raise EngineError(f"the admission engine at {path} speaks another protocol: {hello}")
+        return self
+
+    def _start(self, path: str) -> socket.socket:
+        import fcntl
+
+        from dispatch.local.admitd import lock_path
+
+        fd = os.open(lock_path(self.settings.state_dir),
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            sock = _try_connect(path)  # another run started it while this one waited for the lock
+            if sock is not None:
+                return sock
+            said = _spawn(self.settings.state_dir, self.digest, self.data)
+            sock = _try_connect(path)
+            if sock is None:
+                raise EngineError(f"the admission engine did not start: {said}; nothing ran")
+            return sock
+        finally:
+            os.close(fd)
+
+    # -- messages ---------------------------------------------------------------------------------
+
+    def send(self, message: dict[str, Any]) -> None:
+        from dispatch.capping.shared import encode
+
+        assert self.sock is not None
+        self.sock.sendall(encode(message))
+
+    def receive(self) -> dict[str, Any]:
+        """The next message; ConnectionError when the engine is gone."""
+        from dispatch.capping.shared import decode
+
+        assert self.sock is not None
+        while b"\n" not in self.buf:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("the admission engine closed the connection")
+            self.buf += data
+        line, _, self.buf = self.buf.partition(b"\n")
+        message = decode(line)
+        if "error" in message:
+            raise EngineError(f"the admission engine refused: {message['error']}")
+        return message
+
+    def ask(self, message: dict[str, Any]) -> dict[str, Any]:
+        self.send(message)
+        return self.receive()
+
+    # -- a run's booking --------------------------------------------------------------------------
+
+    def book(self, fields: dict[str, Any]) -> int:
+        answer = self.ask({"op": "book", "booking": fields, "status_interval": self.settings.status_interval})
+        self.booking_id = int(answer["id"])
+        return self.booking_id
+
+    def wait(self, say: Callable[[str], None], on_wait: Callable[[Admission], None] | None) -> float:
+        """Block until admitted (seconds waited); each ``wait`` message is a status line (and
+        ``on_wait``'s figures). An engine that dies meanwhile is replaced and the booking attached."""
+        from dispatch.local.admission import status_line
+
+        started = time.monotonic()
+        tries = 0
+        while True:
+            try:
+                message = self.receive()
+            except (ConnectionError, OSError) as exc:
+                tries += 1
+                if tries > REACH_TRIES:
+                    raise EngineError(f"the admission engine went away {tries - 1} times while this run "
+                                      f"waited ({exc}); nothing ran") from None
+                self._reattach()
+                continue
+            op = message.get("op")
+            if op == "admitted":
+                return time.monotonic() - started
+            if op == "wait":
+                adm = _admission(message["adm"])
+                say(status_line(adm))
+                if on_wait is not None:
+                    on_wait(adm)
+
+    def _reattach(self) -> None:
+        assert self.booking_id is not None
+        self.close()
+        self.connect()
+        answer = self.ask({"op": "attach", "id": self.booking_id,
+                           "status_interval": self.settings.status_interval})
+        if answer.get("state") == "gone":
+            raise EngineError(f"booking {self.booking_id} was lost while the admission engine restarted; "
+                              "nothing ran")
+        if answer.get("state") == "running":  # admitted just before the old engine died
+            self.buf = b'{"op":"admitted"}\n' + self.buf
+
+    def release(self) -> None:
+        """Give the booking back (through the next engine, or the ledger itself, if this one went)."""
+        booking_id, self.booking_id = self.booking_id, None
+        if booking_id is None:
+            return
+        try:
+            if self.sock is None:
+                raise ConnectionError("not connected")
+            self.ask({"op": "release", "id": booking_id})
+        except (ConnectionError, OSError, EngineError):
+            from dispatch.local.ledger import Ledger
+
+            ledger = Ledger(self.settings.state_dir, self.say)
+            try:
+                ledger.release(booking_id)
+            finally:
+                ledger.close()
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def _try_connect(path: str) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+    except OSError as exc:
+        sock.close()
+        raise EngineError(f"cannot reach the admission engine at {path}: {exc.strerror}; "
+                          "nothing ran") from None
+    return sock
+
+
+def _spawn(state_dir: str, digest: str, data: bytes) -> str:
+    """Start the engine detached; what it said (``ready PID``, or why it did not start)."""
+    import signal
+    import subprocess
+
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    log = os.path.join(state_dir, "admitd.log")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the go-between: a session of its own, then the engine, then gone (init adopts it)
+        try:
+            os.close(read_end)
+            os.setsid()
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
+            err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            proc = subprocess.Popen([sys.executable, "-m", "dispatch.local.admitd", state_dir, digest],
+                                    stdin=subprocess.PIPE, stdout=write_end, stderr=err, cwd="/",
+                                    env=env, close_fds=True)
+            assert proc.stdin is not None
+            proc.stdin.write(data)
+            proc.stdin.close()
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    deadline = time.monotonic() + START_TIMEOUT
+    said = b""
+    try:
+        import select
+
+        while b"\n" not in said and time.monotonic() < deadline:
+            ready, _, _ = select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(read_end, 256)
+            if not chunk:
+                break
+            said += chunk
+    finally:
+        os.close(read_end)
+    if said.startswith(b"ready"):
+        return said.decode(errors="replace").strip()
+    try:
+        with open(log, "rb") as fh:
+            tail = fh.read()[-2000:].decode(errors="replace").strip().splitlines()
+    except OSError:
+        tail = []
+    return (tail[-1] if tail else f"no answer within {START_TIMEOUT:g} s") + f" (its log: {log})"
+
+
+def _admission(data: dict[str, Any]) -> Admission:
+    from dispatch.local.admitpolicy import Admission
+    from dispatch.local.ledgerdb import Booking
+
+    fields = dict(data)
+    fields["holders"] = [Booking(*b) for b in data.get("holders", [])]
+    fields["reclaimed"] = [Booking(*b) for b in data.get("reclaimed", [])]
+    return Admission(**fields)
