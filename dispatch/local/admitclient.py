@@ -29,7 +29,7 @@ if MYPY:
     from dispatch.local.admitpolicy import Admission
 
 START_TIMEOUT = 20.0  # seconds for a started engine to answer (a loaded machine, a cold cache)
-REACH_TRIES = 3  # engines that die under a waiting run before it gives up (78)
+REACH_TRIES = 10  # tries to reach an engine (one that died, one dying as it was reached) before 78
 DISABLE_ENV = "HOSTRUN_ADMISSION"  # "direct": runs take the ledger's lock themselves, no engine
 
 
@@ -65,17 +65,27 @@ class Link:
     # -- reaching the engine ----------------------------------------------------------------------
 
     def connect(self) -> Link:
+        """Reach the engine, starting it when none answers; an engine that dies as it is reached
+        (its socket still there, or reset at the greeting) is tried again, then started anew."""
         from dispatch.local.admitd import socket_path
 
         path = socket_path(self.settings.state_dir, self.digest)
-        sock = _try_connect(path)
-        if sock is None:
-            sock = self._start(path)
-        self.sock, self.buf = sock, b""
-        hello = self.ask({"op": "hello", "protocol": 1})
-        if hello.get("protocol") != 1:
-            raise EngineError(f"the admission engine at {path} speaks another protocol: {hello}")
-        return self
+        for attempt in range(REACH_TRIES):
+            self.close()
+            try:
+                sock = _try_connect(path)
+                if sock is None:
+                    sock = self._start(path)
+                self.sock, self.buf = sock, b""
+                hello = self.ask({"op": "hello", "protocol": 1})
+            except (ConnectionError, BrokenPipeError) as exc:
+                last = exc
+                time.sleep(0.05 * (attempt + 1))
+                continue
+            if hello.get("protocol") != 1:
+                raise EngineError(f"the admission engine at {path} speaks another protocol: {hello}")
+            return self
+        raise EngineError(f"cannot reach the admission engine at {path} ({last}); nothing ran")
 
     def _start(self, path: str) -> socket.socket:
         import fcntl
@@ -102,14 +112,16 @@ class Link:
     def send(self, message: dict[str, Any]) -> None:
         from dispatch.capping.shared import encode
 
-        assert self.sock is not None
+        if self.sock is None:
+            raise ConnectionError("not connected")
         self.sock.sendall(encode(message))
 
     def receive(self) -> dict[str, Any]:
         """The next message; ConnectionError when the engine is gone."""
         from dispatch.capping.shared import decode
 
-        assert self.sock is not None
+        if self.sock is None:
+            raise ConnectionError("not connected")
         while b"\n" not in self.buf:
             data = self.sock.recv(65536)
             if not data:
@@ -128,7 +140,17 @@ class Link:
     # -- a run's booking --------------------------------------------------------------------------
 
     def book(self, fields: dict[str, Any]) -> int:
-        answer = self.ask({"op": "book", "booking": fields, "status_interval": self.settings.status_interval})
+        """Queue the run; asked again of the next engine when this one dies before it answers (the
+        engine then finds the booking the dead one made, by the run's pid, and keeps it)."""
+        request = {"op": "book", "booking": fields, "status_interval": self.settings.status_interval}
+        for _ in range(REACH_TRIES):
+            try:
+                answer = self.ask(request)
+                break
+            except (ConnectionError, BrokenPipeError):
+                self.connect()
+        else:
+            raise EngineError("the admission engine kept going away before it queued this run; nothing ran")
         self.booking_id = int(answer["id"])
         return self.booking_id
 
@@ -147,7 +169,10 @@ class Link:
                 if tries > REACH_TRIES:
                     raise EngineError(f"the admission engine went away {tries - 1} times while this run "
                                       f"waited ({exc}); nothing ran") from None
-                self._reattach()
+                try:
+                    self._reattach()
+                except (ConnectionError, OSError):
+                    time.sleep(0.1)  # the next receive fails at once and tries again
                 continue
             op = message.get("op")
             if op == "admitted":

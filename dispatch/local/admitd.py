@@ -155,6 +155,13 @@ class Engine(LineServer):
             raise ValueError(f"booking: this engine admits for host {self.host!r}")
         if fields["pid"] != client.pid and client.uid != 0:
             raise ValueError("booking: pid must be the caller's own")
+        orphan = next((b for b in self.ledger.bookings(self.host) if b.id not in self.holders
+                       and (b.pid, b.pid_start, b.label) == (fields["pid"], fields["pid_start"],
+                                                             fields["label"])), None)
+        if orphan is not None:  # booked by an engine that died before it answered: the same booking
+            self._hold(client, orphan.id, orphan.state, self._interval(message))
+            self.changed = True
+            return {"op": "queued", "id": orphan.id}
         booking_id = self.ledger.enqueue(**fields)
         self._hold(client, booking_id, "waiting", self._interval(message))
         self.changed = True

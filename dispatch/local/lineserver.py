@@ -21,6 +21,7 @@ every ``tick`` seconds), ``idle`` after ``idle_after`` seconds with no connectio
 from __future__ import annotations
 
 import errno
+import os
 import selectors
 import signal
 import socket
@@ -121,6 +122,7 @@ class LineServer:
         self.accepting = True
         self._accept_again = 0.0
         self._quiet_since = time.monotonic()
+        self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # a signal's nudge
 
     # -- what a server provides -------------------------------------------------------------------
 
@@ -157,6 +159,7 @@ class LineServer:
         """Until SIGTERM/SIGINT (``handle_signals``, the main thread's), ``stop``, or ``idle``."""
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ, None)
+        self.selector.register(self._wake_read, selectors.EVENT_READ, self)
         if handle_signals:
             signal.signal(signal.SIGTERM, self._stop)
             signal.signal(signal.SIGINT, self._stop)
@@ -167,6 +170,8 @@ class LineServer:
             self._drop(client, evaluate=False)
         self.selector.close()
         self.listener.close()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
 
     def started(self) -> None:
         """Before the first turn."""
@@ -183,6 +188,12 @@ class LineServer:
             timeout = left if timeout is None else min(timeout, left)
         for key, events in self.selector.select(timeout):
             client = key.data
+            if client is self:  # woken to notice ``stopping``
+                try:
+                    os.read(self._wake_read, 64)
+                except BlockingIOError:
+                    pass
+                continue
             try:
                 if client is None:
                     self._accept()
@@ -226,11 +237,15 @@ class LineServer:
                 client.events = events
 
     def _stop(self, _signum: int, _frame: object) -> None:
-        self.stopping = True
+        self.stop()
 
     def stop(self) -> None:
-        """From another thread: the loop ends at its next wake-up (a connection wakes it)."""
+        """From a signal handler or another thread: the loop ends at once."""
         self.stopping = True
+        try:
+            os.write(self._wake_write, b"x")
+        except OSError:  # full (already nudged) or closed (already ended)
+            pass
 
     def _accept(self) -> None:
         try:

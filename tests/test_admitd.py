@@ -1,0 +1,162 @@
+"""The admission engine (dispatch/local/admitd.py) with real runs, cgroups and processes: a swarm
+behind a full slice, the engine killed under waiting runs, a waiting client killed, two runs that
+start it at once, its idle exit, and a run that cannot start it.
+
+The bench (bench/bench_swarm.py) measures the 1,000-submission swarm; here a smaller one checks the
+rules: every run once, none lost, never more booked than the slice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+from dispatch.core.exitcodes import ExitCode
+from tests.conftest import Hostrun, wait_for
+
+
+def _engines(hostrun: Hostrun) -> list[int]:
+    """The engine processes of this test's state dir."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"dispatch.local.admitd" in argv and str(hostrun.state_dir).encode() in argv:
+            found.append(int(name))
+    return found
+
+
+def _stop_engines(hostrun: Hostrun) -> None:
+    for pid in _engines(hostrun):
+        os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not _engines(hostrun), timeout=30)
+
+
+def _holder(hostrun: Hostrun, tmp_path: Path, size: str) -> tuple[subprocess.Popen[str], Path]:
+    started, go = tmp_path / "holder-started", tmp_path / "holder-go"
+    proc = hostrun.popen("-m", size, "--label", "holder", "--", "sh", "-c",
+                         f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done")
+    wait_for(started.exists, timeout=60)
+    return proc, go
+
+
+def _swarm(hostrun: Hostrun, tmp_path: Path, count: int) -> tuple[list[subprocess.Popen[str]], list[Path]]:
+    stamps = [tmp_path / f"ts-{i}" for i in range(count)]
+    procs = [hostrun.popen("-m", "50M", "--label", f"swarm-{i}", "--", "sh", "-c",
+                           'date +%s.%N >> "$1"; sleep 0.1; date +%s.%N >> "$1"', "job", str(stamp))
+             for i, stamp in enumerate(stamps)]
+    return procs, stamps
+
+
+def _most_at_once(stamps: list[Path]) -> int:
+    events = []
+    for stamp in stamps:
+        start, end = (float(x) for x in stamp.read_text().split())
+        events += [(start, 1), (end, -1)]
+    now = best = 0
+    for _, delta in sorted(events):
+        now += delta
+        best = max(best, now)
+    return best
+
+
+def test_a_swarm_behind_a_full_slice_all_runs_once_and_never_over_the_slice(
+        hostrun: Hostrun, tmp_path: Path) -> None:
+    """120 runs wait behind a holder of the whole 300M slice (6 fit at 50M once it ends): every one
+    exits 0 and ran exactly once, at most 6 ran at once, and one engine admitted them all."""
+    holder, go = _holder(hostrun, tmp_path, "300M")
+    procs, stamps = _swarm(hostrun, tmp_path, 120)
+    wait_for(lambda: len(hostrun.bookings()) == 121, timeout=180, interval=0.5)
+    assert len(_engines(hostrun)) == 1
+    go.touch()
+    codes = [p.wait(timeout=300) for p in [holder, *procs]]
+    assert codes == [0] * 121, [(i, c, procs[i - 1].stderr.read() if procs[i - 1].stderr else "")
+                                for i, c in enumerate(codes) if c][:3]
+    assert all(len(s.read_text().split()) == 2 for s in stamps)
+    assert _most_at_once(stamps) <= 6
+    assert hostrun.bookings() == []
+    _stop_engines(hostrun)
+
+
+def test_the_engine_killed_under_waiting_runs_loses_none_of_them(hostrun: Hostrun, tmp_path: Path) -> None:
+    """SIGKILL the engine three times while 30 runs wait: each waiting run re-attaches to the next
+    engine (started by the first to notice), keeps its booking, and all run once; the running
+    holder is never touched and nothing is left booked."""
+    holder, go = _holder(hostrun, tmp_path, "300M")
+    procs, stamps = _swarm(hostrun, tmp_path, 30)
+    wait_for(lambda: len(hostrun.bookings()) == 31, timeout=120, interval=0.3)
+    before = {b[0] for b in hostrun.bookings()}
+    for _ in range(3):
+        old = _engines(hostrun)
+        assert len(old) == 1
+        os.kill(old[0], signal.SIGKILL)
+        wait_for(lambda old=old: _engines(hostrun) and _engines(hostrun) != old, timeout=60, interval=0.2)
+        wait_for(lambda: {b[0] for b in hostrun.bookings()} == before, timeout=30, interval=0.2)
+    assert holder.poll() is None  # the engine's death never touches a running job
+    go.touch()
+    codes = [p.wait(timeout=180) for p in [holder, *procs]]
+    assert codes == [0] * 31, [p.stderr.read() for p in procs if p.returncode and p.stderr][:2]
+    assert all(len(s.read_text().split()) == 2 for s in stamps)
+    assert _most_at_once(stamps) <= 6
+    assert hostrun.bookings() == []
+    _stop_engines(hostrun)
+
+
+def test_a_waiting_run_killed_is_released_by_its_connection(hostrun: Hostrun, tmp_path: Path) -> None:
+    """A waiting run and its guardian SIGKILLed together: nobody is left to release its booking but
+    the engine, which does when the connection closes, while the holder still runs."""
+    holder, go = _holder(hostrun, tmp_path, "300M")
+    waiter = hostrun.popen("-m", "100M", "--label", "waiter", "--", "true", process_group=0)
+    wait_for(lambda: [b[1] for b in hostrun.bookings()] == ["holder", "waiter"], timeout=60)
+    os.killpg(waiter.pid, signal.SIGKILL)
+    waiter.wait(timeout=30)
+    wait_for(lambda: [b[1] for b in hostrun.bookings()] == ["holder"], timeout=30, interval=0.2)
+    assert holder.poll() is None
+    go.touch()
+    assert holder.wait(timeout=60) == 0
+    _stop_engines(hostrun)
+
+
+def test_runs_started_at_once_start_one_engine_which_leaves_when_idle(hostrun: Hostrun, tmp_path: Path
+                                                                      ) -> None:
+    """Twelve runs with no engine yet start one (the start lock), its socket private to its owner;
+    idle for its idle time (1 s here) it leaves and removes its socket."""
+    env = {**os.environ, "HOSTRUN_ENGINE_IDLE": "1"}
+    procs = [hostrun.popen("-m", "20M", "--", "sleep", "0.5", env=env) for _ in range(12)]
+    wait_for(lambda: _engines(hostrun), timeout=60, interval=0.1)
+    seen = set(_engines(hostrun))
+    while any(p.poll() is None for p in procs):
+        seen |= set(_engines(hostrun))
+        time.sleep(0.05)
+    assert [p.returncode for p in procs] == [0] * 12
+    assert len(seen) == 1, seen
+    sockets = list(hostrun.state_dir.glob("admitd-*.sock"))
+    assert len(sockets) <= 1
+    for sock in sockets:
+        mode = sock.lstat().st_mode
+        assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) & 0o077 == 0
+    wait_for(lambda: not _engines(hostrun), timeout=30, interval=0.2)
+    assert not list(hostrun.state_dir.glob("admitd-*.sock"))
+
+
+def test_a_run_that_cannot_start_the_engine_ends_78_with_nothing_run(hostrun: Hostrun, tmp_path: Path
+                                                                     ) -> None:
+    """The engine's log path is taken by a directory, so the engine cannot start: the run ends 78
+    in one line saying so, its command never ran, nothing is left booked."""
+    hostrun.state_dir.mkdir(mode=0o700, exist_ok=True)
+    (hostrun.state_dir / "admitd.log").mkdir()
+    ran = tmp_path / "ran"
+    proc = hostrun.run("-m", "20M", "--", "touch", str(ran), timeout=120)
+    assert proc.returncode == ExitCode.NOT_RUN, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("hostrun")]
+    assert len(lines) == 1 and "admission engine did not start" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not ran.exists() and hostrun.bookings() == []
