@@ -220,9 +220,11 @@ class Link:
 
 
 def _try_connect(path: str) -> socket.socket | None:
+    from dispatch.local.admitd import unix_address
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        sock.connect(path)
+        unix_address(path, sock, "connect")
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None

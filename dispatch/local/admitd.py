@@ -67,6 +67,19 @@ def socket_path(state_dir: str, digest: str) -> str:
     return os.path.join(state_dir, f"admitd-{digest}.sock")
 
 
+def unix_address(path: str, sock: socket.socket, how: str) -> None:
+    """``sock.bind`` or ``sock.connect`` (``how``) at ``path``, which may be longer than AF_UNIX
+    takes (108 bytes; a deep state dir): then through ``/proc/self/fd`` of its directory."""
+    if len(os.fsencode(path)) < 100:
+        getattr(sock, how)(path)
+        return
+    fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        getattr(sock, how)(f"/proc/self/fd/{fd}/{os.path.basename(path)}")
+    finally:
+        os.close(fd)
+
+
 def lock_path(state_dir: str) -> str:
     return os.path.join(state_dir, "admitd.lock")
 
@@ -336,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
-        listener.bind(path)
+        unix_address(path, listener, "bind")
     finally:
         os.umask(old)
     listener.listen(1024)
