@@ -160,3 +160,20 @@ def test_a_run_that_cannot_start_the_engine_ends_78_with_nothing_run(hostrun: Ho
     assert len(lines) == 1 and "admission engine did not start" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not ran.exists() and hostrun.bookings() == []
+
+
+def test_a_requests_hand_made_json_reads_back_as_json_does() -> None:
+    """The run's side writes its requests without the json module (a plain run loads none): what it
+    writes must be what json reads, for every string a label or command can hold (quotes,
+    backslashes, control characters, non-ASCII, characters outside the BMP, lone surrogates of
+    undecodable argv bytes)."""
+    import json
+
+    from dispatch.local.admitclient import encode_request
+
+    texts = ['plain', 'a "quoted" \\ path', "tab\tnew\nline\x00\x1f\x7f", "ünïcødé ✓", "emoji 🚀 \U0001d518",
+             b"bad \xff\xfe bytes".decode("utf-8", "surrogateescape"), ""]
+    message = {"op": "book", "booking": {t or "empty": t for t in texts}, "n": [1, -2, 3.5, True, None]}
+    line = encode_request(message)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1 and line.isascii()
+    assert json.loads(line) == message

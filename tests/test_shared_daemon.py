@@ -25,7 +25,6 @@ import pytest
 
 from dispatch.capping.systemd import Manager, SystemdBackend
 from dispatch.core.units import MiB
-from dispatch.local import sharedd
 from dispatch.local.sharedd import WAITING_MAX, Daemon
 from tests.conftest import OtherUser, wait_for
 from tests.support.fakesystemd import FakeManager

@@ -33,6 +33,63 @@ REACH_TRIES = 10  # tries to reach an engine (one that died, one dying as it was
 DISABLE_ENV = "HOSTRUN_ADMISSION"  # "direct": runs take the ledger's lock themselves, no engine
 
 
+def socket_path(state_dir: str, digest: str) -> str:
+    return os.path.join(state_dir, f"admitd-{digest}.sock")
+
+
+def lock_path(state_dir: str) -> str:
+    return os.path.join(state_dir, "admitd.lock")
+
+
+def unix_address(path: str, sock: socket.socket, how: str) -> None:
+    """``sock.bind`` or ``sock.connect`` (``how``) at ``path``, which may be longer than AF_UNIX
+    takes (108 bytes; a deep state dir): then through ``/proc/self/fd`` of its directory."""
+    if len(os.fsencode(path)) < 100:
+        getattr(sock, how)(path)
+        return
+    fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        getattr(sock, how)(f"/proc/self/fd/{fd}/{os.path.basename(path)}")
+    finally:
+        os.close(fd)
+
+
+def encode_request(message: dict[str, Any]) -> bytes:
+    """One request as a JSON line, ASCII only, without the ``json`` module (and its ``re``: a plain
+    run imports neither). Values: str, int, float, bool, None, and dicts and lists of them."""
+    return _json(message).encode("ascii") + b"\n"
+
+
+def _json(value: object) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        out = []
+        for ch in value:
+            code = ord(ch)
+            if ch in ('"', "\\"):
+                out.append("\\" + ch)
+            elif 0x20 <= code < 0x7F:
+                out.append(ch)
+            elif code > 0xFFFF:
+                code -= 0x10000
+                out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+            else:
+                out.append(f"\\u{code:04x}")
+        return '"' + "".join(out) + '"'
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_json(str(k))}:{_json(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_json(v) for v in value) + "]"
+    raise TypeError(f"cannot send {type(value).__name__}")
+
+
 class EngineError(HostrunError, code=ExitCode.NOT_RUN):
     """The admission engine could not be reached or started: nothing was run."""
 
@@ -44,11 +101,11 @@ def wanted(environ: Any = None) -> bool:
 def digest_of(settings: Settings) -> tuple[str, bytes]:
     """(the engine's name for these settings, the settings as the engine reads them)."""
     import marshal
-
-    from dispatch.core.fingerprint import short_hash
+    import zlib  # not hashlib: a plain run loads none (tests/test_hot_path.py); collisions only
+    # matter between the configurations of one state dir
 
     data = marshal.dumps(settings.to_normalized())
-    return short_hash(data, 16), data
+    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}", data
 
 
 class Link:
@@ -67,8 +124,6 @@ class Link:
     def connect(self) -> Link:
         """Reach the engine, starting it when none answers; an engine that dies as it is reached
         (its socket still there, or reset at the greeting) is tried again, then started anew."""
-        from dispatch.local.admitd import socket_path
-
         path = socket_path(self.settings.state_dir, self.digest)
         for attempt in range(REACH_TRIES):
             self.close()
@@ -90,8 +145,6 @@ class Link:
     def _start(self, path: str) -> socket.socket:
         import fcntl
 
-        from dispatch.local.admitd import lock_path
-
         fd = os.open(lock_path(self.settings.state_dir),
                      os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -110,25 +163,27 @@ class Link:
     # -- messages ---------------------------------------------------------------------------------
 
     def send(self, message: dict[str, Any]) -> None:
-        from dispatch.capping.shared import encode
-
         if self.sock is None:
             raise ConnectionError("not connected")
-        self.sock.sendall(encode(message))
+        self.sock.sendall(encode_request(message))
 
     def receive(self) -> dict[str, Any]:
-        """The next message; ConnectionError when the engine is gone."""
-        from dispatch.capping.shared import decode
+        """The next message (``marshal``, after its length in 4 bytes: the engine is this user's own
+        process, and a run needs no JSON parser); ConnectionError when the engine is gone."""
+        import marshal
 
         if self.sock is None:
             raise ConnectionError("not connected")
-        while b"\n" not in self.buf:
+        while len(self.buf) < 4 or len(self.buf) < 4 + int.from_bytes(self.buf[:4], "big"):
             data = self.sock.recv(65536)
             if not data:
                 raise ConnectionError("the admission engine closed the connection")
             self.buf += data
-        line, _, self.buf = self.buf.partition(b"\n")
-        message = decode(line)
+        size = int.from_bytes(self.buf[:4], "big")
+        message = marshal.loads(self.buf[4:4 + size])
+        self.buf = self.buf[4 + size:]
+        if not isinstance(message, dict):
+            raise ConnectionError("the admission engine sent something that is not a message")
         if "error" in message:
             raise EngineError(f"the admission engine refused: {message['error']}")
         return message
@@ -193,7 +248,7 @@ class Link:
             raise EngineError(f"booking {self.booking_id} was lost while the admission engine restarted; "
                               "nothing ran")
         if answer.get("state") == "running":  # admitted just before the old engine died
-            self.buf = b'{"op":"admitted"}\n' + self.buf
+            self.buf = _framed({"op": "admitted"}) + self.buf
 
     def release(self) -> None:
         """Give the booking back (through the next engine, or the ledger itself, if this one went)."""
@@ -219,9 +274,15 @@ class Link:
             self.sock = None
 
 
-def _try_connect(path: str) -> socket.socket | None:
-    from dispatch.local.admitd import unix_address
+def _framed(message: dict[str, Any]) -> bytes:
+    """A message as the engine sends it: its length in 4 bytes, then ``marshal``."""
+    import marshal
 
+    data = marshal.dumps(message)
+    return len(data).to_bytes(4, "big") + data
+
+
+def _try_connect(path: str) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         unix_address(path, sock, "connect")
@@ -236,38 +297,44 @@ def _try_connect(path: str) -> socket.socket | None:
 
 
 def _spawn(state_dir: str, digest: str, data: bytes) -> str:
-    """Start the engine detached; what it said (``ready PID``, or why it did not start)."""
+    """Start the engine detached (fork, a session of its own, fork again, exec: init adopts it),
+    its settings in a pipe on its stdin; what it said (``ready PID``, or why it did not start).
+    No ``subprocess``: a plain run loads none."""
+    import select
     import signal
-    import subprocess
 
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     log = os.path.join(state_dir, "admitd.log")
+    argv = [sys.executable, "-m", "dispatch.local.admitd", state_dir, digest]
+    settings_read, settings_write = os.pipe()
+    os.write(settings_write, data)  # a few KiB: the pipe holds them until the engine reads
+    os.close(settings_write)
     read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the go-between: a session of its own, then the engine, then gone (init adopts it)
+    if pid == 0:
+        code = 1
         try:
-            os.close(read_end)
             os.setsid()
-            signal.pthread_sigmask(signal.SIG_SETMASK, set())
-            err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            proc = subprocess.Popen([sys.executable, "-m", "dispatch.local.admitd", state_dir, digest],
-                                    stdin=subprocess.PIPE, stdout=write_end, stderr=err, cwd="/",
-                                    env=env, close_fds=True)
-            assert proc.stdin is not None
-            proc.stdin.write(data)
-            proc.stdin.close()
-            os._exit(0)
-        except BaseException:
-            os._exit(1)
+            if os.fork() == 0:
+                signal.pthread_sigmask(signal.SIG_SETMASK, set())
+                err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+                os.dup2(settings_read, 0)
+                os.dup2(write_end, 1)
+                os.dup2(err, 2)
+                os.closerange(3, 65536)
+                os.chdir("/")
+                os.execve(sys.executable, argv, env)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(settings_read)
     os.close(write_end)
     os.waitpid(pid, 0)
     deadline = time.monotonic() + START_TIMEOUT
     said = b""
     try:
-        import select
-
         while b"\n" not in said and time.monotonic() < deadline:
             ready, _, _ = select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:

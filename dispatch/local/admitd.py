@@ -39,6 +39,7 @@ from collections.abc import Callable
 
 from dispatch.core.errors import HostrunError
 from dispatch.core.procinfo import is_stopped
+from dispatch.local.admitclient import lock_path, socket_path, unix_address
 from dispatch.local.ledger import Ledger
 from dispatch.local.lineserver import Connection, LineServer
 
@@ -63,27 +64,6 @@ BOOKING_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def socket_path(state_dir: str, digest: str) -> str:
-    return os.path.join(state_dir, f"admitd-{digest}.sock")
-
-
-def unix_address(path: str, sock: socket.socket, how: str) -> None:
-    """``sock.bind`` or ``sock.connect`` (``how``) at ``path``, which may be longer than AF_UNIX
-    takes (108 bytes; a deep state dir): then through ``/proc/self/fd`` of its directory."""
-    if len(os.fsencode(path)) < 100:
-        getattr(sock, how)(path)
-        return
-    fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        getattr(sock, how)(f"/proc/self/fd/{fd}/{os.path.basename(path)}")
-    finally:
-        os.close(fd)
-
-
-def lock_path(state_dir: str) -> str:
-    return os.path.join(state_dir, "admitd.lock")
-
-
 def admission_dict(adm: Admission) -> dict[str, Any]:
     """An ``Admission`` as JSON (its bookings as lists of their fields)."""
     data = adm._asdict()
@@ -93,7 +73,15 @@ def admission_dict(adm: Admission) -> dict[str, Any]:
 
 
 class Holder(Connection):
-    """A client: the bookings it holds (ids), and when each waiter was last told its status."""
+    """A client: the bookings it holds (ids), and when each waiter was last told its status.
+    Answers go out as ``marshal`` after their length (``admitclient.Link.receive``)."""
+
+    @staticmethod
+    def encode(message: dict[str, Any]) -> bytes:
+        import marshal
+
+        data = marshal.dumps(message)
+        return len(data).to_bytes(4, "big") + data
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -108,6 +96,7 @@ class Engine(LineServer):
     max_per_uid = MAX_CLIENTS
     tick = TICK
     request_errors = (HostrunError, OSError, ValueError, TypeError)
+    frame = staticmethod(Holder.encode)
 
     def __init__(self, listener: socket.socket, settings: Settings, path: str, lock: str) -> None:
         super().__init__(listener)

@@ -61,10 +61,12 @@ class Connection:
         self.events = selectors.EVENT_READ
         self._dirty = dirty
 
+    encode = staticmethod(encode)  # how answers are written (a server may frame them otherwise)
+
     def send(self, message: dict[str, Any]) -> None:
         if self.gone:
             return
-        data = encode(message)
+        data = self.encode(message)
         if self.out:
             if len(self.out) + len(data) > MAX_OUTPUT:
                 self.end(f"does not read its answers ({len(self.out)} bytes unread)")
@@ -109,6 +111,7 @@ class LineServer:
     tick = 1.0
     idle_after: float | None = None
     request_errors: tuple[type[Exception], ...] = (OSError, ValueError, TypeError)  # answered, not fatal
+    frame = staticmethod(encode)  # how a refused connection is told why (as its ``Connection.encode``)
 
     def __init__(self, listener: socket.socket) -> None:
         self.listener = listener
@@ -281,7 +284,7 @@ class LineServer:
                 refusal = str(exc)
         if made is None:
             try:
-                sock.send(encode({"error": refusal}))
+                sock.send(self.frame({"error": refusal}))
             except OSError:
                 pass
             sock.close()
