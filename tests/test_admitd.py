@@ -8,6 +8,7 @@ rules: every run once, none lost, never more booked than the slice.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -177,3 +178,20 @@ def test_a_requests_hand_made_json_reads_back_as_json_does() -> None:
     line = encode_request(message)
     assert line.endswith(b"\n") and line.count(b"\n") == 1 and line.isascii()
     assert json.loads(line) == message
+
+
+def test_doctor_says_where_the_engine_runs(hostrun: Hostrun, tmp_path: Path) -> None:
+    """Before any run: not running, the next run starts it; while one holds it: its pid and socket."""
+    first = hostrun.run("doctor", "--json")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["admission_engine"]["detail"] == "not running: the next run starts it"
+    holder, go = _holder(hostrun, tmp_path, "100M")
+    try:
+        engine = json.loads(hostrun.run("doctor", "--json").stdout)["admission_engine"]
+        assert engine["pid"] == _engines(hostrun)[0] and engine["socket"].startswith(str(hostrun.state_dir))
+        shown = hostrun.run("doctor").stdout
+        assert f"engine:   running, pid {engine['pid']}" in shown, shown
+    finally:
+        go.touch()
+    assert holder.wait(timeout=60) == 0
+    _stop_engines(hostrun)

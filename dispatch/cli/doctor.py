@@ -61,6 +61,7 @@ def diagnose(settings: Settings) -> dict[str, Any]:
         "state_dir": settings.state_dir,
         "ledger": os.path.join(settings.state_dir, "ledger.sqlite3"),
         "ledger_check": {"ok": ledger_ok, "detail": ledger_check},
+        "admission_engine": _engine(settings),
         "backend": active,
         "forced_backend": host.backend,
         "slice": slice_path,
@@ -88,6 +89,12 @@ def _slice_from(host: HostSettings, mem_total: int, fixed: int | None, limit: in
         return f"RAM less hosts.{host.name}.reserve {format_size(host.reserve_bytes)}"
     reserve = f"the default reserve {DEFAULT_RESERVE_TEXT} = {format_size(default_reserve(mem_total))}"
     return f"none: {reserve} leaves none" if limit is None else f"RAM less {reserve}"
+
+
+def _engine(settings: Settings) -> dict[str, Any]:
+    from dispatch.local.admitclient import where
+
+    return where(settings)
 
 
 def _kernel_log_check() -> dict[str, Any] | None:

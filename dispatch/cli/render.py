@@ -225,6 +225,9 @@ def doctor(data: dict[str, Any]) -> None:
     console.print(f"hostrun {data['version']} (python {data['python']})")
     console.print(f"config:   {_t(data['config'])}")
     console.print(f"ledger:   {_t(data['ledger'])}")
+    engine = data.get("admission_engine") or {}
+    console.print(f"engine:   {_t(engine.get('detail') or '-')}"
+                  + (f" ({_t(engine['socket'])})" if engine.get("socket") else ""))
     console.print(f"backend:  [bold]{data['backend']}[/bold]"
                   + (f" (forced by config: {data['forced_backend']})" if data["forced_backend"] else ""))
     ram = format_size(data["memory_total"])

@@ -90,6 +90,30 @@ def _json(value: object) -> str:
     raise TypeError(f"cannot send {type(value).__name__}")
 
 
+def where(settings: Settings) -> dict[str, Any]:
+    """Where the engine of these settings runs (``hostrun doctor``): its socket, and the pid it
+    answers with, or None when none answers (the next run starts it)."""
+    if not wanted():
+        return {"socket": None, "pid": None, "detail": f"off ({DISABLE_ENV}=direct): runs take the "
+                                                        "ledger's lock themselves"}
+    path = socket_path(settings.state_dir, digest_of(settings)[0])
+    try:
+        sock = _try_connect(path)
+    except HostrunError as exc:
+        return {"socket": path, "pid": None, "detail": str(exc)}
+    if sock is None:
+        return {"socket": path, "pid": None, "detail": "not running: the next run starts it"}
+    link = Link(settings, lambda _: None)
+    link.sock = sock
+    try:
+        pid = link.ask({"op": "hello", "protocol": 1}).get("pid")
+    except (OSError, HostrunError) as exc:
+        return {"socket": path, "pid": None, "detail": f"does not answer: {exc}"}
+    finally:
+        link.close()
+    return {"socket": path, "pid": pid, "detail": f"running, pid {pid}"}
+
+
 class EngineError(HostrunError, code=ExitCode.NOT_RUN):
     """The admission engine could not be reached or started: nothing was run."""
 
