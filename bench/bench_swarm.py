@@ -157,6 +157,9 @@ def main() -> int:
     p.add_argument("--floor", type=int, default=200, help="bare interpreters for the PSS floor")
     p.add_argument("--timeout", type=float, default=1800, help="give up on the drain after this")
     p.add_argument("--hostrun", help="hostrun executable (default: .venv/bin/hostrun)")
+    p.add_argument("--admission", choices=("direct", "engine"), default="direct",
+                   help="HOSTRUN_ADMISSION for the runs: each takes the ledger's lock itself, or the "
+                        "admission engine does")
     args = p.parse_args()
     hostrun = find_hostrun(args.hostrun)
     python = interpreter_of(hostrun)
@@ -164,6 +167,7 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="hostrun-swarm-")
     config, slice_dir = write_config(tmp, f"{slice_mib}M")
     env = private_env(tmp)
+    env["HOSTRUN_ADMISSION"] = args.admission
     base = [hostrun, "--config", config]
     procs: list[subprocess.Popen[bytes]] = []
     failed: list[str] = []
@@ -228,7 +232,8 @@ def main() -> int:
         per_waiter = pss / max(len(waiting), 1)
         print(f"swarm: {args.jobs} x hostrun -m {args.cap_mib}M -- sh -c '...; sleep {args.sleep}' behind a "
               f"holder of the whole {slice_mib} MiB slice ({args.slots} slots), launched {args.batch} at a "
-              f"time in {launched:.1f} s; load before the drain {os.getloadavg()[0]:.1f}")
+              f"time in {launched:.1f} s; admission {args.admission}; load before the drain "
+              f"{os.getloadavg()[0]:.1f}")
         print(f"  ended before the holder: {dict(gone_early) or 'none'}")
         print(f"  waiting while the slice was full: {len(waiting)} jobs, {len(tree)} processes "
               f"({len(tree) / max(len(waiting), 1):.1f} per job)")

@@ -3,7 +3,8 @@ behind a full slice, the engine killed under waiting runs, a waiting client kill
 start it at once, its idle exit, and a run that cannot start it.
 
 The bench (bench/bench_swarm.py) measures the 1,000-submission swarm; here a smaller one checks the
-rules: every run once, none lost, never more booked than the slice.
+rules: every run once, none lost, never more booked than the slice. Runs use the engine with
+``HOSTRUN_ADMISSION=engine`` (opt-in until it covers a damaged, read-only or full state dir).
 """
 
 from __future__ import annotations
@@ -14,10 +15,20 @@ import signal
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun, wait_for
+
+
+@pytest.fixture(autouse=True)
+def through_the_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The engine is opt-in for now (docs/admission.md): every run here, and its children, use it."""
+    monkeypatch.setenv("HOSTRUN_ADMISSION", "engine")
+    yield
 
 
 def _engines(hostrun: Hostrun) -> list[int]:

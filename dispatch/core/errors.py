@@ -18,6 +18,7 @@ calls ``sys.exit``. Every hostrun error class lives here, so the whole tree is i
     │   ├── DBusError               78   systemd's manager answered with an error, or not at all
     │   └── SharedError             78   the shared slice's daemon refused a request or went away
     ├── LedgerError                 78   the ledger (state dir) cannot be read or written
+    │   └── EngineError             78   the admission engine could not be reached or started
     ├── PeerUnreachableError        246  the peer could not be reached or read in time (transient:
     │   │                                retried when ssh's reason looks like weather)
     │   ├── HostKeyError            246  its host key is unknown or changed (never retried)
@@ -123,6 +124,10 @@ class SharedError(BackendError):
 
 class LedgerError(HostrunError, code=ExitCode.NOT_RUN):
     """The state dir's ledger cannot be used (read-only, disk full, damaged and not recoverable)."""
+
+
+class EngineError(LedgerError):
+    """The admission engine (local/admitd) could not be reached or started: nothing was run."""
 
 
 class PeerUnreachableError(HostrunError, code=ExitCode.PEER_UNREACHABLE):

@@ -17,8 +17,7 @@ import socket
 import sys
 import time
 
-from dispatch.core.errors import HostrunError
-from dispatch.core.exitcodes import ExitCode
+from dispatch.core.errors import EngineError, HostrunError
 
 MYPY = False
 if MYPY:
@@ -30,7 +29,8 @@ if MYPY:
 
 START_TIMEOUT = 20.0  # seconds for a started engine to answer (a loaded machine, a cold cache)
 REACH_TRIES = 10  # tries to reach an engine (one that died, one dying as it was reached) before 78
-DISABLE_ENV = "HOSTRUN_ADMISSION"  # "direct": runs take the ledger's lock themselves, no engine
+ADMISSION_ENV = "HOSTRUN_ADMISSION"  # "engine": runs go through the engine (for now opt-in)
+COMMAND_MAX = 4096  # characters of a run's command line kept in its booking (shown, never run)
 
 
 def socket_path(state_dir: str, digest: str) -> str:
@@ -94,8 +94,8 @@ def where(settings: Settings) -> dict[str, Any]:
     """Where the engine of these settings runs (``hostrun doctor``): its socket, and the pid it
     answers with, or None when none answers (the next run starts it)."""
     if not wanted():
-        return {"socket": None, "pid": None, "detail": f"off ({DISABLE_ENV}=direct): runs take the "
-                                                        "ledger's lock themselves"}
+        return {"socket": None, "pid": None, "detail": f"off (set {ADMISSION_ENV}=engine to use it): "
+                                                        "runs take the ledger's lock themselves"}
     path = socket_path(settings.state_dir, digest_of(settings)[0])
     try:
         sock = _try_connect(path)
@@ -114,12 +114,10 @@ def where(settings: Settings) -> dict[str, Any]:
     return {"socket": path, "pid": pid, "detail": f"running, pid {pid}"}
 
 
-class EngineError(HostrunError, code=ExitCode.NOT_RUN):
-    """The admission engine could not be reached or started: nothing was run."""
-
-
 def wanted(environ: Any = None) -> bool:
-    return (os.environ if environ is None else environ).get(DISABLE_ENV, "") != "direct"
+    """Whether runs go through the engine: opt-in (``HOSTRUN_ADMISSION=engine``) until it covers
+    what the direct path does with a damaged, read-only or full state dir (docs/admission.md)."""
+    return (os.environ if environ is None else environ).get(ADMISSION_ENV, "") == "engine"
 
 
 def digest_of(settings: Settings) -> tuple[str, bytes]:
@@ -221,6 +219,8 @@ class Link:
     def book(self, fields: dict[str, Any]) -> int:
         """Queue the run; asked again of the next engine when this one dies before it answers (the
         engine then finds the booking the dead one made, by the run's pid, and keeps it)."""
+        if len(fields["command"]) > COMMAND_MAX:  # an ARG_MAX-long line would pass the request bound
+            fields = {**fields, "command": fields["command"][:COMMAND_MAX - 1] + "…"}
         request = {"op": "book", "booking": fields, "status_interval": self.settings.status_interval}
         for _ in range(REACH_TRIES):
             try:

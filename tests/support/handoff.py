@@ -10,9 +10,8 @@ from pathlib import Path
 
 from tests.conftest import Hostrun, wait_for
 
-# Waiters that take the ledger's lock themselves (as a --gpu-memory run or one on the shared backend
-# does, HOSTRUN_ADMISSION=direct), with their safety retry off: they get in only when rung. Their
-# holders go through the admission engine, whose releases must ring them too.
+# Waiters that take the ledger's lock themselves (not through the admission engine, whatever the
+# environment says), with their safety retry off: they get in only when rung.
 NO_POLL = {**os.environ, "HOSTRUN_WAIT_RECHECK": "3600", "HOSTRUN_ADMISSION": "direct"}
 
 
