@@ -107,11 +107,11 @@ def test_the_engine_killed_under_waiting_runs_loses_none_of_them(hostrun: Hostru
     wait_for(lambda: len(hostrun.bookings()) == 31, timeout=120, interval=0.3)
     before = {b[0] for b in hostrun.bookings()}
     for _ in range(3):
-        old = _engines(hostrun)
-        assert len(old) == 1
+        old = wait_for(lambda: _engines(hostrun), timeout=60, interval=0.2)
+        assert len(old) == 1, old
         os.kill(old[0], signal.SIGKILL)
-        wait_for(lambda old=old: _engines(hostrun) and _engines(hostrun) != old, timeout=60, interval=0.2)
-        wait_for(lambda: {b[0] for b in hostrun.bookings()} == before, timeout=30, interval=0.2)
+        wait_for(lambda old=old: _engines(hostrun) and _engines(hostrun) != old, timeout=120, interval=0.2)
+        wait_for(lambda: {b[0] for b in hostrun.bookings()} == before, timeout=120, interval=0.2)
     assert holder.poll() is None  # the engine's death never touches a running job
     go.touch()
     codes = [p.wait(timeout=180) for p in [holder, *procs]]
