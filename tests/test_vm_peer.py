@@ -167,7 +167,7 @@ def test_jobs_larger_than_the_vm_are_refused_as_documented(root_pair: Pair) -> N
     pair = root_pair
     too_big = pair.run("--peer", "-m", "3G", "--", "true")
     assert too_big.returncode == ExitCode.NEVER_FITS, too_big.stderr  # its slice is 1 GiB
-    assert "larger than the whole slice (1.0 GiB)" in too_big.stderr
+    assert "larger than the whole slice (1.0 GiB: hosts.local.slice in " in too_big.stderr
     pair.configure(host='peer_memory_cap = "1536M"')
     capped = pair.run("--peer", "-m", "3G", "--", "true")
     assert capped.returncode == ExitCode.OVER_PEER_CAP, capped.stderr
