@@ -165,3 +165,13 @@ def ratio_table(times: dict[str, list[float]], labels: list[str], width: int,
         print(f"  {label[:width]:{width}} {med * 1000:7.1f} {pct(v, 10) * 1000:7.1f} "
               f"{pct(v, 90) * 1000:7.1f} {med / base:5.2f}x")
     return base
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """Most intervals open at one instant (an end at the same instant as a start closes first)."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    now = best = 0
+    for _, delta in events:
+        now += delta
+        best = max(best, now)
+    return best

@@ -59,7 +59,15 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from _common import find_hostrun, interpreter_of, leftovers, private_env, remove_slice, write_config
+from _common import (
+    find_hostrun,
+    interpreter_of,
+    leftovers,
+    max_overlap,
+    private_env,
+    remove_slice,
+    write_config,
+)
 
 TARGET_RATIO = 1.2  # issue 13: 50 x 0.2 s on a slice of 5
 LARGE = {"jobs": 100, "parallel": 10, "sleep": 0.3, "target": 1.3}  # issue 13: --large, on 2 cores
@@ -106,16 +114,6 @@ def read_intervals(paths: list[str]) -> tuple[list[tuple[float, float]], list[st
             continue
         intervals.append((stamps[0], stamps[1]))
     return intervals, problems
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    """Most intervals open at one instant (an end at the same instant as a start closes first)."""
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    now = best = 0
-    for _, delta in events:
-        now += delta
-        best = max(best, now)
-    return best
 
 
 def level_profile(intervals: list[tuple[float, float]]) -> dict[int, float]:

@@ -41,7 +41,15 @@ import tempfile
 import threading
 import time
 
-from _common import find_hostrun, interpreter_of, leftovers, private_env, remove_slice, write_config
+from _common import (
+    find_hostrun,
+    interpreter_of,
+    leftovers,
+    max_overlap,
+    private_env,
+    remove_slice,
+    write_config,
+)
 
 TARGET_DRAIN = 2.0
 TARGET_PSS_MIB = 4.0
@@ -94,15 +102,6 @@ def _stamps(path: str) -> list[float]:
             return [float(x) for x in fh.read().split()]
     except (OSError, ValueError):
         return []
-
-
-def _max_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    now = best = 0
-    for _, delta in events:
-        now += delta
-        best = max(best, now)
-    return best
 
 
 def floor_pss(python: str, count: int) -> float:
@@ -220,7 +219,7 @@ def main() -> int:
         once = sum(1 for r in runs if len(r) == 2)
         twice = sum(1 for r in runs if len(r) > 2)
         never = sum(1 for r in runs if not r)
-        overlap = _max_overlap([(r[0], r[1]) for r in runs if len(r) == 2])
+        overlap = max_overlap([(r[0], r[1]) for r in runs if len(r) == 2])
         said = collections.Counter()
         for i, code in enumerate(p.returncode for p in procs):
             if code:

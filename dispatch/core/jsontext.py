@@ -87,8 +87,9 @@ def _encode(value: Any, quote: Any, indent: str, depth: int) -> str:
         return _float(value)
     if depth > 64:  # deeper than any result: a cycle, as likely as not
         raise _Unplain
-    inner = "\n" + indent * (depth + 1)
-    close = "\n" + indent * depth
+    inner = "\n" + indent * (depth + 1) if indent else ""  # "": one line, as separators=(",", ":")
+    close = "\n" + indent * depth if indent else ""
+    colon = ": " if indent else ":"
     if isinstance(value, (list, tuple)):
         if not value:
             return "[]"
@@ -100,13 +101,14 @@ def _encode(value: Any, quote: Any, indent: str, depth: int) -> str:
         if not all(isinstance(k, str) for k in value):  # json turns such keys into text: left to it
             raise _Unplain
         return "{" + inner + ("," + inner).join(
-            str(quote(k)) + ": " + _encode(value[k], quote, indent, depth + 1)
+            str(quote(k)) + colon + _encode(value[k], quote, indent, depth + 1)
             for k in sorted(value)) + close + "}"
     raise _Unplain
 
 
-def dumps(value: object) -> str:
-    """``json.dumps(value, indent=2, sort_keys=True)``."""
+def dumps(value: object, line: bool = False) -> str:
+    """``json.dumps(value, indent=2, sort_keys=True)``; ``line``: on one line
+    (``separators=(",", ":")``), as a request over a socket is written."""
     quote: Any = None
     try:
         from _json import encode_basestring_ascii as quote
@@ -114,9 +116,11 @@ def dumps(value: object) -> str:
         pass
     if quote is not None:
         try:
-            return _encode(value, quote, "  ", 0)
+            return _encode(value, quote, "" if line else "  ", 0)
         except _Unplain:
             pass
     import json
 
+    if line:
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
     return json.dumps(value, indent=2, sort_keys=True)

@@ -56,38 +56,10 @@ def unix_address(path: str, sock: socket.socket, how: str) -> None:
 
 def encode_request(message: dict[str, Any]) -> bytes:
     """One request as a JSON line, ASCII only, without the ``json`` module (and its ``re``: a plain
-    run imports neither). Values: str, int, float, bool, None, and dicts and lists of them."""
-    return _json(message).encode("ascii") + b"\n"
+    run imports neither): ``jsontext.dumps``."""
+    from dispatch.core.jsontext import dumps
 
-
-def _json(value: object) -> str:
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        out = []
-        for ch in value:
-            code = ord(ch)
-            if ch in ('"', "\\"):
-                out.append("\\" + ch)
-            elif 0x20 <= code < 0x7F:
-                out.append(ch)
-            elif code > 0xFFFF:
-                code -= 0x10000
-                out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
-            else:
-                out.append(f"\\u{code:04x}")
-        return '"' + "".join(out) + '"'
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{_json(str(k))}:{_json(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_json(v) for v in value) + "]"
-    raise TypeError(f"cannot send {type(value).__name__}")
+    return dumps(message, line=True).encode("ascii") + b"\n"
 
 
 def where(settings: Settings) -> dict[str, Any]:

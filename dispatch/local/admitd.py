@@ -41,7 +41,7 @@ from dispatch.core.errors import HostrunError
 from dispatch.core.procinfo import is_stopped
 from dispatch.local.admitclient import lock_path, socket_path, unix_address
 from dispatch.local.ledger import Ledger
-from dispatch.local.lineserver import Connection, LineServer
+from dispatch.local.lineserver import Connection, LineServer, raise_descriptor_limit
 
 MYPY = False
 if MYPY:
@@ -342,21 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         os.umask(old)
     listener.listen(1024)
-    _raise_descriptor_limit()
+    raise_descriptor_limit(MAX_CLIENTS + 64)
     print(f"ready {os.getpid()}", flush=True)  # the starter reads this line, then the engine is alone
     sys.stdout.close()
     Engine(listener, settings, path, lock_path(state_dir)).serve()
     return 0
-
-
-def _raise_descriptor_limit() -> None:
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = MAX_CLIENTS + 64
-    if soft != resource.RLIM_INFINITY and soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE,
-                           (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
 
 
 if __name__ == "__main__":

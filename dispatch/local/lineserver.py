@@ -42,6 +42,17 @@ ACCEPT_PAUSE = 0.5  # seconds without accepting once out of descriptors (accept 
 OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
+def raise_descriptor_limit(want: int) -> None:
+    """Room for ``want`` descriptors (every connection a server may hold, and what a request
+    needs), as far as the hard limit allows (a unit's LimitNOFILE may set it too)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
+
+
 class Connection:
     """One caller, and the answers it has yet to read.
 

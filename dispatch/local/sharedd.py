@@ -43,7 +43,7 @@ from dispatch.capping.systemd import SYSTEM_MANAGER, Manager, SystemdBackend, sc
 from dispatch.core.errors import BackendError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.local.admission import slice_room
-from dispatch.local.lineserver import Connection, LineServer
+from dispatch.local.lineserver import Connection, LineServer, raise_descriptor_limit
 
 MYPY = False
 if MYPY:
@@ -340,18 +340,6 @@ def listening_socket(path: str | None) -> socket.socket:
     return sock
 
 
-def _raise_descriptor_limit() -> None:
-    """Room for every connection and the descriptors a request needs (the unit sets LimitNOFILE
-    too; this covers a daemon started by hand)."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = MAX_CLIENTS + 1024
-    if soft != resource.RLIM_INFINITY and soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE,
-                           (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python3 -m dispatch.local.sharedd --slice UNIT --size BYTES --group NAME [--listen PATH]``,
     as the socket unit ``hostrun shared install`` writes starts it."""
@@ -369,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     if not mount:
         print("hostrun-shared: no unified cgroup2 hierarchy", file=sys.stderr)
         return int(ExitCode.NOT_RUN)
-    _raise_descriptor_limit()
+    raise_descriptor_limit(MAX_CLIENTS + 1024)
     manager = Manager(SYSTEM_MANAGER, "", False)
     backend = SystemdBackend(mount, unit, manager)
     backend.ensure_slice(limit)
