@@ -170,6 +170,17 @@ class Hostrun:
         self.started.append(proc)
         return proc
 
+    def reap(self) -> None:
+        """Every process ``popen`` started ends with the test, even one a failed test left waiting
+        (unreaped, the garbage collector warns in whichever test runs next)."""
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+
     def close_pipes(self) -> None:
         """The pipes of every process ``popen`` started (a test that only ``wait``s leaves them to
         the garbage collector, which warns: warnings are errors here)."""
@@ -217,6 +228,7 @@ def hostrun(tmp_path: Path) -> Iterator[Hostrun]:
         assert not leaks, f"left behind: {leaks}"
     finally:
         _kill_tree(h.slice_dir)
+        h.reap()
         h.close_pipes()
 
 

@@ -682,7 +682,17 @@ def test_wrapped_command_runs_through_hostrun_with_its_exit_code_and_cwd(hostrun
     runs = json.loads(hostrun.run("history", "--json").stdout)
     assert [(r["label"], r["session"], r["exit_code"], r["command"]) for r in runs] == [
         ("proj:pwd", "claude-0f6c2d1e-8b7a-4c55-9e0a-2f4d6b8a1c3e", 7, f"bash -c {original}")]
-    # the label has a history now: the next rewrite caps it by the half rule (at least 512 MiB)
+    # a failed run teaches nothing (docs/capacity.md): the next rewrite still has no cap of its own
+    again = real_hook(hostrun, data, "pre-tool-use")
+    assert again is not None
+    assert cap_of(again["hookSpecificOutput"]["updatedInput"]["command"]) is None
+    # once a run of the label succeeds, the next rewrite caps it by the half rule (at least 512 MiB)
+    passing = event("pre_tool_use_bash", command="cd sub && pwd > where.txt", cwd=str(project))
+    answer = real_hook(hostrun, passing, "pre-tool-use")
+    assert answer is not None
+    proc = subprocess.run(["bash", "-c", answer["hookSpecificOutput"]["updatedInput"]["command"]], cwd=project,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
     again = real_hook(hostrun, data, "pre-tool-use")
     assert again is not None
     assert cap_of(again["hookSpecificOutput"]["updatedInput"]["command"]) == "512M"

@@ -28,6 +28,7 @@ if MYPY:
     from dispatch.local.admitpolicy import Admission
 
 START_TIMEOUT = 20.0  # seconds for a started engine to answer (a loaded machine, a cold cache)
+START_TRIES = 3  # engines started in turn (one killed as it starts) before a run gives up, 78
 REACH_TRIES = 10  # tries to reach an engine (one that died, one dying as it was reached) before 78
 ADMISSION_ENV = "HOSTRUN_ADMISSION"  # "engine": runs go through the engine (for now opt-in)
 COMMAND_MAX = 4096  # characters of a run's command line kept in its booking (shown, never run)
@@ -119,6 +120,7 @@ class Link:
         """Reach the engine, starting it when none answers; an engine that dies as it is reached
         (its socket still there, or reset at the greeting) is tried again, then started anew."""
         path = socket_path(self.settings.state_dir, self.digest)
+        failed_starts = 0
         for attempt in range(REACH_TRIES):
             self.close()
             try:
@@ -127,6 +129,12 @@ class Link:
                     sock = self._start(path)
                 self.sock, self.buf = sock, b""
                 hello = self.ask({"op": "hello", "protocol": 1})
+            except _NotStarted as exc:  # killed as it started, or cannot start: said after a few tries
+                failed_starts += 1
+                if failed_starts >= START_TRIES:
+                    raise
+                last = exc
+                continue
             except (ConnectionError, BrokenPipeError) as exc:
                 last = exc
                 time.sleep(0.05 * (attempt + 1))
@@ -149,7 +157,7 @@ class Link:
             said = _spawn(self.settings.state_dir, self.digest, self.data)
             sock = _try_connect(path)
             if sock is None:
-                raise EngineError(f"the admission engine did not start: {said}; nothing ran")
+                raise _NotStarted(f"the admission engine did not start: {said}; nothing ran")
             return sock
         finally:
             os.close(fd)
@@ -268,6 +276,11 @@ class Link:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+class _NotStarted(EngineError):
+    """The engine this run started never listened: killed as it started, or it cannot start (its
+    log says why); tried again, up to ``START_TRIES`` times."""
 
 
 def _framed(message: dict[str, Any]) -> bytes:
