@@ -115,7 +115,8 @@ def test_the_engine_killed_under_waiting_runs_loses_none_of_them(hostrun: Hostru
         if round_ == 1:  # the next one killed as it starts (before it listens): its starter starts another
             for pid in new:
                 os.kill(pid, signal.SIGKILL)
-            wait_for(lambda new=new: set(_engines(hostrun)) - set(old) - new, timeout=120, interval=0.2)
+            wait_for(lambda new=new, old=old: set(_engines(hostrun)) - set(old) - new, timeout=120,
+                     interval=0.2)
         wait_for(lambda: {b[0] for b in hostrun.bookings()} == before, timeout=120, interval=0.2)
     assert holder.poll() is None  # the engine's death never touches a running job
     go.touch()

@@ -690,8 +690,9 @@ def test_wrapped_command_runs_through_hostrun_with_its_exit_code_and_cwd(hostrun
     passing = event("pre_tool_use_bash", command="cd sub && pwd > where.txt", cwd=str(project))
     answer = real_hook(hostrun, passing, "pre-tool-use")
     assert answer is not None
-    proc = subprocess.run(["bash", "-c", answer["hookSpecificOutput"]["updatedInput"]["command"]], cwd=project,
-                          env=env, capture_output=True, text=True, timeout=60)
+    rewritten = answer["hookSpecificOutput"]["updatedInput"]["command"]
+    proc = subprocess.run(["bash", "-c", rewritten], cwd=project, env=env, capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 0, proc.stderr
     again = real_hook(hostrun, data, "pre-tool-use")
     assert again is not None
