@@ -121,6 +121,7 @@ class Link:
         (its socket still there, or reset at the greeting) is tried again, then started anew."""
         path = socket_path(self.settings.state_dir, self.digest)
         failed_starts = 0
+        last: Exception | None = None
         for attempt in range(REACH_TRIES):
             self.close()
             try:
