@@ -1,10 +1,10 @@
 """The admission engine (dispatch/local/admitd.py) with real runs, cgroups and processes: a swarm
 behind a full slice, the engine killed under waiting runs, a waiting client killed, two runs that
-start it at once, its idle exit, and a run that cannot start it.
+start it at once, its idle exit, and a run that cannot start it. Every run goes through it by
+default (``HOSTRUN_ADMISSION=direct`` is the way around it); the fixture below makes sure.
 
 The bench (bench/bench_swarm.py) measures the 1,000-submission swarm; here a smaller one checks the
-rules: every run once, none lost, never more booked than the slice. Runs use the engine with
-``HOSTRUN_ADMISSION=engine`` (opt-in until it covers a damaged, read-only or full state dir).
+rules: every run once, none lost, never more booked than the slice.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from tests.conftest import Hostrun, wait_for
 
 @pytest.fixture(autouse=True)
 def through_the_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The engine is opt-in for now (docs/admission.md): every run here, and its children, use it."""
-    monkeypatch.setenv("HOSTRUN_ADMISSION", "engine")
+    """Whatever the caller's environment says, every run here, and its children, use the engine."""
+    monkeypatch.delenv("HOSTRUN_ADMISSION", raising=False)
     yield
 
 

@@ -153,19 +153,22 @@ def test_doctor_reports_a_damaged_ledger_and_leaves_it(hostrun: Hostrun) -> None
 
 def test_ledger_damaged_under_a_running_job(hostrun: Hostrun, tmp_path: Path) -> None:
     """The running job's hostrun keeps its job's exit status; a new run neither hangs nor fails, and
-    re-books the running job from its cgroup; then the running hostrun puts its own booking back."""
+    recovers the ledger (re-booking the running job from its cgroup); the admission engine, which
+    holds the running job's booking, puts it back with its own id and label as the new run books,
+    and the running hostrun says so when it ends."""
     record_some_peaks(hostrun)
     ready, go = tmp_path / "ready", tmp_path / "go"
     running = hostrun.popen("-m", "100M", "--label", "long", "--", "sh", "-c",
                             f"touch {ready}; while [ ! -e {go} ]; do sleep 0.05; done; exit 7")
     wait_for(ready.exists, timeout=20)
+    (booked,) = [b[0] for b in hostrun.bookings()]
     zero_bytes(hostrun.state_dir / "ledger.sqlite3")
     new = hostrun.run("-m", "64M", "--", "true", timeout=45)  # it used to hang 60 s, then fail
     assert new.returncode == 0
     assert_one_recovery_line(new.stderr)
     shown = json.loads(hostrun.run("ledger", "--json").stdout)
     (rebooked,) = shown["running"]
-    assert rebooked["pid"] == running.pid and rebooked["label"] == "recovered"
+    assert (rebooked["id"], rebooked["pid"], rebooked["label"]) == (booked, running.pid, "long")
     assert rebooked["size"] == 100 * MiB and rebooked["stale"] is False
     go.touch()
     _, err = running.communicate(timeout=60)

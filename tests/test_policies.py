@@ -33,8 +33,8 @@ def test_group_caps_with_three_groups_do_not_starve_the_others(hostrun: Hostrun,
     order = [("build1", "build"), ("build2", "build"), ("test1", "test"), ("build3", "build"),
              ("lint1", "lint"), ("test2", "test"), ("lint2", "lint"), ("lint3", "lint")]
     procs = []
-    for name, group in order:
-        procs.append(job(hostrun, marks, name, group))
+    for name, group in order:  # build1 long enough for the others to arrive on a loaded machine
+        procs.append(job(hostrun, marks, name, group, seconds=4.0 if name == "build1" else 1.0))
         wait_for(lambda n=name: any(b[1] == n for b in hostrun.bookings()) or (marks / n).exists())
     for p in procs:
         p.wait(timeout=60)  # type: ignore[attr-defined]

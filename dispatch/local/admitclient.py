@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 
-from dispatch.core.errors import EngineError, HostrunError
+from dispatch.core.errors import EngineError, EngineNotStartedError, HostrunError, LedgerError
 
 MYPY = False
 if MYPY:
@@ -30,7 +30,7 @@ if MYPY:
 START_TIMEOUT = 20.0  # seconds for a started engine to answer (a loaded machine, a cold cache)
 START_TRIES = 3  # engines started in turn (one killed as it starts) before a run gives up, 78
 REACH_TRIES = 10  # tries to reach an engine (one that died, one dying as it was reached) before 78
-ADMISSION_ENV = "HOSTRUN_ADMISSION"  # "engine": runs go through the engine (for now opt-in)
+ADMISSION_ENV = "HOSTRUN_ADMISSION"  # "direct": a run takes the ledger's lock itself (no engine)
 COMMAND_MAX = 4096  # characters of a run's command line kept in its booking (shown, never run)
 
 
@@ -67,8 +67,8 @@ def where(settings: Settings) -> dict[str, Any]:
     """Where the engine of these settings runs (``hostrun doctor``): its socket, and the pid it
     answers with, or None when none answers (the next run starts it)."""
     if not wanted():
-        return {"socket": None, "pid": None, "detail": f"off (set {ADMISSION_ENV}=engine to use it): "
-                                                        "runs take the ledger's lock themselves"}
+        return {"socket": None, "pid": None, "detail": f"off ({ADMISSION_ENV}=direct): runs take the "
+                                                        "ledger's lock themselves"}
     path = socket_path(settings.state_dir, digest_of(settings)[0])
     try:
         sock = _try_connect(path)
@@ -88,9 +88,9 @@ def where(settings: Settings) -> dict[str, Any]:
 
 
 def wanted(environ: Any = None) -> bool:
-    """Whether runs go through the engine: opt-in (``HOSTRUN_ADMISSION=engine``) until it covers
-    what the direct path does with a damaged, read-only or full state dir (docs/admission.md)."""
-    return (os.environ if environ is None else environ).get(ADMISSION_ENV, "") == "engine"
+    """Whether runs go through the engine: yes, unless ``HOSTRUN_ADMISSION=direct`` (a run then
+    takes the ledger's lock itself, as a ``--gpu-memory`` or shared-slice run does)."""
+    return (os.environ if environ is None else environ).get(ADMISSION_ENV, "") != "direct"
 
 
 def digest_of(settings: Settings) -> tuple[str, bytes]:
@@ -130,7 +130,7 @@ class Link:
                     sock = self._start(path)
                 self.sock, self.buf = sock, b""
                 hello = self.ask({"op": "hello", "protocol": 1})
-            except _NotStarted as exc:  # killed as it started, or cannot start: said after a few tries
+            except EngineNotStartedError as exc:  # killed as it started, or cannot: 78 after a few
                 failed_starts += 1
                 if failed_starts >= START_TRIES:
                     raise
@@ -158,7 +158,7 @@ class Link:
             said = _spawn(self.settings.state_dir, self.digest, self.data)
             sock = _try_connect(path)
             if sock is None:
-                raise _NotStarted(f"the admission engine did not start: {said}; nothing ran")
+                raise EngineNotStartedError(f"the admission engine did not start: {said}; nothing ran")
             return sock
         finally:
             os.close(fd)
@@ -170,7 +170,7 @@ class Link:
             raise ConnectionError("not connected")
         self.sock.sendall(encode_request(message))
 
-    def receive(self) -> dict[str, Any]:
+    def _receive(self) -> dict[str, Any]:
         """The next message (``marshal``, after its length in 4 bytes: the engine is this user's own
         process, and a run needs no JSON parser); ConnectionError when the engine is gone."""
         import marshal
@@ -188,8 +188,19 @@ class Link:
         if not isinstance(message, dict):
             raise ConnectionError("the admission engine sent something that is not a message")
         if "error" in message:
+            if message.get("kind") == "ledger":  # the state dir's own trouble, in its own words
+                raise LedgerError(str(message["error"]))
             raise EngineError(f"the admission engine refused: {message['error']}")
         return message
+
+    def receive(self) -> dict[str, Any]:
+        """The next message for this run; what the engine has to say meanwhile (a ledger recovered
+        and this run's booking put back) is said on the way."""
+        while True:
+            message = self._receive()
+            if message.get("op") != "say":
+                return message
+            self.say(str(message.get("line", "")))
 
     def ask(self, message: dict[str, Any]) -> dict[str, Any]:
         self.send(message)
@@ -264,7 +275,7 @@ class Link:
             if self.sock is None:
                 raise ConnectionError("not connected")
             self.ask({"op": "release", "id": booking_id})
-        except (ConnectionError, OSError, EngineError):
+        except (ConnectionError, OSError, LedgerError):  # the engine gone, or it could not write
             from dispatch.local.ledger import Ledger
 
             ledger = Ledger(self.settings.state_dir, self.say)
@@ -277,11 +288,6 @@ class Link:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
-
-
-class _NotStarted(EngineError):
-    """The engine this run started never listened: killed as it started, or it cannot start (its
-    log says why); tried again, up to ``START_TRIES`` times."""
 
 
 def _framed(message: dict[str, Any]) -> bytes:
@@ -316,7 +322,7 @@ def _spawn(state_dir: str, digest: str, data: bytes) -> str:
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    log = os.path.join(state_dir, "admitd.log")
+    log = os.path.join(state_dir, "admitd.log")  # admitd.LOG_NAME
     argv = [sys.executable, "-m", "dispatch.local.admitd", state_dir, digest]
     settings_read, settings_write = os.pipe()
     os.write(settings_write, data)  # a few KiB: the pipe holds them until the engine reads

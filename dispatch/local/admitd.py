@@ -52,6 +52,7 @@ if MYPY:
     from dispatch.local.ledgerdb import Booking
 
 PROTOCOL = 1
+LOG_NAME = "admitd.log"  # in the state dir: what the engine says (a start that fails, a recovery)
 IDLE_AFTER = 30.0  # seconds with no connection before the engine leaves (HOSTRUN_ENGINE_IDLE)
 IDLE_ENV = "HOSTRUN_ENGINE_IDLE"
 TICK = 1.0  # seconds between re-evaluations while bookings wait (usage and MemAvailable move)
@@ -109,7 +110,8 @@ class Engine(LineServer):
         self.here = LocalSlice(settings)
         self.host = self.here.host.name
         self.room = room_function(self.here.backend, self.here.limit)
-        self.ledger = EngineLedger(settings.state_dir, self.log, self.here.live_jobs)
+        self._ledger: EngineLedger | None = None  # open only while it holds bookings (``settle``)
+        self.log_path = os.path.join(settings.state_dir, LOG_NAME)
         self.waiting: set[int] = set()  # the held bookings that wait
         self.owner = os.geteuid()
         self.clients: dict[int, Holder] = {}
@@ -119,6 +121,62 @@ class Engine(LineServer):
         self.idle_after = float(os.environ.get(IDLE_ENV) or IDLE_AFTER)
         self.listener_ino = os.stat(path).st_ino
 
+    @property
+    def ledger(self) -> EngineLedger:
+        """The ledger, opened when a request needs it (its damage found and recovered then, as any
+        run's open would) and closed by ``settle`` once no booking is held: a file held open would
+        hide damage from the next run (a live WAL), and keep a read-only remount busy."""
+        if self._ledger is None:
+            self._ledger = EngineLedger(self.settings.state_dir, self._ledger_said, self.here.live_jobs,
+                                        self)
+        return self._ledger
+
+    def settle(self) -> None:
+        if self._ledger is not None and not self.holders:
+            self._ledger.close()
+            self._ledger = None
+
+    def _ledger_said(self, line: str) -> None:
+        """What the ledger says (a recovery) goes to the log and to every run holding a booking."""
+        self.log(line)
+        for client in {id(c): c for c in self.holders.values()}.values():
+            client.send({"op": "say", "line": line})
+
+    def put_back(self, booking_ids: list[int], path: str) -> None:
+        """Each run whose booking was put back after another process replaced the file is told so."""
+        self.log(f"ledger {path} was replaced; put back booking {', '.join(map(str, booking_ids))}")
+        mine: dict[int, list[int]] = {}
+        for booking_id in booking_ids:
+            client = self.holders.get(booking_id)
+            if client is not None:
+                mine.setdefault(id(client), []).append(booking_id)
+        for ids in mine.values():
+            self.holders[ids[0]].send({"op": "say", "line": f"ledger {path} was replaced (recovered by "
+                                       f"another hostrun); put back booking {', '.join(map(str, ids))}"})
+
+    def refusal(self, exc: Exception) -> dict[str, Any]:
+        from dispatch.core.errors import LedgerError
+
+        answer = super().refusal(exc)
+        if isinstance(exc, LedgerError):  # the state dir's own words: the run says them as its own
+            answer["kind"] = "ledger"
+        return answer
+
+    def log(self, text: str) -> None:
+        """One line appended to ``admitd.log`` (opened per line: no descriptor held in the state dir)."""
+        try:
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+        except OSError:
+            return
+        try:
+            line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {self.name}: {text}\n"
+            os.write(fd, line.encode(errors="replace"))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
     def connection(self, sock: socket.socket, uid: int, pid: int, seq: int) -> Holder:
         if uid not in (self.owner, 0):
             raise ValueError(f"uid {uid} may not use the admission engine of uid {self.owner}")
@@ -127,6 +185,12 @@ class Engine(LineServer):
     # -- requests ---------------------------------------------------------------------------------
 
     def handle(self, client: Holder, message: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            return self._handle(client, message)
+        finally:
+            self.settle()
+
+    def _handle(self, client: Holder, message: dict[str, Any]) -> dict[str, Any] | None:
         op = message.get("op")
         if op == "hello":
             return {"op": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "host": self.host}
@@ -197,7 +261,7 @@ class Engine(LineServer):
             self.waiting.add(booking_id)
         client.interval[booking_id] = interval
         self.holders[booking_id] = client
-        self.ledger.held.add(booking_id)
+        self.ledger.track(booking_id)
 
     def _forget(self, client: Holder, booking_id: int) -> None:
         self.waiting.discard(booking_id)
@@ -205,7 +269,6 @@ class Engine(LineServer):
         client.told.pop(booking_id, None)
         if self.holders.get(booking_id) is client:
             del self.holders[booking_id]
-        self.ledger.held.discard(booking_id)
 
     def dropped(self, client: Holder) -> None:
         """Its client is gone (ended, killed, its machine gone): what it held is released."""
@@ -217,6 +280,7 @@ class Engine(LineServer):
                 self.log(f"cannot release booking {booking_id}: {exc}")
         client.bookings.clear()
         self.changed = True
+        self.settle()
 
     # -- admission --------------------------------------------------------------------------------
 
@@ -232,6 +296,9 @@ class Engine(LineServer):
             return
         self.changed = False
         self.last_evaluation = now
+        if not self.waiting:
+            self.settle()
+            return
         from dispatch.local.admission import stop_reclaimed, wait_reason
 
         rows = self.ledger.bookings(self.host)
@@ -293,17 +360,31 @@ class Engine(LineServer):
 
 
 class EngineLedger(Ledger):
-    """The ledger, less the wake FIFOs of the bookings the engine holds: it tells those itself."""
+    """The ledger as the engine writes it: every booking it holds is put back after another process
+    replaced a damaged file (each run told its own), and no wake FIFO rings for those: the engine
+    tells them itself."""
 
     def __init__(self, state_dir: str, say: Callable[[str], None],
-                 live_jobs: Callable[[], list[Booking]]) -> None:
+                 live_jobs: Callable[[], list[Booking]], engine: Engine) -> None:
+        self.engine = engine
         super().__init__(state_dir, say, live_jobs)
-        self.held: set[int] = set()
+
+    def track(self, booking_id: int) -> None:
+        """A booking this engine holds though another made it (an attach, an orphan's)."""
+        self._do(lambda: self._track(booking_id))
+
+    def put_back_said(self, booking_ids: list[int]) -> None:
+        self.engine.put_back(booking_ids, self.path)
+
+    def release(self, booking_id: int) -> None:
+        self._mine.pop(booking_id, None)  # a booking ending is not put back if the file was replaced
+        super().release(booking_id)
 
     def wake_next(self, host: str, after: int = 0) -> None:
         rows = self.db.execute("SELECT id FROM bookings WHERE host = ? AND state = 'waiting' AND id > ?",
                                (host, after)).fetchall()
-        if any(r[0] not in self.held for r in rows):  # a run admitted without the engine waits too
+        held = self.engine.holders  # a run admitted without the engine waits too: rung as before
+        if any(r[0] not in held for r in rows):
             super().wake_next(host, after)
 
 
@@ -343,9 +424,21 @@ def main(argv: list[str] | None = None) -> int:
         os.umask(old)
     listener.listen(1024)
     raise_descriptor_limit(MAX_CLIENTS + 64)
+    engine = Engine(listener, settings, path, lock_path(state_dir))
     print(f"ready {os.getpid()}", flush=True)  # the starter reads this line, then the engine is alone
     sys.stdout.close()
-    Engine(listener, settings, path, lock_path(state_dir)).serve()
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)  # the starter's pipe closed (sys.stdout.close leaves the descriptor)
+    os.dup2(null, 2)  # no descriptor of the state dir's log held open (it keeps a remount busy)
+    os.close(null)
+    try:
+        engine.serve()
+    except BaseException as exc:
+        import traceback
+
+        said = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        engine.log("ended: " + said.strip().replace("\n", " | "))
+        raise
     return 0
 
 

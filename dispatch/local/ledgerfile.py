@@ -257,8 +257,13 @@ class LedgerFile:
             if self._mine:
                 self._locked(self._put_back)
                 if exc is None:  # another process recovered it: our terminal has not heard of it
-                    self.say(f"ledger {self.path} was replaced (recovered by another hostrun); "
-                             f"put back booking {', '.join(str(i) for i in self._mine)}")
+                    self.put_back_said(list(self._mine))
+
+    def put_back_said(self, booking_ids: list[int]) -> None:
+        """Say that the file was replaced by another process and these bookings were put back (the
+        admission engine tells each run its own)."""
+        self.say(f"ledger {self.path} was replaced (recovered by another hostrun); "
+                 f"put back booking {', '.join(str(i) for i in booking_ids)}")
 
     def _put_back(self) -> None:
         """Our bookings, with their own ids (FIFO order kept), over any row re-booked for our cgroup."""

@@ -161,6 +161,10 @@ class LineServer:
         """No connection for ``idle_after`` seconds: True ends the loop."""
         return False
 
+    def refusal(self, exc: Exception) -> dict[str, Any]:
+        """The answer to a request that raised one of ``request_errors``."""
+        return {"error": str(exc)[:500]}
+
     def log(self, text: str) -> None:
         try:
             print(f"{self.name}: {text}", file=sys.stderr, flush=True)
@@ -345,7 +349,7 @@ class LineServer:
         try:
             answer = self.handle(client, message)
         except self.request_errors as exc:
-            answer = {"error": str(exc)[:500]}
+            answer = self.refusal(exc)
         except Exception as exc:  # anything else: this request's connection ends, the server goes on
             self.log(f"{type(exc).__name__} handling a request of uid {client.uid}: {str(exc)[:200]}")
             client.send({"error": f"the {self.name} could not handle this request "

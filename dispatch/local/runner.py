@@ -335,6 +335,11 @@ class _LocalRun:
             alertlog.write(self.settings.alerts_path, alertlog.for_outcome(
                 outcome, self.request.session, slice_limit=self.limit, request=self.request), self.say)
 
+    def _release_failed(self, exc: LedgerError) -> None:
+        """A dead holder's booking: the next admission reclaims it."""
+        self.say(f"warning: could not release booking {self.booking_id}: {exc}; its holder has ended, "
+                 "so the next run on this host releases it once the state dir can be written again")
+
     def release(self) -> None:
         """Give back whatever was taken: the job's processes killed, the booking released first
         (the next job may start while we tidy up), then the cgroup, the guardian; a signal held back
@@ -348,17 +353,15 @@ class _LocalRun:
             try:
                 self.link.release()
             except LedgerError as exc:
-                self.say(f"warning: could not release booking {self.booking_id}: {exc}")
+                self._release_failed(exc)
             self.link.close()
             self.booking_id = None
         if self.ledger is not None:
             if self.booking_id is not None:
                 try:
                     self.ledger.release(self.booking_id)
-                except LedgerError as exc:  # a dead holder's booking: the next admission reclaims it
-                    self.say(f"warning: could not release booking {self.booking_id}: {exc}; "
-                             "its holder has ended, so the next run on this host releases it "
-                             "once the state dir can be written again")
+                except LedgerError as exc:
+                    self._release_failed(exc)
             self.ledger.close()
         try:
             self.job.remove()
