@@ -156,9 +156,9 @@ def main() -> int:
     p.add_argument("--floor", type=int, default=200, help="bare interpreters for the PSS floor")
     p.add_argument("--timeout", type=float, default=1800, help="give up on the drain after this")
     p.add_argument("--hostrun", help="hostrun executable (default: .venv/bin/hostrun)")
-    p.add_argument("--admission", choices=("direct", "engine"), default="direct",
-                   help="HOSTRUN_ADMISSION for the runs: each takes the ledger's lock itself, or the "
-                        "admission engine does")
+    p.add_argument("--admission", choices=("direct", "engine"), default="engine",
+                   help="through the admission engine (the default), or each run taking the ledger's "
+                        "lock itself (HOSTRUN_ADMISSION=direct, as before the engine)")
     args = p.parse_args()
     hostrun = find_hostrun(args.hostrun)
     python = interpreter_of(hostrun)
