@@ -128,6 +128,29 @@ def test_the_engine_killed_under_waiting_runs_loses_none_of_them(hostrun: Hostru
     _stop_engines(hostrun)
 
 
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def test_a_waiting_run_is_one_process_until_it_is_admitted(hostrun: Hostrun, tmp_path: Path) -> None:
+    """Behind a full slice a run waits alone (no guardian, no pre-forked job: issue 38's cost per
+    waiter); once admitted its guardian and job appear and it runs as ever."""
+    holder, go = _holder(hostrun, tmp_path, "300M")
+    marker = tmp_path / "ran"
+    waiter = hostrun.popen("-m", "100M", "--label", "waiter", "--", "touch", str(marker))
+    wait_for(lambda: [b[1] for b in hostrun.bookings()] == ["holder", "waiter"], timeout=60)
+    time.sleep(0.5)  # what it would fork, it forks at once: give it the time
+    assert _children(waiter.pid) == [] and waiter.poll() is None
+    assert len(_children(holder.pid)) == 2  # the running one: its guardian and its job
+    go.touch()
+    assert holder.wait(timeout=60) == 0 and waiter.wait(timeout=60) == 0
+    assert marker.exists()
+    _stop_engines(hostrun)
+
+
 def test_a_waiting_run_killed_is_released_by_its_connection(hostrun: Hostrun, tmp_path: Path) -> None:
     """A waiting run and its guardian SIGKILLed together: nobody is left to release its booking but
     the engine, which does when the connection closes, while the holder still runs."""

@@ -271,13 +271,22 @@ class Engine(LineServer):
             del self.holders[booking_id]
 
     def dropped(self, client: Holder) -> None:
-        """Its client is gone (ended, killed, its machine gone): what it held is released."""
-        for booking_id in list(client.bookings):
+        """Its client is gone (ended, killed, its machine gone): what it held is released, and a
+        waiting run's job cgroup removed (empty: its process is made once admitted, and its
+        guardian then; a running one's guardian ends the job and removes it)."""
+        for booking_id, state in list(client.bookings.items()):
             self._forget(client, booking_id)
             try:
+                row = self.ledger.booking(booking_id) if state == "waiting" else None
                 self.ledger.release(booking_id)
             except HostrunError as exc:
                 self.log(f"cannot release booking {booking_id}: {exc}")
+                continue
+            if row is not None and row.cgroup and row.cgroup.startswith("/sys/fs/cgroup/"):
+                try:
+                    os.rmdir(row.cgroup)  # only ever an empty directory; the caller's own (same uid)
+                except OSError:
+                    pass
         client.bookings.clear()
         self.changed = True
         self.settle()

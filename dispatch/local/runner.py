@@ -234,9 +234,17 @@ class _LocalRun:
         self.booking_id: int | None = None
         self.old_mask: set[int | signal.Signals] | None = None
 
-    def start(self) -> tuple[Guardian, PreparedChild, Ledger]:
-        """The guardian, then the job's process (it enters the cgroup and blocks until ``go``),
-        then the ledger."""
+    def open_ledger(self) -> Ledger:
+        self.ledger = Ledger(self.settings.state_dir, self.say, self.here.live_jobs)
+        return self.ledger
+
+    def through_engine(self) -> bool:
+        """Whether the admission engine books this run (docs/admission.md): not a ``--gpu-memory``
+        run, nor one on the shared slice, nor with ``HOSTRUN_ADMISSION=direct``."""
+        return self.gpu is None and self.backend.name != "shared" and admitclient.wanted()
+
+    def start(self) -> tuple[Guardian, PreparedChild]:
+        """The guardian, then the job's process (it enters the cgroup and blocks until ``go``)."""
         self.guardian = guardian = Guardian.start(self.settings.state_dir, self.job)
         gpu = self.gpu
         outputs = gpu.start_output() if gpu is not None else None
@@ -244,8 +252,7 @@ class _LocalRun:
         if gpu is not None and gpu.tee is not None:
             gpu.tee.parent_side()
         guardian.job_started(child.pid)
-        self.ledger = ledger = Ledger(self.settings.state_dir, self.say, self.here.live_jobs)
-        return guardian, child, ledger
+        return guardian, child
 
     def attempt(self, label: str, requeue: bool, again: bool, place: int | None,
                 on_wait: Callable[[Admission], None] | None, alerts: bool,
@@ -254,8 +261,14 @@ class _LocalRun:
         ``again``: a slice-full kill runs it again (no alert then); ``place``: a requeued job's
         booking id."""
         settings, request, say = self.settings, self.request, self.say
-        guardian, child, ledger = self.start()
-        plan, booking_id = self.enqueue(guardian, ledger, label, requeue, place)
+        engine = self.through_engine()
+        # Through the engine a waiting run is one process, blocked in a read: its guardian and its
+        # job's process are made once it is admitted (its connection releases it if it dies first).
+        # Without, they wait too: the guardian releases the booking of a run killed while waiting.
+        if not engine:
+            self.start()
+        ledger = self.open_ledger()
+        plan, booking_id = self.enqueue(self.guardian, ledger, label, requeue, place)
         if (alerts or wait_alert is not None) and settings.alert_wait_after > 0:
             on_wait = _wait_alert(settings, self.host.name, label, request, say, on_wait, wait_alert)
         waited, signum = _wait(settings, ledger, self.backend, self.host, booking_id, self.limit, say,
@@ -263,11 +276,16 @@ class _LocalRun:
                                (self.job, plan, label) if self.backend.name == "shared" else None,
                                self.link)
         if waited is None:
-            child.cancel()
+            if self.child is not None:
+                self.child.cancel()
             return Outcome(
                 exit_code=SIGNAL_BASE + signum, outcome="signal", host=self.host.name, label=label,
                 argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
             ), plan
+        if engine:
+            self.start()
+        guardian, child = self.guardian, self.child
+        assert guardian is not None and child is not None
         self.take_device(ledger, booking_id)
         if requeue:  # only such a job may have been lent room (``lending``)
             plan = as_admitted(plan, ledger.booking(booking_id))
@@ -278,7 +296,7 @@ class _LocalRun:
         self.record(ledger, outcome, plan, alerts and not again)  # a requeue needs no decision
         return outcome, plan
 
-    def enqueue(self, guardian: Guardian, ledger: Ledger, label: str, requeue: bool = False,
+    def enqueue(self, guardian: Guardian | None, ledger: Ledger, label: str, requeue: bool = False,
                 place: int | None = None) -> tuple[Plan, int]:
         """Plan the booking from the label's peak here and queue it: (plan, booking id).
         ``requeue``: a job with no peak here is booked at a guess (``booking.guess``);
@@ -293,7 +311,7 @@ class _LocalRun:
                                 elsewhere, program, program_peaks)
         plan = plan_booking(cap=self.cap, peak=peak, slice_limit=self.limit,
                             gamble_size=self.settings.gamble_size_for(host), first_guess=first_guess)
-        if self.gpu is None and self.backend.name != "shared" and admitclient.wanted():
+        if self.through_engine():
             self.link = admitclient.Link(self.settings, self.say).connect()  # 78 when it cannot start
         # From the moment the booking exists, a SIGTERM/SIGHUP/SIGQUIT must end the wait cleanly
         # (release it, say "nothing ran"): held back until _wait has its handlers in place.
@@ -308,7 +326,8 @@ class _LocalRun:
             self.booking_id = booking_id = self.link.book(fields)
         else:
             self.booking_id = booking_id = ledger.enqueue(**fields, gpu_bytes=request.gpu_memory)
-        guardian.booked(booking_id)
+        if guardian is not None:
+            guardian.booked(booking_id)
         if plan.why is not None:
             ledger.log([f"GAMBLE {label} (booking {booking_id}) at {format_size(plan.size)} of its "
                         f"{format_size(plan.limit)} limit: {plan.why}"])
