@@ -7,8 +7,9 @@ What is measured
 ``--jobs`` ``hostrun -m CAP --label kill-I -- sh -c 'date >> ts; sleep S; date >> ts'`` are started
 at once (``--batch`` at a time) against a private slice of ``--slots`` x ``--cap-mib``. While they
 drain, the engine of the state dir is found in /proc and SIGKILLed at ``--kills`` moments drawn
-uniformly over the ideal drain time (``jobs x sleep / slots``), each after the previous engine was
-replaced. Every ``--sample`` seconds the ledger's bookings are read (read-only).
+uniformly over the span of the same swarm without kills (measured first; ``4 x jobs x sleep /
+slots`` with ``--no-baseline``), each once the previous engine was replaced (one killed as it
+starts counts). Every ``--sample`` seconds the ledger's bookings are read (read-only).
 
 * **nothing over-admitted**: the sum of the running bookings never above the slice, at every sample;
   and the most jobs running at once (from the stamps) never above the slots;
@@ -74,8 +75,8 @@ def _stamps(path: str) -> list[float]:
         return []
 
 
-def swarm(args: argparse.Namespace, hostrun: str, kills: int) -> dict[str, object]:
-    """One swarm, ``kills`` engine deaths during it; what it measured."""
+def swarm(args: argparse.Namespace, hostrun: str, kills: int, spread: float) -> dict[str, object]:
+    """One swarm, ``kills`` engine deaths at moments drawn over its first ``spread`` seconds."""
     slice_bytes = args.slots * args.cap_mib << 20
     tmp = tempfile.mkdtemp(prefix="hostrun-kill-")
     config, slice_dir = write_config(tmp, f"{args.slots * args.cap_mib}M")
@@ -88,7 +89,7 @@ def swarm(args: argparse.Namespace, hostrun: str, kills: int) -> dict[str, objec
     stamps = [os.path.join(tmp, f"ts-{i}") for i in range(args.jobs)]
     errors = [open(os.path.join(tmp, f"err-{i}"), "wb") for i in range(args.jobs)]
     ideal = args.jobs * args.sleep / args.slots
-    moments = sorted(random.uniform(0, ideal) for _ in range(kills))
+    moments = sorted(random.uniform(0, spread) for _ in range(kills))
     started = time.monotonic()
     procs = []
     for i in range(args.jobs):
@@ -164,8 +165,10 @@ def main() -> int:
     print(f"engine kills: {args.jobs} x hostrun -m {args.cap_mib}M -- sh -c '...; sleep {args.sleep}' "
           f"on {args.slots} slots, {args.kills} SIGKILLs of the engine (seed {seed}); load "
           f"{os.getloadavg()[0]:.1f}")
-    baseline = None if args.no_baseline else swarm(args, hostrun, 0)
-    result = swarm(args, hostrun, args.kills)
+    ideal = args.jobs * args.sleep / args.slots
+    baseline = None if args.no_baseline else swarm(args, hostrun, 0, 0.0)
+    # the kills spread over the swarm's real span (launch and drain), as measured without them
+    result = swarm(args, hostrun, args.kills, float(baseline["drain"]) if baseline else 4 * ideal)
     for name, r in (("no kill", baseline), ("killed", result)):
         if r is None:
             continue

@@ -19,7 +19,7 @@ calls ``sys.exit``. Every hostrun error class lives here, so the whole tree is i
     │   └── SharedError             78   the shared slice's daemon refused a request or went away
     ├── LedgerError                 78   the ledger (state dir) cannot be read or written
     │   └── EngineError             78   the admission engine could not be reached or started
-    │       └── EngineNotStartedError 78 one this run started never listened (tried again, 3 times)
+    │       └── EngineNotStartedError 78 one this run started never listened (5 started in turn)
     ├── PeerUnreachableError        246  the peer could not be reached or read in time (transient:
     │   │                                retried when ssh's reason looks like weather)
     │   ├── HostKeyError            246  its host key is unknown or changed (never retried)

@@ -28,7 +28,7 @@ if MYPY:
     from dispatch.local.admitpolicy import Admission
 
 START_TIMEOUT = 20.0  # seconds for a started engine to answer (a loaded machine, a cold cache)
-START_TRIES = 3  # engines started in turn (one killed as it starts) before a run gives up, 78
+START_TRIES = 5  # engines started in turn (one killed as it starts) before a run gives up, 78
 REACH_TRIES = 10  # tries to reach an engine (one that died, one dying as it was reached) before 78
 ADMISSION_ENV = "HOSTRUN_ADMISSION"  # "direct": a run takes the ledger's lock itself (no engine)
 COMMAND_MAX = 4096  # characters of a run's command line kept in its booking (shown, never run)
@@ -350,6 +350,7 @@ def _spawn(state_dir: str, digest: str, data: bytes) -> str:
     os.waitpid(pid, 0)
     deadline = time.monotonic() + START_TIMEOUT
     said = b""
+    ended = False  # it closed its end (died) before it said ready, rather than said nothing in time
     try:
         while b"\n" not in said and time.monotonic() < deadline:
             ready, _, _ = select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))
@@ -357,6 +358,7 @@ def _spawn(state_dir: str, digest: str, data: bytes) -> str:
                 break
             chunk = os.read(read_end, 256)
             if not chunk:
+                ended = True
                 break
             said += chunk
     finally:
@@ -368,7 +370,8 @@ def _spawn(state_dir: str, digest: str, data: bytes) -> str:
             tail = fh.read()[-2000:].decode(errors="replace").strip().splitlines()
     except OSError:
         tail = []
-    return (tail[-1] if tail else f"no answer within {START_TIMEOUT:g} s") + f" (its log: {log})"
+    quiet = "it ended before it listened" if ended else f"no answer within {START_TIMEOUT:g} s"
+    return (tail[-1] if tail else quiet) + f" (its log: {log})"
 
 
 def _admission(data: dict[str, Any]) -> Admission:
