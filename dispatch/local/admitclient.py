@@ -323,6 +323,10 @@ def _spawn(state_dir: str, digest: str, data: bytes) -> str:
     env = dict(os.environ)
     env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     log = os.path.join(state_dir, "admitd.log")  # admitd.LOG_NAME
+    try:
+        log_before = os.stat(log).st_size  # what this start writes comes after: only that is said
+    except OSError:
+        log_before = 0
     argv = [sys.executable, "-m", "dispatch.local.admitd", state_dir, digest]
     settings_read, settings_write = os.pipe()
     os.write(settings_write, data)  # a few KiB: the pipe holds them until the engine reads
@@ -367,6 +371,7 @@ def _spawn(state_dir: str, digest: str, data: bytes) -> str:
         return said.decode(errors="replace").strip()
     try:
         with open(log, "rb") as fh:
+            fh.seek(log_before)
             tail = fh.read()[-2000:].decode(errors="replace").strip().splitlines()
     except OSError:
         tail = []
