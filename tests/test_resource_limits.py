@@ -29,7 +29,9 @@ def test_fd_limit_is_one_line_and_78(hostrun: Hostrun, fds: int) -> None:
     else:
         assert done.returncode == 78, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
-        assert fds != 8 or "pipe" in done.stderr, done.stderr
+        # the first descriptor that fails is named: the ledger's (through the engine the guardian's
+        # pipe comes after admission) or the guardian's pipe (a run taking the ledger's lock itself)
+        assert fds != 8 or "pipe" in done.stderr or "(EMFILE)" in done.stderr, done.stderr
     assert hostrun.bookings() == []
 
 
