@@ -3,11 +3,14 @@ state dir, the slice cgroup under this process's own memory cgroup, and leak che
 
 from __future__ import annotations
 
+import collections
 import os
 import sqlite3
 import statistics
+import subprocess
 import sys
 import time
+from typing import Any
 
 MEMORY_MOUNT = "/sys/fs/cgroup/memory"
 
@@ -175,3 +178,53 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
         now += delta
         best = max(best, now)
     return best
+
+
+# -- a swarm of runs (bench_swarm, bench_engine_kill) ---------------------------------------------
+def swarm_arguments(p: Any, jobs: int, batch_pause: float) -> None:
+    """The options that shape a swarm: how many runs, the slice's slots, each run's cap and sleep,
+    how they are launched, and which hostrun."""
+    p.add_argument("--jobs", type=int, default=jobs)
+    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--cap-mib", type=int, default=64)
+    p.add_argument("--sleep", type=float, default=0.2)
+    p.add_argument("--batch", type=int, default=40)
+    p.add_argument("--batch-pause", type=float, default=batch_pause)
+    p.add_argument("--hostrun", help="hostrun executable (default: .venv/bin/hostrun)")
+
+
+def launch_swarm(procs: list[subprocess.Popen[bytes]], base: list[str], env: dict[str, str], tmp: str,
+                 args: Any, label: str) -> list[str]:
+    """``args.jobs`` runs of ``hostrun -m CAP --label LABEL-I -- sh -c 'date >> ts; sleep S; date >> ts'``,
+    ``args.batch`` at a time, appended to ``procs`` as they start (the caller's clean-up sees every
+    one); their stamp files. Each one's stderr goes to ``tmp/err-I`` (``failure_lines``)."""
+    stamps = [os.path.join(tmp, f"ts-{i}") for i in range(args.jobs)]
+    for i in range(args.jobs):
+        with open(os.path.join(tmp, f"err-{i}"), "wb") as err:
+            procs.append(subprocess.Popen(
+                [*base, "-m", f"{args.cap_mib}M", "--label", f"{label}-{i}", "--", "sh", "-c",
+                 f'date +%s.%N >> "$1"; sleep {args.sleep}; date +%s.%N >> "$1"', "job", stamps[i]],
+                env=env, stdout=subprocess.DEVNULL, stderr=err))
+        if (i + 1) % args.batch == 0:
+            time.sleep(args.batch_pause)
+    return stamps
+
+
+def stamp_times(path: str) -> list[float]:
+    """The times a swarm run wrote (its start and its end, once it ran once)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return [float(x) for x in fh.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def failure_lines(tmp: str, procs: list[subprocess.Popen[bytes]]) -> collections.Counter[str]:
+    """The last stderr line of each swarm run that failed, counted."""
+    said: collections.Counter[str] = collections.Counter()
+    for i, proc in enumerate(procs):
+        if proc.returncode:
+            with open(os.path.join(tmp, f"err-{i}"), encoding="utf-8", errors="replace") as fh:
+                lines = fh.read().strip().splitlines()
+            said[(lines[-1] if lines else "no output")[:150]] += 1
+    return said

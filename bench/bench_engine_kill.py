@@ -36,7 +36,18 @@ import sys
 import tempfile
 import time
 
-from _common import find_hostrun, leftovers, max_overlap, private_env, remove_slice, write_config
+from _common import (
+    failure_lines,
+    find_hostrun,
+    launch_swarm,
+    leftovers,
+    max_overlap,
+    private_env,
+    remove_slice,
+    stamp_times,
+    swarm_arguments,
+    write_config,
+)
 
 
 def _engines(state_dir: str) -> list[int]:
@@ -67,14 +78,6 @@ def _running_bytes(db: str) -> int | None:
         return None
 
 
-def _stamps(path: str) -> list[float]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return [float(x) for x in fh.read().split()]
-    except (OSError, ValueError):
-        return []
-
-
 def swarm(args: argparse.Namespace, hostrun: str, kills: int, spread: float) -> dict[str, object]:
     """One swarm, ``kills`` engine deaths at moments drawn over its first ``spread`` seconds."""
     slice_bytes = args.slots * args.cap_mib << 20
@@ -86,19 +89,11 @@ def swarm(args: argparse.Namespace, hostrun: str, kills: int, spread: float) -> 
     env.pop("HOSTRUN_ADMISSION", None)
     base = [hostrun, "--config", config]
     subprocess.run([*base, "--", "true"], env=env, check=True, capture_output=True)
-    stamps = [os.path.join(tmp, f"ts-{i}") for i in range(args.jobs)]
-    errors = [open(os.path.join(tmp, f"err-{i}"), "wb") for i in range(args.jobs)]
     ideal = args.jobs * args.sleep / args.slots
     moments = sorted(random.uniform(0, spread) for _ in range(kills))
     started = time.monotonic()
-    procs = []
-    for i in range(args.jobs):
-        procs.append(subprocess.Popen(
-            [*base, "-m", f"{args.cap_mib}M", "--label", f"kill-{i}", "--", "sh", "-c",
-             f'date +%s.%N >> "$1"; sleep {args.sleep}; date +%s.%N >> "$1"', "job", stamps[i]],
-            env=env, stdout=subprocess.DEVNULL, stderr=errors[i]))
-        if (i + 1) % args.batch == 0:
-            time.sleep(args.batch_pause)
+    procs: list[subprocess.Popen[bytes]] = []
+    stamps = launch_swarm(procs, base, env, tmp, args, "kill")
     killed, over, samples, worst = 0, 0, 0, 0
     last_sample = 0.0
     while any(p.poll() is None for p in procs):
@@ -123,16 +118,9 @@ def swarm(args: argparse.Namespace, hostrun: str, kills: int, spread: float) -> 
                 over += booked > slice_bytes
         time.sleep(0.01)
     drain = time.monotonic() - started
-    for fh in errors:
-        fh.close()
     codes = collections.Counter(p.returncode for p in procs)
-    said: collections.Counter[str] = collections.Counter()
-    for i, p in enumerate(procs):
-        if p.returncode:
-            with open(os.path.join(tmp, f"err-{i}"), encoding="utf-8", errors="replace") as fh:
-                lines = fh.read().strip().splitlines()
-            said[(lines[-1] if lines else "no output")[:150]] += 1
-    runs = [_stamps(s) for s in stamps]
+    said = failure_lines(tmp, procs)
+    runs = [stamp_times(s) for s in stamps]
     for pid in _engines(state_dir):
         os.kill(pid, signal.SIGTERM)
     time.sleep(0.5)
@@ -146,18 +134,12 @@ def swarm(args: argparse.Namespace, hostrun: str, kills: int, spread: float) -> 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=300)
+    swarm_arguments(p, jobs=300, batch_pause=0.3)
     p.add_argument("--kills", type=int, default=20)
-    p.add_argument("--slots", type=int, default=8)
-    p.add_argument("--cap-mib", type=int, default=64)
-    p.add_argument("--sleep", type=float, default=0.2)
-    p.add_argument("--batch", type=int, default=40)
-    p.add_argument("--batch-pause", type=float, default=0.3)
     p.add_argument("--sample", type=float, default=0.05, help="seconds between ledger samples")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-baseline", action="store_true", help="skip the swarm without kills")
-    p.add_argument("--hostrun", help="hostrun executable (default: .venv/bin/hostrun)")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else int(time.time())
     random.seed(seed)

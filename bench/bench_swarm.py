@@ -42,12 +42,16 @@ import threading
 import time
 
 from _common import (
+    failure_lines,
     find_hostrun,
     interpreter_of,
+    launch_swarm,
     leftovers,
     max_overlap,
     private_env,
     remove_slice,
+    stamp_times,
+    swarm_arguments,
     write_config,
 )
 
@@ -96,14 +100,6 @@ def _descendants(roots: list[int]) -> list[int]:
     return found
 
 
-def _stamps(path: str) -> list[float]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return [float(x) for x in fh.read().split()]
-    except (OSError, ValueError):
-        return []
-
-
 def floor_pss(python: str, count: int) -> float:
     """MiB of PSS per bare interpreter that imports what a waiting client needs and sleeps."""
     procs = [subprocess.Popen([python, "-I", "-c", "import socket, os, sys, time; time.sleep(60)"])
@@ -146,16 +142,10 @@ def task_spooler(jobs: int, slots: int, sleep: float, tmp: str) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=1000)
-    p.add_argument("--slots", type=int, default=8)
-    p.add_argument("--cap-mib", type=int, default=64)
-    p.add_argument("--sleep", type=float, default=0.2)
-    p.add_argument("--batch", type=int, default=40)
-    p.add_argument("--batch-pause", type=float, default=0.5)
+    swarm_arguments(p, jobs=1000, batch_pause=0.5)
     p.add_argument("--idle-window", type=float, default=5.0)
     p.add_argument("--floor", type=int, default=200, help="bare interpreters for the PSS floor")
     p.add_argument("--timeout", type=float, default=1800, help="give up on the drain after this")
-    p.add_argument("--hostrun", help="hostrun executable (default: .venv/bin/hostrun)")
     p.add_argument("--admission", choices=("direct", "engine"), default="engine",
                    help="through the admission engine (the default), or each run taking the ledger's "
                         "lock itself (HOSTRUN_ADMISSION=direct, as before the engine)")
@@ -175,16 +165,8 @@ def main() -> int:
         holder = subprocess.Popen([*base, "-m", f"{slice_mib}M", "--label", "holder", "--", "sleep", "3600"],
                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.5)
-        stamps = [os.path.join(tmp, f"ts-{i}") for i in range(args.jobs)]
-        errors = [open(os.path.join(tmp, f"err-{i}"), "wb") for i in range(args.jobs)]
         launch_started = time.monotonic()
-        for i in range(args.jobs):
-            procs.append(subprocess.Popen(
-                [*base, "-m", f"{args.cap_mib}M", "--label", f"swarm-{i}", "--", "sh", "-c",
-                 f'date +%s.%N >> "$1"; sleep {args.sleep}; date +%s.%N >> "$1"', "job", stamps[i]],
-                env=env, stdout=subprocess.DEVNULL, stderr=errors[i]))
-            if (i + 1) % args.batch == 0:
-                time.sleep(args.batch_pause)
+        stamps = launch_swarm(procs, base, env, tmp, args, "swarm")
         launched = time.monotonic() - launch_started
         time.sleep(2.0)
         waiting = [p for p in procs if p.poll() is None]
@@ -212,20 +194,13 @@ def main() -> int:
                 proc.kill()
             done.wait(60)
         drain = time.monotonic() - drain_started
-        for fh in errors:
-            fh.close()
         codes = collections.Counter(p.returncode for p in procs)
-        runs = [_stamps(s) for s in stamps]
+        runs = [stamp_times(s) for s in stamps]
         once = sum(1 for r in runs if len(r) == 2)
         twice = sum(1 for r in runs if len(r) > 2)
         never = sum(1 for r in runs if not r)
         overlap = max_overlap([(r[0], r[1]) for r in runs if len(r) == 2])
-        said = collections.Counter()
-        for i, code in enumerate(p.returncode for p in procs):
-            if code:
-                with open(os.path.join(tmp, f"err-{i}"), encoding="utf-8", errors="replace") as fh:
-                    lines = fh.read().strip().splitlines()
-                said[(lines[-1] if lines else "no output")[:150]] += 1
+        said = failure_lines(tmp, procs)
         ideal = args.jobs * args.sleep / args.slots
         floor = floor_pss(python, args.floor)
         per_waiter = pss / max(len(waiting), 1)

@@ -42,6 +42,11 @@ def lock_path(state_dir: str) -> str:
     return os.path.join(state_dir, "admitd.lock")
 
 
+def log_path(state_dir: str) -> str:
+    """What the engine says (why it did not start, a ledger it recovered, a crash)."""
+    return os.path.join(state_dir, "admitd.log")
+
+
 def unix_address(path: str, sock: socket.socket, how: str) -> None:
     """``sock.bind`` or ``sock.connect`` (``how``) at ``path``, which may be longer than AF_UNIX
     takes (108 bytes; a deep state dir): then through ``/proc/self/fd`` of its directory."""
@@ -322,7 +327,7 @@ def _spawn(state_dir: str, digest: str, data: bytes) -> str:
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    log = os.path.join(state_dir, "admitd.log")  # admitd.LOG_NAME
+    log = log_path(state_dir)
     try:
         log_before = os.stat(log).st_size  # what this start writes comes after: only that is said
     except OSError:

@@ -37,10 +37,11 @@ import sys
 import time
 from collections.abc import Callable
 
-from dispatch.core.errors import HostrunError
+from dispatch.core.errors import HostrunError, LedgerError
 from dispatch.core.procinfo import is_stopped
-from dispatch.local.admitclient import lock_path, socket_path, unix_address
+from dispatch.local.admitclient import lock_path, log_path, socket_path, unix_address
 from dispatch.local.ledger import Ledger
+from dispatch.local.ledgerfile import put_back_line
 from dispatch.local.lineserver import Connection, LineServer, raise_descriptor_limit
 
 MYPY = False
@@ -52,7 +53,6 @@ if MYPY:
     from dispatch.local.ledgerdb import Booking
 
 PROTOCOL = 1
-LOG_NAME = "admitd.log"  # in the state dir: what the engine says (a start that fails, a recovery)
 IDLE_AFTER = 30.0  # seconds with no connection before the engine leaves (HOSTRUN_ENGINE_IDLE)
 IDLE_ENV = "HOSTRUN_ENGINE_IDLE"
 TICK = 1.0  # seconds between re-evaluations while bookings wait (usage and MemAvailable move)
@@ -111,7 +111,7 @@ class Engine(LineServer):
         self.host = self.here.host.name
         self.room = room_function(self.here.backend, self.here.limit)
         self._ledger: EngineLedger | None = None  # open only while it holds bookings (``settle``)
-        self.log_path = os.path.join(settings.state_dir, LOG_NAME)
+        self.log_path = log_path(settings.state_dir)
         self.waiting: set[int] = set()  # the held bookings that wait
         self.owner = os.geteuid()
         self.clients: dict[int, Holder] = {}
@@ -144,26 +144,23 @@ class Engine(LineServer):
 
     def put_back(self, booking_ids: list[int], path: str) -> None:
         """Each run whose booking was put back after another process replaced the file is told so."""
-        self.log(f"ledger {path} was replaced; put back booking {', '.join(map(str, booking_ids))}")
+        self.log(put_back_line(path, booking_ids))
         mine: dict[int, list[int]] = {}
         for booking_id in booking_ids:
             client = self.holders.get(booking_id)
             if client is not None:
                 mine.setdefault(id(client), []).append(booking_id)
         for ids in mine.values():
-            self.holders[ids[0]].send({"op": "say", "line": f"ledger {path} was replaced (recovered by "
-                                       f"another hostrun); put back booking {', '.join(map(str, ids))}"})
+            self.holders[ids[0]].send({"op": "say", "line": put_back_line(path, ids)})
 
     def refusal(self, exc: Exception) -> dict[str, Any]:
-        from dispatch.core.errors import LedgerError
-
         answer = super().refusal(exc)
         if isinstance(exc, LedgerError):  # the state dir's own words: the run says them as its own
             answer["kind"] = "ledger"
         return answer
 
     def log(self, text: str) -> None:
-        """One line appended to ``admitd.log`` (opened per line: no descriptor held in the state dir)."""
+        """One line appended to the engine's log (opened per line: no descriptor held in the state dir)."""
         try:
             fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600)

@@ -108,6 +108,11 @@ def _ensure_private_dir(path: str) -> None:
     private_dir(path, fix="set state_dir to a directory of your own")
 
 
+def put_back_line(path: str, booking_ids: list[int]) -> str:
+    return (f"ledger {path} was replaced (recovered by another hostrun); "
+            f"put back booking {', '.join(str(i) for i in booking_ids)}")
+
+
 class LedgerFile:
     """``say`` gets the one line a recovery prints (default: stderr). ``live_jobs`` lists the jobs
     running in the slice, to re-book them after a recovery; without it a damaged ledger is not
@@ -262,8 +267,7 @@ class LedgerFile:
     def put_back_said(self, booking_ids: list[int]) -> None:
         """Say that the file was replaced by another process and these bookings were put back (the
         admission engine tells each run its own)."""
-        self.say(f"ledger {self.path} was replaced (recovered by another hostrun); "
-                 f"put back booking {', '.join(str(i) for i in booking_ids)}")
+        self.say(put_back_line(self.path, booking_ids))
 
     def _put_back(self) -> None:
         """Our bookings, with their own ids (FIFO order kept), over any row re-booked for our cgroup."""
