@@ -24,6 +24,7 @@ import ``socket, os, sys, time`` and sleep (their PSS each); and, where task-spo
 its server's RSS.
 
 Targets (issue 38): every job runs once, none 78; drain <= 2x the ideal; <= 4 MiB PSS per waiting job.
+``--park no`` keeps every waiting run whole (``HOSTRUN_PARK=0``), for the figures before parking.
 Run by hand as root on a cgroup v1 (or v2) machine, e.g.::
 
     .venv/bin/python bench/bench_swarm.py --jobs 1000
@@ -100,6 +101,15 @@ def _descendants(roots: list[int]) -> list[int]:
     return found
 
 
+def _parked(pid: int) -> bool:
+    """A waiting run parked (dispatch/local/park.py): its process runs parked.py."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return any(arg.endswith(b"/parked.py") for arg in fh.read().split(b"\0"))
+    except OSError:
+        return False
+
+
 def floor_pss(python: str, count: int) -> float:
     """MiB of PSS per bare interpreter that imports what a waiting client needs and sleeps."""
     procs = [subprocess.Popen([python, "-I", "-c", "import socket, os, sys, time; time.sleep(60)"])
@@ -149,6 +159,8 @@ def main() -> int:
     p.add_argument("--admission", choices=("direct", "engine"), default="engine",
                    help="through the admission engine (the default), or each run taking the ledger's "
                         "lock itself (HOSTRUN_ADMISSION=direct, as before the engine)")
+    p.add_argument("--park", choices=("yes", "no"), default="yes",
+                   help="waiting runs far from their turn park (the default), or stay whole (HOSTRUN_PARK=0)")
     args = p.parse_args()
     hostrun = find_hostrun(args.hostrun)
     python = interpreter_of(hostrun)
@@ -157,6 +169,7 @@ def main() -> int:
     config, slice_dir = write_config(tmp, f"{slice_mib}M")
     env = private_env(tmp)
     env["HOSTRUN_ADMISSION"] = args.admission
+    env["HOSTRUN_PARK"] = "1" if args.park == "yes" else "0"
     base = [hostrun, "--config", config]
     procs: list[subprocess.Popen[bytes]] = []
     failed: list[str] = []
@@ -172,6 +185,7 @@ def main() -> int:
         waiting = [p for p in procs if p.poll() is None]
         tree = _descendants([p.pid for p in waiting])
         pss = sum(s for s in (_pss_kib(pid) for pid in tree) if s is not None) / 1024
+        parked = sum(1 for p in waiting if _parked(p.pid))
         cpu0 = sum(t for t in (_cpu_ticks(pid) for pid in tree) if t is not None)
         time.sleep(args.idle_window)
         cpu1 = sum(t for t in (_cpu_ticks(pid) for pid in tree) if t is not None)
@@ -206,11 +220,11 @@ def main() -> int:
         per_waiter = pss / max(len(waiting), 1)
         print(f"swarm: {args.jobs} x hostrun -m {args.cap_mib}M -- sh -c '...; sleep {args.sleep}' behind a "
               f"holder of the whole {slice_mib} MiB slice ({args.slots} slots), launched {args.batch} at a "
-              f"time in {launched:.1f} s; admission {args.admission}; load before the drain "
-              f"{os.getloadavg()[0]:.1f}")
+              f"time in {launched:.1f} s; admission {args.admission}, park {args.park}; load before the "
+              f"drain {os.getloadavg()[0]:.1f}")
         print(f"  ended before the holder: {dict(gone_early) or 'none'}")
         print(f"  waiting while the slice was full: {len(waiting)} jobs, {len(tree)} processes "
-              f"({len(tree) / max(len(waiting), 1):.1f} per job)")
+              f"({len(tree) / max(len(waiting), 1):.1f} per job), {parked} of them parked")
         print(f"  PSS per waiting job: {per_waiter:.1f} MiB (floor, a bare python3 -I with socket/os/sys/"
               f"time: {floor:.1f} MiB; {per_waiter / floor:.1f}x); all waiters {pss:.0f} MiB")
         print(f"  CPU per waiting job: {per_s / max(len(waiting), 1) * 1000:.2f} ms per second")

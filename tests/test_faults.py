@@ -152,10 +152,10 @@ def test_doctor_reports_a_damaged_ledger_and_leaves_it(hostrun: Hostrun) -> None
 
 
 def test_ledger_damaged_under_a_running_job(hostrun: Hostrun, tmp_path: Path) -> None:
-    """The running job's hostrun keeps its job's exit status; a new run neither hangs nor fails, and
-    recovers the ledger (re-booking the running job from its cgroup); the admission engine, which
-    holds the running job's booking, puts it back with its own id and label as the new run books,
-    and the running hostrun says so when it ends."""
+    """The running job's hostrun keeps its job's exit status; a new run neither hangs nor fails. The
+    admission engine, which holds both bookings and writes the new run's record, meets the damage,
+    recovers the ledger (the running job re-booked with its own id and label, over the row its
+    cgroup gave) and tells both runs in the recovery's own line."""
     record_some_peaks(hostrun)
     ready, go = tmp_path / "ready", tmp_path / "go"
     running = hostrun.popen("-m", "100M", "--label", "long", "--", "sh", "-c",
@@ -175,7 +175,8 @@ def test_ledger_damaged_under_a_running_job(hostrun: Hostrun, tmp_path: Path) ->
     assert running.returncode == 7, err
     assert "Traceback" not in err
     (line,) = ledger_lines(err)
-    assert "was replaced (recovered by another hostrun); put back booking" in line
+    assert line == assert_one_recovery_line(new.stderr), (line, new.stderr)
+    assert "2 running jobs re-booked" in line, line  # the long job and the new run, then running
     labels = [p[0] for p in peak_tables(hostrun)[0]]
     assert "long" in labels and "small" in labels
 

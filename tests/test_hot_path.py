@@ -66,7 +66,8 @@ def test_a_run_with_a_result_file_loads_none_of_the_heavy_modules(hostrun: Hostr
     hostrun.run("-m", "8M", "--", "true")  # the config cache is warm from here on
     names = imported(hostrun, "-m", "8M", "--result-file", str(result), "--", "true")
     assert names & RUN_PATH_AVOIDS == set()
-    assert {"_sqlite3", "dispatch.core.jsontext"} <= names  # the ledger opened, the file written
+    assert "dispatch.core.jsontext" in names  # the file written
+    assert "_sqlite3" not in names  # booked, recorded and released by the engine: no ledger opened
     assert json.loads(result.read_text())["exit_code"] == 0
 
 

@@ -302,7 +302,7 @@ def _run_here(spec: RunSpec, settings: Settings | None, session: _Session) -> di
     settings: its result frame's payload (an error's, when hostrun itself failed)."""
     from dispatch.agent.prepare import peer_settings
     from dispatch.local.booking import peer_cap
-    from dispatch.local.runner import run_local
+    from dispatch.local.localrun import run_local
 
     if settings is None:
         settings, _notes = peer_settings(spec.fallback or {})

@@ -94,15 +94,26 @@ def cmd_run(argv: list[str]) -> int:
         elif opts.peer or opts.auto:
             return _run_elsewhere(options, command, opts, request)
         else:
-            from dispatch.local.runner import run_local
+            from dispatch.local.localrun import run_local
 
             settings = load_config(opts.config)
-            outcome = run_local(settings, request, say, _peer_watch(settings, options, command, opts))
+            outcome = run_local(settings, request, say, _peer_watch(settings, options, command, opts),
+                                park=_own_command_line(argv))
     except HostrunError as exc:
         if opts.result_file:
             _write_failure(opts.result_file, request, exc)
         raise
     return _finish(outcome, opts)
+
+
+def _own_command_line(argv: list[str]) -> bool:
+    """Whether ``argv`` ends this process's own command line (``hostrun [OPTIONS] -- CMD``, not a
+    shim's or a library caller's), so that running that line again resumes this run: a waiting run
+    may then park (``dispatch.local.park``)."""
+    import sys
+
+    own = list(getattr(sys, "orig_argv", None) or [])
+    return bool(argv) and own[-len(argv):] == argv and sys.argv[-len(argv):] == argv
 
 
 def _gpu_bytes(opts: RunOptions) -> int | None:

@@ -126,6 +126,17 @@ class SharedError(BackendError):
 class LedgerError(HostrunError, code=ExitCode.NOT_RUN):
     """The state dir's ledger cannot be used (read-only, disk full, damaged and not recoverable)."""
 
+    @classmethod
+    def of_state_dir(cls, state_dir: str, cause: OSError | None, detail: str, what: str) -> LedgerError:
+        """One line naming the state dir and the errno (``cause``): ``state dir D: Read-only file
+        system (EROFS) (ledger D/ledger.sqlite3)``; ``detail`` when no errno is known."""
+        if cause is not None and cause.errno is not None:
+            import errno
+
+            name = errno.errorcode.get(cause.errno, str(cause.errno))
+            detail = f"{cause.strerror} ({name})" + ("" if detail == str(cause) else f"; {detail}")
+        return cls(f"state dir {state_dir}: {detail} ({what})")
+
 
 class EngineError(LedgerError):
     """The admission engine (local/admitd) could not be reached or started: nothing was run."""

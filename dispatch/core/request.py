@@ -18,6 +18,18 @@ JOB_ENV = "HOSTRUN_JOB"  # set in every job: the job's cgroup, so a nested hostr
 THREAD_KNOBS = ("CARGO_BUILD_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL")
 
 
+def default_label(argv: Sequence[str]) -> str:
+    """A stable fingerprint of the command: readable program name plus a hash of the whole argv
+    (bytes that are not UTF-8 in the name are written ``\\xNN``: the label is stored as text)."""
+    import os
+
+    from dispatch.core.fingerprint import short_hash
+    from dispatch.core.text import storable
+
+    digest = short_hash("\0".join(argv).encode("utf-8", "surrogateescape"))
+    return f"{storable(os.path.basename(argv[0])) or 'job'}-{digest}"
+
+
 class RunRequest(NamedTuple):
     argv: Sequence[str]
     label: Optional[str] = None

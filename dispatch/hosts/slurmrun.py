@@ -193,7 +193,7 @@ class SlurmRun:
         from dispatch.guards.headers import declares_preflight
 
         if declares_preflight(self.request.argv):
-            from dispatch.local.runner import with_preflight
+            from dispatch.local.localrun import with_preflight
 
             return with_preflight(self.config, self.request, self.say, self._run, elsewhere=self.where)
         return self._run()

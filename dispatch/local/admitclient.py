@@ -21,11 +21,13 @@ from dispatch.core.errors import EngineError, EngineNotStartedError, HostrunErro
 
 MYPY = False
 if MYPY:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from dispatch.core.settings import Settings
     from dispatch.local.admitpolicy import Admission
+    from dispatch.local.ledger import Ledger
+    from dispatch.local.ledgerdb import RunRecord
 
 START_TIMEOUT = 20.0  # seconds for a started engine to answer (a loaded machine, a cold cache)
 START_TRIES = 5  # engines started in turn (one killed as it starts) before a run gives up, 78
@@ -118,6 +120,8 @@ class Link:
         self.sock: socket.socket | None = None
         self.buf = b""
         self.booking_id: int | None = None
+        self.admitted_kind: str | None = None  # the kind the engine admitted it as (lent: gamble)
+        self.attached: dict[str, Any] | None = None  # the last attach's answer
 
     # -- reaching the engine ----------------------------------------------------------------------
 
@@ -153,8 +157,12 @@ class Link:
     def _start(self, path: str) -> socket.socket:
         import fcntl
 
-        fd = os.open(lock_path(self.settings.state_dir),
-                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        lock = lock_path(self.settings.state_dir)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:  # a read-only or full state dir: its own words, 78
+            raise LedgerError.of_state_dir(self.settings.state_dir, exc, str(exc),
+                                           f"admission engine lock {lock}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             sock = _try_connect(path)  # another run started it while this one waited for the lock
@@ -195,6 +203,9 @@ class Link:
         if "error" in message:
             if message.get("kind") == "ledger":  # the state dir's own trouble, in its own words
                 raise LedgerError(str(message["error"]))
+            refusal = _refusal_class(message.get("class"))
+            if refusal is not None:  # the run's own refusal (243, 78), as the run would raise it
+                raise refusal(str(message["error"]))
             raise EngineError(f"the admission engine refused: {message['error']}")
         return message
 
@@ -214,28 +225,55 @@ class Link:
     # -- a run's booking --------------------------------------------------------------------------
 
     def book(self, fields: dict[str, Any]) -> int:
-        """Queue the run; asked again of the next engine when this one dies before it answers (the
-        engine then finds the booking the dead one made, by the run's pid, and keeps it)."""
-        if len(fields["command"]) > COMMAND_MAX:  # an ARG_MAX-long line would pass the request bound
-            fields = {**fields, "command": fields["command"][:COMMAND_MAX - 1] + "…"}
-        request = {"op": "book", "booking": fields, "status_interval": self.settings.status_interval}
-        for _ in range(REACH_TRIES):
-            try:
-                answer = self.ask(request)
-                break
-            except (ConnectionError, BrokenPipeError):
-                self.connect()
-        else:
-            raise EngineError("the admission engine kept going away before it queued this run; nothing ran")
+        """Queue the run as planned by the run itself; asked again of the next engine when this one
+        dies before it answers (the engine then finds the booking the dead one made, by the run's
+        pid, and keeps it)."""
+        answer = self._queue("book", "booking", fields)
         self.booking_id = int(answer["id"])
         return self.booking_id
 
-    def wait(self, say: Callable[[str], None], on_wait: Callable[[Admission], None] | None) -> float:
-        """Block until admitted (seconds waited); each ``wait`` message is a status line (and
-        ``on_wait``'s figures). An engine that dies meanwhile is replaced and the booking attached."""
-        from dispatch.local.admission import status_line
+    def plan(self, fields: dict[str, Any]) -> dict[str, Any] | None:
+        """Queue the run before anything of it is made: the engine checks its cap (raising the
+        run's 243 or 78 here), plans its booking and answers ``queued`` with the booking id, the
+        plan (``booking.Plan`` as a list), the cap and the slice's limit; None when the run is to
+        take the ledger's lock itself (the shared backend: its daemon admits it first)."""
+        answer = self._queue("plan", "run", fields)
+        if answer.get("op") == "direct":
+            return None
+        self.booking_id = int(answer["id"])
+        return answer
 
-        started = time.monotonic()
+    def _queue(self, op: str, key: str, fields: dict[str, Any]) -> dict[str, Any]:
+        if len(fields["command"]) > COMMAND_MAX:  # an ARG_MAX-long line would pass the request bound
+            fields = {**fields, "command": fields["command"][:COMMAND_MAX - 1] + "…"}
+        request = {"op": op, key: fields, "status_interval": self.settings.status_interval}
+        for _ in range(REACH_TRIES):
+            try:
+                return self.ask(request)
+            except (ConnectionError, BrokenPipeError):
+                self.connect()
+        raise EngineError("the admission engine kept going away before it queued this run; nothing ran")
+
+    def set_cgroup(self, path: str) -> None:
+        """The admitted run's job cgroup, made now: its booking names it. An engine gone by then
+        is no loss (the next run's recovery finds the job by its cgroup); the release goes on."""
+        if self.booking_id is None or not path:
+            return
+        try:
+            self.ask({"op": "cgroup", "id": self.booking_id, "path": path})
+        except (ConnectionError, OSError, EngineError):
+            pass
+
+    def wait(self, say: Callable[[str], None], on_wait: Callable[[Admission], None] | None,
+             due: Callable[[], bool] | None = None, park: Callable[[], bool] | None = None,
+             started: float | None = None) -> float:
+        """Block until admitted (seconds waited since ``started``, a ``time.monotonic``); each
+        ``wait`` message is a status line, as the engine wrote it, and ``on_wait``'s figures when
+        ``due()`` says it wants them now (a short wait then builds none, nor imports what they
+        take). At the first one that says the run is not near its turn, ``park`` is called (it
+        execs ``dispatch.local.park``'s parked process, or returns when the run stays whole). An
+        engine that dies meanwhile is replaced and the booking attached."""
+        started = time.monotonic() if started is None else started
         tries = 0
         while True:
             try:
@@ -252,24 +290,112 @@ class Link:
                 continue
             op = message.get("op")
             if op == "admitted":
+                kind = message.get("kind")
+                self.admitted_kind = kind if isinstance(kind, str) else None
                 return time.monotonic() - started
             if op == "wait":
-                adm = _admission(message["adm"])
-                say(status_line(adm))
-                if on_wait is not None:
-                    on_wait(adm)
+                line = message.get("line")
+                if isinstance(line, str):
+                    say(line)
+                if on_wait is not None and (due is None or due()):
+                    on_wait(_admission(message["adm"]))
+                if park is not None and message.get("near") is False:
+                    go, park = park, None  # asked once
+                    go()
+
+    def park_request(self, booking_id: int) -> dict[str, Any] | None:
+        """Ask the engine to mark the booking parked (``dispatch.local.park``): None once it has;
+        else the ``admitted`` or ``soon`` that came first, put back for ``wait`` to read (the run
+        then stays whole). Every answer to this request is read here, so none is taken later for
+        another's."""
+        self.send({"op": "park", "id": booking_id})
+        first: dict[str, Any] | None = None
+        while True:
+            try:
+                message = self._receive()
+            except EngineError:  # refused: admitted before the engine read the request
+                if first is None:
+                    raise
+                break
+            op = message.get("op")
+            if op == "parked":
+                break
+            if op in ("wait", "say") and isinstance(message.get("line"), str):
+                self.say(str(message["line"]))
+            elif op in ("admitted", "soon") and first is None:
+                first = message
+        if first is not None:
+            self.buf = _framed(first) + self.buf
+        return first
+
+    def adopt(self, fd: int, booking_id: int) -> Link:
+        """The connection a parked run handed on (``park.take_resume``), its booking with it."""
+        self.sock = socket.socket(fileno=fd)
+        os.set_inheritable(fd, False)
+        self.buf, self.booking_id = b"", booking_id
+        return self
+
+    def attach(self) -> dict[str, Any]:
+        """This connection's booking, as the engine has it (``state``: waiting, running or gone;
+        ``plan``), its status interval set again. On a connection a parked run handed on, what the
+        engine sent before the answer is read first: waiting lines said, the rest dropped (the
+        answer's state says whether it was admitted)."""
+        assert self.booking_id is not None
+        self.send({"op": "attach", "id": self.booking_id,
+                   "status_interval": self.settings.status_interval})
+        while True:
+            message = self.receive()
+            if message.get("op") == "attached":
+                return message
+            if message.get("op") == "wait" and isinstance(message.get("line"), str):
+                self.say(str(message["line"]))
 
     def _reattach(self) -> None:
         assert self.booking_id is not None
         self.close()
         self.connect()
-        answer = self.ask({"op": "attach", "id": self.booking_id,
-                           "status_interval": self.settings.status_interval})
+        answer = self.attached = self.attach()
         if answer.get("state") == "gone":
             raise EngineError(f"booking {self.booking_id} was lost while the admission engine restarted; "
                               "nothing ran")
         if answer.get("state") == "running":  # admitted just before the old engine died
             self.buf = _framed({"op": "admitted"}) + self.buf
+
+    # -- the run's record: the engine writes it (``ledgerdb.record_outcome`` calls these) ----------
+
+    def record_run(self, run: RunRecord, keep: tuple[float, int]) -> None:
+        self._record({"call": "run", "run": _run_fields(run)}, lambda ledger: ledger.record_run(run, keep))
+
+    def record_peak(self, label: str, host: str, peak: int, hit_ceiling: bool, duration: float, *,
+                    cap: int | None, event: str, clear_after: int, run: RunRecord | None = None,
+                    keep: tuple[float, int], vram: int | None = None,
+                    ramp: Sequence[int] | None = None) -> None:
+        self._record(
+            {"call": "peak", "run": None if run is None else _run_fields(run), "peak": peak,
+             "hit_ceiling": hit_ceiling, "duration": duration, "cap": cap, "event": event,
+             "vram": vram, "ramp": None if ramp is None else list(ramp)},
+            lambda ledger: ledger.record_peak(label, host, peak, hit_ceiling, duration, cap=cap,
+                                              event=event, clear_after=clear_after, run=run, keep=keep,
+                                              vram=vram, ramp=ramp))
+
+    def _record(self, fields: dict[str, Any], direct: Callable[[Ledger], None]) -> None:
+        """The run's peak and history row, written by the engine in the ledger it holds open (a
+        finished run neither opens the ledger nor waits on its lock); when the engine has gone,
+        written here (``direct``). A ledger failure is the caller's warning (``LedgerError``)."""
+        try:
+            if self.sock is None or self.booking_id is None:
+                raise ConnectionError("not connected")
+            self.ask({"op": "record", "id": self.booking_id, **fields})
+            return
+        except (ConnectionError, OSError):
+            pass
+        from dispatch.local.ledger import Ledger
+
+        ledger = Ledger(self.settings.state_dir, self.say)
+        try:
+            direct(ledger)
+        finally:
+            ledger.close()
 
     def release(self) -> None:
         """Give the booking back (through the next engine, or the ledger itself, if this one went)."""
@@ -382,6 +508,22 @@ def _spawn(state_dir: str, digest: str, data: bytes) -> str:
         tail = []
     quiet = "it ended before it listened" if ended else f"no answer within {START_TIMEOUT:g} s"
     return (tail[-1] if tail else quiet) + f" (its log: {log})"
+
+
+def _run_fields(run: RunRecord) -> list[Any]:
+    """A history row as the engine takes it (``RunRecord``'s fields; its command kept short)."""
+    fields = list(run)[:15]
+    if len(run.command) > COMMAND_MAX:
+        fields[7] = run.command[:COMMAND_MAX - 1] + "…"
+    return fields
+
+
+def _refusal_class(name: object) -> type[HostrunError] | None:
+    """The error class an engine's refusal names, when it is one of hostrun's own (a run's 243, 78)."""
+    from dispatch.core import errors
+
+    found = getattr(errors, name, None) if isinstance(name, str) and name.endswith("Error") else None
+    return found if isinstance(found, type) and issubclass(found, HostrunError) else None
 
 
 def _admission(data: dict[str, Any]) -> Admission:

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dispatch.core.errors import HostrunError, LedgerError
 from dispatch.core.procinfo import is_stopped
 from dispatch.local.admitclient import lock_path, log_path, socket_path, unix_address
+from dispatch.local.booking import OOM_SCORE_ADJ
 from dispatch.local.ledger import Ledger
 from dispatch.local.ledgerfile import put_back_line
 from dispatch.local.lineserver import Connection, LineServer, raise_descriptor_limit
@@ -49,19 +50,30 @@ if MYPY:
     from typing import Any
 
     from dispatch.core.settings import Settings
-    from dispatch.local.admitpolicy import Admission
+    from dispatch.local.admitpolicy import Admission, RoomFunction
+    from dispatch.local.hostslice import LocalSlice
     from dispatch.local.ledgerdb import Booking
 
 PROTOCOL = 1
 IDLE_AFTER = 30.0  # seconds with no connection before the engine leaves (HOSTRUN_ENGINE_IDLE)
 IDLE_ENV = "HOSTRUN_ENGINE_IDLE"
 TICK = 1.0  # seconds between re-evaluations while bookings wait (usage and MemAvailable move)
+NEAR = 16  # waiters this close to the head of the queue stay (or are made) whole: see ``park``
+NEAR_ENV = "HOSTRUN_ENGINE_NEAR"  # another NEAR (tests: park with a few waiters)
 MAX_CLIENTS = 8192  # a swarm's waiters, each one connection
+MIN_DESCRIPTORS = 32  # its own (listener, selector, signal pipe, ledger and log) and a few runs
 # What ``book`` takes, with its type: Ledger.enqueue's keywords.
 BOOKING_FIELDS: dict[str, type | tuple[type, ...]] = {
     "host": str, "label": str, "pid": int, "pid_start": int, "size": int, "cap": int, "kind": str,
     "command": str, "session": (str, type(None)), "cgroup": (str, type(None)),
     "group": (str, type(None)), "when_idle": bool, "booking_id": (int, type(None)), "requeue": bool,
+}
+# What ``plan`` takes: a run before anything of it is made; the engine checks its cap against the
+# slice, plans its booking from the ledger (``booking.plan_for``) and queues it (``admitclient``).
+RUN_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "host": str, "label": str, "pid": int, "pid_start": int, "cap": (int, type(None)), "no_cap": bool,
+    "program": str, "command": str, "session": (str, type(None)), "group": (str, type(None)),
+    "when_idle": bool, "booking_id": (int, type(None)), "requeue": bool,
 }
 
 
@@ -89,6 +101,7 @@ class Holder(Connection):
         self.bookings: dict[int, str] = {}  # id -> "waiting" | "running"
         self.interval: dict[int, float] = {}  # id -> its status_interval
         self.told: dict[int, float] = {}  # id -> when its last status line went out
+        self.parked: set[int] = set()  # its waiters parked (``dispatch.local.park``): told "soon"
 
 
 class Engine(LineServer):
@@ -101,25 +114,43 @@ class Engine(LineServer):
 
     def __init__(self, listener: socket.socket, settings: Settings, path: str, lock: str) -> None:
         super().__init__(listener)
-        from dispatch.local.admission import room_function
-        from dispatch.local.hostslice import LocalSlice
-
         self.settings = settings
         self.path = path
         self.lock = lock
-        self.here = LocalSlice(settings)
-        self.host = self.here.host.name
-        self.room = room_function(self.here.backend, self.here.limit)
+        self.host = settings.local.name
+        self._here: LocalSlice | None = None
+        self._room: RoomFunction | None = None
         self._ledger: EngineLedger | None = None  # open only while it holds bookings (``settle``)
         self.log_path = log_path(settings.state_dir)
         self.waiting: set[int] = set()  # the held bookings that wait
         self.owner = os.geteuid()
         self.clients: dict[int, Holder] = {}
+        self.asking: Holder | None = None  # the client whose request is being handled
         self.holders: dict[int, Holder] = {}  # booking id -> its client
         self.changed = True
         self.last_evaluation = 0.0
         self.idle_after = float(os.environ.get(IDLE_ENV) or IDLE_AFTER)
+        self.near = int(os.environ.get(NEAR_ENV) or NEAR)
         self.listener_ino = os.stat(path).st_ino
+
+    @property
+    def here(self) -> LocalSlice:
+        """This host's slice and cap backend, found at the first request that needs them: a
+        backend that does not work here, or a reserve that leaves no slice, is that run's refusal
+        in its own words (78), not an engine that cannot start."""
+        if self._here is None:
+            from dispatch.local.hostslice import LocalSlice
+
+            self._here = LocalSlice(self.settings)
+        return self._here
+
+    @property
+    def room(self) -> RoomFunction:
+        if self._room is None:
+            from dispatch.local.admission import room_function
+
+            self._room = room_function(self.here.backend, self.here.limit)
+        return self._room
 
     @property
     def ledger(self) -> EngineLedger:
@@ -127,8 +158,8 @@ class Engine(LineServer):
         run's open would) and closed by ``settle`` once no booking is held: a file held open would
         hide damage from the next run (a live WAL), and keep a read-only remount busy."""
         if self._ledger is None:
-            self._ledger = EngineLedger(self.settings.state_dir, self._ledger_said, self.here.live_jobs,
-                                        self)
+            self._ledger = EngineLedger(self.settings.state_dir, self._ledger_said,
+                                        lambda: self.here.live_jobs(), self)
         return self._ledger
 
     def settle(self) -> None:
@@ -137,9 +168,11 @@ class Engine(LineServer):
             self._ledger = None
 
     def _ledger_said(self, line: str) -> None:
-        """What the ledger says (a recovery) goes to the log and to every run holding a booking."""
+        """What the ledger says (a recovery) goes to the log, to every run holding a booking, and
+        to the run whose request opened it (a run booked here opens no ledger of its own)."""
         self.log(line)
-        for client in {id(c): c for c in self.holders.values()}.values():
+        told = [*self.holders.values(), *([self.asking] if self.asking is not None else [])]
+        for client in {id(c): c for c in told}.values():
             client.send({"op": "say", "line": line})
 
     def put_back(self, booking_ids: list[int], path: str) -> None:
@@ -157,6 +190,8 @@ class Engine(LineServer):
         answer = super().refusal(exc)
         if isinstance(exc, LedgerError):  # the state dir's own words: the run says them as its own
             answer["kind"] = "ledger"
+        elif isinstance(exc, HostrunError):  # a refusal of the run (243, 78): raised as it is there
+            answer["class"] = type(exc).__name__
         return answer
 
     def log(self, text: str) -> None:
@@ -182,15 +217,30 @@ class Engine(LineServer):
     # -- requests ---------------------------------------------------------------------------------
 
     def handle(self, client: Holder, message: dict[str, Any]) -> dict[str, Any] | None:
+        self.asking = client
         try:
             return self._handle(client, message)
         finally:
+            self.asking = None
             self.settle()
 
     def _handle(self, client: Holder, message: dict[str, Any]) -> dict[str, Any] | None:
         op = message.get("op")
         if op == "hello":
             return {"op": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "host": self.host}
+        if op == "plan":
+            return self.plan(client, message)
+        if op == "cgroup":
+            return self.cgroup(client, message)
+        if op == "record":
+            return self.record(client, message)
+        if op == "park":
+            booking_id = _int(message.get("id"), "id")
+            if client.bookings.get(booking_id) != "waiting":
+                raise ValueError(f"booking {booking_id} is not a waiting booking of this connection")
+            client.parked.add(booking_id)
+            self.changed = True  # one that is near already is told "soon" at once
+            return {"op": "parked", "id": booking_id}
         if op == "book":
             return self.book(client, message)
         if op == "attach":
@@ -204,31 +254,132 @@ class Engine(LineServer):
             self.changed = True
             return {"op": "released", "id": booking_id}
         raise ValueError(f"unknown request {op[:40]!r}" if isinstance(op, str) else
-                         "unknown request (op: hello, book, attach or release)")
+                         "unknown request (op: hello, plan, book, cgroup, record, park, attach or release)")
 
-    def book(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
-        fields = message.get("booking")
-        if not isinstance(fields, dict) or set(fields) != set(BOOKING_FIELDS):
-            raise ValueError(f"booking: an object with {', '.join(sorted(BOOKING_FIELDS))}")
-        for key, kind in BOOKING_FIELDS.items():
-            value = fields[key]
+    def _fields(self, client: Holder, message: dict[str, Any], key: str,
+                spec: dict[str, type | tuple[type, ...]]) -> dict[str, Any]:
+        fields = message.get(key)
+        if not isinstance(fields, dict) or set(fields) != set(spec):
+            raise ValueError(f"{key}: an object with {', '.join(sorted(spec))}")
+        for name, kind in spec.items():
+            value = fields[name]
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise ValueError(f"booking: {key} of the wrong type")
+                raise ValueError(f"{key}: {name} of the wrong type")
         if fields["host"] != self.host:
-            raise ValueError(f"booking: this engine admits for host {self.host!r}")
+            raise ValueError(f"{key}: this engine admits for host {self.host!r}")
         if fields["pid"] != client.pid and client.uid != 0:
-            raise ValueError("booking: pid must be the caller's own")
+            raise ValueError(f"{key}: pid must be the caller's own")
+        return fields
+
+    def _orphan(self, client: Holder, message: dict[str, Any], fields: dict[str, Any]) -> Booking | None:
+        """The booking an engine that died before it answered made for this run (by its pid), now
+        held by this connection: the same booking, its place kept."""
         orphan = next((b for b in self.ledger.bookings(self.host) if b.id not in self.holders
                        and (b.pid, b.pid_start, b.label) == (fields["pid"], fields["pid_start"],
                                                              fields["label"])), None)
-        if orphan is not None:  # booked by an engine that died before it answered: the same booking
+        if orphan is not None:
             self._hold(client, orphan.id, orphan.state, self._interval(message))
             self.changed = True
+        return orphan
+
+    def book(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
+        """A booking planned by the run itself (the runs that took the ledger's lock before)."""
+        fields = self._fields(client, message, "booking", BOOKING_FIELDS)
+        orphan = self._orphan(client, message, fields)
+        if orphan is not None:
             return {"op": "queued", "id": orphan.id}
         booking_id = self.ledger.enqueue(**fields)
         self._hold(client, booking_id, "waiting", self._interval(message))
         self.changed = True
         return {"op": "queued", "id": booking_id}
+
+    def plan(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
+        """A run asks to be booked before it has made anything: its cap checked against this host's
+        slice (78, 243 as the run would say them), its booking planned from the ledger as the run
+        would (``booking.plan_for``), queued. A run on the shared backend is told to go ``direct``
+        (the shared daemon admits it first)."""
+        from dispatch.core.units import format_size
+        from dispatch.local.booking import Plan, plan_for
+
+        fields = self._fields(client, message, "run", RUN_FIELDS)
+        here = self.here
+        if here.backend.name == "shared":
+            return {"op": "direct"}
+        cap = here.checked_cap(fields["cap"], fields["no_cap"])
+        limit = here.limit_for(cap)
+        orphan = self._orphan(client, message, fields)
+        if orphan is not None:
+            plan = Plan(orphan.kind, orphan.size, orphan.cap, OOM_SCORE_ADJ.get(orphan.kind, 1000))
+            return {"op": "queued", "id": orphan.id, "plan": list(plan), "cap": cap, "limit": limit}
+        label, host = fields["label"], self.host
+        plan = plan_for(self.ledger, host, label, fields["program"], cap, limit,
+                        self.settings.gamble_size_for(here.host), fields["requeue"])
+        booking_id = self.ledger.enqueue(
+            host=host, label=label, pid=fields["pid"], pid_start=fields["pid_start"], size=plan.size,
+            cap=plan.limit, kind=plan.kind, command=fields["command"], session=fields["session"],
+            cgroup=None, group=fields["group"], when_idle=fields["when_idle"],
+            booking_id=fields["booking_id"], requeue=fields["requeue"])
+        if plan.why is not None:
+            self.ledger.log([f"GAMBLE {label} (booking {booking_id}) at {format_size(plan.size)} of its "
+                             f"{format_size(plan.limit)} limit: {plan.why}"])
+        self._hold(client, booking_id, "waiting", self._interval(message))
+        self.changed = True
+        return {"op": "queued", "id": booking_id, "plan": list(plan), "cap": cap, "limit": limit}
+
+    def record(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
+        """A finished run's peak and history row (``admitclient.Link.record_peak``/``record_run``),
+        for the label and host of the booking this connection holds, written here with this
+        engine's own ``clear_mark_after`` and history limits: the run opens no ledger of its own,
+        and never waits on its lock."""
+        from dispatch.local.ledgerdb import CLEAN, FAILED, NO_EVENT, OOM_KILLED, SLICE_FULL, RunRecord
+
+        booking_id = _int(message.get("id"), "id")
+        if client.bookings.get(booking_id) != "running":
+            raise ValueError(f"booking {booking_id} is not a running booking of this connection")
+        row = self.ledger.booking(booking_id)
+        if row is None:
+            raise ValueError(f"booking {booking_id} is gone")
+        fields = message.get("run")
+        run = None if fields is None else RunRecord(*_checked_list(fields, RUN_RECORD_TYPES, "run"))
+        if run is not None and (run.label, run.host) != (row.label, row.host):
+            raise ValueError("run: not the label and host of this connection's booking")
+        keep = self.settings.history_keep
+        call = message.get("call")
+        if call == "run":
+            if run is None:
+                raise ValueError("run: a history row")
+            self.ledger.record_run(run, keep)
+            return {"op": "recorded", "id": booking_id}
+        if call != "peak":
+            raise ValueError("call: run or peak")
+        peak, duration, cap, vram = (message.get(k) for k in ("peak", "duration", "cap", "vram"))
+        event, ramp, hit = message.get("event"), message.get("ramp"), message.get("hit_ceiling")
+        if not isinstance(peak, int) or not _size(peak) or not (cap is None or _size(cap)) \
+                or not (vram is None or _size(vram)):
+            raise ValueError("peak, cap, vram: bytes")
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 <= duration < 1e9:
+            raise ValueError("duration: seconds")
+        if event not in (CLEAN, FAILED, NO_EVENT, OOM_KILLED, SLICE_FULL) or not isinstance(hit, bool):
+            raise ValueError("event, hit_ceiling: of the wrong kind")
+        if ramp is not None and not (isinstance(ramp, list) and len(ramp) <= 64
+                                     and all(_size(v) for v in ramp)):
+            raise ValueError("ramp: up to 64 sizes")
+        self.ledger.record_peak(row.label, row.host, peak, hit, float(duration), cap=cap, event=event,
+                                clear_after=self.settings.clear_mark_after, run=run, keep=keep,
+                                vram=vram, ramp=ramp)
+        return {"op": "recorded", "id": booking_id}
+
+    def cgroup(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
+        """An admitted run made its job's cgroup: the booking names it (its usage counts from now,
+        and a recovery re-books it by it)."""
+        booking_id = _int(message.get("id"), "id")
+        path = message.get("path")
+        if client.bookings.get(booking_id) != "running":
+            raise ValueError(f"booking {booking_id} is not a running booking of this connection")
+        if not isinstance(path, str) or not 0 < len(path) <= 4096:
+            raise ValueError("path: the job's cgroup directory")
+        self.ledger.set_cgroup(booking_id, path)
+        return {"op": "cgroup", "id": booking_id}
 
     def attach(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
         """A client of an engine that died takes its booking back; a waiting one keeps its place."""
@@ -242,8 +393,10 @@ class Engine(LineServer):
         if other is not None and other is not client:
             raise ValueError(f"booking {booking_id} is held by another connection")
         self._hold(client, booking_id, row.state, self._interval(message))
+        client.parked.discard(booking_id)  # a parked run, whole again on the same connection
         self.changed = True
-        return {"op": "attached", "id": booking_id, "state": row.state}
+        plan = [row.kind, row.size, row.cap, OOM_SCORE_ADJ.get(row.kind, 1000), None]
+        return {"op": "attached", "id": booking_id, "state": row.state, "plan": plan}
 
     def _interval(self, message: dict[str, Any]) -> float:
         interval = message.get("status_interval", self.settings.status_interval)
@@ -262,6 +415,7 @@ class Engine(LineServer):
 
     def _forget(self, client: Holder, booking_id: int) -> None:
         self.waiting.discard(booking_id)
+        client.parked.discard(booking_id)
         client.interval.pop(booking_id, None)
         client.told.pop(booking_id, None)
         if self.holders.get(booking_id) is client:
@@ -305,15 +459,19 @@ class Engine(LineServer):
         if not self.waiting:
             self.settle()
             return
-        from dispatch.local.admission import stop_reclaimed, wait_reason
+        from dispatch.core.text import printable
+        from dispatch.local.admission import status_line, stop_reclaimed, wait_reason
 
         rows = self.ledger.bookings(self.host)
         waiting = [b for b in rows if b.state == "waiting" and b.id in self.holders]
         groups = self.settings.groups
         backfill = self.settings.queue_policy == "backfill"
         trying = True
-        for b in waiting:
+        for position, b in enumerate(waiting):
             client = self.holders[b.id]
+            if position < self.near and b.id in client.parked:  # whole again before its turn comes
+                client.parked.discard(b.id)
+                client.send({"op": "soon", "id": b.id})
             due = now - client.told.get(b.id, 0.0) >= client.interval[b.id]
             if trying and is_stopped(b.pid):  # Ctrl-Z'd while it waits: passed over, holds nobody up
                 continue
@@ -334,7 +492,8 @@ class Engine(LineServer):
                 trying = adm.policy is not None or adm.memory_ok or adm.pass_on
             if due and not client.out:
                 client.told[b.id] = now
-                client.send({"op": "wait", "id": b.id, "adm": admission_dict(adm)})
+                client.send({"op": "wait", "id": b.id, "adm": admission_dict(adm),
+                             "line": printable(status_line(adm)), "near": position < self.near})
 
     # -- leaving when idle ------------------------------------------------------------------------
 
@@ -394,6 +553,28 @@ class EngineLedger(Ledger):
             super().wake_next(host, after)
 
 
+_NUMBER = (int, float)
+_TEXT = (str, type(None))
+# RunRecord's fields as a run sends them, in order (ledgerdb.RunRecord, its id left out).
+RUN_RECORD_TYPES: list[type | tuple[type, ...]] = [
+    _NUMBER, _NUMBER, (int, float, type(None)), (int, float, type(None)), str, str, _TEXT, str,
+    (int, type(None)), _TEXT, (int, type(None)), (int, type(None)), int, str, bool,
+]
+
+
+def _checked_list(value: object, types: list[type | tuple[type, ...]], what: str) -> list[Any]:
+    if not isinstance(value, list) or len(value) != len(types):
+        raise ValueError(f"{what}: a list of {len(types)} fields")
+    for item, kind in zip(value, types):
+        if not isinstance(item, kind) or (isinstance(item, bool) and kind is not bool):
+            raise ValueError(f"{what}: a field of the wrong type")
+    return value
+
+
+def _size(value: object) -> bool:
+    return type(value) is int and 0 <= value < 1 << 62
+
+
 def _int(value: object, what: str) -> int:
     if type(value) is not int or value <= 0:
         raise ValueError(f"{what}: a positive whole number")
@@ -429,7 +610,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         os.umask(old)
     listener.listen(1024)
-    raise_descriptor_limit(MAX_CLIENTS + 64)
+    limit = raise_descriptor_limit(MAX_CLIENTS + 64)
+    if limit < MIN_DESCRIPTORS:  # it could not accept a run and open the ledger: say so, not idle
+        os.unlink(path)
+        print(f"its limit on open files is {limit} (the hard limit of the run that started it: "
+              f"ulimit -n), fewer than the {MIN_DESCRIPTORS} it needs to admit runs", file=sys.stderr)
+        return 1
     engine = Engine(listener, settings, path, lock_path(state_dir))
     print(f"ready {os.getpid()}", flush=True)  # the starter reads this line, then the engine is alone
     sys.stdout.close()

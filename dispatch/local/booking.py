@@ -18,19 +18,19 @@ gamble booking undercounted it; otherwise it would be booked the same way and ki
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from dispatch.core.errors import NeverFitsError
-from dispatch.core.fingerprint import short_hash
 from dispatch.core.records import NamedTuple
-from dispatch.core.text import storable
+from dispatch.core.request import default_label as default_label  # where the callers found it
 from dispatch.core.units import format_size
 from dispatch.local.ledgerdb import Booking, PeakRecord
 
 MYPY = False
 if MYPY:
     from typing import Optional
+
+    from dispatch.local.ledger import Ledger
 
 OOM_SCORE_ADJ = {"cap": 0, "peak": 500, "gamble": 1000}
 
@@ -80,7 +80,12 @@ def guess(cap: int | None, limit: int, elsewhere: Sequence[tuple[str, int]], pro
 def as_admitted(plan: Plan, row: Booking | None) -> Plan:
     """The plan as admitted: a job started on lent room (``dispatch.local.lending``) was booked as
     a gamble, so the kernel kills it first if a projection was wrong (and it is requeued)."""
-    if row is None or row.kind != "gamble" or plan.kind == "gamble":
+    return as_admitted_kind(plan, row.kind if row is not None else None)
+
+
+def as_admitted_kind(plan: Plan, kind: str | None) -> Plan:
+    """``as_admitted`` from the kind the booking was admitted as (the engine says it)."""
+    if kind != "gamble" or plan.kind == "gamble":
         return plan
     return plan._replace(kind="gamble", oom_score_adj=OOM_SCORE_ADJ["gamble"])
 
@@ -95,13 +100,6 @@ def peer_cap(cap: int | None, default_cap: int | None, peer_memory_cap: int | No
     if peer_memory_cap is None:
         return default_cap
     return peer_memory_cap if default_cap is None else min(default_cap, peer_memory_cap)
-
-
-def default_label(argv: Sequence[str]) -> str:
-    """A stable fingerprint of the command: readable program name plus a hash of the whole argv
-    (bytes that are not UTF-8 in the name are written ``\\xNN``: the label is stored as text)."""
-    digest = short_hash("\0".join(argv).encode("utf-8", "surrogateescape"))
-    return f"{storable(os.path.basename(argv[0])) or 'job'}-{digest}"
 
 
 def plan_booking(
@@ -128,6 +126,21 @@ def plan_booking(
     else:
         kind, size = "gamble", min(gamble_size, slice_limit)
     return Plan(kind=kind, size=size, limit=limit, oom_score_adj=OOM_SCORE_ADJ[kind])
+
+
+def plan_for(ledger: Ledger, host: str, label: str, program: str, cap: int | None, slice_limit: int,
+             gamble_size: int, requeue: bool) -> Plan:
+    """The booking of a run of ``label`` on ``host`` from what ``ledger`` knows of it: its peak there
+    and, for a job that may be requeued and has none, the guess (``guess``). The one rule for a run
+    booked by the admission engine and one taking the ledger's lock itself."""
+    peak = ledger.peak(label, host)
+    first_guess = None
+    if requeue and peak is None:
+        elsewhere, program_peaks = ledger.guess_evidence(label, host, program)
+        first_guess = guess(cap, cap if cap is not None else slice_limit, elsewhere, program,
+                            program_peaks)
+    return plan_booking(cap=cap, peak=peak, slice_limit=slice_limit, gamble_size=gamble_size,
+                        first_guess=first_guess)
 
 
 def _at(when: float) -> str:

@@ -48,6 +48,23 @@ class LocalSlice:
                 self.mem.total, self.source, cap)
         return self._limit
 
+    def checked_cap(self, cap: int | None, no_cap: bool) -> int | None:
+        """The job's cap (``-m``, else the host's ``default_cap``), once this host can run it at all:
+        a backend that caps memory (or ``no_cap``) and a cap the slice could ever admit; else the
+        refusal (78, 243) before anything is made or booked."""
+        from dispatch.core.errors import NeverFitsError, NoCapBackendError
+
+        if not self.backend.caps_memory and not no_cap:
+            raise NoCapBackendError(
+                "no memory-cap backend works on this host (run 'hostrun doctor' to see why); "
+                "pass --no-cap to run uncapped anyway"
+            )
+        cap = cap if cap is not None else self.host.default_cap
+        limit = self.limit_for(cap)  # 78 here when the default reserve leaves no slice
+        if cap is not None and cap > limit:
+            raise NeverFitsError(self.never_fits(cap))
+        return cap
+
     @property
     def config(self) -> str:
         from dispatch.core.sliceadvice import config_file

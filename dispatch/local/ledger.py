@@ -270,6 +270,14 @@ class Ledger(LedgerFile):
             self.wake_next(row[0])
 
     @guarded
+    def set_cgroup(self, booking_id: int, path: str) -> None:
+        """The job cgroup of an admitted booking, made once it was admitted (a run the admission
+        engine booked before it made anything)."""
+        self.db.execute("UPDATE bookings SET cgroup = ? WHERE id = ?", (path, booking_id))
+        if booking_id in self._mine:
+            self._track(booking_id)  # put back with it after a recovery
+
+    @guarded
     def booking(self, booking_id: int) -> Booking | None:
         rows = self._rows("id = ?", (booking_id,))
         return rows[0] if rows else None

@@ -15,7 +15,6 @@ full, a lock held too long) raise ``LedgerError``: one line, exit 78.
 
 from __future__ import annotations
 
-import errno
 import functools
 import os
 import signal
@@ -283,8 +282,5 @@ class LedgerFile:
     def _error(self, exc: BaseException) -> LedgerError:
         """One line naming the state dir and the errno (found by a probe write when SQLite hides it)."""
         cause = exc if isinstance(exc, OSError) else _probe(self.state_dir)
-        detail = str(exc)
-        if cause is not None and cause.errno is not None:
-            name = errno.errorcode.get(cause.errno, str(cause.errno))
-            detail = f"{cause.strerror} ({name})" + ("" if cause is exc else f"; SQLite: {exc}")
-        return LedgerError(f"state dir {self.state_dir}: {detail} (ledger {self.path})")
+        detail = str(exc) if cause is exc or cause is None else f"SQLite: {exc}"
+        return LedgerError.of_state_dir(self.state_dir, cause, detail, f"ledger {self.path}")

@@ -42,15 +42,16 @@ ACCEPT_PAUSE = 0.5  # seconds without accepting once out of descriptors (accept 
 OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
-def raise_descriptor_limit(want: int) -> None:
+def raise_descriptor_limit(want: int) -> int:
     """Room for ``want`` descriptors (every connection a server may hold, and what a request
-    needs), as far as the hard limit allows (a unit's LimitNOFILE may set it too)."""
+    needs), as far as the hard limit allows (a unit's LimitNOFILE may set it too): the limit now."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE,
-                           (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return want if soft == resource.RLIM_INFINITY else soft
 
 
 class Connection:

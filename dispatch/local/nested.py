@@ -47,7 +47,7 @@ def run_inside(request: RunRequest, enclosing: str, keep_outcome: bool,
         return become(request)
     if not preflight:
         return run_nested(request, enclosing)
-    from dispatch.local.runner import with_preflight
+    from dispatch.local.localrun import with_preflight
 
     return with_preflight(settings(), request, say, lambda: run_nested(request, enclosing))
 

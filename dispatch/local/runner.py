@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 
 from dispatch.capping.base import CapBackend, JobCgroup
-from dispatch.core.errors import BackendError, LedgerError, NeverFitsError, NoCapBackendError, UsageError
-from dispatch.core.exitcodes import SIGNAL_BASE, ExitCode, from_wait_status
+from dispatch.core.errors import BackendError, LedgerError, UsageError
+from dispatch.core.exitcodes import ExitCode, from_wait_status
 from dispatch.core.hostfacts import has_nvidia_gpus
 from dispatch.core.outcome import Outcome
 from dispatch.core.procinfo import start_time
@@ -34,19 +34,19 @@ from dispatch.core.request import JOB_ENV, RunRequest, job_environment
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
-from dispatch.local import admitclient, ramp
-from dispatch.local.admission import wait_for_room
+from dispatch.local import admitclient, enginebook, ramp
 from dispatch.local.admitclient import Link
 from dispatch.local.admitpolicy import Admission, Room
-from dispatch.local.booking import Plan, as_admitted, default_label, guess, plan_booking
+from dispatch.local.booking import Plan, as_admitted, as_admitted_kind, default_label, plan_for
+from dispatch.local.enginebook import WAIT_SIGNALS, Booked
 from dispatch.local.guardian import Guardian
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.jobwatch import Foreground, JobWatch
-from dispatch.local.ledger import Ledger
 from dispatch.local.ledgerdb import record_outcome
 from dispatch.local.signals import FORWARDED as FORWARDED
 from dispatch.local.signals import ForwardedSignals as _Signals
 from dispatch.local.spawn import CGROUP_FAILED, PreparedChild
+from dispatch.local.waitwatch import watch_for
 
 MYPY = False
 if MYPY:
@@ -54,108 +54,51 @@ if MYPY:
 
     from dispatch.local.gpu import GpuRun
     from dispatch.local.kernlog import KernelWatch
+    from dispatch.local.ledger import Ledger
     from dispatch.local.ledgerdb import Booking
 
-# They end a wait for room, as SIGINT does (KeyboardInterrupt).
-WAIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
-
-class _Interrupted(Exception):
-    """A signal arrived while the job was still waiting for room (nothing ran yet)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_interrupted(signum: int, _frame: object) -> None:
-    raise _Interrupted(signum)
-
-
-def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
-              on_wait: Callable[[Admission], None] | None = None, alerts: bool = True,
-              wait_alert: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
-    """Book, wait, run and judge one job on this host; the Outcome carries the exit code.
-
-    A script declaring preflight conditions is checked first (``with_preflight``). With ``alerts``
-    (a run for a controller on this host; a peer's agent passes False, its controller alerts from the
-    outcome), a long wait, an own-cap kill (250) and a slice-full kill (254) are alerted
-    (``dispatch.local.alertlog``). ``wait_alert``: a peer's agent gets a long wait's figures there,
-    for its controller to alert.
-    """
-    return with_preflight(settings, request, say,
-                          lambda: _run_local(settings, request, say, on_wait, alerts, wait_alert))
-
-
-def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str], None],
-                   run: Callable[[], Outcome], elsewhere: str | None = None) -> Outcome:
-    """``run()``, unless the script ``request.argv`` runs declares preflight conditions
-    (``# admission:``, ``# run-condition:``; ``dispatch.local.preflight``) that are unmet: then print each
-    unmet one and return exit 78 with nothing created, booked or run. A single-instance lock is held
-    for the whole run; the inputs' fingerprint is recorded only when the job exited 0.
-
-    ``elsewhere`` names a host whose node the job will run on, out of reach until it starts (a
-    cluster): the admission and the single-instance lock are this tree's and are checked here; a
-    condition about the machine (command, device, min-free) cannot be, and refuses the run (78).
-    """
-    from dispatch.guards.headers import declares_preflight
-
-    if not declares_preflight(request.argv):
-        return run()
-    from dispatch.local.preflight import check, declared
-
-    script = declared(request.argv)  # malformed: UsageError (2)
-    if script is None:
-        return run()
-    host = elsewhere or settings.local.name
-    label = request.label or default_label(request.argv)
-    if elsewhere is not None:
-        machine = [c for c in script.conditions if c.kind in ("command", "device", "min-free")]
-        if machine:
-            first = machine[0]
-            return Outcome.of(ExitCode.NOT_RUN, host=host, label=label, argv=list(request.argv),
-                              message=f"{script.path}:{first.line}: run-condition {first.kind} is "
-                                      f"about the machine the job runs on, a node of {elsewhere} that "
-                                      "cannot be checked before the job starts; nothing ran")
-    environ = os.environ if request.env is None else request.env
-    verdict, guard = check(settings, script, environ, force=request.force, hold=True)
-    if guard is None:
-        for line in [] if verdict.nothing_to_do else verdict.unmet_lines():
-            say(line)  # a skip (inputs unchanged) is said in one line: the summary
-        return Outcome.of(ExitCode.NOT_RUN, host=host, label=label, argv=list(request.argv),
-                          message=verdict.summary())
-    if verdict.unmet:  # only the admission, overridden by --force
-        say(verdict.summary())
-    try:
-        outcome = run()
-        if outcome.exit_code == 0 and outcome.outcome == "exit":
-            try:
-                guard.succeeded()
-            except OSError as exc:
-                say(f"warning: the job succeeded, but its inputs could not be recorded: {exc}")
-        return outcome
-    finally:
-        guard.release()
-
-
-def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
-               on_wait: Callable[[Admission], None] | None = None, alerts: bool = False,
-               wait_alert: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
+def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], None],
+               on_wait: Callable[[Admission], None] | None = None, alerts: bool = True,
+               wait_alert: Callable[[dict[str, Any]], None] | None = None,
+               booked: Booked | None = None) -> Outcome:
     """The steps of a local run in their order (docs/design.md, "A local run"); what each step
     takes is held by a ``_LocalRun`` and given back by its ``release``, however the run ends.
+    ``booked``: the admission engine booked it and it was admitted (``dispatch.local.localrun``);
+    else it is booked here.
+
+    With ``alerts`` (a run for a controller on this host; a peer's agent passes False, its controller
+    alerts from the outcome), a long wait, an own-cap kill (250) and a slice-full kill (254) are
+    alerted (``dispatch.local.alertlog``). ``wait_alert``: a peer's agent gets a long wait's figures
+    there, for its controller to alert.
 
     A job that may be requeued (``Settings.may_requeue``) and was killed because the slice filled
     (254) runs again, up to ``MAX_REQUEUES`` times: its label is marked by then, so it is booked at
     its cap, and it keeps its place in the queue (the same booking id)."""
     if not request.argv:
         raise UsageError("no command given (usage: hostrun [OPTIONS] -- CMD [ARGS...])")
-    here = LocalSlice(settings)
-    cap = _checked_cap(here, request)
-    label = storable(request.label or default_label(request.argv))  # a text key in the ledger
+    try:
+        here = LocalSlice(settings)
+        cap = here.checked_cap(request.cap, request.no_cap)
+    except BaseException:
+        _drop(booked)
+        raise
+    label = storable(request.label or default_label(request.argv))
     requeue = settings.may_requeue(label, request.group, request.requeue)
     place: int | None = None
+    engine = request.gpu_memory is None and here.backend.name != "shared" and admitclient.wanted()
     for requeued in range(MAX_REQUEUES + 1):
-        run = _LocalRun(settings, request, say, here, cap)
+        if booked is None and engine and place is not None:  # a requeue, booked by the engine again
+            watch = watch_for(settings, here.host.name, label, request, say, on_wait, alerts, wait_alert)
+            try:
+                booked = enginebook.book(settings, request, label, requeue, place, say, watch)
+            except enginebook.Interrupted as exc:
+                return enginebook.interrupted_outcome(settings, request, label, exc.signum)
+        try:
+            run = _LocalRun(settings, request, say, here, cap, booked)
+        except BaseException:
+            _drop(booked)
+            raise
+        booked = None
         try:
             again = requeue and requeued < MAX_REQUEUES  # a slice-full kill now runs it again
             outcome, plan = run.attempt(label, requeue, again, place, on_wait, alerts, wait_alert)
@@ -168,45 +111,39 @@ def _run_local(settings: Settings, request: RunRequest, say: Callable[[str], Non
                     f"{plan.kind} {format_size(plan.size)}; runs again at its cap "
                     f"({requeued + 1} of {MAX_REQUEUES})")
             say(line.replace("REQUEUE ", "requeued: ", 1))
-            if run.ledger is not None:
-                run.ledger.log([line])
+            (run.ledger or run.open_ledger()).log([line])
         finally:
             run.release()
     raise AssertionError("unreachable: the last attempt returns")
 
 
+def _drop(booked: Booked | None) -> None:
+    """An admitted booking whose run failed before it held it: released at once."""
+    if booked is not None:
+        try:
+            booked.link.release()
+        finally:
+            booked.link.close()
+
+
 MAX_REQUEUES = 2  # a requeued job is booked at its cap: a second kill means others undercounted
-
-
-def _checked_cap(here: LocalSlice, request: RunRequest) -> int | None:
-    """The job's cap, once this host can run it at all: a backend that caps memory (or
-    ``--no-cap``) and a cap the slice could ever admit; else refused before anything is made."""
-    host, backend = here.host, here.backend
-    if not backend.caps_memory and not request.no_cap:
-        raise NoCapBackendError(
-            "no memory-cap backend works on this host (run 'hostrun doctor' to see why); "
-            "pass --no-cap to run uncapped anyway"
-        )
-    cap = request.cap if request.cap is not None else host.default_cap
-    limit = here.limit_for(cap)  # 78 here when the default reserve leaves no slice
-    if cap is not None and cap > limit:
-        raise NeverFitsError(here.never_fits(cap))
-    return cap
 
 
 class _LocalRun:
     """What one local run holds, from its job cgroup to its booking, so that ``release`` gives it
     all back in one place, in the order that lets the next job start soonest.
 
-    Made before anything is booked: a ``--gpu-memory`` request no GPU here could take is refused
-    first; then the slice and the job's cgroup are made, so the kernel's slow cgroup entry overlaps
-    the booking and the wait that follow.
+    Made before anything is booked (a run taking the ledger's lock itself): a ``--gpu-memory``
+    request no GPU here could take is refused first; then the slice and the job's cgroup are made,
+    so the kernel's slow cgroup entry overlaps the booking and the wait that follow. A run the
+    engine booked (``booked``) is made once admitted, and its booking is told its cgroup.
     """
 
     def __init__(self, settings: Settings, request: RunRequest, say: Callable[[str], None],
-                 here: LocalSlice, cap: int | None) -> None:
+                 here: LocalSlice, cap: int | None, booked: Booked | None = None) -> None:
         self.settings, self.request, self.say, self.here, self.cap = settings, request, say, here, cap
         self.host, self.backend, self.limit = here.host, here.backend, here.limit
+        self.booked = booked
         base_env = dict(os.environ if request.env is None else request.env)
         self.gpu: GpuRun | None = None
         self.watch: KernelWatch | None = None  # the kernel log, on a host with GPUs; gpu when there is one
@@ -233,15 +170,15 @@ class _LocalRun:
         self.link: Link | None = None  # the admission engine's connection, when it admits this run
         self.booking_id: int | None = None
         self.old_mask: set[int | signal.Signals] | None = None
+        if booked is not None:
+            self.link, self.booking_id = booked.link, booked.booking_id
+            booked.link.set_cgroup(self.job.path or "")
 
     def open_ledger(self) -> Ledger:
-        self.ledger = Ledger(self.settings.state_dir, self.say, self.here.live_jobs)
-        return self.ledger
+        from dispatch.local import ledger  # a run the engine booked opens none
 
-    def through_engine(self) -> bool:
-        """Whether the admission engine books this run (docs/admission.md): not a ``--gpu-memory``
-        run, nor one on the shared slice, nor with ``HOSTRUN_ADMISSION=direct``."""
-        return self.gpu is None and self.backend.name != "shared" and admitclient.wanted()
+        self.ledger = ledger.Ledger(self.settings.state_dir, self.say, self.here.live_jobs)
+        return self.ledger
 
     def start(self) -> tuple[Guardian, PreparedChild]:
         """The guardian, then the job's process (it enters the cgroup and blocks until ``go``)."""
@@ -257,43 +194,41 @@ class _LocalRun:
     def attempt(self, label: str, requeue: bool, again: bool, place: int | None,
                 on_wait: Callable[[Admission], None] | None, alerts: bool,
                 wait_alert: Callable[[dict[str, Any]], None] | None) -> tuple[Outcome, Plan]:
-        """One run of the job: book, wait, run, record. ``requeue``: it may be booked at a guess;
-        ``again``: a slice-full kill runs it again (no alert then); ``place``: a requeued job's
-        booking id."""
+        """One run of the job: book (unless the engine did), wait, run, record. ``requeue``: it may
+        be booked at a guess; ``again``: a slice-full kill runs it again (no alert then);
+        ``place``: a requeued job's booking id."""
         settings, request, say = self.settings, self.request, self.say
-        engine = self.through_engine()
-        # Through the engine a waiting run is one process, blocked in a read: its guardian and its
-        # job's process are made once it is admitted (its connection releases it if it dies first).
-        # Without, they wait too: the guardian releases the booking of a run killed while waiting.
-        if not engine:
+        booked = self.booked
+        if booked is not None:
+            plan = Plan(*booked.plan)
+            waited: float | None = booked.waited
+            if requeue:  # only such a job may have been lent room (``lending``)
+                plan = as_admitted_kind(plan, booked.admitted_kind)
+        else:
+            # The guardian releases the booking of a run killed while waiting.
             self.start()
-        ledger = self.open_ledger()
-        plan, booking_id = self.enqueue(self.guardian, ledger, label, requeue, place)
-        if (alerts or wait_alert is not None) and settings.alert_wait_after > 0:
-            on_wait = _wait_alert(settings, self.host.name, label, request, say, on_wait, wait_alert)
-        waited, signum = _wait(settings, ledger, self.backend, self.host, booking_id, self.limit, say,
-                               self.gpu, on_wait,
-                               (self.job, plan, label) if self.backend.name == "shared" else None,
-                               self.link)
-        if waited is None:
-            if self.child is not None:
-                self.child.cancel()
-            return Outcome(
-                exit_code=SIGNAL_BASE + signum, outcome="signal", host=self.host.name, label=label,
-                argv=list(request.argv), message="interrupted while waiting for room; nothing ran",
-            ), plan
-        if engine:
+            ledger = self.open_ledger()
+            plan, booking_id = self.enqueue(self.guardian, ledger, label, requeue, place)
+            watch = watch_for(settings, self.host.name, label, request, say, on_wait, alerts, wait_alert)
+            waited, signum = _wait(settings, ledger, self.backend, self.host, booking_id, self.limit, say,
+                                   self.gpu, watch,
+                                   (self.job, plan, label) if self.backend.name == "shared" else None)
+            if waited is None:
+                if self.child is not None:
+                    self.child.cancel()
+                return enginebook.interrupted_outcome(settings, request, label, signum), plan
+            self.take_device(ledger, booking_id)
+            if requeue:  # only such a job may have been lent room (``lending``)
+                plan = as_admitted(plan, ledger.booking(booking_id))
+        if booked is not None:
             self.start()
         guardian, child = self.guardian, self.child
         assert guardian is not None and child is not None
-        self.take_device(ledger, booking_id)
-        if requeue:  # only such a job may have been lent room (``lending``)
-            plan = as_admitted(plan, ledger.booking(booking_id))
         outcome = _run(settings, self.host, self.backend, self.job, child, request, label, plan, say,
                        self.gpu, self.watch, guardian)
-        outcome.waited_s = round(waited, 3)
+        outcome.waited_s = round(waited or 0.0, 3)
         again = again and outcome.is_verdict(ExitCode.SLICE_FULL)
-        self.record(ledger, outcome, plan, alerts and not again)  # a requeue needs no decision
+        self.record(outcome, plan, alerts and not again)
         return outcome, plan
 
     def enqueue(self, guardian: Guardian | None, ledger: Ledger, label: str, requeue: bool = False,
@@ -302,30 +237,17 @@ class _LocalRun:
         ``requeue``: a job with no peak here is booked at a guess (``booking.guess``);
         ``place``: the booking id it keeps (a requeued job)."""
         request, host = self.request, self.host
-        peak = ledger.peak(label, host.name)
-        first_guess = None
-        if requeue and peak is None:
-            program = storable(os.path.basename(request.argv[0]))
-            elsewhere, program_peaks = ledger.guess_evidence(label, host.name, program)
-            first_guess = guess(self.cap, self.cap if self.cap is not None else self.limit,
-                                elsewhere, program, program_peaks)
-        plan = plan_booking(cap=self.cap, peak=peak, slice_limit=self.limit,
-                            gamble_size=self.settings.gamble_size_for(host), first_guess=first_guess)
-        if self.through_engine():
-            self.link = admitclient.Link(self.settings, self.say).connect()  # 78 when it cannot start
+        plan = plan_for(ledger, host.name, label, storable(os.path.basename(request.argv[0])), self.cap,
+                        self.limit, self.settings.gamble_size_for(host), requeue)
         # From the moment the booking exists, a SIGTERM/SIGHUP/SIGQUIT must end the wait cleanly
         # (release it, say "nothing ran"): held back until _wait has its handlers in place.
         self.old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)
         me = os.getpid()
-        fields: dict[str, Any] = dict(
+        self.booking_id = booking_id = ledger.enqueue(
             host=host.name, label=label, pid=me, pid_start=start_time(me) or 0, size=plan.size,
             cap=plan.limit, kind=plan.kind, command=" ".join(request.argv), session=request.session,
             cgroup=self.job.path or None, group=request.group, when_idle=request.when_idle,
-            booking_id=place, requeue=requeue)
-        if self.link is not None:
-            self.booking_id = booking_id = self.link.book(fields)
-        else:
-            self.booking_id = booking_id = ledger.enqueue(**fields, gpu_bytes=request.gpu_memory)
+            booking_id=place, requeue=requeue, gpu_bytes=request.gpu_memory)
         if guardian is not None:
             guardian.booked(booking_id)
         if plan.why is not None:
@@ -344,10 +266,12 @@ class _LocalRun:
         if gpu.device is None:
             raise BackendError(f"booked on GPU {index}, which nvidia-smi no longer lists")
 
-    def record(self, ledger: Ledger, outcome: Outcome, plan: Plan, alerts: bool) -> None:
-        """The peak and the history row; with ``alerts``, an alert for a kill at the job's own cap
-        (250) or a full slice (254)."""
-        record_outcome(self.settings, ledger, outcome, self.request, self.cap, plan.kind, self.say)
+    def record(self, outcome: Outcome, plan: Plan, alerts: bool) -> None:
+        """The peak and the history row (through the engine when it booked the run: it holds the
+        ledger open); with ``alerts``, an alert for a kill at the job's own cap (250) or a full
+        slice (254)."""
+        target = self.link if self.link is not None else (self.ledger or self.open_ledger())
+        record_outcome(self.settings, target, outcome, self.request, self.cap, plan.kind, self.say)
         if alerts and outcome.is_verdict(ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
             from dispatch.local import alertlog
 
@@ -392,41 +316,16 @@ class _LocalRun:
             signal.pthread_sigmask(signal.SIG_SETMASK, self.old_mask)
 
 
-def _wait_alert(settings: Settings, host: str, label: str, request: RunRequest,
-                say: Callable[[str], None], then: Callable[[Admission], None] | None,
-                deliver: Callable[[dict[str, Any]], None] | None = None
-                ) -> Callable[[Admission], None]:
-    """The wait's callback that raises ``alertlog.WaitAlert`` once the job has waited
-    ``alert_wait_after``; the alert code is imported only then (most jobs never wait that long)."""
-    started = time.monotonic()
-    alert: list[Callable[[Admission], None]] = []
-
-    def on_wait(adm: Admission) -> None:
-        if not alert and time.monotonic() - started >= settings.alert_wait_after:
-            from dispatch.local.alertlog import WaitAlert
-
-            alert.append(WaitAlert(settings.alerts_path, settings.alert_wait_after, host, label,
-                                   request.session, request.argv, say, then, started=started,
-                                   deliver=deliver))
-        if alert:
-            alert[0](adm)
-        elif then is not None:
-            then(adm)
-
-    return on_wait
-
-
 def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSettings,
           booking_id: int, limit: int, say: Callable[[str], None],
           gpu: GpuRun | None = None, on_wait: Callable[[Admission], None] | None = None,
-          shared: tuple[JobCgroup, Plan, str] | None = None, link: Link | None = None,
-          ) -> tuple[float | None, int]:
+          shared: tuple[JobCgroup, Plan, str] | None = None) -> tuple[float | None, int]:
     """(seconds waited for admission, 0), or (None, signal) when a signal ended the wait.
 
     ``shared`` (the job, its plan and label on a shared slice): the daemon admits it first, across
     every user's bookings; then this user's own rules (groups, GPUs) on a room the daemon has made.
     """
-    old = {sig: signal.signal(sig, _raise_interrupted) for sig in WAIT_SIGNALS}
+    old = {sig: signal.signal(sig, enginebook.raise_interrupted) for sig in WAIT_SIGNALS}
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, WAIT_SIGNALS)  # one held back since enqueue: now
         room = None
@@ -440,15 +339,15 @@ def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSet
 
             def room(running: list[Booking]) -> Room:
                 return Room(limit)
-        if link is not None:  # the engine admits it, and says so
-            return link.wait(say, on_wait), 0
+        from dispatch.local.admission import wait_for_room
+
         return waited + wait_for_room(
             ledger, backend, host.name, booking_id, limit, settings.status_interval, say,
             gpu.snapshot if gpu is not None else None, on_wait, settings.groups,
             settings.queue_policy == "backfill", room), 0
     except KeyboardInterrupt:
         return None, signal.SIGINT
-    except _Interrupted as exc:
+    except enginebook.Interrupted as exc:
         return None, exc.signum
     finally:
         for sig, handler in old.items():

@@ -1,0 +1,174 @@
+"""A local run booked by the admission engine before anything else of it is made or loaded.
+
+Why: in a swarm, what a waiting run has imported is what it holds while it waits (bench_swarm.py:
+1,000 waiters). So a run asks the engine right after its command line and settings are read: the
+engine checks its cap against the slice (243, 78 as the run would say them), plans its booking from
+the ledger (``booking.plan_for``) and queues it; the run waits blocked in a read and loads the
+runner, the cap backend and the ledger only once admitted (``dispatch.local.runner.run_booked``).
+
+A signal that ends the wait (SIGINT, SIGTERM, SIGHUP, SIGQUIT) releases the booking: ``Interrupted``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from dispatch.core.procinfo import start_time
+from dispatch.core.records import NamedTuple
+from dispatch.local.admitclient import Link
+
+MYPY = False
+if MYPY:
+    from collections.abc import Callable
+    from typing import Any, Optional
+
+    from dispatch.core.outcome import Outcome
+    from dispatch.core.request import RunRequest
+    from dispatch.core.settings import Settings
+    from dispatch.local.park import Resume
+    from dispatch.local.waitwatch import WaitWatch
+
+# They end a wait for room, as SIGINT does (KeyboardInterrupt).
+WAIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+class Interrupted(Exception):
+    """A signal arrived while the job was still waiting for room (nothing ran; booking released)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _alert_in(watch: WaitWatch | None) -> float | None:
+    """Seconds until a parked run's long-wait alert is due (it resumes whole then)."""
+    if watch is None or watch.alert_after <= 0 or watch.alert is not None:
+        return None
+    return max(0.0, watch.alert_after - (time.monotonic() - watch.started))
+
+
+def interrupted_outcome(settings: Settings, request: RunRequest, label: str, signum: int) -> Outcome:
+    """A signal ended the wait: nothing ran, the booking is released."""
+    from dispatch.core.exitcodes import SIGNAL_BASE
+    from dispatch.core.outcome import Outcome
+
+    return Outcome(exit_code=SIGNAL_BASE + signum, outcome="signal", host=settings.local.name,
+                   label=label, argv=list(request.argv),
+                   message="interrupted while waiting for room; nothing ran")
+
+
+def raise_interrupted(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
+class Booked(NamedTuple):
+    """An admitted booking the engine planned: its connection (the booking is the connection's),
+    id, plan (``booking.Plan``'s fields), the cap (``-m`` or ``default_cap``), the kind it was
+    admitted as (a lent start is a gamble) and the seconds it waited."""
+
+    link: Link
+    booking_id: int
+    plan: list[Any]
+    cap: Optional[int]
+    admitted_kind: Optional[str]
+    waited: float
+
+
+def book(settings: Settings, request: RunRequest, label: str, requeue: bool, place: int | None,
+         say: Callable[[str], None], watch: WaitWatch | None, park: bool = False) -> Booked | None:
+    """Book the run through the engine and wait until it is admitted; None when it is to take the
+    ledger's lock itself (the engine says so for the shared backend). ``place``: the booking id a
+    requeued job keeps. ``park``: a run far from its turn may wait parked (``dispatch.local.park``:
+    this process is replaced, and the run carries on in ``resume``). Raises ``Interrupted`` when a
+    signal ended the wait, the run's refusal (243, 78) as the engine found it, or ``EngineError``
+    (78) when no engine could book it."""
+    from dispatch.core.text import storable
+    from dispatch.guards.trust import private_dir
+
+    private_dir(settings.state_dir, fix="set state_dir to a directory of your own")
+    # From the moment the booking exists, a SIGTERM/SIGHUP/SIGQUIT must end the wait cleanly
+    # (release it, say "nothing ran"): held back until the handlers are in place.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)
+    link = Link(settings, say)
+    try:
+        link.connect()  # 78 when it cannot start
+        me = os.getpid()
+        argv = request.argv
+        answer = link.plan(dict(
+            host=settings.local.name, label=label, pid=me, pid_start=start_time(me) or 0,
+            cap=request.cap, no_cap=request.no_cap, program=storable(os.path.basename(argv[0])),
+            command=" ".join(argv), session=request.session, group=request.group,
+            when_idle=request.when_idle, booking_id=place, requeue=requeue))
+        if answer is None:
+            link.close()
+            return None
+        waited = _wait(link, say, watch, park, time.monotonic())
+    except BaseException:
+        try:
+            link.release()
+        finally:
+            link.close()
+        raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    return Booked(link, int(answer["id"]), list(answer["plan"]), answer["cap"], link.admitted_kind,
+                  waited)
+
+
+def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watch: WaitWatch | None,
+           park: bool = False) -> Booked:
+    """The run its parked process handed back (``park.take_resume``): on the same connection, its
+    booking as the engine has it now (admitted, or still waiting: waited for whole, unless it
+    resumed only to have the engine replaced, when it may park again); through the next engine when
+    that one went; ``Interrupted`` (its booking released) when a signal ended the wait."""
+    # The parked process held these back across the exec; they act once the wait's handlers are set.
+    old_mask = set(signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)) - {signal.SIGINT, *WAIT_SIGNALS}
+    link = Link(settings, say).adopt(resumed.fd, resumed.booking_id)
+    try:
+        if resumed.signum is not None:
+            raise Interrupted(resumed.signum)
+        if resumed.why == "gone":  # the engine went: the next one, the booking re-attached
+            link._reattach()
+            answer = link.attached or {}
+        else:
+            answer = link.attach()
+        plan = answer.get("plan")
+        if answer.get("state") not in ("waiting", "running") or not isinstance(plan, list):
+            from dispatch.core.errors import EngineError
+
+            raise EngineError(f"booking {resumed.booking_id} was lost while this run waited parked; "
+                              "nothing ran")
+        if answer["state"] == "running":
+            link.admitted_kind = str(plan[0])
+            waited = time.monotonic() - resumed.started
+        else:
+            waited = _wait(link, say, watch, park and resumed.why == "gone", resumed.started)
+    except BaseException:
+        try:
+            link.release()
+        finally:
+            link.close()
+        raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    return Booked(link, resumed.booking_id, list(plan), None, link.admitted_kind, waited)
+
+
+def _wait(link: Link, say: Callable[[str], None], watch: WaitWatch | None, park: bool,
+          started: float) -> float:
+    old = {sig: signal.signal(sig, raise_interrupted) for sig in WAIT_SIGNALS}
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, *WAIT_SIGNALS))  # held back: now
+        parker = None
+        if park and (watch is None or watch.then is None):  # a peer watch needs the run whole
+            from dispatch.local.park import parker as make_parker
+
+            parker = make_parker(link, started, lambda: _alert_in(watch))
+        return link.wait(say, watch, watch.due if watch is not None else None, parker, started)
+    except KeyboardInterrupt:
+        raise Interrupted(signal.SIGINT) from None
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,136 @@
+"""A local run's front door: the script's preflight declaration, then the booking through the
+admission engine, before the rest of a run is loaded.
+
+A run that waits holds what it has imported (a swarm of 1,000 waiters: bench/bench_swarm.py), so
+this module and what it imports are the little a run needs to be booked and to wait: the command
+line, the settings, the engine's connection (``dispatch.local.enginebook``). The runner, the cap
+backend and the ledger are loaded once it is admitted (``dispatch.local.runner.run_booked``). A
+``--gpu-memory`` run and ``HOSTRUN_ADMISSION=direct`` take the ledger's lock themselves, as does a
+run on the shared backend (the engine tells it so): all in the runner.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from dispatch.core.errors import UsageError
+from dispatch.core.exitcodes import ExitCode
+from dispatch.core.outcome import Outcome
+from dispatch.core.request import RunRequest, default_label
+from dispatch.core.settings import Settings
+
+MYPY = False
+if MYPY:
+    from typing import Any
+
+    from dispatch.local.admitpolicy import Admission
+
+
+def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
+              on_wait: Callable[[Admission], None] | None = None, alerts: bool = True,
+              wait_alert: Callable[[dict[str, Any]], None] | None = None, park: bool = False) -> Outcome:
+    """Book, wait, run and judge one job on this host; the Outcome carries the exit code.
+
+    A script declaring preflight conditions is checked first (``with_preflight``). With ``alerts``
+    (a run for a controller on this host; a peer's agent passes False, its controller alerts from the
+    outcome), a long wait, an own-cap kill (250) and a slice-full kill (254) are alerted
+    (``dispatch.local.alertlog``). ``wait_alert``: a peer's agent gets a long wait's figures there,
+    for its controller to alert. ``park``: the run is this process's own command line
+    (``hostrun -- CMD``), so while it waits far from its turn it may wait parked
+    (``dispatch.local.park``); not a run whose script holds a preflight lock.
+    """
+    from dispatch.guards.headers import declares_preflight
+
+    park = park and not on_wait and not declares_preflight(request.argv)
+    return with_preflight(settings, request, say,
+                          lambda: _booked_run(settings, request, say, on_wait, alerts, wait_alert, park))
+
+
+def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str], None],
+                   run: Callable[[], Outcome], elsewhere: str | None = None) -> Outcome:
+    """``run()``, unless the script ``request.argv`` runs declares preflight conditions
+    (``# admission:``, ``# run-condition:``; ``dispatch.local.preflight``) that are unmet: then print each
+    unmet one and return exit 78 with nothing created, booked or run. A single-instance lock is held
+    for the whole run; the inputs' fingerprint is recorded only when the job exited 0.
+
+    ``elsewhere`` names a host whose node the job will run on, out of reach until it starts (a
+    cluster): the admission and the single-instance lock are this tree's and are checked here; a
+    condition about the machine (command, device, min-free) cannot be, and refuses the run (78).
+    """
+    from dispatch.guards.headers import declares_preflight
+
+    if not declares_preflight(request.argv):
+        return run()
+    from dispatch.local.preflight import check, declared
+
+    script = declared(request.argv)  # malformed: UsageError (2)
+    if script is None:
+        return run()
+    host = elsewhere or settings.local.name
+    label = request.label or default_label(request.argv)
+    if elsewhere is not None:
+        machine = [c for c in script.conditions if c.kind in ("command", "device", "min-free")]
+        if machine:
+            first = machine[0]
+            return Outcome.of(ExitCode.NOT_RUN, host=host, label=label, argv=list(request.argv),
+                              message=f"{script.path}:{first.line}: run-condition {first.kind} is "
+                                      f"about the machine the job runs on, a node of {elsewhere} that "
+                                      "cannot be checked before the job starts; nothing ran")
+    environ = os.environ if request.env is None else request.env
+    verdict, guard = check(settings, script, environ, force=request.force, hold=True)
+    if guard is None:
+        for line in [] if verdict.nothing_to_do else verdict.unmet_lines():
+            say(line)  # a skip (inputs unchanged) is said in one line: the summary
+        return Outcome.of(ExitCode.NOT_RUN, host=host, label=label, argv=list(request.argv),
+                          message=verdict.summary())
+    if verdict.unmet:  # only the admission, overridden by --force
+        say(verdict.summary())
+    try:
+        outcome = run()
+        if outcome.exit_code == 0 and outcome.outcome == "exit":
+            try:
+                guard.succeeded()
+            except OSError as exc:
+                say(f"warning: the job succeeded, but its inputs could not be recorded: {exc}")
+        return outcome
+    finally:
+        guard.release()
+
+
+def _booked_run(settings: Settings, request: RunRequest, say: Callable[[str], None],
+                on_wait: Callable[[Admission], None] | None, alerts: bool,
+                wait_alert: Callable[[dict[str, Any]], None] | None, park: bool) -> Outcome:
+    """Booked by the engine and waited for here (unless it is a run that takes the lock itself),
+    then run by the runner. A run its parked process handed back carries on where it was."""
+    if not request.argv:
+        raise UsageError("no command given (usage: hostrun [OPTIONS] -- CMD [ARGS...])")
+    from dispatch.local import admitclient
+    from dispatch.local.park import allowed, take_resume
+
+    resumed = take_resume()  # always taken from the environment: the job never inherits it
+    if resumed is not None and not park:  # not this process's own run: its connection is not ours
+        os.close(resumed.fd)
+        resumed = None
+    booked = None
+    if request.gpu_memory is None and (admitclient.wanted() or resumed is not None):
+        from dispatch.core.text import storable
+        from dispatch.local import enginebook
+        from dispatch.local.waitwatch import watch_for
+
+        label = storable(request.label or default_label(request.argv))
+        requeue = settings.may_requeue(label, request.group, request.requeue)
+        watch = watch_for(settings, settings.local.name, label, request, say, on_wait, alerts, wait_alert,
+                          resumed.started if resumed is not None else None)
+        park = park and allowed()
+        try:
+            if resumed is not None:
+                booked = enginebook.resume(settings, resumed, say, watch, park)
+            else:
+                booked = enginebook.book(settings, request, label, requeue, None, say, watch, park)
+        except enginebook.Interrupted as exc:
+            return enginebook.interrupted_outcome(settings, request, label, exc.signum)
+    from dispatch.local.runner import run_booked
+
+    return run_booked(settings, request, say, on_wait, alerts, wait_alert, booked)
+
