@@ -233,6 +233,15 @@ class JobCgroup(ABC):
     def sample(self) -> int:
         """Memory in use now, page cache excluded (for the peak table)."""
 
+    def in_use(self) -> int:
+        """``sample`` once, from outside the job's run (admission's room, a report): no descriptor
+        is kept (``sample`` keeps ``memory.stat`` open for the run's watch; the admission engine and
+        ``hostrun top`` would pile one up per look)."""
+        try:
+            return self.sample()
+        finally:
+            self.close()
+
     @abstractmethod
     def charged_peak(self) -> int:
         """The kernel's own high-water mark (page cache included)."""

@@ -101,7 +101,7 @@ def not_at_peak(backend: CapBackend, running: Sequence[Booking]) -> int:
     total = 0
     for b in running:
         job = booking_job(backend, b)
-        total += max(0, b.size - (job.sample() if job is not None else 0))
+        total += max(0, b.size - (job.in_use() if job is not None else 0))
     return total
 
 

@@ -46,7 +46,7 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
     yet = 0
     for b in running:
         job = booking_job(backend, b)
-        in_use = job.sample() if job is not None else 0
+        in_use = job.in_use() if job is not None else 0
         yet += max(0, b.size - in_use)  # as admission.not_at_peak, with each job's use kept
         jobs.append({
             "id": b.id, "label": b.label, "pid": b.pid, "kind": b.kind, "booked": b.size,
