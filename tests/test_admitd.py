@@ -1,7 +1,8 @@
 """The admission engine (dispatch/local/admitd.py) with real runs, cgroups and processes: a swarm
 behind a full slice, the engine killed under waiting runs, a waiting client killed, two runs that
-start it at once, its idle exit, and a run that cannot start it. Every run goes through it by
-default (``HOSTRUN_ADMISSION=direct`` is the way around it); the fixture below makes sure.
+start it at once, its idle exit, a run that cannot start it, and where ``doctor`` and ``report`` say
+it runs. Every run goes through it by default (``HOSTRUN_ADMISSION=direct`` is the way around it);
+the fixture below makes sure.
 
 The bench (bench/bench_swarm.py) measures the 1,000-submission swarm; here a smaller one checks the
 rules: every run once, none lost, never more booked than the slice.
@@ -10,6 +11,7 @@ rules: every run once, none lost, never more booked than the slice.
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import signal
 import stat
@@ -17,6 +19,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -251,6 +254,71 @@ def test_doctor_says_where_the_engine_runs(hostrun: Hostrun, tmp_path: Path) -> 
         assert engine["pid"] == _engines(hostrun)[0] and engine["socket"].startswith(str(hostrun.state_dir))
         shown = hostrun.run("doctor").stdout
         assert f"engine:   running, pid {engine['pid']}" in shown, shown
+    finally:
+        go.touch()
+    assert holder.wait(timeout=60) == 0
+    _stop_engines(hostrun)
+
+
+def _hello(path: str) -> dict[str, Any]:
+    """The engine's own answer to ``hello`` on its socket (not through ``admitclient.where``)."""
+    import socket
+
+    from dispatch.local.admitclient import unix_address
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        unix_address(path, sock, "connect")  # tmp_path may be longer than AF_UNIX takes
+        sock.sendall(b'{"op": "hello", "protocol": 1}\n')  # a request: one JSON line
+        data = b""  # an answer: its length in 4 bytes, then marshal
+        while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
+            chunk = sock.recv(4096)
+            assert chunk, f"the engine closed the connection after {data!r}"
+            data += chunk
+    answer: dict[str, Any] = marshal.loads(data[4:])
+    return answer
+
+
+def _local_engine(hostrun: Hostrun, **kw: Any) -> dict[str, Any]:
+    done = hostrun.run("report", "--json", **kw)
+    assert done.returncode == 0, done.stderr
+    report = {h["host"]: h["report"] for h in json.loads(done.stdout)["hosts"]}["local"]
+    engine: dict[str, Any] = report["admission_engine"]
+    return engine
+
+
+def test_report_says_where_the_engine_runs(hostrun: Hostrun, tmp_path: Path) -> None:
+    """``hostrun report`` (text and ``--json``) for this host: before any run, not running; off
+    under ``HOSTRUN_ADMISSION=direct``; once a real run started the engine, the pid its hello gives
+    (the one engine process of this state dir) and its socket; stopped (SIGSTOP), said so within
+    ``report_timeout`` instead of holding the report."""
+    hostrun.configure(top='report_timeout = "1s"')  # before the engine starts: its digest has it
+    assert _local_engine(hostrun) == {"socket": _local_engine(hostrun)["socket"], "pid": None,
+                                      "detail": "not running: the next run starts it"}
+    assert "admission engine │ not running: the next run starts it" in hostrun.run("report").stdout
+    off = _local_engine(hostrun, env={**os.environ, "HOSTRUN_ADMISSION": "direct"})
+    assert off["socket"] is None and off["pid"] is None and off["detail"].startswith(
+        "off (HOSTRUN_ADMISSION=direct)"), off
+    assert not _engines(hostrun)  # asking started none
+    holder, go = _holder(hostrun, tmp_path, "100M")  # a real run: it starts the engine
+    try:
+        engine = _local_engine(hostrun)
+        hello = _hello(engine["socket"])
+        assert hello["op"] == "hello" and engine["pid"] == hello["pid"] == _engines(hostrun)[0]
+        assert engine["detail"] == f"running, pid {hello['pid']}"
+        assert engine["socket"].startswith(f"{hostrun.state_dir}/admitd-")
+        shown = hostrun.run("report").stdout
+        assert f"admission engine │ running, pid {hello['pid']} (" in shown, shown
+        os.kill(hello["pid"], signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            stopped = _local_engine(hostrun, timeout=30)
+            took = time.monotonic() - started
+        finally:
+            os.kill(hello["pid"], signal.SIGCONT)
+        assert stopped == {"socket": engine["socket"], "pid": None,
+                           "detail": "does not answer within 1 s (stopped or hung?)"}, stopped
+        assert took < 15, took  # the bound, not the engine, ended the wait
     finally:
         go.touch()
     assert holder.wait(timeout=60) == 0

@@ -91,6 +91,10 @@ def test_this_machines_report_is_a_machine_report(hostrun: Hostrun) -> None:
     report = local_report(settings, label="shape", peaks=True)
     assert report["label_peak"] is not None and report["peak_table"]
     conforms(report, reportshape.MachineReport)
+    from dispatch.local.report import admission_engine
+
+    report["admission_engine"] = admission_engine(settings)  # what `hostrun report` adds here
+    conforms(report, reportshape.MachineReport)
 
 
 def test_a_peer_agents_report_is_a_machine_report(hostrun: Hostrun, monkeypatch: pytest.MonkeyPatch) -> None:

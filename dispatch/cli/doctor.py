@@ -15,6 +15,8 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.core.reportshape import AdmissionEngine
+
 
 def diagnose(settings: Settings) -> dict[str, Any]:
     host = settings.local
@@ -91,10 +93,10 @@ def _slice_from(host: HostSettings, mem_total: int, fixed: int | None, limit: in
     return f"none: {reserve} leaves none" if limit is None else f"RAM less {reserve}"
 
 
-def _engine(settings: Settings) -> dict[str, Any]:
-    from dispatch.local.admitclient import where
+def _engine(settings: Settings) -> AdmissionEngine:
+    from dispatch.local.report import admission_engine
 
-    return where(settings)
+    return admission_engine(settings)  # admitclient.where, within report_timeout
 
 
 def _kernel_log_check() -> dict[str, Any] | None:

@@ -129,6 +129,13 @@ def cmd_report(argv: list[str]) -> int:
     settings = load_config(args.config)
     check_hosts(settings, args.host)
     readings = read_reports(settings, args.host)
+    here = [r.report for r in readings if r.report is not None and r.source is not None
+            and r.source.is_here]
+    if here:  # this host's engine; a peer's would be its agent's to say
+        from dispatch.hosts.machine import machine_report
+        from dispatch.local.report import admission_engine
+
+        machine_report(here[0])["admission_engine"] = admission_engine(settings)
     if args.json:
         import json
 

@@ -139,6 +139,14 @@ class PeerNotes(TypedDict):
     disagreements: list[Disagreement]  # keys where its config and the controller's differ
 
 
+class AdmissionEngine(TypedDict):
+    """Where this host's admission engine runs (``dispatch.local.admitclient.where``)."""
+
+    socket: Optional[str]  # its socket; None when runs do not go through it
+    pid: Optional[int]  # what its hello says; None when none answers
+    detail: str  # in words: running, not running (the next run starts it), off, why not
+
+
 class Report(TypedDict):
     """What every kind's report has."""
 
@@ -169,6 +177,8 @@ class MachineReport(Report):
     heavy_threads: int
     threads_free: NotRequired[int]  # an older peer's agent does not report it
     gpu_error: Optional[str]
+    # ``hostrun report`` adds it for this host (``dispatch.local.report.admission_engine``)
+    admission_engine: NotRequired[AdmissionEngine]
     # a peer's agent adds these
     agent_version: NotRequired[str]
     python: NotRequired[str]

@@ -119,6 +119,10 @@ class MachineHost(Host):
                                  f"{format_size(gpu.get('free'))} free of {format_size(gpu.get('total'))}"))
         rows += [view.row("running", str(len(data["running"]))),
                  view.row("queue", str(data["queue_length"]))]
+        engine = data.get("admission_engine")
+        if engine is not None:  # ``hostrun report`` says it of this host
+            rows.append(view.row("admission engine", engine["detail"] + (
+                f" ({engine['socket']})" if engine["socket"] and engine["pid"] else "")))
         blocks: list[Block] = [view.Grid(
             f"host {data['host']} ({data['hostname']}), backend {data['backend']}, hostrun {version}",
             ("what", "value"), tuple(rows), header=False)]

@@ -17,7 +17,7 @@ from dispatch.local.ledger import Ledger
 
 MYPY = False
 if MYPY:  # typing stays off the report path (a report is asked before every heavy command)
-    from dispatch.core.reportshape import Gpu, MachineJob, MachineReport, PeakRecordData
+    from dispatch.core.reportshape import AdmissionEngine, Gpu, MachineJob, MachineReport, PeakRecordData
     from dispatch.local.ledgerdb import PeakRecord
 
 
@@ -99,6 +99,35 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
     if table is not None:
         data["peak_table"] = table
     return data
+
+
+def admission_engine(settings: Settings) -> AdmissionEngine:
+    """Where the admission engine of ``settings`` runs (``admitclient.where``: its socket and the
+    pid its hello gives, or why none answers), asked within ``report_timeout``: an engine that
+    is stopped or hung must not hold ``hostrun report`` or ``doctor`` with it.
+
+    Asked by ``hostrun report`` for this host alone, never in ``local_report``: every reading of the
+    report (``hostrun top``, the dispatcher, the agent's report daemon) would otherwise connect to
+    the engine, and an engine leaves only after a while with no connection."""
+    import threading
+
+    from dispatch.local.admitclient import digest_of, socket_path, where
+
+    found: list[AdmissionEngine] = []
+
+    def ask() -> None:
+        try:
+            found.append(where(settings))  # type: ignore[arg-type]  # where's keys are these
+        except Exception as exc:  # said in the report, as a refusal to connect is
+            found.append({"socket": None, "pid": None, "detail": f"cannot tell: {exc}"})
+
+    thread = threading.Thread(target=ask, name="admission-engine", daemon=True)
+    thread.start()
+    thread.join(settings.report_timeout)
+    if found:
+        return found[0]
+    return {"socket": socket_path(settings.state_dir, digest_of(settings)[0]), "pid": None,
+            "detail": f"does not answer within {settings.report_timeout:g} s (stopped or hung?)"}
 
 
 REPORT_LEFT_OUT = ("ramp", "min_duration")  # admission's own (``lending``): no placement reads them

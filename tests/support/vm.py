@@ -8,7 +8,8 @@ session (``libpam-systemd``), memory delegated to ``user@UID.service`` as on eve
 The image is built once and cached (keyed on its package list and this file's build recipe):
 ``debootstrap --variant=minbase`` of bookworm from the mirror apt already uses (~1.5 min), configured
 in place, then ``mkfs.ext4 -d`` turns the tree into a raw disk image (~5 s). Each boot gets its own
-copy-on-write qcow2 overlay. qemu runs in software emulation (``-accel tcg``; nested KVM hangs at
+copy-on-write qcow2 overlay. qemu dies with the test process, however it ends (``PR_SET_PDEATHSIG``:
+``dies_with_this_process``). qemu runs in software emulation (``-accel tcg``; nested KVM hangs at
 boot here) with user-mode networking restricted to the host (``restrict=on``): nothing leaves the VM,
 and its sshd is forwarded to a free port on 127.0.0.1. Host keys are checked (the image's key goes into
 a known_hosts file written per boot).
@@ -23,14 +24,19 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 SUITE = "bookworm"
 PACKAGES = (
@@ -196,6 +202,60 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class _Launcher:
+    """Starts a process that dies with this one (SIGKILL included): a pytest killed by a timeout
+    must not leave qemu eating a core for an hour.
+
+    The child sets ``PR_SET_PDEATHSIG`` (SIGKILL) before it execs. The kernel sends that signal
+    when the *thread* that forked the child ends, not the process, and the session's VM is booted
+    in a thread that ends once it is up (``conftest._VmStart``; ``test_vm_first_minute`` boots in
+    its own thread): so every such process is forked by this one thread, which waits for requests
+    as long as the process lives. The child checks its parent after the ``prctl``: a parent gone
+    before it was set (the signal would never come) ends it at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._prctl: Any = None
+
+    def popen(self, argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        """``subprocess.Popen(argv, **kw)`` forked by the launcher thread, the child bound to die with
+        this process."""
+        with self._lock:
+            if self._thread is None:
+                import ctypes
+
+                # Looked up here, not in the child: after a fork only the call itself is made.
+                self._prctl = ctypes.CDLL(None, use_errno=True).prctl
+                self._thread = threading.Thread(target=self._serve, name="vm-launcher", daemon=True)
+                self._thread.start()
+        parent = os.getpid()
+        prctl = self._prctl
+
+        def bind_to_parent() -> None:  # in the child, between fork and exec
+            if prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
+                os._exit(127)
+
+        done: Future[subprocess.Popen[bytes]] = Future()
+        self._requests.put((lambda: subprocess.Popen(argv, preexec_fn=bind_to_parent, **kw), done))
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            start, done = self._requests.get()
+            try:
+                done.set_result(start())
+            except BaseException as exc:  # the caller's Popen raises it
+                done.set_exception(exc)
+
+
+dies_with_this_process = _Launcher().popen
+
+
 class VM:
     """One booted machine: ``run(user, argv)`` over ssh, ``freeze``/``thaw`` (SIGSTOP/SIGCONT of
     qemu: the whole machine stops, kernel and clock included), ``power_off``/``boot`` again."""
@@ -241,8 +301,8 @@ class VM:
         ]
         started = time.monotonic()
         with open(self.console, "ab") as out:
-            self.qemu = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                         start_new_session=True)
+            self.qemu = dies_with_this_process(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                               start_new_session=True)
         deadline = started + timeout
         while True:
             if self.qemu.poll() is not None:
