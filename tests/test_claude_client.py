@@ -22,7 +22,15 @@ from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun, wait_for
 from tests.support.claudeapi import FakeMessagesAPI
 from tests.support.claudeclient import VERSION, Claude, Terminal
-from tests.support.claudefixtures import MODES, api, claude, client_binary, project
+from tests.support.claudefixtures import (
+    ENDS_WITHIN_S,
+    MODES,
+    api,
+    claude,
+    client_binary,
+    project,
+    seconds_to_end,
+)
 
 __all__ = ["api", "claude", "client_binary"]  # fixtures, used by name
 
@@ -39,11 +47,12 @@ def test_print_mode_finishes_in_an_installed_project(
     """``claude -p`` waits for every Stop hook, background ones too, before it prints its result:
     before, the rewake waiter held every ``-p`` run in an installed project for its whole 55 min
     (this test's 120 s hang detector ended it, no result printed). Now the waiter is not started
-    headless, and the run ends with its result once the model's last answer is in."""
+    headless, and the run ends with its result within seconds of the model's last answer."""
     tree = project(hostrun, tmp_path, mode)
     api.script = [("bash", "echo light-command-ran"), ("text", "all done")]
     proc, result = claude.print_mode("go", tree, "--allowedTools", "Bash")
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert seconds_to_end(claude, api) < ENDS_WITHIN_S, seconds_to_end(claude, api)
     assert result.get("result") == "all done" and not result.get("is_error"), result
     assert "light-command-ran" in api.sent_text()  # the command ran and its output reached the model
     assert not list((tmp_path / "client-home").rglob("rewake-*.pid"))
