@@ -124,21 +124,27 @@ def test_a_job_over_its_cap_reaches_the_model_as_250_with_its_alert(
     assert hostrun.bookings() == [] and hostrun.job_dirs() == []
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_a_subagents_whole_suite_is_refused_even_through_hostrun(
-        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path) -> None:
-    """A subagent (the client's Agent tool) runs ``make check`` through hostrun in wrap mode with
-    every permission granted: refused, with the advice to run what it changed; the main agent's own
-    ``make check`` then runs, in a job's cgroup."""
-    tree = project(hostrun, tmp_path, "wrap")
+        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path, mode: str) -> None:
+    """A subagent (the client's Agent tool) runs ``make check`` through hostrun with every
+    permission granted: refused in every mode, remind included (docs/agents.md: remind refuses in a
+    subagent as every mode does), with the advice to run what it changed. The main agent's own
+    ``make check`` then goes where its mode sends it: as written in remind, in a job's cgroup in
+    wrap, nowhere in guard (refused with the line to run instead)."""
+    tree = project(hostrun, tmp_path, mode)
     (tree / "Makefile").write_text("check:\n\tcat /proc/self/cgroup >> ran.txt\n")
     api.script = [("agent", "run the whole suite"), ("bash", "make check"), ("text", "done")]
     api.subagent_script = [("bash", " ".join(hostrun.argv("--", "make", "check"))), ("text", "sub done")]
     _headless(claude, api, tree, "bypassPermissions")
     sub = api.subagent_text()
     assert "whole test suite" in sub and "sub done" in api.sent_text(), sub[-2500:]
-    runs = (tree / "ran.txt").read_text().strip().splitlines()
-    assert [line for line in runs if f"{hostrun.cgroup}/job-" in line], runs
-    assert len([line for line in runs if "memory" in line]) == 1, runs  # the main agent's run only
+    ran = tree / "ran.txt"
+    runs = ran.read_text().strip().splitlines() if ran.exists() else []
+    jobs = [line for line in runs if f"{hostrun.cgroup}/job-" in line]
+    # the main agent's run only (one "memory" line per run of `cat /proc/self/cgroup`)
+    expected = {"remind": (1, 0), "wrap": (1, 1), "guard": (0, 0)}[mode]
+    assert (len([line for line in runs if "memory" in line]), len(jobs)) == expected, (runs, sub[-1500:])
 
 
 def test_a_declared_direct_run_goes_through_guard_and_an_incomplete_one_is_told_what_it_lacks(
