@@ -51,11 +51,15 @@ def claude(client_binary: Path, api: FakeMessagesAPI, tmp_path: Path) -> Claude:
     return Claude(client_binary, tmp_path / "client-home", api.url)
 
 
-def project(hostrun: Hostrun, tmp_path: Path, mode: str) -> Path:
-    """A git checkout with hostrun's hooks installed in its ``.claude/settings.json``."""
+def project(hostrun: Hostrun, tmp_path: Path, mode: str, settings: str | None = None) -> Path:
+    """A git checkout with hostrun's hooks installed in its ``.claude/settings.json`` (holding
+    ``settings`` before the install, when given)."""
     tree = tmp_path / "project"
     tree.mkdir()
     subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    if settings is not None:
+        (tree / ".claude").mkdir()
+        (tree / ".claude" / "settings.json").write_text(settings)
     hostrun.configure(slice="1G")
     done = hostrun.run("agents", "install", "claude-code", "--mode", mode, cwd=tree)
     assert done.returncode == 0, done.stderr
