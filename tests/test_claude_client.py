@@ -22,7 +22,15 @@ from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun, wait_for
 from tests.support.claudeapi import FakeMessagesAPI
 from tests.support.claudeclient import VERSION, Claude, Terminal
-from tests.support.claudefixtures import MODES, api, claude, client_binary, project
+from tests.support.claudefixtures import (
+    ENDS_WITHIN_S,
+    MODES,
+    api,
+    claude,
+    client_binary,
+    project,
+    seconds_to_end,
+)
 
 __all__ = ["api", "claude", "client_binary"]  # fixtures, used by name
 
@@ -39,11 +47,12 @@ def test_print_mode_finishes_in_an_installed_project(
     """``claude -p`` waits for every Stop hook, background ones too, before it prints its result:
     before, the rewake waiter held every ``-p`` run in an installed project for its whole 55 min
     (this test's 120 s hang detector ended it, no result printed). Now the waiter is not started
-    headless, and the run ends with its result once the model's last answer is in."""
+    headless, and the run ends with its result within seconds of the model's last answer."""
     tree = project(hostrun, tmp_path, mode)
     api.script = [("bash", "echo light-command-ran"), ("text", "all done")]
     proc, result = claude.print_mode("go", tree, "--allowedTools", "Bash")
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert seconds_to_end(claude, api) < ENDS_WITHIN_S, seconds_to_end(claude, api)
     assert result.get("result") == "all done" and not result.get("is_error"), result
     assert "light-command-ran" in api.sent_text()  # the command ran and its output reached the model
     assert not list((tmp_path / "client-home").rglob("rewake-*.pid"))
@@ -102,19 +111,37 @@ def test_a_killed_clients_waiter_ends_and_leaves_the_next_alert_unread(
         ui.close()
 
 
+# A project's own settings, as a person writes them: 4-space indentation, an empty Stop list of their
+# own (before, uninstall re-indented the file and removed the list).
+OWN_SETTINGS = """{
+    "hooks": {
+        "Stop": []
+    },
+    "permissions": {"deny": ["Bash(rm -rf /:*)"]}
+}
+"""
+
+
+@pytest.mark.parametrize("before", [None, OWN_SETTINGS], ids=["no-settings", "own-settings"])
 def test_install_and_uninstall_round_trip_leaves_the_project_as_it_was(
-        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path) -> None:
+        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path, before: str | None) -> None:
     """Installed, the client runs hostrun's hooks (SessionStart exports the session's name to its
-    shell: a command the model runs sees ``HOSTRUN_SESSION``); uninstalled, the checkout has no
-    ``.claude/`` again (before: a ``{}`` file in a new directory) and the client runs without them."""
-    tree = project(hostrun, tmp_path, "remind")
+    shell: a command the model runs sees ``HOSTRUN_SESSION``); uninstalled, after the client has
+    used the project, the checkout is as it was: no ``.claude/`` where there was none (before: a
+    ``{}`` file in a new directory), the project's own file byte for byte (before: re-indented, its
+    empty ``Stop`` list gone), and the client runs without the hooks."""
+    tree = project(hostrun, tmp_path, "remind", settings=before)
     api.script = [("bash", "echo session=$HOSTRUN_SESSION"), ("text", "ok")]
     proc, result = claude.print_mode("go", tree, "--allowedTools", "Bash")
     assert proc.returncode == 0 and result.get("result") == "ok", proc.stderr[-2000:]
     assert f"session=claude-{result['session_id']}" in api.sent_text()
     done = hostrun.run("agents", "uninstall", "claude-code", cwd=tree)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in tree.iterdir()) == [".git"]
+    if before is None:
+        assert sorted(p.name for p in tree.iterdir()) == [".git"]
+    else:
+        assert sorted(p.name for p in (tree / ".claude").iterdir()) == ["settings.json"]
+        assert (tree / ".claude" / "settings.json").read_text() == before
     proc, result = claude.print_mode("go", tree, "--allowedTools", "Bash")
     assert proc.returncode == 0 and "session=\n" in api.sent_text() + "\n", api.sent_text()[-500:]
 

@@ -19,7 +19,15 @@ from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun
 from tests.support.claudeapi import FakeMessagesAPI
 from tests.support.claudeclient import Claude
-from tests.support.claudefixtures import MODES, api, claude, client_binary, project
+from tests.support.claudefixtures import (
+    ENDS_WITHIN_S,
+    MODES,
+    api,
+    claude,
+    client_binary,
+    project,
+    seconds_to_end,
+)
 
 __all__ = ["api", "claude", "client_binary"]  # fixtures, used by name
 
@@ -34,10 +42,14 @@ def _user_allows(claude: Claude, *rules: str) -> None:
     settings.write_text(json.dumps({"permissions": {"allow": list(rules)}}))
 
 
-def _headless(claude: Claude, tree: Path, permission_mode: str, *options: str) -> dict[str, object]:
+def _headless(claude: Claude, api: FakeMessagesAPI, tree: Path, permission_mode: str, *options: str
+              ) -> dict[str, object]:
+    """``claude -p`` in that permission mode: it ends with its result, within seconds of the
+    model's last answer (no hook of any mode holds it)."""
     proc, result = claude.print_mode("go", tree, "--permission-mode", permission_mode, *options,
                                      env=claude.env(IS_SANDBOX="1"))
     assert proc.returncode == 0 and result.get("type") == "result", (proc.stdout[-1500:], proc.stderr[-1500:])
+    assert seconds_to_end(claude, api) < ENDS_WITHIN_S, seconds_to_end(claude, api)
     return result
 
 
@@ -79,7 +91,7 @@ def test_light_and_heavy_commands_in_each_mode_and_permission_mode(
         _user_allows(claude, "Bash(make:*)", f"Bash({sys.executable}:*)")
     api.script = [("bash", "cat /proc/self/cgroup"), ("bash", "make check"),
                   ("bash", _instead_line) if mode == "guard" else ("text", "done"), ("text", "done")]
-    _headless(claude, tree, permission_mode)
+    _headless(claude, api, tree, permission_mode)
     requests = api.main_requests()
     assert len(requests) >= 3, [r.get("messages", [])[-1:] for r in requests]
     light = json.dumps(requests[1]["messages"][-2:])  # the light command's result
@@ -104,7 +116,7 @@ def test_a_job_over_its_cap_reaches_the_model_as_250_with_its_alert(
     line = " ".join([*hostrun.argv("-m", "100M", "--label", "over-its-cap", "--"), sys.executable,
                      "-c", "'x = bytearray(300 << 20)'"])
     api.script = [("bash", line), ("text", "done")]
-    _headless(claude, tree, "bypassPermissions")
+    _headless(claude, api, tree, "bypassPermissions")
     told = api.sent_text()
     assert f"Exit code {int(ExitCode.OWN_CAP)}" in told, told[-2500:]
     alert = told.rsplit(f"Exit code {int(ExitCode.OWN_CAP)}", 1)[1]
@@ -112,21 +124,27 @@ def test_a_job_over_its_cap_reaches_the_model_as_250_with_its_alert(
     assert hostrun.bookings() == [] and hostrun.job_dirs() == []
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_a_subagents_whole_suite_is_refused_even_through_hostrun(
-        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path) -> None:
-    """A subagent (the client's Agent tool) runs ``make check`` through hostrun in wrap mode with
-    every permission granted: refused, with the advice to run what it changed; the main agent's own
-    ``make check`` then runs, in a job's cgroup."""
-    tree = project(hostrun, tmp_path, "wrap")
+        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path, mode: str) -> None:
+    """A subagent (the client's Agent tool) runs ``make check`` through hostrun with every
+    permission granted: refused in every mode, remind included (docs/agents.md: remind refuses in a
+    subagent as every mode does), with the advice to run what it changed. The main agent's own
+    ``make check`` then goes where its mode sends it: as written in remind, in a job's cgroup in
+    wrap, nowhere in guard (refused with the line to run instead)."""
+    tree = project(hostrun, tmp_path, mode)
     (tree / "Makefile").write_text("check:\n\tcat /proc/self/cgroup >> ran.txt\n")
     api.script = [("agent", "run the whole suite"), ("bash", "make check"), ("text", "done")]
     api.subagent_script = [("bash", " ".join(hostrun.argv("--", "make", "check"))), ("text", "sub done")]
-    _headless(claude, tree, "bypassPermissions")
+    _headless(claude, api, tree, "bypassPermissions")
     sub = api.subagent_text()
     assert "whole test suite" in sub and "sub done" in api.sent_text(), sub[-2500:]
-    runs = (tree / "ran.txt").read_text().strip().splitlines()
-    assert [line for line in runs if f"{hostrun.cgroup}/job-" in line], runs
-    assert len([line for line in runs if "memory" in line]) == 1, runs  # the main agent's run only
+    ran = tree / "ran.txt"
+    runs = ran.read_text().strip().splitlines() if ran.exists() else []
+    jobs = [line for line in runs if f"{hostrun.cgroup}/job-" in line]
+    # the main agent's run only (one "memory" line per run of `cat /proc/self/cgroup`)
+    expected = {"remind": (1, 0), "wrap": (1, 1), "guard": (0, 0)}[mode]
+    assert (len([line for line in runs if "memory" in line]), len(jobs)) == expected, (runs, sub[-1500:])
 
 
 def test_a_declared_direct_run_goes_through_guard_and_an_incomplete_one_is_told_what_it_lacks(
@@ -139,7 +157,7 @@ def test_a_declared_direct_run_goes_through_guard_and_an_incomplete_one_is_told_
                 'reason=bisecting a flaky step by hand" make check N=1')
     lacking = 'HOSTRUN_DIRECT="kind=build; target=the check target; reason=bisecting by hand" make check N=2'
     api.script = [("bash", declared), ("bash", lacking), ("text", "done")]
-    _headless(claude, tree, "bypassPermissions")
+    _headless(claude, api, tree, "bypassPermissions")
     assert _where(hostrun, tree / "ran-1.txt") == "direct"
     assert not (tree / "ran-2.txt").exists()
     told = api.sent_text()
@@ -155,7 +173,7 @@ def test_a_script_written_and_run_in_one_line_is_judged_by_what_it_writes(
     (tree / "Makefile").write_text("all:\n\tcat /proc/self/cgroup > ran.txt\n")
     api.script = [("bash", "printf 'make -j2\\n' > build.sh && sh build.sh"), ("bash", _instead_line),
                   ("text", "done")]
-    _headless(claude, tree, "bypassPermissions")
+    _headless(claude, api, tree, "bypassPermissions")
     told = api.sent_text()
     assert "written in this command" in told, told[-2500:]
     assert _where(hostrun, tree / "ran.txt") == "job", told[-2500:]
@@ -168,12 +186,12 @@ def test_an_alert_reaches_the_resumed_session(
     read: it is not told again."""
     tree = project(hostrun, tmp_path, "wrap")
     api.script = [("text", "first")]
-    session = str(_headless(claude, tree, "default")["session_id"])
+    session = str(_headless(claude, api, tree, "default")["session_id"])
     proc = hostrun.run("-m", "100M", "--label", "while-away", "--session", f"claude-{session}", "--",
                        sys.executable, "-c", "x = bytearray(300 << 20)")
     assert proc.returncode == ExitCode.OWN_CAP, proc.stderr
     api.script = [("text", "first"), ("text", "resumed")]
-    _headless(claude, tree, "default", "--resume", session)
+    _headless(claude, api, tree, "default", "--resume", session)
     assert "while-away" in api.sent_text(), api.sent_text()[-2500:]
     unread = hostrun.run("alerts", "--unread", "--session", f"claude-{session}")
     assert "while-away" not in unread.stdout, unread.stdout

@@ -13,13 +13,15 @@ refusal and runs the line it gives. Which step a request gets is the number of a
 already in its messages, so a client that retries a request gets the same answer. A subagent's
 conversation (its first prompt holds ``SUBAGENT``) follows ``subagent_script`` the same way. A
 request past its script, or one without the Bash tool among its tools (a side request), is answered
-``"done."``.
+``"done."``. ``last_answer`` is when the last answer of any request was sent whole (``time.monotonic``),
+so a test can tell how long the client took to end after it.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -36,6 +38,7 @@ class FakeMessagesAPI:
         self.subagent_script: list[Step] = []
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
+        self.last_answer: float | None = None
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
 
@@ -70,6 +73,8 @@ class FakeMessagesAPI:
                     self.send_header("content-length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)
+                    with api.lock:
+                        api.last_answer = time.monotonic()
                     return
                 with api.lock:
                     api.requests.append(body)
@@ -111,6 +116,8 @@ class FakeMessagesAPI:
                     "stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 5}})
                 event("message_stop", {"type": "message_stop"})
                 self.wfile.flush()
+                with api.lock:
+                    api.last_answer = time.monotonic()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -14,6 +14,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ class Claude:
         self.binary = binary
         self.home = home
         self.api_url = api_url
+        self.ended: float | None = None  # when the last print_mode run had ended (time.monotonic)
         home.mkdir(parents=True, exist_ok=True)
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -83,6 +85,7 @@ class Claude:
         proc = subprocess.run([str(self.binary), "-p", prompt, "--output-format", "json", *options],
                               cwd=cwd, env=env or self.env(), capture_output=True, text=True,
                               timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+        self.ended = time.monotonic()  # exited, and its output closed (a child holding it holds this)
         try:
             result = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
         except ValueError:
