@@ -101,6 +101,20 @@ def _descendants(roots: list[int]) -> list[int]:
     return found
 
 
+def _engine_of(state_dir: str) -> int | None:
+    """The admission engine of ``state_dir`` (its CPU during the drain is the queue's own cost)."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\0")
+            except OSError:
+                continue
+            if b"dispatch.local.admitd" in argv and state_dir.encode() in argv:
+                return int(name)
+    return None
+
+
 def _parked(pid: int) -> bool:
     """A waiting run parked (dispatch/local/park.py): its process runs parked.py."""
     try:
@@ -191,6 +205,8 @@ def main() -> int:
         cpu1 = sum(t for t in (_cpu_ticks(pid) for pid in tree) if t is not None)
         per_s = (cpu1 - cpu0) / os.sysconf("SC_CLK_TCK") / args.idle_window
         gone_early = collections.Counter(p.returncode for p in procs if p.returncode is not None)
+        engine = _engine_of(os.path.join(tmp, "state"))
+        engine_cpu0 = _cpu_ticks(engine) if engine else None
         holder.terminate()
         holder.wait()
         drain_started = time.monotonic()
@@ -208,6 +224,9 @@ def main() -> int:
                 proc.kill()
             done.wait(60)
         drain = time.monotonic() - drain_started
+        engine_cpu1 = _cpu_ticks(engine) if engine else None
+        engine_cpu = ((engine_cpu1 - engine_cpu0) / os.sysconf("SC_CLK_TCK")
+                      if engine_cpu0 is not None and engine_cpu1 is not None else None)
         codes = collections.Counter(p.returncode for p in procs)
         runs = [stamp_times(s) for s in stamps]
         once = sum(1 for r in runs if len(r) == 2)
@@ -233,7 +252,9 @@ def main() -> int:
             print(f"    {count} x {line}")
         print(f"  ran exactly once: {once}, more than once: {twice}, never: {never}; most at once: {overlap} "
               f"(slots {args.slots})")
-        print(f"  drain: {drain:.1f} s, ideal {ideal:.1f} s: {drain / ideal:.2f}x")
+        spent = f"{engine_cpu:.1f} s" if engine_cpu is not None else "not found"
+        print(f"  drain: {drain:.1f} s, ideal {ideal:.1f} s: {drain / ideal:.2f}x; the admission engine's "
+              f"CPU during it: {spent}")
         print("  " + task_spooler(args.jobs, args.slots, args.sleep, tmp))
         checks = [(f"every job ran once, none failed ({codes.get(0, 0)} of {args.jobs} exit 0)",
                    codes.get(0, 0) == args.jobs and once == args.jobs),

@@ -350,6 +350,20 @@ class Link:
             if message.get("op") == "wait" and isinstance(message.get("line"), str):
                 self.say(str(message["line"]))
 
+    def reattached(self) -> dict[str, Any]:
+        """The booking through the next engine (this one went), tried as a waiting run tries
+        (engines may die as they are reached); its ``attach`` answer."""
+        last: Exception | None = None
+        for _ in range(REACH_TRIES):
+            try:
+                self._reattach()
+                return self.attached or {}
+            except (ConnectionError, OSError) as exc:
+                last = exc
+                time.sleep(0.1)
+        raise EngineError(f"the admission engine kept going away while this run waited ({last}); "
+                          "nothing ran")
+
     def _reattach(self) -> None:
         assert self.booking_id is not None
         self.close()

@@ -450,7 +450,9 @@ class Engine(LineServer):
     def evaluate(self) -> None:
         """The waiters this engine holds, in queue order, each tried as ``Ledger.try_admit`` would
         for it; after the first that cannot go and lets nobody pass, the rest are only told where
-        they stand when their status is due. Runs after a change, or every ``TICK``."""
+        they stand when their status is due: all of those on one read of the ledger, without its
+        write lock (``Ledger.peek_all``), their reasons stored in one transaction (``hostrun ledger``
+        shows them). Runs after a change, or every ``TICK``."""
         now = time.monotonic()
         if not (self.changed or now - self.last_evaluation >= TICK):
             return
@@ -459,24 +461,25 @@ class Engine(LineServer):
         if not self.waiting:
             self.settle()
             return
-        from dispatch.core.text import printable
-        from dispatch.local.admission import status_line, stop_reclaimed, wait_reason
+        from dispatch.local.admission import stop_reclaimed, wait_reason
 
         rows = self.ledger.bookings(self.host)
         waiting = [b for b in rows if b.state == "waiting" and b.id in self.holders]
         groups = self.settings.groups
         backfill = self.settings.queue_policy == "backfill"
         trying = True
+        due: list[int] = []
         for position, b in enumerate(waiting):
             client = self.holders[b.id]
             if position < self.near and b.id in client.parked:  # whole again before its turn comes
                 client.parked.discard(b.id)
                 client.send({"op": "soon", "id": b.id})
-            due = now - client.told.get(b.id, 0.0) >= client.interval[b.id]
-            if trying and is_stopped(b.pid):  # Ctrl-Z'd while it waits: passed over, holds nobody up
+            if not trying:  # behind a waiter that lets nobody pass: told where it stands when due
+                if now - client.told.get(b.id, 0.0) >= client.interval[b.id] and not client.out:
+                    due.append(b.id)
                 continue
-            if not (trying or due):  # behind a waiter that lets nobody pass: tried when its status is
-                continue  # due (its reason stored, as ``hostrun ledger`` shows), as a waiter polled
+            if is_stopped(b.pid):  # Ctrl-Z'd while it waits: passed over, holds nobody up
+                continue
             adm = self.ledger.try_admit(b.id, self.host, self.room, None, groups, wait_reason, backfill)
             if adm.reclaimed:
                 stop_reclaimed(self.here.backend, adm.reclaimed)
@@ -488,12 +491,25 @@ class Engine(LineServer):
                 client.send({"op": "admitted", "id": b.id, "kind": row.kind if row else b.kind,
                              "size": row.size if row else b.size, "adm": admission_dict(adm)})
                 continue
-            if trying:
-                trying = adm.policy is not None or adm.memory_ok or adm.pass_on
-            if due and not client.out:
-                client.told[b.id] = now
-                client.send({"op": "wait", "id": b.id, "adm": admission_dict(adm),
-                             "line": printable(status_line(adm)), "near": position < self.near})
+            trying = adm.policy is not None or adm.memory_ok or adm.pass_on
+            if now - client.told.get(b.id, 0.0) >= client.interval[b.id] and not client.out:
+                self._tell(b.id, adm, position < self.near, now)
+        if due:
+            near = {b.id: position < self.near for position, b in enumerate(waiting)}
+            found = self.ledger.peek_all(self.host, due, self.room, groups, backfill)
+            for booking_id, adm in found.items():
+                self._tell(booking_id, adm, near[booking_id], now)
+            self.ledger.store_reasons({i: wait_reason(adm) for i, adm in found.items()})
+
+    def _tell(self, booking_id: int, adm: Admission, near: bool, now: float) -> None:
+        """A waiter's status line (and whether its turn is near: else it may park)."""
+        from dispatch.core.text import printable
+        from dispatch.local.admission import status_line
+
+        client = self.holders[booking_id]
+        client.told[booking_id] = now
+        client.send({"op": "wait", "id": booking_id, "adm": admission_dict(adm),
+                     "line": printable(status_line(adm)), "near": near})
 
     # -- leaving when idle ------------------------------------------------------------------------
 
@@ -533,6 +549,11 @@ class EngineLedger(Ledger):
                  live_jobs: Callable[[], list[Booking]], engine: Engine) -> None:
         self.engine = engine
         super().__init__(state_dir, say, live_jobs)
+
+    def known_alive(self) -> set[int] | dict[int, Any]:
+        """The bookings this engine holds: each one's connection is open, so its holder lives (its
+        death closes the connection, and the engine releases it then): no ``/proc`` read for them."""
+        return self.engine.holders
 
     def track(self, booking_id: int) -> None:
         """A booking this engine holds though another made it (an attach, an orphan's)."""

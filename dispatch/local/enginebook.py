@@ -129,11 +129,12 @@ def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watc
     try:
         if resumed.signum is not None:
             raise Interrupted(resumed.signum)
-        if resumed.why == "gone":  # the engine went: the next one, the booking re-attached
-            link._reattach()
-            answer = link.attached or {}
-        else:
+        try:
+            if resumed.why == "gone":
+                raise ConnectionError("the admission engine closed the connection")
             answer = link.attach()
+        except (ConnectionError, OSError):  # the engine went: the next one, the booking re-attached
+            answer = link.reattached()
         plan = answer.get("plan")
         if answer.get("state") not in ("waiting", "running") or not isinstance(plan, list):
             from dispatch.core.errors import EngineError
