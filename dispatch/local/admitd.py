@@ -123,6 +123,7 @@ class Engine(LineServer):
         self._ledger: EngineLedger | None = None  # open only while it holds bookings (``settle``)
         self.log_path = log_path(settings.state_dir)
         self.waiting: set[int] = set()  # the held bookings that wait
+        self.pids: dict[int, int] = {}  # each held booking's holder (its pid)
         self.owner = os.geteuid()
         self.clients: dict[int, Holder] = {}
         self.asking: Holder | None = None  # the client whose request is being handled
@@ -278,7 +279,7 @@ class Engine(LineServer):
                        and (b.pid, b.pid_start, b.label) == (fields["pid"], fields["pid_start"],
                                                              fields["label"])), None)
         if orphan is not None:
-            self._hold(client, orphan.id, orphan.state, self._interval(message))
+            self._hold(client, orphan.id, orphan.state, self._interval(message), orphan.pid)
             self.changed = True
         return orphan
 
@@ -289,7 +290,7 @@ class Engine(LineServer):
         if orphan is not None:
             return {"op": "queued", "id": orphan.id}
         booking_id = self.ledger.enqueue(**fields)
-        self._hold(client, booking_id, "waiting", self._interval(message))
+        self._hold(client, booking_id, "waiting", self._interval(message), fields["pid"])
         self.changed = True
         return {"op": "queued", "id": booking_id}
 
@@ -322,7 +323,7 @@ class Engine(LineServer):
         if plan.why is not None:
             self.ledger.log([f"GAMBLE {label} (booking {booking_id}) at {format_size(plan.size)} of its "
                              f"{format_size(plan.limit)} limit: {plan.why}"])
-        self._hold(client, booking_id, "waiting", self._interval(message))
+        self._hold(client, booking_id, "waiting", self._interval(message), fields["pid"])
         self.changed = True
         return {"op": "queued", "id": booking_id, "plan": list(plan), "cap": cap, "limit": limit}
 
@@ -392,7 +393,7 @@ class Engine(LineServer):
         other = self.holders.get(booking_id)
         if other is not None and other is not client:
             raise ValueError(f"booking {booking_id} is held by another connection")
-        self._hold(client, booking_id, row.state, self._interval(message))
+        self._hold(client, booking_id, row.state, self._interval(message), row.pid)
         client.parked.discard(booking_id)  # a parked run, whole again on the same connection
         self.changed = True
         plan = [row.kind, row.size, row.cap, OOM_SCORE_ADJ.get(row.kind, 1000), None]
@@ -405,8 +406,9 @@ class Engine(LineServer):
             raise ValueError("status_interval: seconds, 0.05 to 86400")
         return float(interval)
 
-    def _hold(self, client: Holder, booking_id: int, state: str, interval: float) -> None:
+    def _hold(self, client: Holder, booking_id: int, state: str, interval: float, pid: int) -> None:
         client.bookings[booking_id] = state
+        self.pids[booking_id] = pid
         if state == "waiting":
             self.waiting.add(booking_id)
         client.interval[booking_id] = interval
@@ -415,6 +417,7 @@ class Engine(LineServer):
 
     def _forget(self, client: Holder, booking_id: int) -> None:
         self.waiting.discard(booking_id)
+        self.pids.pop(booking_id, None)
         client.parked.discard(booking_id)
         client.interval.pop(booking_id, None)
         client.told.pop(booking_id, None)
@@ -438,8 +441,9 @@ class Engine(LineServer):
                     os.rmdir(row.cgroup)  # only ever an empty directory; the caller's own (same uid)
                 except OSError:
                     pass
+        if client.bookings:  # a run that released before it closed changes nothing here
+            self.changed = True
         client.bookings.clear()
-        self.changed = True
         self.settle()
 
     # -- admission --------------------------------------------------------------------------------
@@ -463,39 +467,42 @@ class Engine(LineServer):
             return
         from dispatch.local.admission import stop_reclaimed, wait_reason
 
-        rows = self.ledger.bookings(self.host)
-        waiting = [b for b in rows if b.state == "waiting" and b.id in self.holders]
+        waiting = sorted(self.waiting)  # queue order: a booking's id (a requeued one keeps its own)
         groups = self.settings.groups
         backfill = self.settings.queue_policy == "backfill"
         trying = True
         due: list[int] = []
-        for position, b in enumerate(waiting):
-            client = self.holders[b.id]
-            if position < self.near and b.id in client.parked:  # whole again before its turn comes
-                client.parked.discard(b.id)
-                client.send({"op": "soon", "id": b.id})
+        for position, booking_id in enumerate(waiting):
+            client = self.holders[booking_id]
+            if position < self.near and booking_id in client.parked:  # whole before its turn comes
+                client.parked.discard(booking_id)
+                client.send({"op": "soon", "id": booking_id})
             if not trying:  # behind a waiter that lets nobody pass: told where it stands when due
-                if now - client.told.get(b.id, 0.0) >= client.interval[b.id] and not client.out:
-                    due.append(b.id)
+                if now - client.told.get(booking_id, 0.0) >= client.interval[booking_id] and not client.out:
+                    due.append(booking_id)
                 continue
-            if is_stopped(b.pid):  # Ctrl-Z'd while it waits: passed over, holds nobody up
+            if is_stopped(self.pids[booking_id]):  # Ctrl-Z'd while it waits: passed over, holds nobody up
                 continue
-            adm = self.ledger.try_admit(b.id, self.host, self.room, None, groups, wait_reason, backfill)
+            try:
+                adm = self.ledger.try_admit(booking_id, self.host, self.room, None, groups, wait_reason,
+                                            backfill)
+            except LookupError:  # its row is not in the ledger (put back at the next operation)
+                continue
             if adm.reclaimed:
                 stop_reclaimed(self.here.backend, adm.reclaimed)
             if adm.admitted:
-                client.bookings[b.id] = "running"
-                self.waiting.discard(b.id)
-                client.told.pop(b.id, None)
-                row = self.ledger.booking(b.id)
-                client.send({"op": "admitted", "id": b.id, "kind": row.kind if row else b.kind,
-                             "size": row.size if row else b.size, "adm": admission_dict(adm)})
+                client.bookings[booking_id] = "running"
+                self.waiting.discard(booking_id)
+                client.told.pop(booking_id, None)
+                row = self.ledger.booking(booking_id)
+                client.send({"op": "admitted", "id": booking_id, "kind": row.kind if row else None,
+                             "size": row.size if row else adm.need, "adm": admission_dict(adm)})
                 continue
             trying = adm.policy is not None or adm.memory_ok or adm.pass_on
-            if now - client.told.get(b.id, 0.0) >= client.interval[b.id] and not client.out:
-                self._tell(b.id, adm, position < self.near, now)
+            if now - client.told.get(booking_id, 0.0) >= client.interval[booking_id] and not client.out:
+                self._tell(booking_id, adm, position < self.near, now)
         if due:
-            near = {b.id: position < self.near for position, b in enumerate(waiting)}
+            near = {booking_id: position < self.near for position, booking_id in enumerate(waiting)}
             found = self.ledger.peek_all(self.host, due, self.room, groups, backfill)
             for booking_id, adm in found.items():
                 self._tell(booking_id, adm, near[booking_id], now)
