@@ -224,14 +224,6 @@ class Link:
 
     # -- a run's booking --------------------------------------------------------------------------
 
-    def book(self, fields: dict[str, Any]) -> int:
-        """Queue the run as planned by the run itself; asked again of the next engine when this one
-        dies before it answers (the engine then finds the booking the dead one made, by the run's
-        pid, and keeps it)."""
-        answer = self._queue("book", "booking", fields)
-        self.booking_id = int(answer["id"])
-        return self.booking_id
-
     def plan(self, fields: dict[str, Any]) -> dict[str, Any] | None:
         """Queue the run before anything of it is made: the engine checks its cap (raising the
         run's 243 or 78 here), plans its booking and answers ``queued`` with the booking id, the

@@ -23,9 +23,11 @@ no wake FIFO, no retry loop). A waiting run blocks in a read on its connection.
   on stdin, so two configurations sharing a state dir each have theirs, both writing one ledger).
 - **Bounds**: the line server's (``dispatch.local.lineserver``); only its owner (or root) may connect.
 
-Requests (JSON lines): ``hello``; ``book`` (a booking's fields: answered ``queued`` with its id, then
-``wait`` lines with the status figures, at once and every ``status_interval``, and ``admitted``);
-``attach`` (a booking this connection held on the engine before: its state); ``release``. Standard
+Requests (JSON lines): ``hello``; ``plan`` (a run's fields: its cap checked, its booking planned and
+queued, answered ``queued`` with its id and plan, then ``wait`` lines with the status figures, at
+once and every ``status_interval``, and ``admitted``; ``soon`` to a parked run whose turn is near);
+``cgroup`` (the admitted run's job cgroup); ``record`` (its peak and history row); ``park``;
+``attach`` (a booking this connection held, or held on the engine before: its state); ``release``. Standard
 library only: it is shipped to peers with the rest of the runtime.
 """
 
@@ -62,12 +64,6 @@ NEAR = 16  # waiters this close to the head of the queue stay (or are made) whol
 NEAR_ENV = "HOSTRUN_ENGINE_NEAR"  # another NEAR (tests: park with a few waiters)
 MAX_CLIENTS = 8192  # a swarm's waiters, each one connection
 MIN_DESCRIPTORS = 32  # its own (listener, selector, signal pipe, ledger and log) and a few runs
-# What ``book`` takes, with its type: Ledger.enqueue's keywords.
-BOOKING_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "host": str, "label": str, "pid": int, "pid_start": int, "size": int, "cap": int, "kind": str,
-    "command": str, "session": (str, type(None)), "cgroup": (str, type(None)),
-    "group": (str, type(None)), "when_idle": bool, "booking_id": (int, type(None)), "requeue": bool,
-}
 # What ``plan`` takes: a run before anything of it is made; the engine checks its cap against the
 # slice, plans its booking from the ledger (``booking.plan_for``) and queues it (``admitclient``).
 RUN_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -242,8 +238,6 @@ class Engine(LineServer):
             client.parked.add(booking_id)
             self.changed = True  # one that is near already is told "soon" at once
             return {"op": "parked", "id": booking_id}
-        if op == "book":
-            return self.book(client, message)
         if op == "attach":
             return self.attach(client, message)
         if op == "release":
@@ -255,7 +249,7 @@ class Engine(LineServer):
             self.changed = True
             return {"op": "released", "id": booking_id}
         raise ValueError(f"unknown request {op[:40]!r}" if isinstance(op, str) else
-                         "unknown request (op: hello, plan, book, cgroup, record, park, attach or release)")
+                         "unknown request (op: hello, plan, cgroup, record, park, attach or release)")
 
     def _fields(self, client: Holder, message: dict[str, Any], key: str,
                 spec: dict[str, type | tuple[type, ...]]) -> dict[str, Any]:
@@ -282,17 +276,6 @@ class Engine(LineServer):
             self._hold(client, orphan.id, orphan.state, self._interval(message), orphan.pid)
             self.changed = True
         return orphan
-
-    def book(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
-        """A booking planned by the run itself (the runs that took the ledger's lock before)."""
-        fields = self._fields(client, message, "booking", BOOKING_FIELDS)
-        orphan = self._orphan(client, message, fields)
-        if orphan is not None:
-            return {"op": "queued", "id": orphan.id}
-        booking_id = self.ledger.enqueue(**fields)
-        self._hold(client, booking_id, "waiting", self._interval(message), fields["pid"])
-        self.changed = True
-        return {"op": "queued", "id": booking_id}
 
     def plan(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
         """A run asks to be booked before it has made anything: its cap checked against this host's

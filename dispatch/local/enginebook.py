@@ -65,13 +65,12 @@ def raise_interrupted(signum: int, _frame: object) -> None:
 
 class Booked(NamedTuple):
     """An admitted booking the engine planned: its connection (the booking is the connection's),
-    id, plan (``booking.Plan``'s fields), the cap (``-m`` or ``default_cap``), the kind it was
-    admitted as (a lent start is a gamble) and the seconds it waited."""
+    id, plan (``booking.Plan``'s fields), the kind it was admitted as (a lent start is a gamble)
+    and the seconds it waited."""
 
     link: Link
     booking_id: int
     plan: list[Any]
-    cap: Optional[int]
     admitted_kind: Optional[str]
     waited: float
 
@@ -113,8 +112,7 @@ def book(settings: Settings, request: RunRequest, label: str, requeue: bool, pla
         raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    return Booked(link, int(answer["id"]), list(answer["plan"]), answer["cap"], link.admitted_kind,
-                  waited)
+    return Booked(link, int(answer["id"]), list(answer["plan"]), link.admitted_kind, waited)
 
 
 def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watch: WaitWatch | None,
@@ -154,7 +152,7 @@ def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watc
         raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    return Booked(link, resumed.booking_id, list(plan), None, link.admitted_kind, waited)
+    return Booked(link, resumed.booking_id, list(plan), link.admitted_kind, waited)
 
 
 def _wait(link: Link, say: Callable[[str], None], watch: WaitWatch | None, park: bool,
