@@ -77,6 +77,22 @@ def write_config(tmp: str, slice_size: str) -> tuple[str, str | None]:
     return path, slice_dir
 
 
+def engines(state_dir: str) -> list[int]:
+    """The admission engine processes of ``state_dir`` (dispatch.local.admitd)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if b"dispatch.local.admitd" in argv and state_dir.encode() in argv:
+            found.append(int(name))
+    return found
+
+
 def private_env(tmp: str) -> dict[str, str]:
     env = dict(os.environ)
     env["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")  # hostrun's config cache goes here

@@ -37,6 +37,7 @@ import tempfile
 import time
 
 from _common import (
+    engines,
     failure_lines,
     find_hostrun,
     launch_swarm,
@@ -48,21 +49,6 @@ from _common import (
     swarm_arguments,
     write_config,
 )
-
-
-def _engines(state_dir: str) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if b"dispatch.local.admitd" in argv and state_dir.encode() in argv:
-            found.append(int(name))
-    return found
 
 
 def _running_bytes(db: str) -> int | None:
@@ -103,7 +89,7 @@ def swarm(args: argparse.Namespace, hostrun: str, kills: int, spread: float) -> 
                 p.kill()
             break
         if moments and now >= moments[0]:
-            found = _engines(state_dir)
+            found = engines(state_dir)
             if found:  # one at a time: the next kill waits for a replacement
                 moments.pop(0)
                 for pid in found:
@@ -121,7 +107,7 @@ def swarm(args: argparse.Namespace, hostrun: str, kills: int, spread: float) -> 
     codes = collections.Counter(p.returncode for p in procs)
     said = failure_lines(tmp, procs)
     runs = [stamp_times(s) for s in stamps]
-    for pid in _engines(state_dir):
+    for pid in engines(state_dir):
         os.kill(pid, signal.SIGTERM)
     time.sleep(0.5)
     left = leftovers(state_dir, slice_dir)

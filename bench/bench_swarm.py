@@ -43,6 +43,7 @@ import threading
 import time
 
 from _common import (
+    engines,
     failure_lines,
     find_hostrun,
     interpreter_of,
@@ -103,16 +104,8 @@ def _descendants(roots: list[int]) -> list[int]:
 
 def _engine_of(state_dir: str) -> int | None:
     """The admission engine of ``state_dir`` (its CPU during the drain is the queue's own cost)."""
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as fh:
-                    argv = fh.read().split(b"\0")
-            except OSError:
-                continue
-            if b"dispatch.local.admitd" in argv and state_dir.encode() in argv:
-                return int(name)
-    return None
+    found = engines(state_dir)
+    return found[0] if found else None
 
 
 def _parked(pid: int) -> bool:

@@ -42,6 +42,14 @@ class Interrupted(Exception):
         self.signum = signum
 
 
+def _give_back(link: Link) -> None:
+    """A run that will not run (a signal, an error): its booking released, its connection closed."""
+    try:
+        link.release()
+    finally:
+        link.close()
+
+
 def _alert_in(watch: WaitWatch | None) -> float | None:
     """Seconds until a parked run's long-wait alert is due (it resumes whole then)."""
     if watch is None or watch.alert_after <= 0 or watch.alert is not None:
@@ -105,10 +113,7 @@ def book(settings: Settings, request: RunRequest, label: str, requeue: bool, pla
             return None
         waited = _wait(link, say, watch, park, time.monotonic())
     except BaseException:
-        try:
-            link.release()
-        finally:
-            link.close()
+        _give_back(link)
         raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -145,10 +150,7 @@ def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watc
         else:
             waited = _wait(link, say, watch, park and resumed.why == "gone", resumed.started)
     except BaseException:
-        try:
-            link.release()
-        finally:
-            link.close()
+        _give_back(link)
         raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
