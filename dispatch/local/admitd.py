@@ -556,6 +556,13 @@ class EngineLedger(Ledger):
         self._mine.pop(booking_id, None)  # a booking ending is not put back if the file was replaced
         super().release(booking_id)
 
+    def rings_others(self, host: str) -> bool:
+        """Only a waiter that took the ledger's lock itself listens on a doorbell: the engine tells
+        its own (a look at the waiting ids, not a read of their rows)."""
+        held = self.engine.holders
+        return any(r[0] not in held for r in self.db.execute(
+            "SELECT id FROM bookings WHERE host = ? AND state = 'waiting'", (host,)))
+
     def wake_next(self, host: str, after: int = 0) -> None:
         rows = self.db.execute("SELECT id FROM bookings WHERE host = ? AND state = 'waiting' AND id > ?",
                                (host, after)).fetchall()

@@ -118,7 +118,8 @@ def _never_stopped(b: Booking) -> bool:
 def evaluate(booking_id: int, rows: Sequence[Booking], room: RoomFunction,
              gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None, *,
              stopped: Callable[[Booking], bool] = _never_stopped, durations: Durations | None = None,
-             now: float = 0.0, ramps: Ramps | None = None) -> Admission:
+             now: float = 0.0, ramps: Ramps | None = None,
+             later_rows: Callable[[], Sequence[Booking]] | None = None) -> Admission:
     """Would booking ``booking_id`` get in now? ``rows``: every booking of its host, in id order.
 
     ``room`` gets the running bookings and returns the room for a new one; ``gpu_room`` the VRAM
@@ -127,8 +128,15 @@ def evaluate(booking_id: int, rows: Sequence[Booking], room: RoomFunction,
     "backfill"; read only when FIFO holds the booking): the labels' recorded longest runs, for a
     jump ahead of a blocked head at time ``now``. ``ramps`` (read only when memory holds a waiter
     that may be requeued): the labels' ramp profiles, for a loan (``lending.lend``). Raises
-    LookupError when the booking is gone.
+    LookupError when the booking is gone. ``later_rows``: the waiters behind it, when ``rows``
+    holds only the running bookings and the waiters up to it (read only when a jump or a loan
+    needs them: a long queue's head is tried without reading the whole queue).
     """
+
+    def later_waiting() -> list[Booking]:
+        behind = later_rows() if later_rows is not None else rows
+        return [b for b in behind if b.state == "waiting" and b.id > booking_id]
+
     running = [b for b in rows if b.state == "running"]
     me = next((b for b in rows if b.id == booking_id), None)
     if me is None:
@@ -148,8 +156,7 @@ def evaluate(booking_id: int, rows: Sequence[Booking], room: RoomFunction,
     memory_ok = free - ahead >= me.size
     extra: dict[str, Any] = {"machine": machine, "plain": got.plain}
     if durations is not None and not memory_ok:  # FIFO would hold it: may it jump a blocked head?
-        later = [b for b in rows if b.state == "waiting" and b.id > booking_id
-                 and policy_block(b, running, groups) is None]
+        later = [b for b in later_waiting() if policy_block(b, running, groups) is None]
         memory_ok, jumped = easy(me, [b for b in earlier if b.id not in held], later, running, free,
                                  durations(), now)
         extra.update(jumped)
@@ -158,7 +165,7 @@ def evaluate(booking_id: int, rows: Sequence[Booking], room: RoomFunction,
         extra["lend"] = _loan(me, waiting, running, free, ramps, durations, now)
         memory_ok = extra["lend"] is not None
         extra["pass_on"] = extra.get("pass_on", False) or any(
-            b.requeue for b in rows if b.state == "waiting" and b.id > booking_id)
+            b.requeue for b in later_waiting())
     if not me.gpu_bytes:
         return Admission(memory_ok and policy is None, me.size, free, ahead, len(earlier), running,
                          [], memory_ok=memory_ok, policy=policy, **extra)

@@ -134,8 +134,9 @@ class Ledger(LedgerFile):
 
         A stale waiter behind it holds no room and none of its place: the try of any waiter behind
         it, or a newcomer's first, reclaims it. Checking only these keeps the head's try, the one on
-        the hand-off's path, from reading every waiter's ``/proc/PID/stat`` on a long queue."""
-        rows = self._rows("host = ?", (host,))
+        the hand-off's path, from reading every waiter's ``/proc/PID/stat`` on a long queue; and only
+        these rows are read (the waiters behind it, when needed: ``_later``)."""
+        rows = self._rows("host = ? AND (state = 'running' OR id <= ?)", (host, booking_id))
         alive = self.known_alive()
         stale = [b for b in rows if (b.state == "running" or b.id <= booking_id)
                  and b.id not in alive and not is_alive(b.pid, b.pid_start)]
@@ -202,14 +203,32 @@ class Ledger(LedgerFile):
 
     def _evaluate(self, booking_id: int, host: str, room: RoomFunction,
                   gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
-                  backfill: bool = False, rows: list[Booking] | None = None) -> Admission:
+                  backfill: bool = False, rows: list[Booking] | None = None,
+                  later: Callable[[], list[Booking]] | None = None) -> Admission:
         """``admitpolicy.evaluate`` on this host's rows, read in the caller's transaction (with
         ``backfill``, the labels' recorded durations too, read only when FIFO holds the booking).
-        ``rows``: those rows, already read in that transaction."""
+        ``rows``: those rows, already read in that transaction; ``later``: the waiters behind it
+        when ``rows`` stops at it."""
         return admitpolicy.evaluate(
             booking_id, self._rows("host = ?", (host,)) if rows is None else rows, room, gpu_room,
             groups, stopped=_stopped, durations=(lambda: self._durations(host)) if backfill else None,
-            now=time.time(), ramps=lambda: self._ramps(host))
+            now=time.time(), ramps=lambda: self._ramps(host), later_rows=later)
+
+    def _later(self, host: str, booking_id: int) -> Callable[[], list[Booking]]:
+        """The waiters of ``host`` behind ``booking_id``, read at the first call, then kept."""
+        kept: list[list[Booking]] = []
+
+        def read() -> list[Booking]:
+            if not kept:
+                kept.append(self._rows("host = ? AND state = 'waiting' AND id > ?", (host, booking_id)))
+            return kept[0]
+
+        return read
+
+    def rings_others(self, host: str) -> bool:
+        """Whether an admission may ring a waiter behind it (its doorbell FIFO): every waiter of a
+        ledger without an engine may wait on one."""
+        return True
 
     def _ramps(self, host: str) -> dict[str, Ramp]:
         """The ramp profiles of the labels booked on ``host`` that have one (``lending``)."""
@@ -259,8 +278,9 @@ class Ledger(LedgerFile):
         """
         try:  # BEGIN inside: a signal's exception raised right after it must still roll back
             self.db.execute("BEGIN IMMEDIATE")
-            reclaimed, rows = self._reclaim_locked(host, booking_id)  # the rows, read once per try
-            adm = self._evaluate(booking_id, host, room, gpu_room, groups, backfill, rows)
+            reclaimed, rows = self._reclaim_locked(host, booking_id)  # the rows up to it, once per try
+            later = self._later(host, booking_id)
+            adm = self._evaluate(booking_id, host, room, gpu_room, groups, backfill, rows, later)
             skipped = admitpolicy.passed_over(booking_id, [
                 b for b in rows if b.state == "waiting" and b.id < booking_id], adm, groups
             ) if adm.admitted else []
@@ -292,7 +312,8 @@ class Ledger(LedgerFile):
             for b in reclaimed:
                 wakeup.remove(self.state_dir, b.id)
             self.wake_next(host)
-        elif adm.admitted and _may_follow(booking_id, rows, room, adm):
+        elif adm.admitted and self.rings_others(host) and _may_follow(booking_id, rows + later(), room,
+                                                                      adm):
             self.wake_next(host, booking_id)
         if skipped:
             self.log(skipped)
