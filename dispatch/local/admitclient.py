@@ -226,25 +226,25 @@ class Link:
 
     def plan(self, fields: dict[str, Any]) -> dict[str, Any] | None:
         """Queue the run before anything of it is made: the engine checks its cap (raising the
-        run's 243 or 78 here), plans its booking and answers ``queued`` with the booking id, the
-        plan (``booking.Plan`` as a list), the cap and the slice's limit; None when the run is to
+        run's 243 or 78 here), plans its booking and answers ``queued`` with the booking id and the
+        plan (``booking.Plan`` as a list); None when the run is to
         take the ledger's lock itself (the shared backend: its daemon admits it first)."""
-        answer = self._queue("plan", "run", fields)
+        if len(fields["command"]) > COMMAND_MAX:  # an ARG_MAX-long line would pass the request bound
+            fields = {**fields, "command": fields["command"][:COMMAND_MAX - 1] + "…"}
+        request = {"op": "plan", "run": fields, "status_interval": self.settings.status_interval}
+        for _ in range(REACH_TRIES):
+            try:
+                answer = self.ask(request)
+                break
+            except (ConnectionError, BrokenPipeError):
+                self.connect()
+        else:
+            raise EngineError("the admission engine kept going away before it queued this run; "
+                              "nothing ran")
         if answer.get("op") == "direct":
             return None
         self.booking_id = int(answer["id"])
         return answer
-
-    def _queue(self, op: str, key: str, fields: dict[str, Any]) -> dict[str, Any]:
-        if len(fields["command"]) > COMMAND_MAX:  # an ARG_MAX-long line would pass the request bound
-            fields = {**fields, "command": fields["command"][:COMMAND_MAX - 1] + "…"}
-        request = {"op": op, key: fields, "status_interval": self.settings.status_interval}
-        for _ in range(REACH_TRIES):
-            try:
-                return self.ask(request)
-            except (ConnectionError, BrokenPipeError):
-                self.connect()
-        raise EngineError("the admission engine kept going away before it queued this run; nothing ran")
 
     def set_cgroup(self, path: str) -> None:
         """The admitted run's job cgroup, made now: its booking names it. An engine gone by then

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dispatch.core.errors import HostrunError, LedgerError
 from dispatch.core.procinfo import is_stopped
 from dispatch.local.admitclient import lock_path, log_path, socket_path, unix_address
-from dispatch.local.booking import OOM_SCORE_ADJ
+from dispatch.local.booking import plan_of
 from dispatch.local.ledger import Ledger
 from dispatch.local.ledgerfile import put_back_line
 from dispatch.local.lineserver import Connection, LineServer, raise_descriptor_limit
@@ -282,8 +282,7 @@ class Engine(LineServer):
         slice (78, 243 as the run would say them), its booking planned from the ledger as the run
         would (``booking.plan_for``), queued. A run on the shared backend is told to go ``direct``
         (the shared daemon admits it first)."""
-        from dispatch.core.units import format_size
-        from dispatch.local.booking import Plan, plan_for
+        from dispatch.local.booking import gamble_line, plan_for
 
         fields = self._fields(client, message, "run", RUN_FIELDS)
         here = self.here
@@ -293,8 +292,7 @@ class Engine(LineServer):
         limit = here.limit_for(cap)
         orphan = self._orphan(client, message, fields)
         if orphan is not None:
-            plan = Plan(orphan.kind, orphan.size, orphan.cap, OOM_SCORE_ADJ.get(orphan.kind, 1000))
-            return {"op": "queued", "id": orphan.id, "plan": list(plan), "cap": cap, "limit": limit}
+            return {"op": "queued", "id": orphan.id, "plan": list(plan_of(orphan))}
         label, host = fields["label"], self.host
         plan = plan_for(self.ledger, host, label, fields["program"], cap, limit,
                         self.settings.gamble_size_for(here.host), fields["requeue"])
@@ -304,11 +302,10 @@ class Engine(LineServer):
             cgroup=None, group=fields["group"], when_idle=fields["when_idle"],
             booking_id=fields["booking_id"], requeue=fields["requeue"])
         if plan.why is not None:
-            self.ledger.log([f"GAMBLE {label} (booking {booking_id}) at {format_size(plan.size)} of its "
-                             f"{format_size(plan.limit)} limit: {plan.why}"])
+            self.ledger.log([gamble_line(label, booking_id, plan)])
         self._hold(client, booking_id, "waiting", self._interval(message), fields["pid"])
         self.changed = True
-        return {"op": "queued", "id": booking_id, "plan": list(plan), "cap": cap, "limit": limit}
+        return {"op": "queued", "id": booking_id, "plan": list(plan)}
 
     def record(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
         """A finished run's peak and history row (``admitclient.Link.record_peak``/``record_run``),
@@ -379,8 +376,7 @@ class Engine(LineServer):
         self._hold(client, booking_id, row.state, self._interval(message), row.pid)
         client.parked.discard(booking_id)  # a parked run, whole again on the same connection
         self.changed = True
-        plan = [row.kind, row.size, row.cap, OOM_SCORE_ADJ.get(row.kind, 1000), None]
-        return {"op": "attached", "id": booking_id, "state": row.state, "plan": plan}
+        return {"op": "attached", "id": booking_id, "state": row.state, "plan": list(plan_of(row))}
 
     def _interval(self, message: dict[str, Any]) -> float:
         interval = message.get("status_interval", self.settings.status_interval)

@@ -77,6 +77,17 @@ def guess(cap: int | None, limit: int, elsewhere: Sequence[tuple[str, int]], pro
     return Guess(min(limit, max(size, MIN_GUESS)), why)
 
 
+def gamble_line(label: str, booking_id: int, plan: Plan) -> str:
+    """The queue log's line for a gamble whose size was chosen from what is known (``plan.why``)."""
+    return (f"GAMBLE {label} (booking {booking_id}) at {format_size(plan.size)} of its "
+            f"{format_size(plan.limit)} limit: {plan.why}")
+
+
+def plan_of(row: Booking) -> Plan:
+    """The plan a booking was made with, as its row keeps it (a booking found again, re-attached)."""
+    return Plan(row.kind, row.size, row.cap, OOM_SCORE_ADJ.get(row.kind, OOM_SCORE_ADJ["gamble"]))
+
+
 def as_admitted(plan: Plan, row: Booking | None) -> Plan:
     """The plan as admitted: a job started on lent room (``dispatch.local.lending``) was booked as
     a gamble, so the kernel kills it first if a projection was wrong (and it is requeued)."""

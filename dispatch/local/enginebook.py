@@ -42,7 +42,7 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-def _give_back(link: Link) -> None:
+def give_back(link: Link) -> None:
     """A run that will not run (a signal, an error): its booking released, its connection closed."""
     try:
         link.release()
@@ -113,7 +113,7 @@ def book(settings: Settings, request: RunRequest, label: str, requeue: bool, pla
             return None
         waited = _wait(link, say, watch, park, time.monotonic())
     except BaseException:
-        _give_back(link)
+        give_back(link)
         raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -150,7 +150,7 @@ def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watc
         else:
             waited = _wait(link, say, watch, park and resumed.why == "gone", resumed.started)
     except BaseException:
-        _give_back(link)
+        give_back(link)
         raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

@@ -37,7 +37,14 @@ from dispatch.core.units import format_size
 from dispatch.local import admitclient, enginebook, ramp
 from dispatch.local.admitclient import Link
 from dispatch.local.admitpolicy import Admission, Room
-from dispatch.local.booking import Plan, as_admitted, as_admitted_kind, default_label, plan_for
+from dispatch.local.booking import (
+    Plan,
+    as_admitted,
+    as_admitted_kind,
+    default_label,
+    gamble_line,
+    plan_for,
+)
 from dispatch.local.enginebook import WAIT_SIGNALS, Booked
 from dispatch.local.guardian import Guardian
 from dispatch.local.hostslice import LocalSlice
@@ -120,10 +127,7 @@ def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], Non
 def _drop(booked: Booked | None) -> None:
     """An admitted booking whose run failed before it held it: released at once."""
     if booked is not None:
-        try:
-            booked.link.release()
-        finally:
-            booked.link.close()
+        enginebook.give_back(booked.link)
 
 
 MAX_REQUEUES = 2  # a requeued job is booked at its cap: a second kill means others undercounted
@@ -201,32 +205,32 @@ class _LocalRun:
         booked = self.booked
         if booked is not None:
             plan = Plan(*booked.plan)
-            waited: float | None = booked.waited
+            waited = booked.waited
             if requeue:  # only such a job may have been lent room (``lending``)
                 plan = as_admitted_kind(plan, booked.admitted_kind)
+            self.start()
         else:
             # The guardian releases the booking of a run killed while waiting.
             self.start()
             ledger = self.open_ledger()
             plan, booking_id = self.enqueue(self.guardian, ledger, label, requeue, place)
             watch = watch_for(settings, self.host.name, label, request, say, on_wait, alerts, wait_alert)
-            waited, signum = _wait(settings, ledger, self.backend, self.host, booking_id, self.limit, say,
-                                   self.gpu, watch,
-                                   (self.job, plan, label) if self.backend.name == "shared" else None)
-            if waited is None:
+            got, signum = _wait(settings, ledger, self.backend, self.host, booking_id, self.limit, say,
+                                self.gpu, watch,
+                                (self.job, plan, label) if self.backend.name == "shared" else None)
+            if got is None:
                 if self.child is not None:
                     self.child.cancel()
                 return enginebook.interrupted_outcome(settings, request, label, signum), plan
+            waited = got
             self.take_device(ledger, booking_id)
             if requeue:  # only such a job may have been lent room (``lending``)
                 plan = as_admitted(plan, ledger.booking(booking_id))
-        if booked is not None:
-            self.start()
         guardian, child = self.guardian, self.child
         assert guardian is not None and child is not None
         outcome = _run(settings, self.host, self.backend, self.job, child, request, label, plan, say,
                        self.gpu, self.watch, guardian)
-        outcome.waited_s = round(waited or 0.0, 3)
+        outcome.waited_s = round(waited, 3)
         again = again and outcome.is_verdict(ExitCode.SLICE_FULL)
         self.record(outcome, plan, alerts and not again)
         return outcome, plan
@@ -251,8 +255,7 @@ class _LocalRun:
         if guardian is not None:
             guardian.booked(booking_id)
         if plan.why is not None:
-            ledger.log([f"GAMBLE {label} (booking {booking_id}) at {format_size(plan.size)} of its "
-                        f"{format_size(plan.limit)} limit: {plan.why}"])
+            ledger.log([gamble_line(label, booking_id, plan)])
         return plan, booking_id
 
     def take_device(self, ledger: Ledger, booking_id: int) -> None:
