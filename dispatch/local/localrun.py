@@ -42,13 +42,16 @@ def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None
     """
     from dispatch.guards.headers import declares_preflight
 
-    park = park and not on_wait and not declares_preflight(request.argv)
+    declares = declares_preflight(request.argv)  # the script's headers read once
+    park = park and not on_wait and not declares
     return with_preflight(settings, request, say,
-                          lambda: _booked_run(settings, request, say, on_wait, alerts, wait_alert, park))
+                          lambda: _booked_run(settings, request, say, on_wait, alerts, wait_alert, park),
+                          declares=declares)
 
 
 def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str], None],
-                   run: Callable[[], Outcome], elsewhere: str | None = None) -> Outcome:
+                   run: Callable[[], Outcome], elsewhere: str | None = None,
+                   declares: bool | None = None) -> Outcome:
     """``run()``, unless the script ``request.argv`` runs declares preflight conditions
     (``# admission:``, ``# run-condition:``; ``dispatch.local.preflight``) that are unmet: then print each
     unmet one and return exit 78 with nothing created, booked or run. A single-instance lock is held
@@ -57,10 +60,11 @@ def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str],
     ``elsewhere`` names a host whose node the job will run on, out of reach until it starts (a
     cluster): the admission and the single-instance lock are this tree's and are checked here; a
     condition about the machine (command, device, min-free) cannot be, and refuses the run (78).
+    ``declares``: whether it declares any, when the caller has read that already.
     """
     from dispatch.guards.headers import declares_preflight
 
-    if not declares_preflight(request.argv):
+    if not (declares_preflight(request.argv) if declares is None else declares):
         return run()
     from dispatch.local.preflight import check, declared
 
