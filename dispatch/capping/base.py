@@ -17,6 +17,20 @@ from collections.abc import Callable
 
 from dispatch.core.records import NamedTuple
 
+MYPY = False
+if MYPY:  # typing is not imported on a run's path
+    from typing import Any, Protocol
+
+    class BookingLink(Protocol):
+        """What a job's cgroup asks of the admission engine's booking that holds it
+        (``dispatch.local.admitclient.Link``)."""
+
+        booking_id: int | None
+
+        def set_cgroup(self, path: str) -> None: ...
+
+        def ask(self, message: dict[str, Any]) -> dict[str, Any]: ...
+
 
 class Probe(NamedTuple):
     """Whether a backend works here and, if not, what is missing (shown by ``hostrun doctor``)."""
@@ -228,6 +242,12 @@ class JobCgroup(ABC):
 
     def started(self, pid: int) -> None:  # noqa: B027 - optional hook
         """The job's main process is running as ``pid`` (also its process-group id)."""
+
+    def held_by(self, booking: BookingLink) -> None:
+        """An admission engine's booking holds this job (made once admitted): the booking is told
+        where the job's cgroup is. A backend whose engine makes the cgroup itself (a shared slice's
+        scope) keeps the booking for ``adopt``."""
+        booking.set_cgroup(self.path or "")
 
     @abstractmethod
     def sample(self) -> int:

@@ -1,24 +1,21 @@
-"""A shared slice: one memory budget for several users of a machine, kept by a root daemon.
+"""A shared slice: one memory budget for several users of a machine, kept by a root process.
 
-Why a daemon: on systemd + cgroup v2 a normal user may only create cgroups in their own delegated
+Why root: on systemd + cgroup v2 a normal user may only create cgroups in their own delegated
 subtree (``user@UID.service``), so each user's slice is a budget of its own and two users together
 can overfill the machine. One slice for everyone must live in the system manager, where only root
 may start scopes; a polkit rule letting a group do so would hand that group root (systemd 252 checks
 ``StartTransientUnit`` with the plain ``manage-units`` action, without the unit's contents, and a
-unit may name any command or process). So root runs ``hostrun-shared`` (``dispatch.local.sharedd``),
-reached through ``/run/hostrun/shared.sock`` (mode 0660, the administrator's group), which does
-exactly two things for a caller, identified by the kernel (``SO_PEERCRED``):
+unit may name any command or process). So root runs the slice's admission engine
+(``hostrun-shared``, ``dispatch.local.sharedd``: the engine of a state dir, for every member),
+reached through ``/run/hostrun/shared.sock`` (mode 0660, the administrator's group). A member's run
+books there as a run books with its own engine (``dispatch.local.sharedlink``), first come first
+served across users; the booking is its connection's (a dead caller unbooks itself, and nobody
+else can unbook it); once admitted, the engine puts two of the caller's own child processes (the
+job and its keeper) in a scope of the slice capped at the booking's cap (``scope``). When the
+connection closes the engine kills what is left in it: nothing runs unbooked.
 
-- **book**: admit the caller's job against the one slice limit, first come first served across
-  users; the booking lives as long as the caller's connection (a dead caller unbooks itself, and
-  nobody else can unbook it);
-- **scope**: put two of the caller's own child processes (the job and its keeper) in a scope of the
-  shared slice, limited to a small allowance until the booking is admitted and to the booked cap
-  after. When the connection closes the daemon kills what is left in it: nothing runs unbooked.
-
-This module is the client side: the wire (one JSON object per line each way), the connection, and
-``SharedBackend``, the systemd backend whose jobs' scopes the daemon starts. Standard library only.
-"""
+This module is the client's side: one-shot requests (``hello``, ``list``), ``SharedJob`` (whose
+scope the engine starts) and ``SharedBackend``. Standard library only."""
 
 from __future__ import annotations
 
@@ -32,15 +29,15 @@ from dispatch.capping.cgroupfs import SOCKET_ENV as SOCKET_ENV  # looks for the 
 from dispatch.capping.cgroupfs import SOCKET_PATH as SOCKET_PATH  # imports this client
 from dispatch.capping.cgroupfs import socket_path
 from dispatch.capping.systemd import SystemdBackend, SystemdJob, _spawn_keeper, slice_cgroup_path
-from dispatch.core.errors import BackendError, SharedError
+from dispatch.core.errors import BackendError, HostrunError, SharedError
 
 MYPY = False
 if MYPY:
-    import socket
-    from collections.abc import Callable
     from typing import Any
 
-PROTOCOL = 1
+    from dispatch.capping.base import BookingLink
+
+PROTOCOL = 2  # 2: the admission engine's (``dispatch.local.sharedd``); 1 was its own daemon's
 MAX_LINE = 1 << 20
 JOB_AFFIXES = ("hostrun-shared-", ".scope")
 
@@ -96,192 +93,84 @@ def trusted_socket(path: str) -> str | None:
     return root_only(path)
 
 
-class Connection:
-    """One conversation with the daemon: requests and their answers, in order, plus the pushed
-    ``waiting``/``admitted`` lines of a booking."""
+def ask_once(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    """One request on a connection of its own, its answer (the engine's frame: the length in 4
+    bytes, then ``marshal``; it is root's, checked by ``trusted_socket``); an ``error`` answer, or
+    no engine there, raised as SharedError."""
+    import marshal
+    import socket
 
-    def __init__(self, path: str, timeout: float = 10.0) -> None:
-        import socket
-
-        self.path = path
-        self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.settimeout(timeout)
-        self._buf = b""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.settimeout(timeout)
+    try:
         try:
-            self._sock.connect(path)
-        except OSError as exc:
-            self.close()
-            raise SharedError(f"cannot reach the shared-slice daemon at {path}: {exc.strerror or exc}"
+            sock.connect(path)
+            sock.sendall(encode(message))
+            data = b""
+            while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise SharedError("the shared slice's engine closed the connection")
+                data += chunk
+                if len(data) > MAX_LINE:
+                    raise SharedError("the shared slice's engine sent an answer too long")
+        except TimeoutError:
+            raise SharedError(f"no answer from the shared slice's engine at {path} in {timeout:.0f}s"
                               ) from None
-
-    def _socket(self) -> socket.socket:
-        if self._sock is None:
-            raise SharedError("the connection to the shared-slice daemon is closed")
-        return self._sock
-
-    def send(self, message: dict[str, Any]) -> None:
-        try:
-            self._socket().sendall(encode(message))
         except OSError as exc:
-            raise SharedError(f"the shared-slice daemon went away: {exc.strerror or exc}") from None
-
-    def receive(self, timeout: float | None = 10.0) -> dict[str, Any] | None:
-        """The next line, or None when ``timeout`` passed first."""
-        sock = self._socket()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            sock.settimeout(left)
-            try:
-                data = sock.recv(65536)
-            except TimeoutError:
-                return None
-            except OSError as exc:
-                raise SharedError(f"the shared-slice daemon went away: {exc.strerror or exc}") from None
-            if not data:
-                raise SharedError("the shared-slice daemon closed the connection")
-            self._buf += data
-            if len(self._buf) > MAX_LINE:
-                raise SharedError("the shared-slice daemon sent a line too long to be an answer")
-        line, _, self._buf = self._buf.partition(b"\n")
-        try:
-            return decode(line)
-        except ValueError as exc:
-            raise SharedError(f"the shared-slice daemon sent a bad line: {exc}") from None
-
-    def ask(self, message: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-        """Send a request, return its answer (an ``error`` answer raised as SharedError)."""
-        self.send(message)
-        while True:
-            answer = self.receive(timeout)
-            if answer is None:
-                raise SharedError(f"no answer from the shared-slice daemon to {message.get('op')!r} "
-                                  f"in {timeout:.0f}s")
-            if answer.get("state") in ("waiting", "admitted"):  # a booking's news, not the answer
-                continue
-            if "error" in answer:
-                raise SharedError(str(answer["error"]))
-            return answer
-
-    def closed_by_daemon(self) -> bool:
-        """Whether the daemon has closed this connection (read without consuming or waiting)."""
-        import socket
-
-        if self._sock is None:
-            return False
-        # Non-blocking for the peek: a timeout left from the last ``receive`` makes Python wait it
-        # out and raise TimeoutError, which read as "closed" (a false warning at a job's end).
-        self._sock.settimeout(0.0)
-        try:
-            return not self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+            raise SharedError(f"cannot reach the shared slice's engine at {path}: "
+                              f"{exc.strerror or exc}") from None
+    finally:
+        sock.close()
+    try:
+        answer = marshal.loads(data[4:4 + int.from_bytes(data[:4], "big")])
+    except (EOFError, ValueError, TypeError):
+        answer = None
+    if not isinstance(answer, dict):
+        raise SharedError("the shared slice's engine sent something that is not an answer")
+    if "error" in answer:
+        raise SharedError(str(answer["error"]))
+    return answer
 
 
 def hello(path: str | None = None) -> dict[str, Any]:
-    """The daemon's facts (slice unit, its cgroup, limit, group), on a connection of its own."""
-    conn = Connection(path or socket_path())
-    try:
-        return conn.ask({"op": "hello", "protocol": PROTOCOL})
-    finally:
-        conn.close()
+    """The engine's facts (slice unit, its cgroup, limit, group), on a connection of its own."""
+    return ask_once(path or socket_path(), {"op": "hello", "protocol": PROTOCOL})
 
 
 def listing(path: str | None = None) -> dict[str, Any]:
     """Every booking on the shared slice, every user's (``hostrun shared``)."""
-    conn = Connection(path or socket_path())
-    try:
-        return conn.ask({"op": "list"})
-    finally:
-        conn.close()
+    return ask_once(path or socket_path(), {"op": "list"})
 
 
 class SharedJob(SystemdJob):
-    """A job whose scope the daemon starts (``adopt``) and whose booking it holds; the connection
-    is this job's, closed by ``remove`` (the daemon then kills whatever is left in the scope)."""
+    """A job whose scope the shared slice's engine starts (``adopt``), asked on the connection of
+    the booking that holds it (``held_by``)."""
 
-    def __init__(self, directory: str, cap: int, slice_dir: str, conn: Connection | None = None,
-                 keeper_program: str | None = None) -> None:
+    def __init__(self, directory: str, cap: int, slice_dir: str, keeper_program: str | None = None
+                 ) -> None:
         super().__init__(directory, cap, slice_dir, None, None, keeper_program)
-        self.conn = conn
+        self.link: BookingLink | None = None
+
+    def held_by(self, booking: BookingLink) -> None:
+        self.link = booking
 
     def adopt(self, pid: int) -> None:
-        if self.conn is None:
-            return
+        if self.link is None:
+            raise SharedError("a job on the shared slice runs only once its engine admitted it")
         self.keeper, self._keeper_fd = _spawn_keeper(self._keeper_program or "cat")
         try:
-            answer = self.conn.ask({"op": "scope", "pids": [self.keeper, pid], "cap": self.cap,
-                                    "unit": self.unit})
+            try:
+                answer = self.link.ask({"op": "scope", "id": self.link.booking_id,
+                                        "pids": [self.keeper, pid], "unit": self.unit})
+            except (HostrunError, OSError) as exc:
+                raise SharedError(f"the shared slice's engine did not start the job's scope: {exc}"
+                                  ) from None
             if answer.get("unit") != self.unit:
-                raise SharedError(f"the daemon started {answer.get('unit')!r}, not {self.unit}")
+                raise SharedError(f"the engine started {answer.get('unit')!r}, not {self.unit}")
         except BackendError:
             self._stop_keeper()
             raise
-
-    def wait_admitted(self, size: int, cap: int, label: str, status_interval: float,
-                      say: Callable[[str], None], on_wait: Callable[[dict[str, Any]], None] | None = None
-                      ) -> float:
-        """Book ``size`` on the shared slice and block until the daemon admits it; the seconds
-        waited. Status lines (``say``) as the local wait prints them, naming who holds the room."""
-        conn = self._require_conn()
-        started = time.monotonic()
-        conn.send({"op": "book", "size": size, "cap": cap, "label": label})
-        last: dict[str, Any] | None = None
-        said = 0.0
-        while True:
-            news = conn.receive(timeout=min(1.0, status_interval))
-            if news is not None:
-                if "error" in news:
-                    raise SharedError(str(news["error"]))
-                if news.get("state") == "admitted":
-                    return time.monotonic() - started
-                if news.get("state") == "waiting":
-                    last = news
-            now = time.monotonic()
-            if last is not None and (said == 0.0 or now - said >= status_interval):
-                say(waiting_line(last, now - started))
-                said = now
-                if on_wait is not None:
-                    on_wait(last)
-
-    def daemon_gone(self) -> bool:
-        """Whether the daemon dropped this job's connection, and so its booking, while it ran."""
-        return self.conn is not None and self.conn.closed_by_daemon()
-
-    def _require_conn(self) -> Connection:
-        if self.conn is None:
-            raise SharedError("no connection to the shared-slice daemon")
-        return self.conn
-
-    def remove(self) -> None:
-        self.close()  # the keeper and the sampled memory.stat (SystemdJob's)
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-
-def waiting_line(news: dict[str, Any], waited: float) -> str:
-    """One status line of a wait on the shared slice. Other users' labels arrive escaped."""
-    from dispatch.core.text import printable
-    from dispatch.core.units import format_size
-
-    holders = ", ".join(
-        f"{printable(str(h.get('user', '?')))}: {printable(str(h.get('label', '?')))} "
-        f"{format_size(int(h.get('size', 0)))}" for h in news.get("holders", [])[:4])
-    ahead = int(news.get("ahead", 0))
-    text = (f"waiting {waited:.0f}s for room on the shared slice: need "
-            f"{format_size(int(news.get('need', 0)))}, free {format_size(max(0, int(news.get('free', 0))))}"
-            f"{f', {ahead} ahead' if ahead else ''}")
-    if news.get("note"):
-        text += f"; {printable(str(news['note']))}"
-    return text + (f" (held by {holders})" if holders else "")
 
 
 class SharedBackend(SystemdBackend):
@@ -341,20 +230,14 @@ class SharedBackend(SystemdBackend):
     def ensure_slice(self, limit: int) -> None:
         """The administrator's daemon keeps the slice: nothing to do here."""
 
-    def job_name(self, job_id: str) -> str:
-        prefix, suffix = self.job_affixes
-        return f"{prefix}{os.getuid()}-{job_id}{suffix}"
-
     def create_job(self, job_id: str, cap: int) -> SharedJob:
         return SharedJob(os.path.join(self.slice_dir, self.job_name(job_id)), cap, self.slice_dir,
-                         Connection(self.socket_path), self.keeper_program)
+                         self.keeper_program)
 
     def job_at(self, path: str) -> SharedJob | None:
         from dispatch.capping.base import job_dir_at
 
-        prefix, suffix = self.job_affixes
-        # only this user's units: another user's job is the daemon's to stop, never ours
-        directory = job_dir_at(self.slice_dir, path, f"{prefix}{os.getuid()}-", suffix)
+        directory = job_dir_at(self.slice_dir, path, *self.job_affixes)
         return None if directory is None else SharedJob(directory, 0, self.slice_dir)
 
 

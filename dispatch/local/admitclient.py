@@ -96,7 +96,7 @@ def where(settings: Settings) -> dict[str, Any]:
 
 def wanted(environ: Any = None) -> bool:
     """Whether runs go through the engine: yes, unless ``HOSTRUN_ADMISSION=direct`` (a run then
-    takes the ledger's lock itself, as a ``--gpu-memory`` or shared-slice run does)."""
+    takes the ledger's lock itself, as a ``--gpu-memory`` run does)."""
     return (os.environ if environ is None else environ).get(ADMISSION_ENV, "") != "direct"
 
 
@@ -224,11 +224,10 @@ class Link:
 
     # -- a run's booking --------------------------------------------------------------------------
 
-    def plan(self, fields: dict[str, Any]) -> dict[str, Any] | None:
+    def plan(self, fields: dict[str, Any]) -> dict[str, Any]:
         """Queue the run before anything of it is made: the engine checks its cap (raising the
         run's 243 or 78 here), plans its booking and answers ``queued`` with the booking id and the
-        plan (``booking.Plan`` as a list); None when the run is to
-        take the ledger's lock itself (the shared backend: its daemon admits it first)."""
+        plan (``booking.Plan`` as a list)."""
         if len(fields["command"]) > COMMAND_MAX:  # an ARG_MAX-long line would pass the request bound
             fields = {**fields, "command": fields["command"][:COMMAND_MAX - 1] + "…"}
         request = {"op": "plan", "run": fields, "status_interval": self.settings.status_interval}
@@ -241,8 +240,6 @@ class Link:
         else:
             raise EngineError("the admission engine kept going away before it queued this run; "
                               "nothing ran")
-        if answer.get("op") == "direct":
-            return None
         self.booking_id = int(answer["id"])
         return answer
 

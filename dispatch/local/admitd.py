@@ -63,6 +63,8 @@ TICK = 1.0  # seconds between re-evaluations while bookings wait (usage and MemA
 NEAR = 16  # waiters this close to the head of the queue stay (or are made) whole: see ``park``
 NEAR_ENV = "HOSTRUN_ENGINE_NEAR"  # another NEAR (tests: park with a few waiters)
 MAX_CLIENTS = 8192  # a swarm's waiters, each one connection
+PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: no process id is larger
+TEXT_MAX = 8192  # characters of a run's text fields (its command line is cut at 4,096 by the run)
 MIN_DESCRIPTORS = 32  # its own (listener, selector, signal pipe, ledger and log) and a few runs
 # What ``plan`` takes: a run before anything of it is made; the engine checks its cap against the
 # slice, plans its booking from the ledger (``booking.plan_for``) and queues it (``admitclient``).
@@ -107,6 +109,7 @@ class Engine(LineServer):
     tick = TICK
     request_errors = (HostrunError, OSError, ValueError, TypeError)
     frame = staticmethod(Holder.encode)
+    shared = False  # the engine of a shared slice (``dispatch.local.sharedd``)
 
     def __init__(self, listener: socket.socket, settings: Settings, path: str, lock: str) -> None:
         super().__init__(listener)
@@ -245,6 +248,7 @@ class Engine(LineServer):
             if client.bookings.pop(booking_id, None) is None:
                 raise ValueError(f"booking {booking_id} is not this connection's")
             self._forget(client, booking_id)
+            self.released(client, booking_id)
             self.ledger.release(booking_id)
             self.changed = True
             return {"op": "released", "id": booking_id}
@@ -260,6 +264,14 @@ class Engine(LineServer):
             value = fields[name]
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
                 raise ValueError(f"{key}: {name} of the wrong type")
+        for name, value in fields.items():
+            if isinstance(value, bool) and spec[name] is not bool:
+                raise ValueError(f"{key}: {name} of the wrong type")
+            if isinstance(value, int) and not isinstance(value, bool) and not (
+                    (0 if name == "pid_start" else 1) <= value < (PID_MAX if name == "pid" else 1 << 62)):
+                raise ValueError(f"{key}: {name} out of range")
+            if isinstance(value, str) and len(value) > TEXT_MAX:
+                raise ValueError(f"{key}: {name} longer than {TEXT_MAX} characters")
         if fields["host"] != self.host:
             raise ValueError(f"{key}: this engine admits for host {self.host!r}")
         if fields["pid"] != client.pid and client.uid != 0:
@@ -269,9 +281,10 @@ class Engine(LineServer):
     def _orphan(self, client: Holder, message: dict[str, Any], fields: dict[str, Any]) -> Booking | None:
         """The booking an engine that died before it answered made for this run (by its pid), now
         held by this connection: the same booking, its place kept."""
+        label = self.stored_label(client, fields["label"])
         orphan = next((b for b in self.ledger.bookings(self.host) if b.id not in self.holders
-                       and (b.pid, b.pid_start, b.label) == (fields["pid"], fields["pid_start"],
-                                                             fields["label"])), None)
+                       and (b.pid, b.pid_start, b.label) == (fields["pid"], fields["pid_start"], label)),
+                      None)
         if orphan is not None:
             self._hold(client, orphan.id, orphan.state, self._interval(message), orphan.pid)
             self.changed = True
@@ -280,20 +293,21 @@ class Engine(LineServer):
     def plan(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
         """A run asks to be booked before it has made anything: its cap checked against this host's
         slice (78, 243 as the run would say them), its booking planned from the ledger as the run
-        would (``booking.plan_for``), queued. A run on the shared backend is told to go ``direct``
-        (the shared daemon admits it first)."""
+        would (``booking.plan_for``), queued. A host whose slice is a shared one books through that
+        slice's engine (``dispatch.local.sharedd``), not this one."""
         from dispatch.local.booking import gamble_line, plan_for
 
         fields = self._fields(client, message, "run", RUN_FIELDS)
+        interval = self._interval(message)  # checked before anything is queued
         here = self.here
-        if here.backend.name == "shared":
-            return {"op": "direct"}
+        if here.backend.name == "shared" and not self.shared:
+            raise ValueError("this host's slice is a shared slice: a run books through its engine")
         cap = here.checked_cap(fields["cap"], fields["no_cap"])
         limit = here.limit_for(cap)
         orphan = self._orphan(client, message, fields)
         if orphan is not None:
             return {"op": "queued", "id": orphan.id, "plan": list(plan_of(orphan))}
-        label, host = fields["label"], self.host
+        label, host = self.stored_label(client, fields["label"]), self.host
         plan = plan_for(self.ledger, host, label, fields["program"], cap, limit,
                         self.settings.gamble_size_for(here.host), fields["requeue"])
         booking_id = self.ledger.enqueue(
@@ -303,7 +317,7 @@ class Engine(LineServer):
             booking_id=fields["booking_id"], requeue=fields["requeue"])
         if plan.why is not None:
             self.ledger.log([gamble_line(label, booking_id, plan)])
-        self._hold(client, booking_id, "waiting", self._interval(message), fields["pid"])
+        self._hold(client, booking_id, "waiting", interval, fields["pid"])
         self.changed = True
         return {"op": "queued", "id": booking_id, "plan": list(plan)}
 
@@ -322,8 +336,10 @@ class Engine(LineServer):
             raise ValueError(f"booking {booking_id} is gone")
         fields = message.get("run")
         run = None if fields is None else RunRecord(*_checked_list(fields, RUN_RECORD_TYPES, "run"))
-        if run is not None and (run.label, run.host) != (row.label, row.host):
+        if run is not None and (self.stored_label(client, run.label), run.host) != (row.label, row.host):
             raise ValueError("run: not the label and host of this connection's booking")
+        if run is not None:
+            run = run._replace(label=row.label)
         keep = self.settings.history_keep
         call = message.get("call")
         if call == "run":
@@ -368,7 +384,7 @@ class Engine(LineServer):
         row = self.ledger.booking(booking_id)
         if row is None:
             return {"op": "attached", "id": booking_id, "state": "gone"}
-        if row.pid != client.pid and client.uid != 0:
+        if not self.owns(client, row):
             raise ValueError(f"booking {booking_id} is not the caller's")
         other = self.holders.get(booking_id)
         if other is not None and other is not client:
@@ -377,6 +393,17 @@ class Engine(LineServer):
         client.parked.discard(booking_id)  # a parked run, whole again on the same connection
         self.changed = True
         return {"op": "attached", "id": booking_id, "state": row.state, "plan": list(plan_of(row))}
+
+    def released(self, client: Holder, booking_id: int) -> None:
+        """A booking its holder gave back (what a subclass does then: a shared slice's scope)."""
+
+    def stored_label(self, client: Holder, label: str) -> str:
+        """A run's label as this engine's ledger keeps it (a shared slice's: after its user's name)."""
+        return label
+
+    def owns(self, client: Holder, row: Booking) -> bool:
+        """Whether the caller may take ``row`` back (``attach``): its own process's, or root."""
+        return row.pid == client.pid or client.uid == 0
 
     def _interval(self, message: dict[str, Any]) -> float:
         interval = message.get("status_interval", self.settings.status_interval)
@@ -407,6 +434,9 @@ class Engine(LineServer):
         """Its client is gone (ended, killed, its machine gone): what it held is released, and a
         waiting run's job cgroup removed (empty: its process is made once admitted, and its
         guardian then; a running one's guardian ends the job and removes it)."""
+        if self.stopping:  # the engine ends (a restart): its bookings stay for the next one
+            client.bookings.clear()
+            return
         for booking_id, state in list(client.bookings.items()):
             self._forget(client, booking_id)
             try:

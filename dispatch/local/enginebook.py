@@ -84,13 +84,14 @@ class Booked(NamedTuple):
 
 
 def book(settings: Settings, request: RunRequest, label: str, requeue: bool, place: int | None,
-         say: Callable[[str], None], watch: WaitWatch | None, park: bool = False) -> Booked | None:
-    """Book the run through the engine and wait until it is admitted; None when it is to take the
-    ledger's lock itself (the engine says so for the shared backend). ``place``: the booking id a
+         say: Callable[[str], None], watch: WaitWatch | None, park: bool = False,
+         link: Link | None = None) -> Booked:
+    """Book the run through the engine and wait until it is admitted. ``place``: the booking id a
     requeued job keeps. ``park``: a run far from its turn may wait parked (``dispatch.local.park``:
     this process is replaced, and the run carries on in ``resume``). Raises ``Interrupted`` when a
     signal ended the wait, the run's refusal (243, 78) as the engine found it, or ``EngineError``
-    (78) when no engine could book it."""
+    (78) when no engine could book it. ``link``: the engine to book on (the shared slice's), else this
+    state dir's."""
     from dispatch.core.text import storable
     from dispatch.guards.trust import private_dir
 
@@ -98,19 +99,17 @@ def book(settings: Settings, request: RunRequest, label: str, requeue: bool, pla
     # From the moment the booking exists, a SIGTERM/SIGHUP/SIGQUIT must end the wait cleanly
     # (release it, say "nothing ran"): held back until the handlers are in place.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)
-    link = Link(settings, say)
+    link = Link(settings, say) if link is None else link
     try:
         link.connect()  # 78 when it cannot start
         me = os.getpid()
         argv = request.argv
         answer = link.plan(dict(
             host=settings.local.name, label=label, pid=me, pid_start=start_time(me) or 0,
-            cap=request.cap, no_cap=request.no_cap, program=storable(os.path.basename(argv[0])),
+            cap=request.cap if request.cap is not None else settings.local.default_cap,
+            no_cap=request.no_cap, program=storable(os.path.basename(argv[0])),
             command=" ".join(argv), session=request.session, group=request.group,
             when_idle=request.when_idle, booking_id=place, requeue=requeue))
-        if answer is None:
-            link.close()
-            return None
         waited = _wait(link, say, watch, park, time.monotonic())
     except BaseException:
         give_back(link)
@@ -121,14 +120,14 @@ def book(settings: Settings, request: RunRequest, label: str, requeue: bool, pla
 
 
 def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watch: WaitWatch | None,
-           park: bool = False) -> Booked:
+           park: bool = False, link: Link | None = None) -> Booked:
     """The run its parked process handed back (``park.take_resume``): on the same connection, its
     booking as the engine has it now (admitted, or still waiting: waited for whole, unless it
     resumed only to have the engine replaced, when it may park again); through the next engine when
     that one went; ``Interrupted`` (its booking released) when a signal ended the wait."""
     # The parked process held these back across the exec; they act once the wait's handlers are set.
     old_mask = set(signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)) - {signal.SIGINT, *WAIT_SIGNALS}
-    link = Link(settings, say).adopt(resumed.fd, resumed.booking_id)
+    link = (Link(settings, say) if link is None else link).adopt(resumed.fd, resumed.booking_id)
     try:
         if resumed.signum is not None:
             raise Interrupted(resumed.signum)

@@ -5,8 +5,9 @@ A run that waits holds what it has imported (a swarm of 1,000 waiters: bench/ben
 this module and what it imports are the little a run needs to be booked and to wait: the command
 line, the settings, the engine's connection (``dispatch.local.enginebook``). The runner, the cap
 backend and the ledger are loaded once it is admitted (``dispatch.local.runner.run_booked``). A
-``--gpu-memory`` run and ``HOSTRUN_ADMISSION=direct`` take the ledger's lock themselves, as does a
-run on the shared backend (the engine tells it so): all in the runner.
+``--gpu-memory`` run and ``HOSTRUN_ADMISSION=direct`` take the ledger's lock themselves (in the
+runner). On a shared slice every run books through that slice's engine (``shared_here``), and a
+``--gpu-memory`` run there is refused: that engine books no GPUs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.local.admitclient import Link
     from dispatch.local.admitpolicy import Admission
+    from dispatch.local.hostslice import LocalSlice
 
 
 def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
@@ -117,7 +120,13 @@ def _booked_run(settings: Settings, request: RunRequest, say: Callable[[str], No
         os.close(resumed.fd)
         resumed = None
     booked = None
-    if request.gpu_memory is None and (admitclient.wanted() or resumed is not None):
+    here = shared_here(settings)
+    if here is not None and request.gpu_memory is not None:
+        from dispatch.core.errors import NotRunError
+
+        raise NotRunError("--gpu-memory: the shared slice's engine books memory only, so a GPU booking "
+                          "there could be overbooked by another user's; nothing ran")
+    if here is not None or (request.gpu_memory is None and (admitclient.wanted() or resumed is not None)):
         from dispatch.core.text import storable
         from dispatch.local import enginebook
         from dispatch.local.waitwatch import watch_for
@@ -128,13 +137,47 @@ def _booked_run(settings: Settings, request: RunRequest, say: Callable[[str], No
                           resumed.started if resumed is not None else None)
         park = park and allowed()
         try:
+            link = engine_link(settings, say, here)
             if resumed is not None:
-                booked = enginebook.resume(settings, resumed, say, watch, park)
+                booked = enginebook.resume(settings, resumed, say, watch, park, link)
             else:
-                booked = enginebook.book(settings, request, label, requeue, None, say, watch, park)
+                booked = enginebook.book(settings, request, label, requeue, None, say, watch, park, link)
         except enginebook.Interrupted as exc:
             return enginebook.interrupted_outcome(settings, request, label, exc.signum)
     from dispatch.local.runner import run_booked
 
-    return run_booked(settings, request, say, on_wait, alerts, wait_alert, booked)
+    return run_booked(settings, request, say, on_wait, alerts, wait_alert, booked, here)
+
+
+def shared_here(settings: Settings) -> LocalSlice | None:
+    """This host's slice when it is a shared one (``dispatch.capping.shared``), whose engine books
+    every run, decided as the cap backend is chosen (``select_backend``: a member whose shared slice
+    does not answer is refused there, 78). Only where a shared slice is installed is anything more
+    than two ``stat`` calls done."""
+    if settings.local.backend not in (None, "shared"):
+        return None
+    from dispatch.capping.cgroupfs import socket_path
+    from dispatch.capping.sharedmember import UNIT_PATH
+
+    if not (os.path.exists(socket_path()) or os.path.exists(UNIT_PATH)):
+        return None
+    from dispatch.local.hostslice import LocalSlice
+
+    here = LocalSlice(settings)
+    return here if here.backend.name == "shared" else None
+
+
+def engine_link(settings: Settings, say: Callable[[str], None], here: LocalSlice | None) -> Link:
+    """The connection a run books on: the shared slice's engine's (``here``), else its own
+    state dir's engine's."""
+    if here is None:
+        from dispatch.local.admitclient import Link
+
+        return Link(settings, say)
+    from dispatch.capping.shared import SharedBackend
+    from dispatch.local.sharedlink import SharedLink
+
+    backend = here.backend
+    assert isinstance(backend, SharedBackend)
+    return SharedLink(settings, say, backend.socket_path)
 

@@ -168,9 +168,11 @@ def _build(tmp: str, journal_path: str, live: list[Booking], mine: list[Booking]
 
 
 def _parse_job_name(name: str) -> tuple[int, int] | None:
-    """(hostrun pid, its start time) from ``job-<pid>-<start>`` or ``hostrun-job-<pid>-<start>.scope``."""
-    if name.startswith("hostrun-job-") and name.endswith(".scope"):
-        name = name[len("hostrun-"):-len(".scope")]
+    """(hostrun pid, its start time) from ``job-<pid>-<start>``, ``hostrun-job-<pid>-<start>.scope``
+    or a shared slice's ``hostrun-shared-<pid>-<start>.scope``."""
+    for prefix in ("hostrun-job-", "hostrun-shared-"):
+        if name.startswith(prefix) and name.endswith(".scope"):
+            name = "job-" + name[len(prefix):-len(".scope")]
     if not name.startswith("job-"):
         return None
     pid, _, start = name[4:].partition("-")

@@ -36,7 +36,7 @@ from dispatch.core.text import storable
 from dispatch.core.units import format_size
 from dispatch.local import admitclient, enginebook, ramp
 from dispatch.local.admitclient import Link
-from dispatch.local.admitpolicy import Admission, Room
+from dispatch.local.admitpolicy import Admission
 from dispatch.local.booking import (
     Plan,
     as_admitted,
@@ -62,16 +62,15 @@ if MYPY:
     from dispatch.local.gpu import GpuRun
     from dispatch.local.kernlog import KernelWatch
     from dispatch.local.ledger import Ledger
-    from dispatch.local.ledgerdb import Booking
 
 def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], None],
                on_wait: Callable[[Admission], None] | None = None, alerts: bool = True,
                wait_alert: Callable[[dict[str, Any]], None] | None = None,
-               booked: Booked | None = None) -> Outcome:
+               booked: Booked | None = None, here: LocalSlice | None = None) -> Outcome:
     """The steps of a local run in their order (docs/design.md, "A local run"); what each step
     takes is held by a ``_LocalRun`` and given back by its ``release``, however the run ends.
     ``booked``: the admission engine booked it and it was admitted (``dispatch.local.localrun``);
-    else it is booked here.
+    else it is booked here. ``here``: the shared slice the front door found (its engine booked it).
 
     With ``alerts`` (a run for a controller on this host; a peer's agent passes False, its controller
     alerts from the outcome), a long wait, an own-cap kill (250) and a slice-full kill (254) are
@@ -84,7 +83,7 @@ def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], Non
     if not request.argv:
         raise UsageError("no command given (usage: hostrun [OPTIONS] -- CMD [ARGS...])")
     try:
-        here = LocalSlice(settings)
+        here = here or LocalSlice(settings)
         cap = here.checked_cap(request.cap, request.no_cap)
     except BaseException:
         _drop(booked)
@@ -92,12 +91,16 @@ def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], Non
     label = storable(request.label or default_label(request.argv))
     requeue = settings.may_requeue(label, request.group, request.requeue)
     place: int | None = None
-    engine = request.gpu_memory is None and here.backend.name != "shared" and admitclient.wanted()
+    shared = here.backend.name == "shared"  # its engine books every run (``localrun.shared_here``)
+    engine = shared or (request.gpu_memory is None and admitclient.wanted())
     for requeued in range(MAX_REQUEUES + 1):
-        if booked is None and engine and place is not None:  # a requeue, booked by the engine again
+        if booked is None and engine and (place is not None or shared):  # booked by the engine again
+            from dispatch.local.localrun import engine_link
+
             watch = watch_for(settings, here.host.name, label, request, say, on_wait, alerts, wait_alert)
             try:
-                booked = enginebook.book(settings, request, label, requeue, place, say, watch)
+                booked = enginebook.book(settings, request, label, requeue, place, say, watch,
+                                         link=engine_link(settings, say, here if shared else None))
             except enginebook.Interrupted as exc:
                 return enginebook.interrupted_outcome(settings, request, label, exc.signum)
         try:
@@ -176,7 +179,7 @@ class _LocalRun:
         self.old_mask: set[int | signal.Signals] | None = None
         if booked is not None:
             self.link, self.booking_id = booked.link, booked.booking_id
-            booked.link.set_cgroup(self.job.path or "")
+            self.job.held_by(booked.link)
 
     def open_ledger(self) -> Ledger:
         from dispatch.local import ledger  # a run the engine booked opens none
@@ -216,8 +219,7 @@ class _LocalRun:
             plan, booking_id = self.enqueue(self.guardian, ledger, label, requeue, place)
             watch = watch_for(settings, self.host.name, label, request, say, on_wait, alerts, wait_alert)
             got, signum = _wait(settings, ledger, self.backend, self.host, booking_id, self.limit, say,
-                                self.gpu, watch,
-                                (self.job, plan, label) if self.backend.name == "shared" else None)
+                                self.gpu, watch)
             if got is None:
                 if self.child is not None:
                     self.child.cancel()
@@ -321,33 +323,18 @@ class _LocalRun:
 
 def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSettings,
           booking_id: int, limit: int, say: Callable[[str], None],
-          gpu: GpuRun | None = None, on_wait: Callable[[Admission], None] | None = None,
-          shared: tuple[JobCgroup, Plan, str] | None = None) -> tuple[float | None, int]:
-    """(seconds waited for admission, 0), or (None, signal) when a signal ended the wait.
-
-    ``shared`` (the job, its plan and label on a shared slice): the daemon admits it first, across
-    every user's bookings; then this user's own rules (groups, GPUs) on a room the daemon has made.
-    """
+          gpu: GpuRun | None = None, on_wait: Callable[[Admission], None] | None = None
+          ) -> tuple[float | None, int]:
+    """(seconds waited for admission, 0), or (None, signal) when a signal ended the wait."""
     old = {sig: signal.signal(sig, enginebook.raise_interrupted) for sig in WAIT_SIGNALS}
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, WAIT_SIGNALS)  # one held back since enqueue: now
-        room = None
-        waited = 0.0
-        if shared is not None:
-            from dispatch.capping.shared import SharedJob
-
-            job, plan, label = shared
-            assert isinstance(job, SharedJob)
-            waited = job.wait_admitted(plan.size, plan.limit, label, settings.status_interval, say)
-
-            def room(running: list[Booking]) -> Room:
-                return Room(limit)
         from dispatch.local.admission import wait_for_room
 
-        return waited + wait_for_room(
+        return wait_for_room(
             ledger, backend, host.name, booking_id, limit, settings.status_interval, say,
             gpu.snapshot if gpu is not None else None, on_wait, settings.groups,
-            settings.queue_policy == "backfill", room), 0
+            settings.queue_policy == "backfill"), 0
     except KeyboardInterrupt:
         return None, signal.SIGINT
     except enginebook.Interrupted as exc:
@@ -398,23 +385,9 @@ def _run(
     if gpu is not None:
         result.vram_peak_bytes = gpu.vram_peak
     _judge(result, job, status, peak, timed_out, vram, say)
-    if backend.name == "shared":
-        _daemon_gone(result, job, say)
     if result.outcome == "exit" and result.peak_bytes:  # a killed run's profile ends early
         result.ramp = list(ramp.profile(watcher.rises, result.duration_s, result.peak_bytes))
     return result
-
-
-def _daemon_gone(result: Outcome, job: JobCgroup, say: Callable[[str], None]) -> None:
-    """Say so when the shared-slice daemon dropped the job's connection during the run: the booking
-    was the connection's, and a daemon that starts kills every scope it finds unbooked."""
-    from dispatch.capping.shared import SharedJob
-
-    if isinstance(job, SharedJob) and job.daemon_gone():
-        result.message = ("the shared-slice daemon went away during the run (it crashed or was "
-                          "restarted), and with it this job's booking; a daemon that starts ends every "
-                          "job it no longer books, so this one may have been killed for that")
-        say(f"warning: {result.message}")
 
 
 def _judge(result: Outcome, job: JobCgroup, status: int, peak: int, timed_out: bool, vram: str | None,

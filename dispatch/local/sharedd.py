@@ -1,32 +1,32 @@
-"""``hostrun-shared``: the root daemon that keeps a shared slice for a group of users.
+"""``hostrun-shared``: the admission engine of a shared slice, run by root for a group of users.
 
-Why it exists and what a caller can ask of it: ``dispatch.capping.shared``. Here: the rules it
-keeps, each against a caller who wants more than its share.
+It is the engine of a state dir (``dispatch.local.admitd``: the same queue, ledger, rules and
+protocol), with its own state dir (``/var/lib/hostrun-shared``, root's alone) and these
+differences, each against a caller who wants more than its share (why a root process at all:
+``dispatch.capping.shared``):
 
-- A caller is who the kernel says (``SO_PEERCRED``), never what it writes.
-- **Admission** is one queue for every user, first come first served: a waiting booking is admitted
-  when it fits the slice's room (limit less running bookings less usage above them, as the local
-  ledger counts it) and the machine's (MemAvailable less what running bookings have yet to use), and
-  no earlier booking still waits. A booking belongs to its connection: closing it (a job's end,
-  hostrun killed, the caller's machine gone) is the only way to unbook, so nobody can unbook another.
-- **Scopes** hold only the caller's own children (each pid's parent is the caller and all its uids
-  are the caller's), are named after the caller's uid, carry fixed properties (the slice, swap 0,
-  ``OOMPolicy=stop``) and a cap no larger than the slice, and are held to ``WAITING_MAX`` until their
-  booking is admitted: a process in the shared slice never runs unbooked. When the connection closes
-  the daemon kills what is left in the scope.
-- Nothing a caller sends is shown to another without escaping (labels are stored as sent, escaped
-  by whoever prints them).
-- **Bounds**, so that no member can crash or stall the daemon for the others: the line server's
-  (``dispatch.local.lineserver``: request size and nesting, one request's failure ends only its
-  connection, sockets that never block, ``MAX_CLIENTS`` in all and ``MAX_PER_UID`` per user, a pause
-  when out of descriptors); here, numbers are checked for type and range before use (pids within
-  ``PID_MAX``, ``grace`` 1 to 60 s, sizes positive whole bytes).
-- **Restart**: a daemon that starts knows no booking, so every job scope already in the slice runs
-  unbooked: it kills them (``sweep``) before it admits anyone. Their callers' connections were the
-  old daemon's and closed with it; hostrun says so when such a job ends.
+- **Any member may connect** (the socket is the group's, mode 0660); a caller is who the kernel says
+  (``SO_PEERCRED``), never what it writes. ``MAX_PER_UID`` connections per user, so one member
+  cannot take every slot from the others.
+- **One queue for every user**: FIFO with backfill, when-idle and the machine's available memory
+  apply across users, as on a user's own slice. A label is kept as ``user:label`` (a user name
+  holds no ``:``), so each user's recorded peaks, marks and history are their own and nobody's
+  label can stand for another's. Groups do not apply: their sizes are each user's configuration,
+  and the engine's has none.
+- **Scopes** (``scope``): once its booking is admitted, a run asks the engine to start its job's
+  scope with two processes, which must be the caller's own children running as the caller only
+  (checked through pidfds, so a pid reused meanwhile is never moved); the scope is named after the
+  booking's holder, capped at the booking's cap, in the slice, with swap 0 and ``OOMPolicy=stop``.
+  Before admission there is no scope: a process in the shared slice never runs unbooked. When the
+  connection closes, the engine kills what is left in its scopes.
+- **Its own death forgets nothing**: the bookings are in the ledger. A new engine (systemd restarts
+  it) ends only the scopes no running booking names (``sweep``); a running job keeps its booking
+  until its run ends and releases it through the new engine, or its holder dies (the ledger's
+  reclaim, which then stops the scope). Waiting runs re-attach and keep their place.
+- Nothing a caller sends is shown to another without escaping (labels are stored as sent and
+  escaped by whoever prints them); the line server's bounds (``dispatch.local.lineserver``) hold.
 
-One thread, one ``selectors`` loop (``LineServer``): requests are handled one at a time, so
-admission needs no lock. Standard library only.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -35,55 +35,56 @@ import os
 import signal
 import socket
 import sys
-import time
 
-from dispatch.capping.base import read_int
 from dispatch.capping.shared import JOB_AFFIXES, PROTOCOL, SOCKET_PATH
 from dispatch.capping.systemd import SYSTEM_MANAGER, Manager, SystemdBackend, scope_properties
 from dispatch.core.errors import BackendError
 from dispatch.core.exitcodes import ExitCode
-from dispatch.local.admission import slice_room
-from dispatch.local.lineserver import Connection, LineServer, raise_descriptor_limit
+from dispatch.local.admitd import PID_MAX, Engine, Holder, _int
+from dispatch.local.hostslice import LocalSlice
 
 MYPY = False
 if MYPY:
     from typing import Any
 
-WAITING_MAX = 64 << 20  # a scope's limit until its booking is admitted: the forked child waits in it
-TICK = 1.0  # seconds between re-evaluations while bookings wait (usage and MemAvailable move)
+    from dispatch.core.settings import Settings
+    from dispatch.local.ledgerdb import Booking
+
+STATE_DIR = "/var/lib/hostrun-shared"  # the unit's StateDirectory=
 MAX_CLIENTS = 1024  # connections in all (the unit's LimitNOFILE is well above it)
 MAX_PER_UID = 128  # connections of one user: one member cannot take every slot from the others
-PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: no process id is larger
-GRACE = (1.0, 60.0)  # seconds a scope's processes get between SIGTERM and SIGKILL
+GRACE = 10.0  # seconds a scope's processes get between SIGTERM and SIGKILL
 
 
-def _log(text: str) -> None:
-    """One line to the journal (the unit's stderr)."""
-    try:
-        print(f"hostrun-shared: {text}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
+class SliceKeeper(SystemdBackend):
+    """The shared slice as root's system manager keeps it; its jobs are the scopes this engine
+    starts (``hostrun-shared-<holder pid>-<its start time>.scope``)."""
+
+    name = "shared"
+    job_affixes = JOB_AFFIXES
 
 
-class Client(Connection):
-    """One connection: at most one booking and one scope."""
+class SharedSlice(LocalSlice):
+    """``LocalSlice`` for the engine: the administrator's fixed limit, not a host's settings."""
 
-    def __init__(self, sock: socket.socket, uid: int, pid: int, seq: int, user: str,
-                 dirty: set[Client]) -> None:
-        super().__init__(sock, uid, pid, seq, dirty)
-        self.user = user
-        self.unit = ""
-        self.cap = 0
-        self.size = 0
-        self.label = ""
-        self.state = ""  # "", "waiting", "running"
-        self.since = 0.0
-        self.last_news: tuple[object, ...] = ()
+    def __init__(self, settings: Settings, backend: SliceKeeper, limit: int) -> None:
+        from dispatch.core.hostfacts import read_meminfo
 
-    def public(self) -> dict[str, Any]:
-        return {"user": self.user, "uid": self.uid, "pid": self.pid, "label": self.label,
-                "size": self.size, "cap": self.cap, "state": self.state, "since": self.since,
-                "unit": self.unit}
+        self.host = settings.local
+        self.source = "hostrun shared install"
+        self.mem = read_meminfo()
+        self.backend = backend
+        backend.fixed_limit = limit
+        self._limit = limit
+
+
+class Member(Holder):
+    """A member's connection: its bookings (``Holder``) and the scopes started for them."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.user = ""
+        self.units: dict[int, str] = {}  # booking id -> its scope unit
 
 
 def _user_name(uid: int) -> str:
@@ -107,104 +108,96 @@ def process_facts(pid: int) -> tuple[int, set[int]]:
     return ppid, uids
 
 
-class Daemon(LineServer):
-    name = "shared-slice daemon"
+class SharedEngine(Engine):
+    name = "shared-slice engine"
     max_clients = MAX_CLIENTS
     max_per_uid = MAX_PER_UID
-    tick = TICK
-    request_errors = (BackendError, OSError, ValueError, TypeError)
+    shared = True
 
-    def __init__(self, listener: socket.socket, slice_unit: str, limit: int, group: str,
-                 backend: SystemdBackend, manager: Manager) -> None:
-        super().__init__(listener)
+    def __init__(self, listener: socket.socket, settings: Settings, path: str, slice_unit: str,
+                 limit: int, group: str, backend: SliceKeeper, manager: Manager) -> None:
+        super().__init__(listener, settings, path, "")
+        self.idle_after = None  # socket-activated: systemd keeps it, it does not leave
         self.slice_unit = slice_unit
         self.limit = limit
         self.group = group
         self.backend = backend
         self.manager = manager
-        self.clients: dict[int, Client] = {}
         self.names: dict[int, str] = {}
+        self._here = SharedSlice(settings, backend, limit)
 
     def log(self, text: str) -> None:
-        _log(text)
+        """One line to the journal (the unit's stderr)."""
+        try:
+            print(f"hostrun-shared: {text}", file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
 
-    def connection(self, sock: socket.socket, uid: int, pid: int, seq: int) -> Client:
+    def connection(self, sock: socket.socket, uid: int, pid: int, seq: int) -> Member:
         if uid not in self.names:
             self.names[uid] = _user_name(uid)
-        return Client(sock, uid, pid, seq, self.names[uid], self.dirty)
+        member = Member(sock, uid, pid, seq, self.dirty)
+        member.user = self.names[uid]
+        return member
+
+    def stored_label(self, client: Holder, label: str) -> str:
+        return f"{getattr(client, 'user', '')}:{label}"
+
+    def owns(self, client: Holder, row: Booking) -> bool:
+        return super().owns(client, row) and (
+            client.uid == 0 or row.label.startswith(f"{getattr(client, 'user', '')}:"))
 
     def started(self) -> None:
         self.sweep()
 
-    def busy(self) -> bool:
-        return any(c.state == "waiting" for c in self.clients.values())
-
-    def dropped(self, client: Client) -> None:
-        if client.unit:
-            self._kill_unit(client.unit)
-        client.state = ""
-
-    def _kill_unit(self, unit: str) -> None:
-        try:
-            self.manager.connection().manager("KillUnit", "ssi", unit, "all", int(signal.SIGKILL))
-        except BackendError:
-            pass  # already gone (its last process ended and systemd collected it)
-        except OSError as exc:
-            _log(f"cannot kill {unit}: {exc}")
-
-    def sweep(self) -> None:
-        """Kill every job scope in the slice that no connection owns: at start, those of a daemon
-        that died, which would otherwise run on unbooked and be admitted over."""
-        prefix, suffix = JOB_AFFIXES
-        try:
-            names = sorted(os.listdir(self.backend.slice_dir))
-        except OSError:
-            return
-        owned = {c.unit for c in self.clients.values()}
-        for name in names:
-            if name.startswith(prefix) and name.endswith(suffix) and name not in owned:
-                _log(f"{name} was in the slice with no booking (a daemon before this one died): "
-                     "killing it")
-                self._kill_unit(name)
+    def idle(self) -> bool:
+        return False
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def handle(self, client: Client, message: dict[str, Any]) -> dict[str, Any] | None:
+    def _handle(self, client: Holder, message: dict[str, Any]) -> dict[str, Any] | None:
         op = message.get("op")
         if op == "hello":
-            return {"protocol": PROTOCOL, "slice": self.slice_unit, "cgroup": self.backend.slice_path,
-                    "limit": self.limit, "group": self.group, "uid": client.uid}
+            return {"op": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "host": self.host,
+                    "slice": self.slice_unit, "cgroup": self.backend.slice_path, "limit": self.limit,
+                    "group": self.group, "uid": client.uid}
         if op == "list":
-            used = self.backend.slice_usage().used
-            return {"limit": self.limit, "used": used, "slice": self.slice_unit, "group": self.group,
-                    "bookings": [c.public() for c in sorted(self.clients.values(), key=lambda c: c.seq)
-                                 if c.state]}
+            return self.listing()
         if op == "scope":
+            assert isinstance(client, Member)
             return self.scope(client, message)
-        if op == "book":
-            self.book(client, message)  # answered by the evaluation: "admitted" or "waiting"
-            return None
-        raise ValueError(f"unknown request {op[:40]!r}" if isinstance(op, str) else
-                         "unknown request (op: hello, list, scope or book)")
+        if op == "cgroup":
+            raise ValueError("a shared slice's job cgroup is the scope this engine starts (scope)")
+        return super()._handle(client, message)
 
-    def scope(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
-        if client.unit:
-            raise ValueError("this connection has its scope already")
+    def listing(self) -> dict[str, Any]:
+        """Every booking on the slice, every user's (``hostrun shared``)."""
+        rows = [b for b in self.ledger.bookings(self.host) if b.state in ("running", "waiting")]
+        bookings = []
+        for b in rows:
+            user, _, label = b.label.partition(":")
+            bookings.append({"user": user, "pid": b.pid, "label": label, "size": b.size, "cap": b.cap,
+                             "state": b.state, "since": b.since or b.queued,
+                             "unit": os.path.basename(b.cgroup) if b.cgroup else ""})
+        return {"op": "list", "limit": self.limit, "used": self.backend.slice_usage().used,
+                "slice": self.slice_unit, "group": self.group, "bookings": bookings}
+
+    def scope(self, client: Member, message: dict[str, Any]) -> dict[str, Any]:
+        booking_id = _int(message.get("id"), "id")
+        if client.bookings.get(booking_id) != "running":
+            raise ValueError(f"booking {booking_id} is not an admitted booking of this connection")
+        if booking_id in client.units:
+            raise ValueError(f"booking {booking_id} has its scope already")
+        row = self.ledger.booking(booking_id)
+        if row is None:
+            raise ValueError(f"booking {booking_id} is gone")
         pids = message.get("pids")
         if not isinstance(pids, list) or not 1 <= len(pids) <= 2 or not all(
                 type(p) is int and 1 < p <= PID_MAX for p in pids):
             raise ValueError(f"pids: one or two process ids (2 to {PID_MAX})")
-        prefix, suffix = JOB_AFFIXES
-        unit = message.get("unit")
-        mine = f"{prefix}{client.uid}-"
-        middle = unit[len(mine):-len(suffix)] if isinstance(unit, str) and unit.startswith(mine) \
-            and unit.endswith(suffix) else ""
-        if not middle or len(middle) > 64 or not all(ch in "0123456789-" for ch in middle):
-            raise ValueError(f"unit must be {mine}<digits and dashes>{suffix}")
-        assert isinstance(unit, str)
-        cap = _size(message.get("cap"), "cap")
-        grace = _grace(message.get("grace", 10.0))
-        client.cap = min(cap, self.limit)
+        unit = self.backend.job_name(f"{row.pid}-{row.pid_start}")
+        if message.get("unit") not in (None, unit):
+            raise ValueError(f"unit: this booking's scope is {unit}")
         pidfds = []
         try:
             for pid in pids:
@@ -215,113 +208,75 @@ class Daemon(LineServer):
                     raise ValueError(f"process {pid} is not a child of the caller running as uid "
                                      f"{client.uid}")
                 signal.pidfd_send_signal(fd, 0)  # still that process: the facts were its own
-            limit = client.cap if client.state == "running" else min(client.cap, WAITING_MAX)
-            props = [*scope_properties(f"hostrun shared job of {client.user}", self.slice_unit, limit,
-                                       grace), ("PIDs", ("au", list(pids)))]
+            props = [*scope_properties(f"hostrun shared job of {client.user}", self.slice_unit,
+                                       min(row.cap, self.limit), GRACE), ("PIDs", ("au", list(pids)))]
             self.manager.start(unit, props)
-            client.unit = unit
+            client.units[booking_id] = unit
             for fd in pidfds:
-                # Gone and its pid reused between the check and the move would put someone
-                # else's process in this scope: lift the scope's limit to the slice's and refuse.
+                # Gone and its pid reused between the check and the move would put someone else's
+                # process in this scope: it is killed with the scope, and the request refused.
                 try:
                     signal.pidfd_send_signal(fd, 0)
                 except ProcessLookupError:
-                    self.manager.set_properties(unit, [("MemoryMax", ("t", self.limit))])
+                    self._kill_unit(unit)
                     raise ValueError("a process ended while its scope was started") from None
         except ProcessLookupError:
             raise ValueError("a process named for the scope does not exist") from None
         finally:
             for fd in pidfds:
                 os.close(fd)
-        return {"unit": unit, "cgroup": f"{self.backend.slice_path}/{unit}"}
+        path = f"{self.backend.slice_dir}/{unit}"
+        self.ledger.set_cgroup(booking_id, path)
+        return {"op": "scope", "id": booking_id, "unit": unit, "cgroup": path}
 
-    def book(self, client: Client, message: dict[str, Any]) -> None:
-        if client.state:
-            raise ValueError("this connection has its booking already")
-        size = _size(message.get("size"), "size")
-        cap = _size(message.get("cap"), "cap")
-        if size > self.limit or cap > self.limit:
-            raise ValueError(f"larger than the whole shared slice ({self.limit} bytes)")
-        label = message.get("label")
-        client.label = label[:200] if isinstance(label, str) else ""
-        client.size, client.cap, client.state, client.since = size, cap, "waiting", time.time()
-        self.evaluate()
+    def attach(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
+        answer = super().attach(client, message)
+        row = self.ledger.booking(_int(message.get("id"), "id"))
+        if isinstance(client, Member) and row is not None and row.state == "running" and row.cgroup:
+            client.units[row.id] = os.path.basename(row.cgroup)  # killed if this connection drops
+        return answer
 
-    # -- admission --------------------------------------------------------------------------------
+    def dropped(self, client: Holder) -> None:
+        """Its caller is gone: what is left in its scopes is killed, its bookings released."""
+        if isinstance(client, Member) and not self.stopping:  # a restart kills no running job
+            for unit in client.units.values():
+                self._kill_unit(unit)
+            client.units.clear()
+        super().dropped(client)
 
-    def room(self, running: list[Client]) -> tuple[int, str]:
-        booked = sum(c.size for c in running)
-        free = slice_room(self.limit, booked, self.backend.slice_usage().used)
+    def released(self, client: Holder, booking_id: int) -> None:
+        if isinstance(client, Member):
+            unit = client.units.pop(booking_id, None)
+            if unit is not None:
+                self._kill_unit(unit)
+
+    def _kill_unit(self, unit: str) -> None:
         try:
-            from dispatch.core.hostfacts import read_meminfo
+            self.manager.connection().manager("KillUnit", "ssi", unit, "all", int(signal.SIGKILL))
+        except BackendError:
+            pass  # already gone (its last process ended and systemd collected it)
+        except OSError as exc:
+            self.log(f"cannot kill {unit}: {exc}")
 
-            available = read_meminfo().available
+    def sweep(self) -> None:
+        """Kill every job scope in the slice that no running booking names: those of runs whose
+        engine died and whose bookings the ledger no longer holds (nothing runs unbooked)."""
+        prefix, suffix = JOB_AFFIXES
+        try:
+            names = sorted(os.listdir(self.backend.slice_dir))
         except OSError:
-            return free, ""
-        yet = sum(max(0, c.size - self._current(c)) for c in running)
-        if available - yet < free:
-            return available - yet, "memory used outside the slice holds it (the machine's MemAvailable)"
-        return free, ""
-
-    def _current(self, client: Client) -> int:
-        if not client.unit:
-            return 0
-        try:
-            return read_int(os.path.join(self.backend.slice_dir, client.unit, "memory.current"))
-        except (OSError, ValueError):
-            return 0
-
-    def evaluate(self) -> None:
-        running = [c for c in self.clients.values() if c.state == "running"]
-        waiting = sorted((c for c in self.clients.values() if c.state == "waiting"), key=lambda c: c.seq)
-        if not waiting:
             return
-        try:
-            free, note = self.room(running)
-        except (OSError, ValueError, BackendError) as exc:  # nothing admitted: the next tick tries again
-            _log(f"cannot read the slice's room: {exc}")
-            return
-        blocked = False
-        for ahead, client in enumerate(waiting):
-            if not blocked and client.size <= free:
-                if client.unit:
-                    try:
-                        self.manager.set_properties(client.unit, [("MemoryMax", ("t", client.cap))])
-                    except (BackendError, OSError) as exc:
-                        client.send({"error": f"cannot raise the scope's limit: {exc}"})
-                        continue
-                client.state, client.since = "running", time.time()
-                client.send({"state": "admitted"})
-                free -= client.size
-                running.append(client)
-                continue
-            blocked = True
-            holders = sorted(running, key=lambda c: -c.size)[:4]
-            news = {"state": "waiting", "ahead": ahead, "need": client.size, "free": free,
-                    "note": note, "holders": [{"user": h.user, "label": h.label, "size": h.size}
-                                              for h in holders]}
-            key = (ahead, free >> 20, note, tuple(h.seq for h in holders))
-            if key != client.last_news and not client.out:  # news waits while answers are unread
-                client.last_news = key
-                client.send(news)
-
-
-def _size(value: object, what: str) -> int:
-    if type(value) is not int or value <= 0:
-        raise ValueError(f"{what}: a positive number of bytes")
-    return value
-
-
-def _grace(value: object) -> float:
-    """Seconds within ``GRACE``, compared before any conversion (a huge int overflows a float)."""
-    low, high = GRACE
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high:
-        return float(value)
-    raise ValueError(f"grace: seconds, {low:g} to {high:g}")
+        booked = {os.path.basename(b.cgroup) for b in self.ledger.bookings(self.host)
+                  if b.state == "running" and b.cgroup}
+        self.settle()
+        for name in names:
+            if name.startswith(prefix) and name.endswith(suffix) and name not in booked:
+                self.log(f"{name} was in the slice with no booking: killing it")
+                self._kill_unit(name)
 
 
 def listening_socket(path: str | None) -> socket.socket:
-    """systemd's socket (``LISTEN_FDS``), else one bound at ``path`` (a test's own daemon)."""
+    """systemd's socket (``LISTEN_FDS``), else one bound at ``path`` (a test's own engine)."""
     if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1":
         return socket.socket(fileno=3)
     if not path:
@@ -340,9 +295,20 @@ def listening_socket(path: str | None) -> socket.socket:
     return sock
 
 
+def shared_settings(state_dir: str) -> Settings:
+    """The engine's settings: the built-in defaults (no groups, no requeue patterns) in its own
+    state dir, made root's alone here (systemd's StateDirectory= makes it 0700 too)."""
+    from dispatch.core.settings import Settings
+    from dispatch.guards import trust
+
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    trust.check_existing_dir(state_dir, "shared slice state directory")
+    return Settings.default(state_dir=state_dir, source="hostrun shared install")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python3 -m dispatch.local.sharedd --slice UNIT --size BYTES --group NAME [--listen PATH]``,
-    as the socket unit ``hostrun shared install`` writes starts it."""
+    """``python3 -m dispatch.local.sharedd --slice UNIT --size BYTES --group NAME [--state-dir DIR]
+    [--listen PATH]``, as the socket unit ``hostrun shared install`` writes starts it."""
     args = sys.argv[1:] if argv is None else argv
     opts = dict(zip(args[::2], args[1::2]))
     if os.geteuid() != 0:
@@ -350,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.NOT_RUN)
     from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
     from dispatch.core.units import parse_size
+    from dispatch.local.lineserver import raise_descriptor_limit
 
     unit = opts.get("--slice", "hostrun.slice")
     limit = parse_size(opts.get("--size", ""))
@@ -359,11 +326,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.NOT_RUN)
     raise_descriptor_limit(MAX_CLIENTS + 1024)
     manager = Manager(SYSTEM_MANAGER, "", False)
-    backend = SystemdBackend(mount, unit, manager)
+    backend = SliceKeeper(mount, unit, manager)
     backend.ensure_slice(limit)
-    listener = listening_socket(opts.get("--listen") or (None if os.environ.get("LISTEN_FDS") else
-                                                          SOCKET_PATH))
-    Daemon(listener, unit, limit, opts.get("--group", ""), backend, manager).serve()
+    settings = shared_settings(opts.get("--state-dir", STATE_DIR))
+    path = opts.get("--listen") or (None if os.environ.get("LISTEN_FDS") else SOCKET_PATH)
+    listener = listening_socket(path)
+    SharedEngine(listener, settings, path or SOCKET_PATH, unit, limit, opts.get("--group", ""), backend,
+                 manager).serve()
     return 0
 
 

@@ -2,7 +2,9 @@
 
 Two units in ``/etc/systemd/system``: ``hostrun-shared.socket`` (``/run/hostrun/shared.sock``, mode
 0660, owned by root and the group) and ``hostrun-shared.service``, which systemd starts on the first
-connection: ``python3 -m dispatch.local.sharedd`` from this very installation, run as root. So the
+connection: ``python3 -m dispatch.local.sharedd`` (the slice's admission engine) from this very
+installation, run as root, its ledger in ``/var/lib/hostrun-shared`` (``StateDirectory=``, root's
+alone). So the
 code root runs must be root's alone (every directory from ``/`` down, and the interpreter): a
 package a user could edit would be that user's root shell. (It runs with the working directory
 ``/``, which ``-m`` puts first on ``sys.path``.) The size is the administrator's, fixed
@@ -10,7 +12,8 @@ in the unit: users' ``slice``/``reserve`` keys do not apply to a shared slice.
 
 The service restarts on failure, every ``RESTART_SEC`` seconds with no start limit: a start limit
 reached would fail the socket and remove it, closing the shared slice to every member until an
-administrator came (a restarted daemon ends the jobs it finds unbooked, ``sharedd.Daemon.sweep``).
+administrator came (a restarted engine keeps the bookings of its ledger, and ends only the jobs no
+booking names: ``sharedd.SharedEngine.sweep``).
 Its descriptor limit is well above the daemon's connection limit, so accepting never runs out.
 """
 
@@ -22,6 +25,7 @@ import sys
 from dispatch.capping.shared import SOCKET_DIR, SOCKET_PATH, root_only
 from dispatch.core.errors import NotRunError, UsageError
 from dispatch.core.units import format_size
+from dispatch.local.sharedd import STATE_DIR
 
 MYPY = False
 if MYPY:
@@ -62,7 +66,9 @@ def unit_texts(python: str, pythonpath: str, group: str, size: int, slice_unit: 
         "StartLimitIntervalSec=0\n\n"
         "[Service]\n"
         f"ExecStart={python} -m dispatch.local.sharedd --slice {slice_unit} --size {size} "
-        f"--group {group}\n"
+        f"--group {group} --state-dir {STATE_DIR}\n"
+        f"StateDirectory={os.path.basename(STATE_DIR)}\n"
+        "StateDirectoryMode=0700\n"
         "Restart=on-failure\n"
         f"RestartSec={RESTART_SEC}s\n"
         f"LimitNOFILE={NOFILE}\n"
@@ -125,16 +131,35 @@ def install(group: str, size: int, slice_unit: str, say: Callable[[str], None]) 
     _systemctl("enable", "--now", SOCKET_UNIT)
     say(f"shared slice {slice_unit} of {format_size(size)} for group {group}: {SOCKET_PATH} "
         f"(members must log in again to be in the group; a running daemon keeps its old size until "
-        f"'systemctl restart {SERVICE_UNIT}', which stops the shared jobs running now)")
+        f"'systemctl restart {SERVICE_UNIT}'; the jobs running then go on, booked)")
+
+
+def _installed_slice() -> str | None:
+    """The slice unit the installed service keeps (its ``--slice``), if any."""
+    from dispatch.capping.systemd import _valid_slice_unit
+
+    try:
+        with open(os.path.join(UNIT_DIR, SERVICE_UNIT), encoding="utf-8", errors="replace") as fh:
+            words = fh.read(1 << 16).split()
+    except OSError:
+        return None
+    for flag, value in zip(words, words[1:]):
+        if flag == "--slice" and _valid_slice_unit(value):
+            return value
+    return None
 
 
 def uninstall(say: Callable[[str], None]) -> None:
-    """Stop the daemon (its jobs are killed: nothing runs unbooked), remove the units."""
+    """Stop the engine and the slice (its jobs are killed: nothing runs unbooked), remove the
+    units. The engine's ledger (``/var/lib/hostrun-shared``) is kept: peaks and history."""
     if os.geteuid() != 0:
         raise NotRunError("hostrun shared uninstall: run it as root")
     present = [n for n in (SOCKET_UNIT, SERVICE_UNIT) if os.path.exists(os.path.join(UNIT_DIR, n))]
+    slice_unit = _installed_slice()
     if present:
         _systemctl("disable", "--now", *present)
+    if slice_unit is not None:
+        _systemctl("stop", slice_unit)  # the scopes in it: their engine is gone
     removed = []
     for name in (SOCKET_UNIT, SERVICE_UNIT):
         try:
