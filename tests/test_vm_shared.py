@@ -44,7 +44,7 @@ def test_two_users_never_hold_more_than_the_slice(shared: dict[str, User]) -> No
     wait_for(lambda: dev.sh("test -e ready", check=False).returncode == 0, timeout=120, interval=0.5)
     dev2.sh(f"rm -f ready release; {_holder_script(dev2, 300, 10, 'second')} > out 2> err & "
             "echo $! > pid")
-    wait_for(lambda: "held by dev: first" in dev2.sh("cat err").stdout, timeout=60, interval=0.5)
+    wait_for(lambda: "held by dev:first" in dev2.sh("cat err").stdout, timeout=60, interval=0.5)
     for reader in (dev, dev2):
         listing = reader.status()
         states = {b["label"]: (b["user"], b["state"], b["size"]) for b in listing["bookings"]}
@@ -70,15 +70,21 @@ def test_nobody_can_take_stop_or_unbook_anothers_job(shared: dict[str, User]) ->
     (booking,) = dev2.status()["bookings"]
     assert booking["label"] == "mine" and booking["user"] == "dev" and booking["state"] == "running"
     job_pid = int(dev.sh("cat ready").stdout)
-    client = ("import os, sys, time\nsys.path.insert(0, '/opt/hostrun/lib')\n"
-              "from dispatch.capping.shared import Connection\n"
-              "c = Connection('/run/hostrun/shared.sock')\n"
-              "try:\n"
-              f"    c.ask({{'op': 'scope', 'pids': [{job_pid}], 'cap': 1 << 20, "
-              "'unit': 'hostrun-shared-%d-1-1.scope' % os.getuid()})\n"
-              "except Exception as e:\n    print('refused:', e, flush=True)\n"
-              "c.send({'op': 'book', 'size': 10 << 20, 'cap': 10 << 20, 'label': 'evil\\x1b[2Jlabel'})\n"
-              "print(c.receive(30), flush=True)\n"
+    client = ("import json, marshal, os, socket, time\n"
+              "s = socket.socket(socket.AF_UNIX); s.connect('/run/hostrun/shared.sock')\n"
+              "f = s.makefile('rb')\n"
+              "def ask(m):\n    s.sendall(json.dumps(m).encode() + b'\\n')\n"
+              "def read():\n    return marshal.loads(f.read(int.from_bytes(f.read(4), 'big')))\n"
+              "start = int(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])\n"
+              "ask({'op': 'plan', 'run': {'host': 'local', 'label': 'evil\\x1b[2Jlabel', "
+              "'pid': os.getpid(), 'pid_start': start, 'cap': 10 << 20, 'no_cap': False, "
+              "'program': 'x', 'command': 'x', 'session': None, 'group': None, 'when_idle': False, "
+              "'booking_id': None, 'requeue': False, 'gamble': 10 << 20}})\n"
+              "queued = read()\n"
+              "while read().get('op') != 'admitted': pass\n"
+              f"ask({{'op': 'scope', 'id': queued['id'], 'pids': [{job_pid}]}})\n"
+              "print('refused:', read().get('error'), flush=True)\n"
+              "print('admitted', flush=True)\n"
               "while not os.path.exists('release'): time.sleep(0.1)\n")
     dev2.sh("rm -f release booked; cat > client.py", input=client)
     dev2.sh("python3 client.py > booked 2>&1 &")
@@ -111,21 +117,22 @@ def test_a_killed_hostrun_leaves_no_booking_and_no_job(shared: dict[str, User]) 
     assert dev.sh(f"kill -0 {job_pid}", check=False).returncode != 0  # the job is gone too
 
 
-def test_a_scope_without_a_booking_is_held_to_the_waiting_allowance(shared: dict[str, User]) -> None:
-    """A client of its own asks for a scope around its child and never books: the child, which
-    then touches 200 MiB, is killed at the daemon's 64 MiB waiting allowance."""
+def test_no_scope_without_an_admitted_booking(shared: dict[str, User]) -> None:
+    """A client of its own asks for a scope around its child without an admitted booking: refused,
+    and no scope is started (a process in the shared slice never runs unbooked)."""
     dev2 = shared["dev2"]
-    script = ("import os, sys, time\nsys.path.insert(0, '/opt/hostrun/lib')\n"
-              "from dispatch.capping.shared import Connection\n"
-              "r, w = os.pipe()\npid = os.fork()\n"
-              "if pid == 0:\n    os.read(r, 1)\n    x = bytearray(200 << 20)\n    os._exit(0)\n"
-              "c = Connection('/run/hostrun/shared.sock')\n"
-              "c.ask({'op': 'scope', 'pids': [pid], 'cap': 300 << 20, "
-              "'unit': 'hostrun-shared-%d-%d-1.scope' % (os.getuid(), pid)})\n"
-              "os.write(w, b'x')\n_, status = os.waitpid(pid, 0)\n"
-              "print('signal', os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0)\n")
+    script = ("import json, marshal, os, socket, time\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n    time.sleep(30)\n    os._exit(0)\n"
+              "s = socket.socket(socket.AF_UNIX); s.connect('/run/hostrun/shared.sock')\n"
+              "f = s.makefile('rb')\n"
+              "s.sendall(json.dumps({'op': 'scope', 'id': 1, 'pids': [pid]}).encode() + b'\\n')\n"
+              "print(marshal.loads(f.read(int.from_bytes(f.read(4), 'big'))).get('error'))\n"
+              "os.kill(pid, 9)\n")
     dev2.sh("cat > rogue.py", input=script)
-    assert dev2.sh("python3 rogue.py").stdout.strip() == "signal 9"
+    assert "is not an admitted booking of this connection" in dev2.sh("python3 rogue.py").stdout
+    units = dev2.vm.ssh("root", "systemctl list-units --all --no-legend 'hostrun-shared-*.scope'").stdout
+    assert units.strip() == "", units
 
 
 def test_exact_codes_on_the_shared_slice(shared: dict[str, User]) -> None:
@@ -180,7 +187,7 @@ def test_a_member_never_runs_outside_an_installed_slice_whose_daemon_is_gone(
                        "systemctl kill -s SIGSTOP hostrun-shared.service")
         stalled = dev.run("-m", "50M", "--", "touch", f"{dev.dir}/ran")
         assert stalled.returncode == 78, (stalled.returncode, stalled.stderr)
-        assert "no answer from the shared-slice daemon" in stalled.stderr, stalled.stderr
+        assert "no answer from the shared slice's engine" in stalled.stderr, stalled.stderr
         assert "not usable" in stalled.stderr
         assert dev.sh(f"test -e {dev.dir}/ran", check=False).returncode == 1
     finally:

@@ -71,7 +71,7 @@ MIN_DESCRIPTORS = 32  # its own (listener, selector, signal pipe, ledger and log
 RUN_FIELDS: dict[str, type | tuple[type, ...]] = {
     "host": str, "label": str, "pid": int, "pid_start": int, "cap": (int, type(None)), "no_cap": bool,
     "program": str, "command": str, "session": (str, type(None)), "group": (str, type(None)),
-    "when_idle": bool, "booking_id": (int, type(None)), "requeue": bool,
+    "when_idle": bool, "booking_id": (int, type(None)), "requeue": bool, "gamble": int,
 }
 
 
@@ -309,7 +309,7 @@ class Engine(LineServer):
             return {"op": "queued", "id": orphan.id, "plan": list(plan_of(orphan))}
         label, host = self.stored_label(client, fields["label"]), self.host
         plan = plan_for(self.ledger, host, label, fields["program"], cap, limit,
-                        self.settings.gamble_size_for(here.host), fields["requeue"])
+                        fields["gamble"], fields["requeue"])
         booking_id = self.ledger.enqueue(
             host=host, label=label, pid=fields["pid"], pid_start=fields["pid_start"], size=plan.size,
             cap=plan.limit, kind=plan.kind, command=fields["command"], session=fields["session"],

@@ -109,7 +109,8 @@ def book(settings: Settings, request: RunRequest, label: str, requeue: bool, pla
             cap=request.cap if request.cap is not None else settings.local.default_cap,
             no_cap=request.no_cap, program=storable(os.path.basename(argv[0])),
             command=" ".join(argv), session=request.session, group=request.group,
-            when_idle=request.when_idle, booking_id=place, requeue=requeue))
+            when_idle=request.when_idle, booking_id=place, requeue=requeue,
+            gamble=settings.gamble_size_for(settings.local)))
         waited = _wait(link, say, watch, park, time.monotonic())
     except BaseException:
         give_back(link)

@@ -1,4 +1,4 @@
-"""The attacker's script against the shared slice's daemon (malformed, oversized, deeply nested and
+"""The attacker's script against the shared slice's engine (malformed, oversized, deeply nested and
 out-of-range requests, connection and pipelined floods), run as a member in the VM
 (tests/test_vm_shared_hostile.py) and locally (tests/test_shared_daemon.py)."""
 
@@ -47,14 +47,21 @@ ATTACK = textwrap.dedent("""\
 
     def request():
         "One out-of-range or odd request (valid JSON; the connection stays)."
-        op = rnd.choice(["scope", "book", "hello", "list", "unbook", weird()])
+        op = rnd.choice(["scope", "plan", "attach", "release", "record", "park", "cgroup", "hello",
+                         "list", "unbook", weird()])
         m = {"op": op}
-        for key in rnd.sample(["pids", "cap", "size", "grace", "unit", "label", "protocol"], 3):
+        for key in rnd.sample(["pids", "cap", "id", "unit", "label", "protocol", "status_interval",
+                               "call", "peak", "run"], 3):
             m[key] = weird()
+        if op == "plan" and rnd.random() < 0.5:  # a run's fields, one of them odd
+            run = {"host": "local", "label": "fuzz", "pid": os.getpid(), "pid_start": 0,
+                   "cap": 1 << 20, "no_cap": False, "program": "x", "command": "x", "session": None,
+                   "group": None, "when_idle": False, "booking_id": None, "requeue": False,
+                   "gamble": 1 << 20}
+            run[rnd.choice(sorted(run))] = weird()
+            m["run"] = run
         if op == "scope" and rnd.random() < 0.5:
             m["pids"] = [weird(), weird()][: rnd.randint(1, 2)]
-        if op == "book" and rnd.random() < 0.3:  # a booking too big, or not bytes
-            m.update(size=rnd.choice([2 ** 64, 10 ** 30, 1.0, -5]), cap=weird())
         return line(m)
 
     def malformed():
