@@ -25,9 +25,7 @@ MYPY = False
 if MYPY:
     from typing import Any
 
-    from dispatch.local.admitclient import Link
     from dispatch.local.admitpolicy import Admission
-    from dispatch.local.hostslice import LocalSlice
 
 
 def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
@@ -119,6 +117,8 @@ def _booked_run(settings: Settings, request: RunRequest, say: Callable[[str], No
     if resumed is not None and not park:  # not this process's own run: its connection is not ours
         os.close(resumed.fd)
         resumed = None
+    from dispatch.local.sharedlink import engine_link, shared_here
+
     booked = None
     here = shared_here(settings)
     if here is not None and request.gpu_memory is not None:
@@ -147,37 +147,3 @@ def _booked_run(settings: Settings, request: RunRequest, say: Callable[[str], No
     from dispatch.local.runner import run_booked
 
     return run_booked(settings, request, say, on_wait, alerts, wait_alert, booked, here)
-
-
-def shared_here(settings: Settings) -> LocalSlice | None:
-    """This host's slice when it is a shared one (``dispatch.capping.shared``), whose engine books
-    every run, decided as the cap backend is chosen (``select_backend``: a member whose shared slice
-    does not answer is refused there, 78). Only where a shared slice is installed is anything more
-    than two ``stat`` calls done."""
-    if settings.local.backend not in (None, "shared"):
-        return None
-    from dispatch.capping.cgroupfs import socket_path
-    from dispatch.capping.sharedmember import UNIT_PATH
-
-    if not (os.path.exists(socket_path()) or os.path.exists(UNIT_PATH)):
-        return None
-    from dispatch.local.hostslice import LocalSlice
-
-    here = LocalSlice(settings)
-    return here if here.backend.name == "shared" else None
-
-
-def engine_link(settings: Settings, say: Callable[[str], None], here: LocalSlice | None) -> Link:
-    """The connection a run books on: the shared slice's engine's (``here``), else its own
-    state dir's engine's."""
-    if here is None:
-        from dispatch.local.admitclient import Link
-
-        return Link(settings, say)
-    from dispatch.capping.shared import SharedBackend
-    from dispatch.local.sharedlink import SharedLink
-
-    backend = here.backend
-    assert isinstance(backend, SharedBackend)
-    return SharedLink(settings, say, backend.socket_path)
-

@@ -95,7 +95,7 @@ def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], Non
     engine = shared or (request.gpu_memory is None and admitclient.wanted())
     for requeued in range(MAX_REQUEUES + 1):
         if booked is None and engine and (place is not None or shared):  # booked by the engine again
-            from dispatch.local.localrun import engine_link
+            from dispatch.local.sharedlink import engine_link
 
             watch = watch_for(settings, here.host.name, label, request, say, on_wait, alerts, wait_alert)
             try:

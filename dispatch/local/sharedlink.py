@@ -6,14 +6,15 @@ shared socket, never started by a run: systemd starts it on the first connection
 the job's cgroup is the scope that engine starts (``capping.shared.SharedJob.adopt``); and when the
 engine has gone at a run's end, its record and release go through the next one, never through a
 ledger of the user's (the slice's ledger is root's). A release that cannot reach any engine is
-not lost: the next engine releases a booking whose holder has ended. Standard library only.
+not lost: the next engine releases a booking whose holder has ended. Which engine a run books on
+(``engine_link``) is decided here too. Standard library only.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
-from dispatch.capping.shared import PROTOCOL
 from dispatch.core.errors import EngineError, HostrunError, SharedError
 from dispatch.local.admitclient import REACH_TRIES, Link, _try_connect
 
@@ -23,6 +24,7 @@ if MYPY:
     from typing import Any
 
     from dispatch.core.settings import Settings
+    from dispatch.local.hostslice import LocalSlice
     from dispatch.local.ledger import Ledger
 
 
@@ -36,6 +38,8 @@ class SharedLink(Link):
     def connect(self) -> Link:
         """Reach the engine (systemd queues the connection while it starts one); 78 when there is
         none, or one of another version."""
+        from dispatch.capping.shared import PROTOCOL  # not on a plain run's path: a shared one's
+
         last: Exception | None = None
         for attempt in range(REACH_TRIES):
             self.close()
@@ -95,3 +99,34 @@ class SharedLink(Link):
         except (ConnectionError, OSError):
             self._again(message)  # else the next engine releases it once this run has ended
         self.booking_id = None
+
+
+def shared_here(settings: Settings) -> LocalSlice | None:
+    """This host's slice when it is a shared one (``dispatch.capping.shared``), whose engine books
+    every run, decided as the cap backend is chosen (``select_backend``: a member whose shared slice
+    does not answer is refused there, 78). Only where a shared slice is installed is anything more
+    than two ``stat`` calls done."""
+    if settings.local.backend not in (None, "shared"):
+        return None
+    from dispatch.capping.cgroupfs import socket_path
+    from dispatch.capping.sharedmember import UNIT_PATH
+
+    if not (os.path.exists(socket_path()) or os.path.exists(UNIT_PATH)):
+        return None
+    from dispatch.local.hostslice import LocalSlice
+
+    here = LocalSlice(settings)
+    return here if here.backend.name == "shared" else None
+
+
+def engine_link(settings: Settings, say: Callable[[str], None], here: LocalSlice | None) -> Link:
+    """The connection a run books on: the shared slice's engine's (``here``), else its own
+    state dir's engine's."""
+    if here is None:
+        return Link(settings, say)
+    from dispatch.capping.shared import SharedBackend
+
+    backend = here.backend
+    assert isinstance(backend, SharedBackend)
+    return SharedLink(settings, say, backend.socket_path)
+
