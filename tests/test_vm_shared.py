@@ -29,6 +29,9 @@ def test_doctor_names_the_shared_slice_and_who_cannot_use_it(shared: dict[str, U
     assert data["backend"] == "shared", data
     assert data["slice_limit"] == SLICE
     assert data["slice"].startswith("hostrun.slice, shared through /run/hostrun/shared.sock")
+    engine = data["admission_engine"]
+    assert engine["socket"] == "/run/hostrun/shared.sock" and engine["pid"], engine
+    assert "the shared slice's, running as root" in engine["detail"], engine
     outsider = shared["dev3"].run("doctor", "--json")
     probes = {p["backend"]: p for p in json.loads(outsider.stdout)["probes"]}
     assert not probes["shared"]["ok"]

@@ -121,6 +121,8 @@ class Link:
         self.buf = b""
         self.booking_id: int | None = None
         self.admitted_kind: str | None = None  # the kind the engine admitted it as (lent: gamble)
+        self.gpu: list[Any] | None = None  # a --gpu-memory run's [VRAM, device indices], as planned
+        self.gpu_index: int | None = None  # the GPU the engine admitted it on
         self.attached: dict[str, Any] | None = None  # the last attach's answer
 
     # -- reaching the engine ----------------------------------------------------------------------
@@ -279,8 +281,10 @@ class Link:
                 continue
             op = message.get("op")
             if op == "admitted":
-                kind = message.get("kind")
+                kind, index = message.get("kind"), message.get("gpu_index")
                 self.admitted_kind = kind if isinstance(kind, str) else None
+                if isinstance(index, int):
+                    self.gpu_index = index
                 return time.monotonic() - started
             if op == "wait":
                 line = message.get("line")
@@ -330,11 +334,14 @@ class Link:
         engine sent before the answer is read first: waiting lines said, the rest dropped (the
         answer's state says whether it was admitted)."""
         assert self.booking_id is not None
-        self.send({"op": "attach", "id": self.booking_id,
-                   "status_interval": self.settings.status_interval})
+        self.send({"op": "attach", "id": self.booking_id, "status_interval": self.settings.status_interval,
+                   "gpu": self.gpu})
         while True:
             message = self.receive()
             if message.get("op") == "attached":
+                index = message.get("gpu_index")
+                if isinstance(index, int):
+                    self.gpu_index = index
                 return message
             if message.get("op") == "wait" and isinstance(message.get("line"), str):
                 self.say(str(message["line"]))

@@ -52,7 +52,8 @@ if MYPY:
     from typing import Any
 
     from dispatch.core.settings import Settings
-    from dispatch.local.admitpolicy import Admission, RoomFunction
+    from dispatch.local.admitpolicy import Admission, GpuRoom, RoomFunction
+    from dispatch.local.gpu import GpuSnapshot
     from dispatch.local.hostslice import LocalSlice
     from dispatch.local.ledgerdb import Booking
 
@@ -72,7 +73,9 @@ RUN_FIELDS: dict[str, type | tuple[type, ...]] = {
     "host": str, "label": str, "pid": int, "pid_start": int, "cap": (int, type(None)), "no_cap": bool,
     "program": str, "command": str, "session": (str, type(None)), "group": (str, type(None)),
     "when_idle": bool, "booking_id": (int, type(None)), "requeue": bool, "gamble": int,
+    "gpu": (list, type(None)),
 }
+GPU_DEVICES_MAX = 64  # device indices a --gpu-memory run may name (its CUDA_VISIBLE_DEVICES)
 
 
 def admission_dict(adm: Admission) -> dict[str, Any]:
@@ -123,6 +126,11 @@ class Engine(LineServer):
         self.log_path = log_path(settings.state_dir)
         self.waiting: set[int] = set()  # the held bookings that wait
         self.pids: dict[int, int] = {}  # each held booking's holder (its pid)
+        # A --gpu-memory booking's devices (its CUDA_VISIBLE_DEVICES; None: any), and the GPUs'
+        # figures, read by nvidia-smi at most once a second while such a booking waits.
+        self.gpu_wants: dict[int, frozenset[int] | None] = {}
+        self.gpus: GpuSnapshot | None = None
+        self.gpu_error: str | None = None
         self.owner = os.geteuid()
         self.clients: dict[int, Holder] = {}
         self.asking: Holder | None = None  # the client whose request is being handled
@@ -299,6 +307,9 @@ class Engine(LineServer):
 
         fields = self._fields(client, message, "run", RUN_FIELDS)
         interval = self._interval(message)  # checked before anything is queued
+        gpu = _gpu_want(fields["gpu"])
+        if gpu is not None and self.shared:
+            raise ValueError("gpu: the shared slice's engine books memory only")
         here = self.here
         if here.backend.name == "shared" and not self.shared:
             raise ValueError("this host's slice is a shared slice: a run books through its engine")
@@ -306,6 +317,8 @@ class Engine(LineServer):
         limit = here.limit_for(cap)
         orphan = self._orphan(client, message, fields)
         if orphan is not None:
+            if gpu is not None:
+                self.gpu_wants[orphan.id] = gpu[1]
             return {"op": "queued", "id": orphan.id, "plan": list(plan_of(orphan))}
         label, host = self.stored_label(client, fields["label"]), self.host
         plan = plan_for(self.ledger, host, label, fields["program"], cap, limit,
@@ -314,7 +327,10 @@ class Engine(LineServer):
             host=host, label=label, pid=fields["pid"], pid_start=fields["pid_start"], size=plan.size,
             cap=plan.limit, kind=plan.kind, command=fields["command"], session=fields["session"],
             cgroup=None, group=fields["group"], when_idle=fields["when_idle"],
-            booking_id=fields["booking_id"], requeue=fields["requeue"])
+            booking_id=fields["booking_id"], requeue=fields["requeue"],
+            gpu_bytes=gpu[0] if gpu is not None else None)
+        if gpu is not None:
+            self.gpu_wants[booking_id] = gpu[1]
         if plan.why is not None:
             self.ledger.log([gamble_line(label, booking_id, plan)])
         self._hold(client, booking_id, "waiting", interval, fields["pid"])
@@ -389,10 +405,14 @@ class Engine(LineServer):
         other = self.holders.get(booking_id)
         if other is not None and other is not client:
             raise ValueError(f"booking {booking_id} is held by another connection")
+        gpu = _gpu_want(message.get("gpu"))
         self._hold(client, booking_id, row.state, self._interval(message), row.pid)
+        if row.gpu_bytes:  # the devices it may have: as the run names them again (all, if it does not)
+            self.gpu_wants[booking_id] = gpu[1] if gpu is not None else None
         client.parked.discard(booking_id)  # a parked run, whole again on the same connection
         self.changed = True
-        return {"op": "attached", "id": booking_id, "state": row.state, "plan": list(plan_of(row))}
+        return {"op": "attached", "id": booking_id, "state": row.state, "plan": list(plan_of(row)),
+                "gpu_index": row.gpu_index}
 
     def released(self, client: Holder, booking_id: int) -> None:
         """A booking its holder gave back (what a subclass does then: a shared slice's scope)."""
@@ -423,6 +443,7 @@ class Engine(LineServer):
 
     def _forget(self, client: Holder, booking_id: int) -> None:
         self.waiting.discard(booking_id)
+        self.gpu_wants.pop(booking_id, None)
         self.pids.pop(booking_id, None)
         client.parked.discard(booking_id)
         client.interval.pop(booking_id, None)
@@ -477,6 +498,8 @@ class Engine(LineServer):
         from dispatch.local.admission import stop_reclaimed, wait_reason
 
         waiting = sorted(self.waiting)  # queue order: a booking's id (a requeued one keeps its own)
+        if any(b in self.gpu_wants for b in waiting):
+            self._read_gpus()
         groups = self.settings.groups
         backfill = self.settings.queue_policy == "backfill"
         trying = True
@@ -493,8 +516,8 @@ class Engine(LineServer):
             if is_stopped(self.pids[booking_id]):  # Ctrl-Z'd while it waits: passed over, holds nobody up
                 continue
             try:
-                adm = self.ledger.try_admit(booking_id, self.host, self.room, None, groups, wait_reason,
-                                            backfill)
+                adm = self.ledger.try_admit(booking_id, self.host, self.room, self._gpu_room(booking_id),
+                                            groups, self._reason(booking_id), backfill)
             except LookupError:  # its row is not in the ledger (put back at the next operation)
                 continue
             if adm.reclaimed:
@@ -505,7 +528,8 @@ class Engine(LineServer):
                 client.told.pop(booking_id, None)
                 row = self.ledger.booking(booking_id)
                 client.send({"op": "admitted", "id": booking_id, "kind": row.kind if row else None,
-                             "size": row.size if row else adm.need, "adm": admission_dict(adm)})
+                             "size": row.size if row else adm.need, "adm": admission_dict(adm),
+                             "gpu_index": row.gpu_index if row else None})
                 continue
             trying = adm.policy is not None or adm.memory_ok or adm.pass_on
             if now - client.told.get(booking_id, 0.0) >= client.interval[booking_id] and not client.out:
@@ -524,8 +548,47 @@ class Engine(LineServer):
 
         client = self.holders[booking_id]
         client.told[booking_id] = now
+        gpu_error = self.gpu_error if booking_id in self.gpu_wants else None
         client.send({"op": "wait", "id": booking_id, "adm": admission_dict(adm),
-                     "line": printable(status_line(adm)), "near": near})
+                     "line": printable(status_line(adm, gpu_error=gpu_error)), "near": near})
+
+    # -- GPUs -------------------------------------------------------------------------------------
+
+    def _read_gpus(self) -> None:
+        """The GPUs' figures, re-read at most once a second (``GpuSnapshot``), and per process when a
+        running GPU booking could use them; a failed read is each GPU waiter's status."""
+        from dispatch.core.errors import GpuError
+        from dispatch.local.gpu import GpuSnapshot, read_gpus
+
+        if self.gpus is None:
+            try:
+                self.gpus = GpuSnapshot(0, read_gpus())
+            except GpuError as exc:
+                self.gpu_error = str(exc)
+                return
+        self.gpus.refresh(lambda: any(self.holders[b].bookings.get(b) == "running"
+                                      for b in self.gpu_wants if b in self.holders))
+        self.gpu_error = self.gpus.error
+
+    def _gpu_room(self, booking_id: int) -> GpuRoom | None:
+        """A --gpu-memory booking's VRAM room per device, on the devices it may have."""
+        if booking_id not in self.gpu_wants:
+            return None
+        allowed = self.gpu_wants[booking_id]
+        snapshot = self.gpus
+        if snapshot is None:
+            return lambda running: {}
+        from dispatch.local.admission import gpu_room_function
+
+        rooms = gpu_room_function(self.here.backend, snapshot)
+        return lambda running: {i: r for i, r in rooms(running).items()
+                                if allowed is None or i in allowed}
+
+    def _reason(self, booking_id: int) -> Callable[[Admission], str]:
+        from dispatch.local.admission import wait_reason
+
+        gpu_error = self.gpu_error if booking_id in self.gpu_wants else None
+        return lambda adm: wait_reason(adm, gpu_error)
 
     # -- leaving when idle ------------------------------------------------------------------------
 
@@ -613,6 +676,19 @@ def _checked_list(value: object, types: list[type | tuple[type, ...]], what: str
         if not isinstance(item, kind) or (isinstance(item, bool) and kind is not bool):
             raise ValueError(f"{what}: a field of the wrong type")
     return value
+
+
+def _gpu_want(value: object) -> tuple[int, frozenset[int] | None] | None:
+    """A run's ``gpu`` field (``[need, [device index, ...]]``, None: no GPU) checked: the VRAM it
+    books and the devices it may have."""
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and type(value[0]) is int
+            and 0 < value[0] < 1 << 62 and isinstance(value[1], list)
+            and 0 < len(value[1]) <= GPU_DEVICES_MAX
+            and all(type(i) is int and 0 <= i < 1 << 16 for i in value[1])):
+        raise ValueError(f"gpu: [VRAM in bytes, [up to {GPU_DEVICES_MAX} device indices]]")
+    return value[0], frozenset(value[1])
 
 
 def _size(value: object) -> bool:

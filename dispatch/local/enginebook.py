@@ -73,25 +73,26 @@ def raise_interrupted(signum: int, _frame: object) -> None:
 
 class Booked(NamedTuple):
     """An admitted booking the engine planned: its connection (the booking is the connection's),
-    id, plan (``booking.Plan``'s fields), the kind it was admitted as (a lent start is a gamble)
-    and the seconds it waited."""
+    id, plan (``booking.Plan``'s fields), the kind it was admitted as (a lent start is a gamble),
+    the seconds it waited and, for a ``--gpu-memory`` run, the GPU it was admitted on."""
 
     link: Link
     booking_id: int
     plan: list[Any]
     admitted_kind: Optional[str]
     waited: float
+    gpu_index: Optional[int] = None  # a --gpu-memory run's GPU
 
 
 def book(settings: Settings, request: RunRequest, label: str, requeue: bool, place: int | None,
          say: Callable[[str], None], watch: WaitWatch | None, park: bool = False,
-         link: Link | None = None) -> Booked:
+         link: Link | None = None, gpu: list[Any] | None = None) -> Booked:
     """Book the run through the engine and wait until it is admitted. ``place``: the booking id a
     requeued job keeps. ``park``: a run far from its turn may wait parked (``dispatch.local.park``:
     this process is replaced, and the run carries on in ``resume``). Raises ``Interrupted`` when a
     signal ended the wait, the run's refusal (243, 78) as the engine found it, or ``EngineError``
     (78) when no engine could book it. ``link``: the engine to book on (the shared slice's), else this
-    state dir's."""
+    state dir's. ``gpu``: a ``--gpu-memory`` run's want (``gpu_want``)."""
     from dispatch.core.text import storable
     from dispatch.guards.trust import private_dir
 
@@ -100,6 +101,7 @@ def book(settings: Settings, request: RunRequest, label: str, requeue: bool, pla
     # (release it, say "nothing ran"): held back until the handlers are in place.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)
     link = Link(settings, say) if link is None else link
+    link.gpu = gpu
     try:
         link.connect()  # 78 when it cannot start
         me = os.getpid()
@@ -110,18 +112,19 @@ def book(settings: Settings, request: RunRequest, label: str, requeue: bool, pla
             no_cap=request.no_cap, program=storable(os.path.basename(argv[0])),
             command=" ".join(argv), session=request.session, group=request.group,
             when_idle=request.when_idle, booking_id=place, requeue=requeue,
-            gamble=settings.gamble_size_for(settings.local)))
+            gamble=settings.gamble_size_for(settings.local), gpu=gpu))
         waited = _wait(link, say, watch, park, time.monotonic())
     except BaseException:
         give_back(link)
         raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    return Booked(link, int(answer["id"]), list(answer["plan"]), link.admitted_kind, waited)
+    return Booked(link, int(answer["id"]), list(answer["plan"]), link.admitted_kind, waited,
+                  link.gpu_index)
 
 
 def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watch: WaitWatch | None,
-           park: bool = False, link: Link | None = None) -> Booked:
+           park: bool = False, link: Link | None = None, gpu: list[Any] | None = None) -> Booked:
     """The run its parked process handed back (``park.take_resume``): on the same connection, its
     booking as the engine has it now (admitted, or still waiting: waited for whole, unless it
     resumed only to have the engine replaced, when it may park again); through the next engine when
@@ -129,6 +132,7 @@ def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watc
     # The parked process held these back across the exec; they act once the wait's handlers are set.
     old_mask = set(signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)) - {signal.SIGINT, *WAIT_SIGNALS}
     link = (Link(settings, say) if link is None else link).adopt(resumed.fd, resumed.booking_id)
+    link.gpu = gpu
     try:
         if resumed.signum is not None:
             raise Interrupted(resumed.signum)
@@ -154,7 +158,19 @@ def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watc
         raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    return Booked(link, resumed.booking_id, list(plan), link.admitted_kind, waited)
+    return Booked(link, resumed.booking_id, list(plan), link.admitted_kind, waited, link.gpu_index)
+
+
+def gpu_want(request: RunRequest) -> list[Any] | None:
+    """A ``--gpu-memory`` run's want as the engine books it: ``[VRAM, the devices it may have]``,
+    once ``gpu.preflight`` found it could ever run here (else 78, 243, before anything is booked);
+    None for a run without ``--gpu-memory``."""
+    if request.gpu_memory is None:
+        return None
+    from dispatch.local.gpu import preflight
+
+    candidates = preflight(request.gpu_memory, os.environ if request.env is None else request.env)
+    return [request.gpu_memory, [g.index for g in candidates]]
 
 
 def _wait(link: Link, say: Callable[[str], None], watch: WaitWatch | None, park: bool,

@@ -126,7 +126,7 @@ def _booked_run(settings: Settings, request: RunRequest, say: Callable[[str], No
 
         raise NotRunError("--gpu-memory: the shared slice's engine books memory only, so a GPU booking "
                           "there could be overbooked by another user's; nothing ran")
-    if here is not None or (request.gpu_memory is None and (admitclient.wanted() or resumed is not None)):
+    if here is not None or admitclient.wanted() or resumed is not None:
         from dispatch.core.text import storable
         from dispatch.local import enginebook
         from dispatch.local.waitwatch import watch_for
@@ -138,10 +138,12 @@ def _booked_run(settings: Settings, request: RunRequest, say: Callable[[str], No
         park = park and allowed()
         try:
             link = engine_link(settings, say, here)
+            gpu = enginebook.gpu_want(request)
             if resumed is not None:
-                booked = enginebook.resume(settings, resumed, say, watch, park, link)
+                booked = enginebook.resume(settings, resumed, say, watch, park, link, gpu)
             else:
-                booked = enginebook.book(settings, request, label, requeue, None, say, watch, park, link)
+                booked = enginebook.book(settings, request, label, requeue, None, say, watch, park, link,
+                                         gpu)
         except enginebook.Interrupted as exc:
             return enginebook.interrupted_outcome(settings, request, label, exc.signum)
     from dispatch.local.runner import run_booked

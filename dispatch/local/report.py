@@ -117,7 +117,7 @@ def admission_engine(settings: Settings) -> AdmissionEngine:
 
     def ask() -> None:
         try:
-            found.append(where(settings))  # type: ignore[arg-type]  # where's keys are these
+            found.append(_shared_engine(settings) or where(settings))  # type: ignore[arg-type]
         except Exception as exc:  # said in the report, as a refusal to connect is
             found.append({"socket": None, "pid": None, "detail": f"cannot tell: {exc}"})
 
@@ -128,6 +128,29 @@ def admission_engine(settings: Settings) -> AdmissionEngine:
         return found[0]
     return {"socket": socket_path(settings.state_dir, digest_of(settings)[0]), "pid": None,
             "detail": f"does not answer within {settings.report_timeout:g} s (stopped or hung?)"}
+
+
+def _shared_engine(settings: Settings) -> AdmissionEngine | None:
+    """The shared slice's engine, when this host's runs book there (``sharedlink.shared_here``)."""
+    from dispatch.core.errors import HostrunError
+    from dispatch.local.sharedlink import shared_here
+
+    try:
+        here = shared_here(settings)
+    except HostrunError as exc:  # a member whose shared slice does not answer
+        return {"socket": None, "pid": None, "detail": str(exc)}
+    if here is None:
+        return None
+    from dispatch.capping.shared import SharedBackend, hello
+
+    backend = here.backend
+    assert isinstance(backend, SharedBackend)
+    try:
+        pid = hello(backend.socket_path).get("pid")
+    except HostrunError as exc:
+        return {"socket": backend.socket_path, "pid": None, "detail": str(exc)}
+    return {"socket": backend.socket_path, "pid": pid if isinstance(pid, int) else None,
+            "detail": f"the shared slice's, running as root, pid {pid}"}
 
 
 REPORT_LEFT_OUT = ("ramp", "min_duration")  # admission's own (``lending``): no placement reads them

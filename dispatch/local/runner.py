@@ -92,7 +92,7 @@ def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], Non
     requeue = settings.may_requeue(label, request.group, request.requeue)
     place: int | None = None
     shared = here.backend.name == "shared"  # its engine books every run (``localrun.shared_here``)
-    engine = shared or (request.gpu_memory is None and admitclient.wanted())
+    engine = shared or admitclient.wanted()
     for requeued in range(MAX_REQUEUES + 1):
         if booked is None and engine and (place is not None or shared):  # booked by the engine again
             from dispatch.local.sharedlink import engine_link
@@ -100,7 +100,8 @@ def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], Non
             watch = watch_for(settings, here.host.name, label, request, say, on_wait, alerts, wait_alert)
             try:
                 booked = enginebook.book(settings, request, label, requeue, place, say, watch,
-                                         link=engine_link(settings, say, here if shared else None))
+                                         link=engine_link(settings, say, here if shared else None),
+                                         gpu=enginebook.gpu_want(request))
             except enginebook.Interrupted as exc:
                 return enginebook.interrupted_outcome(settings, request, label, exc.signum)
         try:
@@ -211,6 +212,7 @@ class _LocalRun:
             waited = booked.waited
             if requeue:  # only such a job may have been lent room (``lending``)
                 plan = as_admitted_kind(plan, booked.admitted_kind)
+            self.on_device(booked.gpu_index)
             self.start()
         else:
             # The guardian releases the booking of a run killed while waiting.
@@ -262,14 +264,19 @@ class _LocalRun:
 
     def take_device(self, ledger: Ledger, booking_id: int) -> None:
         """A ``--gpu-memory`` job, admitted: the GPU its booking was given."""
+        if self.gpu is not None:
+            booked = ledger.booking(booking_id)
+            self.on_device(booked.gpu_index if booked is not None else None)
+
+    def on_device(self, index: int | None) -> None:
+        """A ``--gpu-memory`` job runs on GPU ``index``, one of those it may have (it gets its UUID)."""
         gpu = self.gpu
         if gpu is None:
             return
-        booked = ledger.booking(booking_id)
-        index = booked.gpu_index if booked is not None else None
         gpu.device = gpu.snapshot.device(index) if index is not None else None
         if gpu.device is None:
-            raise BackendError(f"booked on GPU {index}, which nvidia-smi no longer lists")
+            raise BackendError(f"booked on GPU {index}, which nvidia-smi no longer lists"
+                               if index is not None else "admitted without a GPU; nothing ran")
 
     def record(self, outcome: Outcome, plan: Plan, alerts: bool) -> None:
         """The peak and the history row (through the engine when it booked the run: it holds the
