@@ -9,20 +9,19 @@ this process's CPU time, ``time.process_time``); the CPU of the forked children 
 job before its exec) is not in it.
 
   start        the interpreter's own start, to this script's first line
-  imports      hostrun's imports up to the run (dispatch.cli.main, runcmd, the runner)
-  to_queue     options, config, slice, job cgroup, guardian, the job's fork, ledger, enqueue
-  waiting      admission: every try, peek and wake-up until admitted (first try included)
-  to_exec      admitted to the job's exec
+  imports      hostrun's imports up to the run (dispatch.cli.main, runcmd, the front door)
+  to_queue     options, config, the engine's connection, the plan request queued
+  waiting      admission: blocked in a read until the engine says admitted
+  to_exec      admitted to the job's exec (the runner imported, slice, job cgroup, guardian, fork)
   job          while the job runs (the watch: memory samples)
   to_release   the job's end to its booking released (verdict, peak and history, release)
   to_exit      released to exit (cgroup removed, guardian dismissed, result file)
 
 For the slot hand-off (``handoffs``: one job's end to the next waiter's exec, phase by phase, wall
-time) more marks are taken, each with the monotonic clock every process shares: the booking id
-(``booked N``), the verdict (``judged``), the peak and history (``recorded``), the release
-(``releasing``), each doorbell ring (``ring ID ANSWER``), each wake-up (``woken``), each peek and
-locked try, and the job's ``go``. ``wakeup`` is imported up front for that (hostrun imports it only
-once a job must wait; a few hundred microseconds, counted in ``to_queue``).
+time) more marks are taken, each with the monotonic clock every process shares: the verdict
+(``judged``), the peak and history (``recorded``), the release sent and answered (``releasing``,
+``released``), the waiter's admission message read (``admitted``), its ``go`` and exec. What the
+engine does between a release and the next admission is in its own process: the ``engine`` step.
 """
 
 from __future__ import annotations
@@ -67,28 +66,17 @@ def main() -> None:
     mark("started")
     import dispatch.cli.main  # noqa: F401  (what the console script imports first)
     from dispatch.cli import entry
-    from dispatch.local import jobwatch, ledger, runner, spawn
+    from dispatch.local import admitclient, jobwatch, runner, spawn  # (hostrun: the runner once admitted)
 
     mark("imported")
-    wrap(runner, "wait_for_room", "queued", "admitted")
+    wrap(admitclient.Link, "plan", None, "queued")
+    wrap(admitclient.Link, "wait", None, "admitted")
     wrap(spawn.PreparedChild, "go", "go", "exec")
     wrap(jobwatch.JobWatch, "wait", None, "job_end")
-    wrap(ledger.Ledger, "release", "releasing", "released")
+    wrap(admitclient.Link, "release", "releasing", "released")
     # the hand-off's steps (see the docstring)
-    from dispatch.local import wakeup
-
     wrap(runner, "_run", None, "judged")
     wrap(runner._LocalRun, "record", None, "recorded")
-    wrap(ledger.Ledger, "enqueue", None, None, lambda a, r: f"booked {r}")
-    wrap(ledger.Ledger, "peek", None, None,
-         lambda a, r: "peeked yes" if getattr(r, "admitted", False) else "peeked no")
-    wrap(ledger.Ledger, "try_admit", "try", None,
-         lambda a, r: "tried yes" if getattr(r, "admitted", False) else "tried no")
-    # the ring is marked before the write too: the rung waiter may run (and mark) before it returns
-    wrap(ledger.Ledger, "_reclaim_locked", "locked", None)
-    wrap(ledger.Ledger, "wake_next", "waking", None)
-    wrap(wakeup, "ring", None, None, lambda a, r: f"ring {a[1]} {r}", lambda a: f"ringing {a[1]}")
-    wrap(wakeup.Doorbell, "wait", None, None, lambda a, r: f"woken {r}" if r else "timeout")
     out = os.environ["HOSTRUN_BENCH_PHASES"]
 
     def leave(code: int) -> None:
@@ -147,16 +135,10 @@ if __name__ == "__main__":
 HANDOFF_STEPS = (
     ("end_seen", "job's last stamp -> its hostrun sees the end (exit, pidfd, reap)"),
     ("verdict", "-> verdict and peak read (kill_all, counters, ramp)"),
-    ("record", "-> peak and history written (one transaction)"),
+    ("record", "-> peak and history written (the engine's record request)"),
     ("to_release", "-> release begins (attempt returns; child reaped, cgroup killed again)"),
-    ("release", "-> the head's doorbell rung (DELETE, queue read, ring)"),
-    ("wake", "-> the rung waiter runs (select returns)"),
-    ("peek", "-> its locked try begins (a peek first: a plain read and verdict)"),
-    ("lock", "-> the write lock held (BEGIN IMMEDIATE)"),
-    ("decide", "-> committed (reclaim, verdict, UPDATE, COMMIT)"),
-    ("ring_next", "-> the next waiter rung, if it is (queue read, ring)"),
-    ("admitted", "-> wait_for_room returns"),
-    ("to_go", "-> go (the run set up: signals, terminal, outcome)"),
+    ("engine", "-> the next waiter reads admitted (release, the engine's try, its message)"),
+    ("to_go", "-> go (the runner imported, slice, cgroup, guardian, fork)"),
     ("exec", "-> the job's exec seen by hostrun (pipe, oom_score_adj, execve)"),
     ("job_start", "-> the job's first stamp (sh, date)"),
 )
@@ -188,86 +170,65 @@ def _last(marks: list[list[object]], name: str, before: float = float("inf"),
 
 
 def handoffs(path: str, stamps: dict[str, tuple[float, float]]) -> dict[str, object]:
-    """The hand-offs in one run: each job admitted on a wake-up whose ring came from another
-    hostrun's release, split into ``HANDOFF_STEPS`` (seconds, wall). ``stamps``: the jobs' own
-    (first, last) wall-clock stamps by their stamp file (the last argument of each hostrun).
+    """The hand-offs in one run: each job admitted after it had waited, matched with the last
+    release sent before its admission (another hostrun's), split into ``HANDOFF_STEPS`` (seconds,
+    wall). ``stamps``: the jobs' own (first, last) wall-clock stamps by their stamp file (the last
+    argument of each hostrun).
 
     Returns {"clean": [{step: seconds, ..., "total": s, "steady": bool, "cpu_release": s,
-    "cpu_admit": s}], "chained": n, "first_try": n, "unmatched": n}. ``steady``: the waiter had
-    queued before the releasing job ended (the queue was formed; not the start-up burst).
-    ``cpu_release``: the releasing hostrun's CPU from the job's end to the ring; ``cpu_admit``: the
-    waiter's from its wake-up to its exec."""
+    "cpu_admit": s}], "first_try": n, "unmatched": n}. ``steady``: the waiter had queued before the
+    releasing job ended (the queue was formed; not the start-up burst). ``cpu_release``: the
+    releasing hostrun's CPU from the job's end to its release answered; ``cpu_admit``: the waiter's
+    from its admission to its exec."""
     procs = _load(path)
-    by_booking: dict[int, dict[str, object]] = {}
-    rings: list[tuple[float, int, dict[str, object]]] = []
+    releases: list[tuple[float, dict[str, object]]] = []
     for p in procs:
         marks = p["marks"]
         assert isinstance(marks, list)
-        ringing = 0.0
-        for n, t, _ in marks:
-            parts = str(n).split()
-            if parts[0] == "booked":
-                by_booking[int(parts[1])] = p
-            elif parts[0] == "ringing":
-                ringing = float(t)
-            elif parts[0] == "ring" and parts[2] == "rung":
-                rings.append((ringing, int(parts[1]), p))
-    rings.sort(key=lambda r: r[0])
+        releases.extend((float(t), p) for n, t, _ in marks if n == "releasing")  # type: ignore[arg-type]
+    releases.sort(key=lambda r: r[0])
     clean: list[dict[str, float | bool]] = []
-    chained = first_try = unmatched = 0
-    for booking, b in by_booking.items():
+    first_try = unmatched = 0
+    for b in procs:
         marks = b["marks"]
         assert isinstance(marks, list)
-        admitted = _first(marks, "admitted")
-        queued = _first(marks, "queued")
+        admitted, queued = _first(marks, "admitted"), _first(marks, "queued")
         if admitted is None or queued is None:
             continue
-        woken = _last(marks, "woken", before=admitted[0])
-        if woken is None:
+        if admitted[0] - queued[0] < 0.002:  # admitted at once: no hand-off
             first_try += 1
             continue
-        ring = [r for r in rings if r[1] == booking and r[0] <= woken[0]]
-        if not ring:
+        before = [r for r in releases if r[0] <= admitted[0] and r[1] is not b]
+        if not before:
             unmatched += 1
             continue
-        at, _, a = ring[-1]
+        at, a = before[-1]
         a_marks = a["marks"]
         assert isinstance(a_marks, list)
-        releasing = _last(a_marks, "releasing", before=at)
-        if releasing is None or _first(a_marks, "released", after=releasing[0]) is None \
-                or _first(a_marks, "released", after=releasing[0])[0] < at:  # type: ignore[index]
-            chained += 1  # rung by an admission passing it on, not by a release
-            continue
-        job_end = _last(a_marks, "job_end", before=releasing[0])
-        judged = _last(a_marks, "judged", before=releasing[0])
-        recorded = _last(a_marks, "recorded", before=releasing[0])
-        tried = _last(marks, "tried", before=admitted[0])
-        tried_at = _last(marks, "try", before=tried[0]) if tried else None
-        locked = _first(marks, "locked", after=tried_at[0]) if tried_at else None
-        waking = _first(marks, "waking", after=locked[0], before=tried[0]) if locked and tried else None
-        waking = waking or tried  # no ring to the next waiter: that step took no time
+        job_end = _last(a_marks, "job_end", before=at)
+        judged = _last(a_marks, "judged", before=at)
+        recorded = _last(a_marks, "recorded", before=at)
+        released = _first(a_marks, "released", after=at)
         go = _first(marks, "go", after=admitted[0])
         exec_ = _first(marks, "exec", after=admitted[0])
         a_stamps = stamps.get(str(a["argv"]))
         b_stamps = stamps.get(str(b["argv"]))
-        if None in (job_end, judged, recorded, go, exec_, tried, tried_at, locked, waking) or not a_stamps \
-                or not b_stamps:
+        if None in (job_end, judged, recorded, go, exec_) or not a_stamps or not b_stamps:
             unmatched += 1
             continue
         a_off, b_off = float(a["offset"]), float(b["offset"])  # type: ignore[arg-type]
         a_last = a_stamps[1] - a_off
         b_first = b_stamps[0] - b_off
-        points = [a_last, job_end[0], judged[0], recorded[0], releasing[0], at, woken[0],  # type: ignore[index]
-                  tried_at[0], locked[0], waking[0], tried[0], admitted[0], go[0], exec_[0], b_first]  # type: ignore[index]
+        points = [a_last, job_end[0], judged[0], recorded[0], at, admitted[0], go[0], exec_[0],  # type: ignore[index]
+                  b_first]
         row: dict[str, float | bool] = {
             name: points[i + 1] - points[i] for i, (name, _) in enumerate(HANDOFF_STEPS)}
         row["total"] = b_first - a_last
         row["steady"] = queued[0] < job_end[0]  # type: ignore[index]
-        ring_cpu = _first(a_marks, "ring", after=at)
-        row["cpu_release"] = (ring_cpu[1] if ring_cpu else releasing[1]) - job_end[1]  # type: ignore[index]
-        row["cpu_admit"] = exec_[1] - woken[1]  # type: ignore[index]
+        row["cpu_release"] = (released[1] if released else at) - job_end[1]  # type: ignore[index]
+        row["cpu_admit"] = exec_[1] - admitted[1]  # type: ignore[index]
         clean.append(row)
-    return {"clean": clean, "chained": chained, "first_try": first_try, "unmatched": unmatched}
+    return {"clean": clean, "first_try": first_try, "unmatched": unmatched}
 
 
 def handoff_lines(found: dict[str, object]) -> list[str]:
@@ -275,10 +236,9 @@ def handoff_lines(found: dict[str, object]) -> list[str]:
     clean = found["clean"]
     assert isinstance(clean, list)
     steady = [r for r in clean if r["steady"]]
-    out = [f"  slot hand-off, wall time per step (ms; {len(clean)} hand-offs rung by a release, "
+    out = [f"  slot hand-off, wall time per step (ms; {len(clean)} hand-offs after a release, "
            f"{len(steady)} of them with the waiter queued before the job ended; "
-           f"{found['chained']} rung by an admission passing it on, {found['first_try']} admitted "
-           f"at their first try, {found['unmatched']} not matched):",
+           f"{found['first_try']} admitted at once, {found['unmatched']} not matched):",
            f"    {'step':<11} {'all p50':>8} {'p90':>7} {'steady p50':>11} {'p90':>7}   what"]
 
     def q(rows: list[dict[str, float | bool]], key: str, p: float) -> str:
@@ -290,8 +250,8 @@ def handoff_lines(found: dict[str, object]) -> list[str]:
         return f"{values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]:.1f}"
 
     for key, what in (*HANDOFF_STEPS, ("total", "job end -> next job's first stamp"),
-                      ("cpu_release", "CPU: releasing hostrun, end seen -> ring"),
-                      ("cpu_admit", "CPU: rung waiter, wake-up -> exec")):
+                      ("cpu_release", "CPU: releasing hostrun, end seen -> released"),
+                      ("cpu_admit", "CPU: admitted waiter, admitted -> exec")):
         out.append(f"    {key:<11} {q(clean, key, 50):>8} {q(clean, key, 90):>7} "
                    f"{q(steady, key, 50):>11} {q(steady, key, 90):>7}   {what}")
     return out

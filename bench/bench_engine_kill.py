@@ -72,7 +72,6 @@ def swarm(args: argparse.Namespace, hostrun: str, kills: int, spread: float) -> 
     state_dir = os.path.join(tmp, "state")
     db = os.path.join(state_dir, "ledger.sqlite3")
     env = private_env(tmp)
-    env.pop("HOSTRUN_ADMISSION", None)
     base = [hostrun, "--config", config]
     subprocess.run([*base, "--", "true"], env=env, check=True, capture_output=True)
     ideal = args.jobs * args.sleep / args.slots

@@ -163,9 +163,6 @@ def main() -> int:
     p.add_argument("--idle-window", type=float, default=5.0)
     p.add_argument("--floor", type=int, default=200, help="bare interpreters for the PSS floor")
     p.add_argument("--timeout", type=float, default=1800, help="give up on the drain after this")
-    p.add_argument("--admission", choices=("direct", "engine"), default="engine",
-                   help="through the admission engine (the default), or each run taking the ledger's "
-                        "lock itself (HOSTRUN_ADMISSION=direct, as before the engine)")
     p.add_argument("--park", choices=("yes", "no"), default="yes",
                    help="waiting runs far from their turn park (the default), or stay whole (HOSTRUN_PARK=0)")
     args = p.parse_args()
@@ -175,7 +172,6 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="hostrun-swarm-")
     config, slice_dir = write_config(tmp, f"{slice_mib}M")
     env = private_env(tmp)
-    env["HOSTRUN_ADMISSION"] = args.admission
     env["HOSTRUN_PARK"] = "1" if args.park == "yes" else "0"
     base = [hostrun, "--config", config]
     procs: list[subprocess.Popen[bytes]] = []
@@ -232,7 +228,7 @@ def main() -> int:
         per_waiter = pss / max(len(waiting), 1)
         print(f"swarm: {args.jobs} x hostrun -m {args.cap_mib}M -- sh -c '...; sleep {args.sleep}' behind a "
               f"holder of the whole {slice_mib} MiB slice ({args.slots} slots), launched {args.batch} at a "
-              f"time in {launched:.1f} s; admission {args.admission}, park {args.park}; load before the "
+              f"time in {launched:.1f} s; park {args.park}; load before the "
               f"drain {os.getloadavg()[0]:.1f}")
         print(f"  ended before the holder: {dict(gone_early) or 'none'}")
         print(f"  waiting while the slice was full: {len(waiting)} jobs, {len(tree)} processes "

@@ -1,8 +1,7 @@
 """The admission engine (dispatch/local/admitd.py) with real runs, cgroups and processes: a swarm
 behind a full slice, the engine killed under waiting runs, a waiting client killed, two runs that
 start it at once, its idle exit, a run that cannot start it, and where ``doctor`` and ``report`` say
-it runs. Every run goes through it by default (``HOSTRUN_ADMISSION=direct`` is the way around it);
-the fixture below makes sure.
+it runs.
 
 The bench (bench/bench_swarm.py) measures the 1,000-submission swarm; here a smaller one checks the
 rules: every run once, none lost, never more booked than the slice.
@@ -17,21 +16,11 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun, wait_for
-
-
-@pytest.fixture(autouse=True)
-def through_the_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Whatever the caller's environment says, every run here, and its children, use the engine."""
-    monkeypatch.delenv("HOSTRUN_ADMISSION", raising=False)
-    yield
 
 
 def _engines(hostrun: Hostrun) -> list[int]:
@@ -288,17 +277,14 @@ def _local_engine(hostrun: Hostrun, **kw: Any) -> dict[str, Any]:
 
 
 def test_report_says_where_the_engine_runs(hostrun: Hostrun, tmp_path: Path) -> None:
-    """``hostrun report`` (text and ``--json``) for this host: before any run, not running; off
-    under ``HOSTRUN_ADMISSION=direct``; once a real run started the engine, the pid its hello gives
+    """``hostrun report`` (text and ``--json``) for this host: before any run, not running; once a
+    real run started the engine, the pid its hello gives
     (the one engine process of this state dir) and its socket; stopped (SIGSTOP), said so within
     ``report_timeout`` instead of holding the report."""
     hostrun.configure(top='report_timeout = "1s"')  # before the engine starts: its digest has it
     assert _local_engine(hostrun) == {"socket": _local_engine(hostrun)["socket"], "pid": None,
                                       "detail": "not running: the next run starts it"}
     assert "admission engine │ not running: the next run starts it" in hostrun.run("report").stdout
-    off = _local_engine(hostrun, env={**os.environ, "HOSTRUN_ADMISSION": "direct"})
-    assert off["socket"] is None and off["pid"] is None and off["detail"].startswith(
-        "off (HOSTRUN_ADMISSION=direct)"), off
     assert not _engines(hostrun)  # asking started none
     holder, go = _holder(hostrun, tmp_path, "100M")  # a real run: it starts the engine
     try:

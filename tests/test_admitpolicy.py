@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from dispatch.core.units import GiB
-from dispatch.local.admitpolicy import Admission, Room, evaluate, may_follow, passed_over
+from dispatch.local.admitpolicy import Admission, Room, evaluate, passed_over
 from dispatch.local.ledgerdb import Booking
 
 NOW = 1_000_000.0
@@ -118,32 +118,3 @@ def test_passed_over_names_each_earlier_waiters_reason() -> None:
         "SKIP memory big need 4.0 GiB free 3.0 GiB (booking 1, passed by booking 3)",
         "SKIP group-cap build 1/1 (booking 2, passed by booking 3)",
     ]
-
-
-def test_an_admission_rings_the_next_only_when_one_behind_could_get_in() -> None:
-    """``may_follow``: a waiter behind fits the room left with the admitted job running, or may be
-    lent room; else nobody is rung."""
-    rows = [booking(1, 3 * GiB, "running"), booking(2, 3 * GiB), booking(3, 3 * GiB), booking(4, GiB)]
-    assert may_follow(2, rows, room_of(8 * GiB))  # 2 GiB left: 4 fits (FIFO holds it; backfill may not)
-    assert not may_follow(2, rows, room_of(7 * GiB - 1))  # 2 counted as running: under 1 GiB left
-    assert not may_follow(4, rows, room_of(100 * GiB))  # nobody behind
-    lendable = [*rows[:3], booking(4, 2 * GiB)._replace(requeue=True)]
-    assert may_follow(2, lendable, room_of(6 * GiB))  # no room left, but 4 may be lent some
-
-
-def test_a_plain_room_tells_the_room_left_without_reading_it_again() -> None:
-    """``Room.plain`` (nothing above the bookings counted): the admission's room less its need is
-    what is left, so ``may_follow`` does not call the room function again; otherwise it does."""
-    rows = [booking(1, GiB, "running"), booking(2, GiB), booking(3, GiB)]
-    assert evaluate(2, rows, lambda running: Room(2 * GiB, plain=True)).plain
-
-    def unread(running: list[Booking]) -> Room:
-        raise AssertionError("the room was read again")
-
-    def admitted(free: int, plain: bool) -> Admission:
-        return Admission(True, GiB, free, 0, 0, [], [], plain=plain)
-
-    assert may_follow(2, rows, unread, admitted(2 * GiB, True))  # 1 GiB left: 3 fits
-    assert not may_follow(2, rows, unread, admitted(2 * GiB - 1, True))
-    with pytest.raises(AssertionError, match="read again"):
-        may_follow(2, rows, unread, admitted(2 * GiB, False))

@@ -16,7 +16,7 @@ from dispatch.local.backfill import INF, Shadow, decide, estimate, expected_end,
 from dispatch.local.ledger import Ledger
 from dispatch.local.ledgerdb import Booking
 from tests.conftest import Hostrun, wait_for
-from tests.support.handoff import NO_POLL, bell, no_status, start_holder, waiting_id
+from tests.support.handoff import no_status, start_holder, waiting_id
 
 MIB = 1 << 20
 NOW = 1000.0
@@ -216,10 +216,10 @@ def test_unknown_queue_policy_is_a_config_error(hostrun: Hostrun) -> None:
     assert "queue_policy: must be one of backfill, fifo, not 'lifo'" in proc.stderr
 
 
-def test_a_blocked_head_passes_the_ring_to_a_job_that_may_jump_it(hostrun: Hostrun, tmp_path: Path
-                                                                  ) -> None:
-    """With the safety retry off (waiters get in only when rung): a release the head cannot use is
-    passed on to the backfill candidate behind it, which gets in while the head still waits."""
+def test_a_release_the_blocked_head_cannot_use_lets_a_job_jump_it(hostrun: Hostrun, tmp_path: Path
+                                                                    ) -> None:
+    """A release the head cannot use (through the admission engine, which tries its waiters after
+    it): the backfill candidate behind the head gets in while the head still waits."""
     no_status(hostrun)
     ledger = Ledger(str(hostrun.state_dir))
     for label, size in (("h1", 200), ("h2", 60), ("small", 80)):
@@ -228,11 +228,11 @@ def test_a_blocked_head_passes_the_ring_to_a_job_that_may_jump_it(hostrun: Hostr
     ledger.close()
     h1, go1 = start_holder(hostrun, tmp_path, "200M", "h1")
     h2, go2 = start_holder(hostrun, tmp_path, "60M", "h2")
-    big = hostrun.popen("-m", "250M", "--label", "big", "--", "true", env=NO_POLL)
-    wait_for(lambda: bell(hostrun, "big"), timeout=30)
-    small = hostrun.popen("-m", "80M", "--label", "small", "--", "true", env=NO_POLL)
-    wait_for(lambda: bell(hostrun, "small"), timeout=30)  # 40M free: it waits too
-    go2.touch()  # 100M free: not enough for big, which rings small
+    big = hostrun.popen("-m", "250M", "--label", "big", "--", "true")
+    wait_for(lambda: waiting_id(hostrun, "big"), timeout=30)
+    small = hostrun.popen("-m", "80M", "--label", "small", "--", "true")
+    wait_for(lambda: waiting_id(hostrun, "small"), timeout=30)  # 40M free: it waits too
+    go2.touch()  # 100M free: not enough for big; small may jump it
     assert small.wait(timeout=60) == 0, small.stderr.read() if small.stderr else ""
     assert waiting_id(hostrun, "big") is not None  # the head still waits for h1
     assert "BACKFILL small (booking" in queue_log(hostrun)

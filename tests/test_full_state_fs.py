@@ -34,29 +34,6 @@ def _fill(path: Path) -> None:
             pass
 
 
-def test_booking_left_by_a_full_disk_is_released_by_the_next_run(
-        hostrun: Hostrun, small_state: Path, tmp_path: Path) -> None:
-    """A run taking the ledger's lock itself (``HOSTRUN_ADMISSION=direct``) ends while the state fs
-    is full: exit 0, the row stays and the warning says the next run releases it; space freed, the
-    next run does (its reclaim: the holder has ended)."""
-    direct = {**os.environ, "HOSTRUN_ADMISSION": "direct"}
-    assert hostrun.run("-m", "32M", "--", "true", env=direct).returncode == 0  # the ledger exists
-    started, go = tmp_path / "started", tmp_path / "go"
-    job = hostrun.popen("-m", "32M", "--", "sh", "-c",
-                        f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done", env=direct)
-    wait_for(started.exists, timeout=30)
-    _fill(small_state)
-    go.touch()
-    _, err = job.communicate(timeout=60)
-    assert job.returncode == 0, err
-    assert len(hostrun.bookings()) == 1, err  # the full disk kept the row
-    assert "next run" in err, err
-    small_state.unlink()
-    done = hostrun.run("-m", "32M", "--", "true", env=direct)
-    assert done.returncode == 0, done.stderr
-    assert hostrun.bookings() == []
-
-
 def test_a_run_the_engine_booked_is_released_on_a_full_disk(
         hostrun: Hostrun, small_state: Path, tmp_path: Path) -> None:
     """Through the admission engine, which holds the ledger open (its WAL already there), the

@@ -71,9 +71,9 @@ def book(ledger: Ledger, label: str, size: int, cgroup: str | None = None) -> in
 
 def test_the_slice_decides_while_the_machine_has_more(tmp_path: Path) -> None:
     room = room_function(FakeBackend(), 2 * GiB, lambda: MemInfo(8 * GiB, 6 * GiB))
-    assert room([]) == (2 * GiB, None, True)  # plain: nothing above the bookings counted
+    assert room([]) == (2 * GiB, None)
     above = room_function(FakeBackend(used=GiB), 2 * GiB, lambda: MemInfo(8 * GiB, 6 * GiB))([])
-    assert above.free == GiB + 32 * MiB and not above.plain
+    assert above.free == GiB + 32 * MiB  # usage above the bookings, past the slack, counts
 
 
 def test_memory_used_outside_the_slice_holds_a_job_and_says_so(tmp_path: Path) -> None:
@@ -125,7 +125,7 @@ def test_an_unreadable_meminfo_leaves_the_slice_to_decide() -> None:
     def broken() -> MemInfo:
         raise OSError("no /proc")
 
-    assert room_function(FakeBackend(), GiB, broken)([]) == (GiB, None, True)
+    assert room_function(FakeBackend(), GiB, broken)([]) == (GiB, None)
 
 
 # ------------------------------------------------------------------------------------ default reserve

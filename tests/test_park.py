@@ -24,7 +24,6 @@ from tests.conftest import Hostrun, wait_for
 @pytest.fixture(autouse=True)
 def parking(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every run here goes through the engine and parks behind the first waiter."""
-    monkeypatch.delenv("HOSTRUN_ADMISSION", raising=False)
     monkeypatch.delenv("HOSTRUN_PARK", raising=False)
     monkeypatch.setenv("HOSTRUN_ENGINE_NEAR", "1")
     yield

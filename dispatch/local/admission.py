@@ -1,48 +1,29 @@
-"""Admission: wait in FIFO order until the slice has room for a booking (docs/design.md, "A local
-run"; docs/admission.md).
+"""Admission's shared pieces: a slice's room (``room_function``, ``slice_room``), a GPU's
+(``gpu_room_function``), the job cgroup a booking names (``booking_job``), and the waiting line and
+reason that say what holds a booking up (``status_line``, ``wait_reason``). The admission engine
+(``dispatch.local.admitd``) tries its waiters with them (docs/design.md, "A local run";
+docs/admission.md).
 
-Room = slice limit - bookings of running jobs - cache-free usage above those bookings. A waiter
-blocks on its own doorbell FIFO (``dispatch.local.wakeup``): a release rings the head of the queue,
-an admission rings the next waiter when one behind could fit the room left
-(``admitpolicy.may_follow``), and a woken waiter that cannot get in rings the next only while
-those behind it still could (it is held by a queue policy, or only VRAM blocks it, or, with
-``queue_policy = "backfill"``, a later waiter with a recorded duration fits the room now and may jump
-it); otherwise one that lacks memory stops the chain, as every later waiter reserves its memory
-too. So a freed slot is taken at
-once and a release wakes one or two waiters, not all. A rung waiter reads the ledger and takes the
-write lock only if it could get in, or when the ring says a waiter ahead of it is dead (its FIFO had
-no reader): that locked try reclaims the dead one's booking. A safety retry, locked, comes every
-second for the head of the queue and less often further back (usage can fall without a release; a
-releaser may die before it rings). Every ``status_interval`` a waiter prints one line naming who holds
-the room. ``HOSTRUN_WAIT_RECHECK`` (seconds; a test hook) replaces the safety retry's period.
-
-A job with ``--gpu-memory`` also needs a GPU whose room (free VRAM now, less what running GPU
-bookings on it have yet to allocate) covers its request. nvidia-smi is read before each attempt,
-never inside the ledger's write lock, and at most once a second (``dispatch.local.gpu.GpuSnapshot``).
+Room = slice limit - bookings of running jobs - cache-free usage above those bookings, or the
+machine's available memory when less. A job with ``--gpu-memory`` also needs a GPU whose room (free
+VRAM now, less what running GPU bookings on it have yet to allocate) covers its request.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from dispatch.capping.base import CapBackend, JobCgroup
 from dispatch.core.hostfacts import MemInfo, read_meminfo
 from dispatch.core.units import format_duration, format_size
 from dispatch.local.admitpolicy import Admission, Room
-from dispatch.local.ledger import Ledger
 from dispatch.local.ledgerdb import Booking
 
 MYPY = False
 if MYPY:
     from dispatch.local.gpu import GpuSnapshot
-    from dispatch.local.wakeup import Doorbell
-
-RECHECK = 1.0
-RECHECK_MAX = 10.0
-RECHECK_ENV = "HOSTRUN_WAIT_RECHECK"  # test hook: the safety retry's period, to show the rings alone
-
 
 USAGE_SLACK = 32 << 20
 
@@ -65,17 +46,16 @@ def room_function(backend: CapBackend, limit: int,
         booked = sum(b.size for b in running)
         used = backend.slice_usage().used
         in_slice = slice_room(limit, booked, used)
-        plain = used <= booked + USAGE_SLACK  # nothing above the bookings counted (Room.plain)
         try:
             mem = meminfo()
         except OSError:
-            return Room(in_slice, plain=plain)
+            return Room(in_slice)
         yet = not_at_peak(backend, running)
         on_machine = mem.available - yet
         if on_machine >= in_slice:
             # A booking of N more leaves the slice exactly N less, and the machine at least N less
             # (what it has yet to use grows by at most N): the slice still holds the room.
-            return Room(in_slice, plain=plain)
+            return Room(in_slice)
         return Room(on_machine, f"the machine has {format_size(max(0, on_machine))} available "
                                 f"(MemAvailable {format_size(mem.available)} less {format_size(yet)} "
                                 "booked by running jobs and not yet used): memory used outside the "
@@ -202,74 +182,3 @@ def wait_reason(adm: Admission, gpu_error: str | None = None) -> str:
     return "; ".join(reasons)
 
 
-def wait_for_room(
-    ledger: Ledger,
-    backend: CapBackend,
-    host: str,
-    booking_id: int,
-    limit: int,
-    status_interval: float,
-    say: Callable[[str], None],
-    gpu: GpuSnapshot | None = None,
-    on_wait: Callable[[Admission], None] | None = None,
-    groups: Mapping[str, int] | None = None,
-    backfill: bool = False,
-    room: Callable[[list[Booking]], Room] | None = None,
-) -> float:
-    """Block until admitted; returns the seconds waited.
-
-    With ``gpu`` (a ``--gpu-memory`` booking) a GPU must have room too; the device chosen is in the
-    booking's ``gpu_index`` afterwards. ``on_wait`` gets each status line's figures (at once, then
-    every ``status_interval``): the peer alert watch hooks in there. ``backfill``: queue_policy
-    "backfill" (``Ledger.try_admit``). ``room``: instead of this host's slice and machine (a shared
-    slice's daemon has admitted the job already: only this user's own rules are left to wait on).
-    """
-    base = float(os.environ.get(RECHECK_ENV) or RECHECK)
-    if room is None:
-        room = room_function(backend, limit)
-    gpu_room = gpu_room_function(backend, gpu) if gpu is not None else None
-    started = time.monotonic()
-    last_locked = last_status = 0.0
-    recheck = base
-    bell: Doorbell | None = None  # made only once the job must wait: none on the path of most runs
-    first = True  # the first try is under the lock (it reclaims stale bookings)
-    rung = ""  # the rings that woke this pass ("R": a waiter ahead is dead, try under the lock)
-
-    def why(adm: Admission) -> str:
-        return wait_reason(adm, gpu.error if gpu is not None else None)
-
-    try:
-        while True:
-            now = time.monotonic()
-            due = first or "R" in rung or now - last_locked >= recheck
-            if gpu is not None:  # outside the write lock; at most once a second
-                gpu.refresh(lambda: any(b.gpu_index is not None for b in ledger.bookings(host)))
-            if not due:  # a plain read; the write lock only if it could get in
-                adm = ledger.peek(booking_id, host, room, gpu_room, groups, backfill)
-                due = adm.admitted
-            if due:
-                last_locked = now
-                adm = ledger.try_admit(booking_id, host, room, gpu_room, groups, why, backfill)
-                stop_reclaimed(backend, adm.reclaimed)
-                if adm.admitted:  # try_admit rang the next waiter, if one may follow
-                    return time.monotonic() - started
-            recheck = min(max(base, RECHECK_MAX), base * (1 + adm.position))
-            if rung and (adm.policy is not None or adm.memory_ok or adm.pass_on):
-                ledger.wake_next(host, booking_id)  # those behind may still fit: pass the ring on
-            if last_status == 0.0 or now - last_status >= status_interval:
-                say(status_line(adm, gpu_error=gpu.error if gpu is not None else None))
-                last_status = now
-                if on_wait is not None:
-                    on_wait(adm)
-            first = False
-            if bell is None:  # then look once more: a ring before the bell existed went elsewhere
-                from dispatch.local.wakeup import Doorbell
-
-                bell = Doorbell(ledger.state_dir, booking_id)
-                rung = ""
-                continue
-            wake_at = min(last_locked + recheck, last_status + status_interval)
-            rung = bell.wait(wake_at - time.monotonic())
-    finally:
-        if bell is not None:
-            bell.close()

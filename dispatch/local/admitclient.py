@@ -32,7 +32,6 @@ if MYPY:
 START_TIMEOUT = 20.0  # seconds for a started engine to answer (a loaded machine, a cold cache)
 START_TRIES = 5  # engines started in turn (one killed as it starts) before a run gives up, 78
 REACH_TRIES = 10  # tries to reach an engine (one that died, one dying as it was reached) before 78
-ADMISSION_ENV = "HOSTRUN_ADMISSION"  # "direct": a run takes the ledger's lock itself (no engine)
 COMMAND_MAX = 4096  # characters of a run's command line kept in its booking (shown, never run)
 
 
@@ -73,9 +72,6 @@ def encode_request(message: dict[str, Any]) -> bytes:
 def where(settings: Settings) -> dict[str, Any]:
     """Where the engine of these settings runs (``hostrun doctor``): its socket, and the pid it
     answers with, or None when none answers (the next run starts it)."""
-    if not wanted():
-        return {"socket": None, "pid": None, "detail": f"off ({ADMISSION_ENV}=direct): runs take the "
-                                                        "ledger's lock themselves"}
     path = socket_path(settings.state_dir, digest_of(settings)[0])
     try:
         sock = _try_connect(path)
@@ -92,12 +88,6 @@ def where(settings: Settings) -> dict[str, Any]:
     finally:
         link.close()
     return {"socket": path, "pid": pid, "detail": f"running, pid {pid}"}
-
-
-def wanted(environ: Any = None) -> bool:
-    """Whether runs go through the engine: yes, unless ``HOSTRUN_ADMISSION=direct`` (a run then
-    takes the ledger's lock itself, as a ``--gpu-memory`` run does)."""
-    return (os.environ if environ is None else environ).get(ADMISSION_ENV, "") != "direct"
 
 
 def digest_of(settings: Settings) -> tuple[str, bytes]:

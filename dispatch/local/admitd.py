@@ -621,8 +621,8 @@ class Engine(LineServer):
 
 class EngineLedger(Ledger):
     """The ledger as the engine writes it: every booking it holds is put back after another process
-    replaced a damaged file (each run told its own), and no wake FIFO rings for those: the engine
-    tells them itself."""
+    replaced a damaged file (each run told its own), and its holders are alive without a look at
+    ``/proc`` (their connections are open)."""
 
     def __init__(self, state_dir: str, say: Callable[[str], None],
                  live_jobs: Callable[[], list[Booking]], engine: Engine) -> None:
@@ -644,20 +644,6 @@ class EngineLedger(Ledger):
     def release(self, booking_id: int) -> None:
         self._mine.pop(booking_id, None)  # a booking ending is not put back if the file was replaced
         super().release(booking_id)
-
-    def rings_others(self, host: str) -> bool:
-        """Only a waiter that took the ledger's lock itself listens on a doorbell: the engine tells
-        its own (a look at the waiting ids, not a read of their rows)."""
-        held = self.engine.holders
-        return any(r[0] not in held for r in self.db.execute(
-            "SELECT id FROM bookings WHERE host = ? AND state = 'waiting'", (host,)))
-
-    def wake_next(self, host: str, after: int = 0) -> None:
-        rows = self.db.execute("SELECT id FROM bookings WHERE host = ? AND state = 'waiting' AND id > ?",
-                               (host, after)).fetchall()
-        held = self.engine.holders  # a run admitted without the engine waits too: rung as before
-        if any(r[0] not in held for r in rows):
-            super().wake_next(host, after)
 
 
 _NUMBER = (int, float)

@@ -58,9 +58,6 @@ class Room(NamedTuple):
 
     free: int
     note: Optional[str] = None
-    # ``free`` is the slice's room with no usage above the bookings counted against it: a booking of
-    # N bytes more leaves exactly free - N (``may_follow`` needs no second reading then).
-    plain: bool = False
 
 
 class Admission(NamedTuple):
@@ -90,7 +87,6 @@ class Admission(NamedTuple):
     pass_on: bool = False
     machine: Optional[str] = None  # the machine's available memory, when it is what holds the room
     lend: Optional[str] = None  # the LEND line when it starts on room lent by slow-growing jobs
-    plain: bool = False  # ``Room.plain`` of the room read: once admitted, free - need is left
 
 
 def policy_block(b: Booking, running: Sequence[Booking], groups: Mapping[str, int] | None
@@ -154,7 +150,7 @@ def evaluate(booking_id: int, rows: Sequence[Booking], room: RoomFunction,
                          gpu_need=me.gpu_bytes or 0, gpu_device=me.gpu_index)
     policy = policy_block(me, running, groups)
     memory_ok = free - ahead >= me.size
-    extra: dict[str, Any] = {"machine": machine, "plain": got.plain}
+    extra: dict[str, Any] = {"machine": machine}
     if durations is not None and not memory_ok:  # FIFO would hold it: may it jump a blocked head?
         later = [b for b in later_waiting() if policy_block(b, running, groups) is None]
         memory_ok, jumped = easy(me, [b for b in earlier if b.id not in held], later, running, free,
@@ -227,32 +223,6 @@ def easy(me: Booking, earlier: list[Booking], later: list[Booking], running: lis
                    f"{format_size(sh.extra)} is left beside it")
         out["head"] = f"waiting for {named}: {why}"
     return verdict.admit, out
-
-
-def may_follow(booking_id: int, rows: Sequence[Booking], room: RoomFunction,
-               adm: Admission | None = None) -> bool:
-    """Just after ``booking_id`` was admitted: could a waiter behind it get in now? ``rows``: the
-    host's bookings as that admission read them; ``room``: the same room function; ``adm``: the
-    admission, whose room, when ``plain``, gives the room left without reading it again.
-
-    Only a waiter whose need fits the room left with ``booking_id`` running (FIFO and backfill admit
-    no waiter larger than the room, whatever else holds it), or one that may be lent room
-    (``lending``: room the running jobs have not grown into). When there is none, ringing the next
-    waiter would only wake a process to read the ledger and find no room, on the CPU the admitted
-    job needs to start; the ring a later release sends still comes.
-    """
-    later = [b for b in rows if b.state == "waiting" and b.id > booking_id]
-    if not later:
-        return False
-    if any(b.requeue for b in later):
-        return True
-    if adm is not None and adm.plain:
-        left = adm.free - adm.need
-    else:
-        running = [b._replace(state="running") if b.id == booking_id else b for b in rows
-                   if b.state == "running" or b.id == booking_id]
-        left = room(running).free
-    return any(b.size <= left for b in later)
 
 
 def passed_over(booking_id: int, earlier: Sequence[Booking], adm: Admission,

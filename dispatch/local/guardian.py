@@ -1,9 +1,10 @@
 """A tiny forked watcher that stops the job if hostrun itself dies, even by SIGKILL.
 
 hostrun keeps the write end of a pipe; the guardian blocks reading the other end. hostrun tells it the
-booking id once it has one, and one byte ``x`` when it has cleaned up itself. hostrun's death (any
-signal) closes the pipe instead: the read returns EOF, and the guardian kills every process in the
-job's cgroup (setsid children included), removes the cgroup and releases the booking. It runs in its
+job's pid, and one byte ``x`` when it has cleaned up itself. hostrun's death (any signal) closes the
+pipe instead: the read returns EOF, and the guardian kills every process in the job's cgroup (setsid
+children included) and removes the cgroup (the booking ended with hostrun's connection to the
+admission engine). It runs in its
 own session, outside the job's cgroup, so neither killing hostrun's process group nor killing the
 job's cgroup takes it down.
 """
@@ -93,9 +94,6 @@ class Guardian(Watcher):
         """hostrun is stopping the job for its max runtime itself: the guardian stands down."""
         self.tell("T")
 
-    def booked(self, booking_id: int) -> None:
-        self.tell(f"B{booking_id}")
-
     def job_started(self, pid: int) -> None:
         """Backends that track the job by its process (no cgroup) need the pid to stop it."""
         self.tell(f"P{pid}")
@@ -147,24 +145,16 @@ def _until_hostrun_ends(read_fd: int, on_deadline: Callable[[int, list[bytes]], 
 
 
 def _clean_up(lines: list[bytes], state_dir: str, job: JobCgroup) -> None:  # pragma: no cover - child
-    """hostrun is gone: kill every process in the job's cgroup, remove it, release the booking."""
-    booking_id = None
+    """hostrun is gone: kill every process in the job's cgroup and remove it (its booking ended with
+    hostrun's connection to the admission engine)."""
     for line in lines:
-        if line.startswith(b"B"):
-            booking_id = int(line[1:])
-        elif line.startswith(b"P"):
+        if line.startswith(b"P"):
             job.started(int(line[1:]))
     job.kill_all()
     try:
         job.remove()
     except OSError:
         pass
-    if booking_id is not None:
-        from dispatch.local.ledger import Ledger
-
-        ledger = Ledger(state_dir)
-        ledger.release(booking_id)
-        ledger.close()
 
 
 def _deadline(stage: int, lines: list[bytes], job: JobCgroup) -> None:  # pragma: no cover - child

@@ -20,7 +20,6 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from dispatch.core.errors import HostrunError
 from dispatch.core.procinfo import is_alive, is_stopped
 from dispatch.core.text import storable
 from dispatch.local import admitpolicy, peakjournal
@@ -66,43 +65,8 @@ def _stopped(b: Booking) -> bool:
     return is_stopped(b.pid)
 
 
-def _may_follow(booking_id: int, rows: list[Booking], room: RoomFunction, adm: Admission) -> bool:
-    """``admitpolicy.may_follow``: whether the admission of ``booking_id`` rings the next waiter.
-    Read after the commit, so a failure to read the room only means ringing, as before."""
-    try:
-        return admitpolicy.may_follow(booking_id, rows, room, adm)
-    except (OSError, ValueError, HostrunError):  # the room unreadable: a hint, so when in doubt, ring
-        return True
-
-
 class Ledger(LedgerFile):
     """The store's operations on bookings, peaks and runs; ``LedgerFile`` keeps it usable."""
-
-    # -- wake-ups: a change that may free room rings the waiter that can use it (local/wakeup.py) --
-    def wake_next(self, host: str, after: int = 0) -> None:
-        """Ring the first waiter of ``host`` after booking ``after`` (0: the head) that listens.
-
-        Called after a release (from the head), an admission (from the one admitted, when the room
-        left may fit a waiter behind it: ``admitpolicy.may_follow``) and a reclaim; a woken waiter
-        that cannot get in passes it on only while those behind it still could
-        (admission.wait_for_room). Never raises: the waiters' safety poll
-        covers a ring that fails.
-        """
-        try:
-            rows = self.db.execute("SELECT id FROM bookings WHERE host = ? AND state = 'waiting'"
-                                   " AND id > ? ORDER BY id", (host, after)).fetchall()
-        except sqlite3.Error:
-            return
-        if not rows:  # the usual case: nobody waits (and wakeup is not even imported)
-            return
-        from dispatch.local import wakeup
-
-        deaf = False
-        for (waiter,) in rows:
-            answer = wakeup.ring(self.state_dir, waiter, reclaim=deaf)
-            if answer == wakeup.RUNG:
-                return
-            deaf = deaf or answer == wakeup.DEAF
 
     # -- bookings --
     @guarded
@@ -225,11 +189,6 @@ class Ledger(LedgerFile):
 
         return read
 
-    def rings_others(self, host: str) -> bool:
-        """Whether an admission may ring a waiter behind it (its doorbell FIFO): every waiter of a
-        ledger without an engine may wait on one."""
-        return True
-
     def _ramps(self, host: str) -> dict[str, Ramp]:
         """The ramp profiles of the labels booked on ``host`` that have one (``lending``)."""
         out = {}
@@ -249,16 +208,6 @@ class Ledger(LedgerFile):
             " AND label IN (SELECT label FROM bookings WHERE host = ?)", (host, host))}
 
     @guarded
-    def peek(self, booking_id: int, host: str, room: RoomFunction,
-             gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
-             backfill: bool = False) -> Admission:
-        """Would ``try_admit`` admit now? A plain read: takes no lock and changes nothing.
-
-        Waiters peek on every change and lock only when they could get in (or once a second, to
-        reclaim stale bookings), so a release does not send every waiter into the write lock.
-        """
-        return self._evaluate(booking_id, host, room, gpu_room, groups, backfill)
-
     @guarded
     def try_admit(self, booking_id: int, host: str, room: RoomFunction,
                   gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
@@ -306,15 +255,6 @@ class Ledger(LedgerFile):
         except BaseException:
             rollback(self.db)
             raise
-        if reclaimed:
-            from dispatch.local import wakeup
-
-            for b in reclaimed:
-                wakeup.remove(self.state_dir, b.id)
-            self.wake_next(host)
-        elif adm.admitted and self.rings_others(host) and _may_follow(booking_id, rows + later(), room,
-                                                                      adm):
-            self.wake_next(host, booking_id)
         if skipped:
             self.log(skipped)
         return adm._replace(reclaimed=reclaimed)
@@ -331,22 +271,15 @@ class Ledger(LedgerFile):
 
     @guarded
     def release(self, booking_id: int) -> None:
-        """Delete the booking (running or waiting), then ring the head of its host's queue.
+        """Delete the booking (running or waiting); the admission engine tries its waiters then.
 
         A transaction left open (an exception between BEGIN and its handler) is rolled back first:
         else the delete would go into it and be lost with it, leaving the row to be reclaimed.
         """
         if self.db.in_transaction:
             rollback(self.db)
-        row = self.db.execute("SELECT host, state FROM bookings WHERE id = ?", (booking_id,)).fetchone()
         self.db.execute("DELETE FROM bookings WHERE id = ?", (booking_id,))
         self._mine.pop(booking_id, None)
-        if row is not None:
-            if row[1] == "waiting":
-                from dispatch.local import wakeup
-
-                wakeup.remove(self.state_dir, booking_id)
-            self.wake_next(row[0])
 
     @guarded
     def set_cgroup(self, booking_id: int, path: str) -> None:

@@ -4,9 +4,8 @@ admission engine, before the rest of a run is loaded.
 A run that waits holds what it has imported (a swarm of 1,000 waiters: bench/bench_swarm.py), so
 this module and what it imports are the little a run needs to be booked and to wait: the command
 line, the settings, the engine's connection (``dispatch.local.enginebook``). The runner, the cap
-backend and the ledger are loaded once it is admitted (``dispatch.local.runner.run_booked``). A
-``--gpu-memory`` run and ``HOSTRUN_ADMISSION=direct`` take the ledger's lock themselves (in the
-runner). On a shared slice every run books through that slice's engine (``shared_here``), and a
+backend and the ledger are loaded once it is admitted (``dispatch.local.runner.run_booked``). On a
+shared slice every run books through that slice's engine (``sharedlink.shared_here``), and a
 ``--gpu-memory`` run there is refused: that engine books no GPUs.
 """
 
@@ -106,46 +105,40 @@ def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str],
 def _booked_run(settings: Settings, request: RunRequest, say: Callable[[str], None],
                 on_wait: Callable[[Admission], None] | None, alerts: bool,
                 wait_alert: Callable[[dict[str, Any]], None] | None, park: bool) -> Outcome:
-    """Booked by the engine and waited for here (unless it is a run that takes the lock itself),
-    then run by the runner. A run its parked process handed back carries on where it was."""
+    """Booked by the engine and waited for here, then run by the runner. A run its parked process
+    handed back carries on where it was."""
     if not request.argv:
         raise UsageError("no command given (usage: hostrun [OPTIONS] -- CMD [ARGS...])")
-    from dispatch.local import admitclient
+    from dispatch.core.text import storable
+    from dispatch.local import enginebook
     from dispatch.local.park import allowed, take_resume
+    from dispatch.local.sharedlink import engine_link, shared_here
+    from dispatch.local.waitwatch import watch_for
 
     resumed = take_resume()  # always taken from the environment: the job never inherits it
     if resumed is not None and not park:  # not this process's own run: its connection is not ours
         os.close(resumed.fd)
         resumed = None
-    from dispatch.local.sharedlink import engine_link, shared_here
-
-    booked = None
     here = shared_here(settings)
     if here is not None and request.gpu_memory is not None:
         from dispatch.core.errors import NotRunError
 
         raise NotRunError("--gpu-memory: the shared slice's engine books memory only, so a GPU booking "
                           "there could be overbooked by another user's; nothing ran")
-    if here is not None or admitclient.wanted() or resumed is not None:
-        from dispatch.core.text import storable
-        from dispatch.local import enginebook
-        from dispatch.local.waitwatch import watch_for
-
-        label = storable(request.label or default_label(request.argv))
-        requeue = settings.may_requeue(label, request.group, request.requeue)
-        watch = watch_for(settings, settings.local.name, label, request, say, on_wait, alerts, wait_alert,
-                          resumed.started if resumed is not None else None)
-        park = park and allowed()
-        try:
-            link = engine_link(settings, say, here)
-            gpu = enginebook.gpu_want(request)
-            if resumed is not None:
-                booked = enginebook.resume(settings, resumed, say, watch, park, link, gpu)
-            else:
-                booked = enginebook.book(settings, request, label, requeue, None, say, watch, park, link,
-                                         gpu)
-        except enginebook.Interrupted as exc:
-            return enginebook.interrupted_outcome(settings, request, label, exc.signum)
+    label = storable(request.label or default_label(request.argv))
+    requeue = settings.may_requeue(label, request.group, request.requeue)
+    watch = watch_for(settings, settings.local.name, label, request, say, on_wait, alerts, wait_alert,
+                      resumed.started if resumed is not None else None)
+    park = park and allowed()
+    try:
+        link = engine_link(settings, say, here)
+        gpu = enginebook.gpu_want(request)
+        if resumed is not None:
+            booked = enginebook.resume(settings, resumed, say, watch, park, link, gpu)
+        else:
+            booked = enginebook.book(settings, request, label, requeue, None, say, watch, park, link, gpu)
+    except enginebook.Interrupted as exc:
+        return enginebook.interrupted_outcome(settings, request, label, exc.signum)
     from dispatch.local.runner import run_booked
 
     return run_booked(settings, request, say, on_wait, alerts, wait_alert, booked, here)

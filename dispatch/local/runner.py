@@ -1,8 +1,9 @@
-"""Run one job on this host: book it, wait for room, run it capped, judge the outcome, release.
+"""Run one job on this host once the admission engine admitted it: run it capped, judge the
+outcome, record, release.
 
-Order of events, chosen so that nothing can run unbooked and the kernel's slow cgroup entry overlaps
-hostrun's own work: make the job's cgroup, start the guardian, fork the job's process (it enters the
-cgroup and waits), enqueue and wait for admission in the ledger, then let the process exec.
+Order of events, chosen so that nothing can run unbooked: the engine books the run and admits it
+(``dispatch.local.enginebook``, before this module is loaded), then the job's cgroup is made, the
+guardian started, the job's process forked (it enters the cgroup and waits), and let exec.
 
 The job runs in its own process group. hostrun forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to that group,
 then kills the whole cgroup after ``kill_grace``; a second signal kills at once (the watch while it
@@ -20,7 +21,6 @@ read per job: ``has_nvidia_gpus``) every other job has the kernel log watched to
 from __future__ import annotations
 
 import os
-import signal
 import time
 from collections.abc import Callable
 
@@ -34,18 +34,15 @@ from dispatch.core.request import JOB_ENV, RunRequest, job_environment
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
-from dispatch.local import admitclient, enginebook, ramp
+from dispatch.local import enginebook, ramp
 from dispatch.local.admitclient import Link
 from dispatch.local.admitpolicy import Admission
 from dispatch.local.booking import (
     Plan,
-    as_admitted,
     as_admitted_kind,
     default_label,
-    gamble_line,
-    plan_for,
 )
-from dispatch.local.enginebook import WAIT_SIGNALS, Booked
+from dispatch.local.enginebook import Booked
 from dispatch.local.guardian import Guardian
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.jobwatch import Foreground, JobWatch
@@ -70,7 +67,7 @@ def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], Non
     """The steps of a local run in their order (docs/design.md, "A local run"); what each step
     takes is held by a ``_LocalRun`` and given back by its ``release``, however the run ends.
     ``booked``: the admission engine booked it and it was admitted (``dispatch.local.localrun``);
-    else it is booked here. ``here``: the shared slice the front door found (its engine booked it).
+    else it is booked through the engine here. ``here``: the shared slice the front door found.
 
     With ``alerts`` (a run for a controller on this host; a peer's agent passes False, its controller
     alerts from the outcome), a long wait, an own-cap kill (250) and a slice-full kill (254) are
@@ -91,10 +88,9 @@ def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], Non
     label = storable(request.label or default_label(request.argv))
     requeue = settings.may_requeue(label, request.group, request.requeue)
     place: int | None = None
-    shared = here.backend.name == "shared"  # its engine books every run (``localrun.shared_here``)
-    engine = shared or admitclient.wanted()
+    shared = here.backend.name == "shared"  # its engine books every run (``sharedlink.shared_here``)
     for requeued in range(MAX_REQUEUES + 1):
-        if booked is None and engine and (place is not None or shared):  # booked by the engine again
+        if booked is None:  # a requeue (or a caller that did not book it): booked by the engine now
             from dispatch.local.sharedlink import engine_link
 
             watch = watch_for(settings, here.host.name, label, request, say, on_wait, alerts, wait_alert)
@@ -112,7 +108,7 @@ def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], Non
         booked = None
         try:
             again = requeue and requeued < MAX_REQUEUES  # a slice-full kill now runs it again
-            outcome, plan = run.attempt(label, requeue, again, place, on_wait, alerts, wait_alert)
+            outcome, plan = run.attempt(label, requeue, again, alerts)
             outcome.requeued = requeued
             if not (again and outcome.is_verdict(ExitCode.SLICE_FULL)
                     and run.booking_id is not None):
@@ -141,14 +137,13 @@ class _LocalRun:
     """What one local run holds, from its job cgroup to its booking, so that ``release`` gives it
     all back in one place, in the order that lets the next job start soonest.
 
-    Made before anything is booked (a run taking the ledger's lock itself): a ``--gpu-memory``
-    request no GPU here could take is refused first; then the slice and the job's cgroup are made,
-    so the kernel's slow cgroup entry overlaps the booking and the wait that follow. A run the
-    engine booked (``booked``) is made once admitted, and its booking is told its cgroup.
+    Made once the engine admitted the run (``booked``): the slice and the job's cgroup are made,
+    and the booking holds the job (``JobCgroup.held_by``: told its cgroup, or, on a shared slice,
+    asked for its scope).
     """
 
     def __init__(self, settings: Settings, request: RunRequest, say: Callable[[str], None],
-                 here: LocalSlice, cap: int | None, booked: Booked | None = None) -> None:
+                 here: LocalSlice, cap: int | None, booked: Booked) -> None:
         self.settings, self.request, self.say, self.here, self.cap = settings, request, say, here, cap
         self.host, self.backend, self.limit = here.host, here.backend, here.limit
         self.booked = booked
@@ -175,12 +170,9 @@ class _LocalRun:
         self.guardian: Guardian | None = None
         self.child: PreparedChild | None = None
         self.ledger: Ledger | None = None
-        self.link: Link | None = None  # the admission engine's connection, when it admits this run
-        self.booking_id: int | None = None
-        self.old_mask: set[int | signal.Signals] | None = None
-        if booked is not None:
-            self.link, self.booking_id = booked.link, booked.booking_id
-            self.job.held_by(booked.link)
+        self.link: Link = booked.link  # the admission engine's connection: the booking is its
+        self.booking_id: int | None = booked.booking_id
+        self.job.held_by(booked.link)
 
     def open_ledger(self) -> Ledger:
         from dispatch.local import ledger  # a run the engine booked opens none
@@ -199,74 +191,21 @@ class _LocalRun:
         guardian.job_started(child.pid)
         return guardian, child
 
-    def attempt(self, label: str, requeue: bool, again: bool, place: int | None,
-                on_wait: Callable[[Admission], None] | None, alerts: bool,
-                wait_alert: Callable[[dict[str, Any]], None] | None) -> tuple[Outcome, Plan]:
-        """One run of the job: book (unless the engine did), wait, run, record. ``requeue``: it may
-        be booked at a guess; ``again``: a slice-full kill runs it again (no alert then);
-        ``place``: a requeued job's booking id."""
-        settings, request, say = self.settings, self.request, self.say
-        booked = self.booked
-        if booked is not None:
-            plan = Plan(*booked.plan)
-            waited = booked.waited
-            if requeue:  # only such a job may have been lent room (``lending``)
-                plan = as_admitted_kind(plan, booked.admitted_kind)
-            self.on_device(booked.gpu_index)
-            self.start()
-        else:
-            # The guardian releases the booking of a run killed while waiting.
-            self.start()
-            ledger = self.open_ledger()
-            plan, booking_id = self.enqueue(self.guardian, ledger, label, requeue, place)
-            watch = watch_for(settings, self.host.name, label, request, say, on_wait, alerts, wait_alert)
-            got, signum = _wait(settings, ledger, self.backend, self.host, booking_id, self.limit, say,
-                                self.gpu, watch)
-            if got is None:
-                if self.child is not None:
-                    self.child.cancel()
-                return enginebook.interrupted_outcome(settings, request, label, signum), plan
-            waited = got
-            self.take_device(ledger, booking_id)
-            if requeue:  # only such a job may have been lent room (``lending``)
-                plan = as_admitted(plan, ledger.booking(booking_id))
-        guardian, child = self.guardian, self.child
-        assert guardian is not None and child is not None
+    def attempt(self, label: str, requeue: bool, again: bool, alerts: bool) -> tuple[Outcome, Plan]:
+        """One run of the job the engine admitted: run, record. ``requeue``: it may have been lent
+        room; ``again``: a slice-full kill runs it again (no alert then)."""
+        settings, request, say, booked = self.settings, self.request, self.say, self.booked
+        plan = Plan(*booked.plan)
+        if requeue:  # only such a job may have been lent room (``lending``)
+            plan = as_admitted_kind(plan, booked.admitted_kind)
+        self.on_device(booked.gpu_index)
+        guardian, child = self.start()
         outcome = _run(settings, self.host, self.backend, self.job, child, request, label, plan, say,
                        self.gpu, self.watch, guardian)
-        outcome.waited_s = round(waited, 3)
+        outcome.waited_s = round(booked.waited, 3)
         again = again and outcome.is_verdict(ExitCode.SLICE_FULL)
         self.record(outcome, plan, alerts and not again)
         return outcome, plan
-
-    def enqueue(self, guardian: Guardian | None, ledger: Ledger, label: str, requeue: bool = False,
-                place: int | None = None) -> tuple[Plan, int]:
-        """Plan the booking from the label's peak here and queue it: (plan, booking id).
-        ``requeue``: a job with no peak here is booked at a guess (``booking.guess``);
-        ``place``: the booking id it keeps (a requeued job)."""
-        request, host = self.request, self.host
-        plan = plan_for(ledger, host.name, label, storable(os.path.basename(request.argv[0])), self.cap,
-                        self.limit, self.settings.gamble_size_for(host), requeue)
-        # From the moment the booking exists, a SIGTERM/SIGHUP/SIGQUIT must end the wait cleanly
-        # (release it, say "nothing ran"): held back until _wait has its handlers in place.
-        self.old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)
-        me = os.getpid()
-        self.booking_id = booking_id = ledger.enqueue(
-            host=host.name, label=label, pid=me, pid_start=start_time(me) or 0, size=plan.size,
-            cap=plan.limit, kind=plan.kind, command=" ".join(request.argv), session=request.session,
-            cgroup=self.job.path or None, group=request.group, when_idle=request.when_idle,
-            booking_id=place, requeue=requeue, gpu_bytes=request.gpu_memory)
-        if guardian is not None:
-            guardian.booked(booking_id)
-        if plan.why is not None:
-            ledger.log([gamble_line(label, booking_id, plan)])
-        return plan, booking_id
-
-    def take_device(self, ledger: Ledger, booking_id: int) -> None:
-        """A ``--gpu-memory`` job, admitted: the GPU its booking was given."""
-        if self.gpu is not None:
-            booked = ledger.booking(booking_id)
-            self.on_device(booked.gpu_index if booked is not None else None)
 
     def on_device(self, index: int | None) -> None:
         """A ``--gpu-memory`` job runs on GPU ``index``, one of those it may have (it gets its UUID)."""
@@ -282,8 +221,7 @@ class _LocalRun:
         """The peak and the history row (through the engine when it booked the run: it holds the
         ledger open); with ``alerts``, an alert for a kill at the job's own cap (250) or a full
         slice (254)."""
-        target = self.link if self.link is not None else (self.ledger or self.open_ledger())
-        record_outcome(self.settings, target, outcome, self.request, self.cap, plan.kind, self.say)
+        record_outcome(self.settings, self.link, outcome, self.request, self.cap, plan.kind, self.say)
         if alerts and outcome.is_verdict(ExitCode.OWN_CAP, ExitCode.SLICE_FULL):
             from dispatch.local import alertlog
 
@@ -304,19 +242,12 @@ class _LocalRun:
         self.job.kill_all()
         if self.watch is not None:
             self.watch.close()
-        if self.link is not None:
-            try:
-                self.link.release()
-            except LedgerError as exc:
-                self._release_failed(exc)
-            self.link.close()
-            self.booking_id = None
-        if self.ledger is not None:
-            if self.booking_id is not None:
-                try:
-                    self.ledger.release(self.booking_id)
-                except LedgerError as exc:
-                    self._release_failed(exc)
+        try:
+            self.link.release()
+        except LedgerError as exc:
+            self._release_failed(exc)
+        self.link.close()
+        if self.ledger is not None:  # opened for a requeue's log line
             self.ledger.close()
         try:
             self.job.remove()
@@ -324,31 +255,6 @@ class _LocalRun:
             self.say(f"warning: could not remove {self.job.path}: {exc.strerror}")
         if self.guardian is not None:
             self.guardian.dismiss()
-        if self.old_mask is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, self.old_mask)
-
-
-def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSettings,
-          booking_id: int, limit: int, say: Callable[[str], None],
-          gpu: GpuRun | None = None, on_wait: Callable[[Admission], None] | None = None
-          ) -> tuple[float | None, int]:
-    """(seconds waited for admission, 0), or (None, signal) when a signal ended the wait."""
-    old = {sig: signal.signal(sig, enginebook.raise_interrupted) for sig in WAIT_SIGNALS}
-    try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, WAIT_SIGNALS)  # one held back since enqueue: now
-        from dispatch.local.admission import wait_for_room
-
-        return wait_for_room(
-            ledger, backend, host.name, booking_id, limit, settings.status_interval, say,
-            gpu.snapshot if gpu is not None else None, on_wait, settings.groups,
-            settings.queue_policy == "backfill"), 0
-    except KeyboardInterrupt:
-        return None, signal.SIGINT
-    except enginebook.Interrupted as exc:
-        return None, exc.signum
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def _run(

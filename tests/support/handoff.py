@@ -1,18 +1,12 @@
-"""Waiting jobs observed from outside: a holder that keeps the room, a waiter's booking id and its
-bell (the FIFO a release rings), with the status line and polling turned off."""
+"""Waiting jobs observed from outside: a holder that keeps the room, a waiter's booking id, with
+the status line turned off."""
 
 from __future__ import annotations
 
-import os
-import stat
 import subprocess
 from pathlib import Path
 
 from tests.conftest import Hostrun, wait_for
-
-# Waiters that take the ledger's lock themselves (not through the admission engine, whatever the
-# environment says), with their safety retry off: they get in only when rung.
-NO_POLL = {**os.environ, "HOSTRUN_WAIT_RECHECK": "3600", "HOSTRUN_ADMISSION": "direct"}
 
 
 def no_status(hostrun: Hostrun, **settings: str) -> None:
@@ -24,19 +18,6 @@ def no_status(hostrun: Hostrun, **settings: str) -> None:
 
 def waiting_id(hostrun: Hostrun, label: str) -> int | None:
     return next((b[0] for b in hostrun.bookings() if b[1] == label and b[2] == "waiting"), None)
-
-
-def bell(hostrun: Hostrun, label: str) -> Path | None:
-    """The waiter's FIFO once it listens, checked private and its own."""
-    booking = waiting_id(hostrun, label)
-    path = hostrun.state_dir / "wake" / str(booking)
-    if booking is None or not path.exists():
-        return None
-    st = path.lstat()
-    assert stat.S_ISFIFO(st.st_mode) and st.st_uid == os.geteuid()
-    assert stat.S_IMODE(st.st_mode) == 0o600
-    assert stat.S_IMODE((hostrun.state_dir / "wake").stat().st_mode) == 0o700
-    return path
 
 
 def start_holder(hostrun: Hostrun, tmp_path: Path, size: str, name: str = "holder", *more: str
