@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun, wait_for
 
@@ -309,3 +311,32 @@ def test_report_says_where_the_engine_runs(hostrun: Hostrun, tmp_path: Path) -> 
         go.touch()
     assert holder.wait(timeout=60) == 0
     _stop_engines(hostrun)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_run_signalled_as_it_is_admitted_leaves_nothing(hostrun: Hostrun, tmp_path: Path,
+                                                          sig: int) -> None:
+    """A waiter signalled the moment a release admits it: between its admission and its job's start
+    it has made its job cgroup but has no guardian yet (before: a SIGTERM there killed hostrun with
+    the default action and left the cgroup behind, seen in the table-width tests). A SIGTERM is held
+    back until the run's handlers are in place, so the job it starts ends at once (143), or the run
+    had ended; a SIGKILL closes its connection and the engine removes the empty cgroup. Each time,
+    nothing is left (the fixture checks), whatever the moment within the window."""
+    hostrun.configure(slice="200M")
+    for i in range(12):
+        started, go = tmp_path / f"started-{i}", tmp_path / f"go-{i}"
+        holder = hostrun.popen("-m", "200M", "--label", f"holder-{i}", "--", "sh", "-c",  # no peak:
+                               f"touch {started}; while [ ! -e {go} ]; do sleep 0.01; done")  # at its cap
+        wait_for(started.exists, timeout=60)
+        waiter = hostrun.popen("-m", "64M", "--label", "waiter", "--", "sleep", "5")
+        wait_for(lambda: any(b[1] == "waiter" and b[2] == "waiting" for b in hostrun.bookings()),
+                 timeout=30)
+        go.touch()
+        wait_for(lambda: any(b[1] == "waiter" and b[2] == "running" for b in hostrun.bookings()),
+                 timeout=30, interval=0.001)
+        time.sleep(i * 0.002)  # a little later into the window each time
+        waiter.send_signal(sig)
+        code = waiter.wait(timeout=60)
+        assert code in ((-signal.SIGKILL,) if sig == signal.SIGKILL else (128 + sig, 0)), code
+        assert holder.wait(timeout=60) == 0
+        wait_for(lambda: not hostrun.job_dirs() and not hostrun.bookings(), timeout=30)

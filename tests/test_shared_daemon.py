@@ -41,7 +41,8 @@ def run_fields(label: str, cap: int, pid: int | None = None) -> dict[str, Any]:
     pid = os.getpid() if pid is None else pid
     return {"host": "local", "label": label, "pid": pid, "pid_start": start_time(pid) or 0, "cap": cap,
             "no_cap": False, "program": "sh", "command": "sh -c x", "session": None, "group": None,
-            "when_idle": False, "booking_id": None, "requeue": False, "gamble": 50 * MiB}
+            "when_idle": False, "booking_id": None, "requeue": False, "gamble": 50 * MiB,
+            "gpu": None}
 
 
 class Client:

@@ -82,7 +82,7 @@ def test_nobody_can_take_stop_or_unbook_anothers_job(shared: dict[str, User]) ->
               "ask({'op': 'plan', 'run': {'host': 'local', 'label': 'evil\\x1b[2Jlabel', "
               "'pid': os.getpid(), 'pid_start': start, 'cap': 10 << 20, 'no_cap': False, "
               "'program': 'x', 'command': 'x', 'session': None, 'group': None, 'when_idle': False, "
-              "'booking_id': None, 'requeue': False, 'gamble': 10 << 20}})\n"
+              "'booking_id': None, 'requeue': False, 'gamble': 10 << 20, 'gpu': None}})\n"
               "queued = read()\n"
               "while read().get('op') != 'admitted': pass\n"
               f"ask({{'op': 'scope', 'id': queued['id'], 'pids': [{job_pid}]}})\n"

@@ -452,29 +452,39 @@ class Engine(LineServer):
             del self.holders[booking_id]
 
     def dropped(self, client: Holder) -> None:
-        """Its client is gone (ended, killed, its machine gone): what it held is released, and a
-        waiting run's job cgroup removed (empty: its process is made once admitted, and its
-        guardian then; a running one's guardian ends the job and removes it)."""
+        """Its client is gone (ended, killed, its machine gone): what it held is released, and an
+        admitted run's job cgroup removed if it is still empty (the run was killed, by SIGKILL,
+        between its admission and its job's start: there is no guardian yet; once the job runs, its
+        guardian ends it and removes the cgroup)."""
         if self.stopping:  # the engine ends (a restart): its bookings stay for the next one
             client.bookings.clear()
             return
         for booking_id, state in list(client.bookings.items()):
             self._forget(client, booking_id)
             try:
-                row = self.ledger.booking(booking_id) if state == "waiting" else None
+                row = self.ledger.booking(booking_id) if state == "running" else None
                 self.ledger.release(booking_id)
             except HostrunError as exc:
                 self.log(f"cannot release booking {booking_id}: {exc}")
                 continue
-            if row is not None and row.cgroup and row.cgroup.startswith("/sys/fs/cgroup/"):
-                try:
-                    os.rmdir(row.cgroup)  # only ever an empty directory; the caller's own (same uid)
-                except OSError:
-                    pass
+            if row is not None and row.cgroup:
+                self._remove_if_empty(row)
         if client.bookings:  # a run that released before it closed changes nothing here
             self.changed = True
         client.bookings.clear()
         self.settle()
+
+    def _remove_if_empty(self, row: Booking) -> None:
+        """The job cgroup ``row`` names, removed when empty, and only the one its own holder made
+        (``admission.booking_job``: a row naming another's cgroup gets nothing removed)."""
+        from dispatch.local.admission import booking_job
+
+        try:
+            job = booking_job(self.here.backend, row)
+            if job is not None and not job.pids():
+                job.remove()
+        except (OSError, HostrunError):
+            pass  # not empty after all, or already gone
 
     # -- admission --------------------------------------------------------------------------------
 

@@ -42,12 +42,15 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-def give_back(link: Link) -> None:
-    """A run that will not run (a signal, an error): its booking released, its connection closed."""
+def give_back(link: Link, mask: Any = None) -> None:
+    """A run that will not run (a signal, an error): its booking released, its connection closed;
+    ``mask``: the signal mask it had before it was booked, set again."""
     try:
         link.release()
     finally:
         link.close()
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _alert_in(watch: WaitWatch | None) -> float | None:
@@ -82,6 +85,9 @@ class Booked(NamedTuple):
     admitted_kind: Optional[str]
     waited: float
     gpu_index: Optional[int] = None  # a --gpu-memory run's GPU
+    # The signal mask to set once the run's own handlers are in place: until then SIGTERM, SIGHUP
+    # and SIGQUIT stay held back (``runner._run``; ``give_back`` and the run's release set it too).
+    mask: Any = None
 
 
 def book(settings: Settings, request: RunRequest, label: str, requeue: bool, place: int | None,
@@ -116,11 +122,10 @@ def book(settings: Settings, request: RunRequest, label: str, requeue: bool, pla
         waited = _wait(link, say, watch, park, time.monotonic())
     except BaseException:
         give_back(link)
-        raise
-    finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        raise
     return Booked(link, int(answer["id"]), list(answer["plan"]), link.admitted_kind, waited,
-                  link.gpu_index)
+                  link.gpu_index, old_mask)
 
 
 def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watch: WaitWatch | None,
@@ -155,10 +160,10 @@ def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watc
             waited = _wait(link, say, watch, park and resumed.why == "gone", resumed.started)
     except BaseException:
         give_back(link)
-        raise
-    finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    return Booked(link, resumed.booking_id, list(plan), link.admitted_kind, waited, link.gpu_index)
+        raise
+    return Booked(link, resumed.booking_id, list(plan), link.admitted_kind, waited, link.gpu_index,
+                  old_mask)
 
 
 def gpu_want(request: RunRequest) -> list[Any] | None:
@@ -187,5 +192,9 @@ def _wait(link: Link, say: Callable[[str], None], watch: WaitWatch | None, park:
     except KeyboardInterrupt:
         raise Interrupted(signal.SIGINT) from None
     finally:
+        # Held back again before the wait's handlers go: admitted, the run keeps them held back
+        # until its own are in place (``runner._run``), so a SIGTERM then ends the job it starts, not
+        # hostrun halfway through setting it up (its job cgroup left behind).
+        signal.pthread_sigmask(signal.SIG_BLOCK, WAIT_SIGNALS)
         for sig, handler in old.items():
             signal.signal(sig, handler)

@@ -21,6 +21,7 @@ read per job: ``has_nvidia_gpus``) every other job has the kernel log watched to
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable
 
@@ -127,7 +128,7 @@ def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], Non
 def _drop(booked: Booked | None) -> None:
     """An admitted booking whose run failed before it held it: released at once."""
     if booked is not None:
-        enginebook.give_back(booked.link)
+        enginebook.give_back(booked.link, booked.mask)
 
 
 MAX_REQUEUES = 2  # a requeued job is booked at its cap: a second kill means others undercounted
@@ -201,7 +202,7 @@ class _LocalRun:
         self.on_device(booked.gpu_index)
         guardian, child = self.start()
         outcome = _run(settings, self.host, self.backend, self.job, child, request, label, plan, say,
-                       self.gpu, self.watch, guardian)
+                       self.gpu, self.watch, guardian, booked.mask)
         outcome.waited_s = round(booked.waited, 3)
         again = again and outcome.is_verdict(ExitCode.SLICE_FULL)
         self.record(outcome, plan, alerts and not again)
@@ -255,14 +256,17 @@ class _LocalRun:
             self.say(f"warning: could not remove {self.job.path}: {exc.strerror}")
         if self.guardian is not None:
             self.guardian.dismiss()
+        if self.booked.mask is not None:  # a run that ended before its handlers were in place
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.booked.mask)
 
 
 def _run(
     settings: Settings, host: HostSettings, backend: CapBackend, job: JobCgroup, child: PreparedChild,
     request: RunRequest, label: str, plan: Plan, say: Callable[[str], None], gpu: GpuRun | None = None,
-    watch: KernelWatch | None = None, guardian: Guardian | None = None,
+    watch: KernelWatch | None = None, guardian: Guardian | None = None, mask: Any = None,
 ) -> Outcome:
-    """Let the admitted job exec, watch it to its end (``JobWatch``), then judge how it ended."""
+    """Let the admitted job exec, watch it to its end (``JobWatch``), then judge how it ended.
+    ``mask``: the signal mask to set once the run's handlers are in place (held back till then)."""
     result = Outcome(
         exit_code=0, outcome="exit", host=host.name, label=label, argv=list(request.argv),
         cap_bytes=plan.limit, booking_kind=plan.kind, booked_bytes=plan.size,
@@ -278,6 +282,8 @@ def _run(
         watch.job_starts()  # the kernel log counts from here
     started = time.monotonic()
     with _Signals() as signals, Foreground(child.pid) as foreground:
+        if mask is not None:  # one held back since admission is collected now, and forwarded
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         failed = child.go(plan.oom_score_adj, extra_env)
         if failed is not None:
             code, reason = failed

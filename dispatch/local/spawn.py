@@ -82,6 +82,9 @@ class PreparedChild:
                     os.dup2(outputs[1], 2)
                 for sig in _DEFAULTS:
                     signal.signal(sig, signal.SIG_DFL)
+                # hostrun holds these back from its admission until its handlers are in place:
+                # the job gets them as any process does
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
                 try:
                     job.preexec()
                 except OSError as exc:

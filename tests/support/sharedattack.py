@@ -13,10 +13,17 @@ ATTACK = textwrap.dedent("""\
     rnd = random.Random(seed)
 
     def conn():
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(120)
-        s.connect(PATH)
-        return s
+        "A connection; a full backlog (EAGAIN: the server busy with others' floods) is tried again."
+        for attempt in range(200):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(120)
+            try:
+                s.connect(PATH)
+                return s
+            except BlockingIOError:
+                s.close()
+                time.sleep(0.05)
+        raise SystemExit("the server's backlog stayed full for 10 s")
 
     def say(s, data):
         "Send, then read every answer to the end (the daemon may close first: fine)."
@@ -57,7 +64,7 @@ ATTACK = textwrap.dedent("""\
             run = {"host": "local", "label": "fuzz", "pid": os.getpid(), "pid_start": 0,
                    "cap": 1 << 20, "no_cap": False, "program": "x", "command": "x", "session": None,
                    "group": None, "when_idle": False, "booking_id": None, "requeue": False,
-                   "gamble": 1 << 20}
+                   "gamble": 1 << 20, "gpu": None}
             run[rnd.choice(sorted(run))] = weird()
             m["run"] = run
         if op == "scope" and rnd.random() < 0.5:
