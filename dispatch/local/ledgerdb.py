@@ -376,7 +376,12 @@ def record_outcome(settings: Settings, ledger: Any, outcome: Outcome, request: R
                                keep=settings.history_keep, vram=outcome.vram_peak_bytes,
                                ramp=outcome.ramp)
     except LedgerError as exc:
-        say(f"warning: the peak and history row of this run were not recorded: {exc}")
+        say(unrecorded_line(exc))
+
+
+def unrecorded_line(why: object) -> str:
+    """The warning for a finished run whose record the ledger refused (its exit status stands)."""
+    return f"warning: the peak and history row of this run were not recorded: {why}"
 
 
 def mark_event(outcome: Outcome, kind: str | None) -> str:

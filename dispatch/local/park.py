@@ -106,18 +106,17 @@ def park(sock_fd: int, booking_id: int, started: float, alert_in: float | None) 
 
 def parker(link: Any, started: float, alert_in: Callable[[], float | None]) -> Callable[[], bool]:
     """``Link.wait``'s ``park``: ask the engine to mark the booking parked, then exec. Returns False
-    when the run is not to park after all: admitted, or near, while it asked (that message is put
-    back for the wait to read), or the exec failed."""
+    when the run is not to park after all: admitted, or near, while it asked (the engine declines
+    it, or that message is put back for the wait to read), or the exec failed."""
 
     def go() -> bool:
         booking_id = link.booking_id
         if booking_id is None or link.sock is None:
             return False
         try:
-            answer = link.park_request(booking_id)
+            if not link.park_request(booking_id):  # near by now, or admitted: carry on whole
+                return False
         except (ConnectionError, OSError):
-            return False
-        if answer is not None:  # "admitted" or "soon" came first: carry on whole
             return False
         try:
             park(link.sock.fileno(), booking_id, started, alert_in())
