@@ -17,8 +17,10 @@ engine twice: booked (``queued``, then ``admitted``) and released.
 
 from __future__ import annotations
 
+# _socket, the C module, not socket: its classes and enums (~3 ms to import, with selectors and
+# array) are more than a run's one Unix-socket connection needs
+import _socket
 import os
-import socket
 import sys
 import time
 
@@ -55,7 +57,7 @@ def log_path(state_dir: str) -> str:
     return os.path.join(state_dir, "admitd.log")
 
 
-def unix_address(path: str, sock: socket.socket, how: str) -> None:
+def unix_address(path: str, sock: _socket.socket, how: str) -> None:
     """``sock.bind`` or ``sock.connect`` (``how``) at ``path``, which may be longer than AF_UNIX
     takes (108 bytes; a deep state dir): then through ``/proc/self/fd`` of its directory."""
     if len(os.fsencode(path)) < 100:
@@ -111,12 +113,11 @@ def digest_of(settings: Settings) -> tuple[str, bytes]:
     them). The protocol is in the name, so an engine of another hostrun speaking another protocol
     (an upgrade while it runs) is another engine, not a refusal."""
     import marshal
-    import zlib  # not hashlib: a plain run loads none (tests/test_hot_path.py); collisions only
-    # matter between the configurations of one state dir
+
+    from dispatch.core.fingerprint import short_hash  # not hashlib: a plain run loads none
 
     data = marshal.dumps(settings.to_normalized())
-    named = data + PROTOCOL.to_bytes(2, "big")
-    return f"{zlib.crc32(named):08x}{zlib.adler32(named):08x}", data
+    return short_hash(data + PROTOCOL.to_bytes(2, "big"), 16), data
 
 
 class Link:
@@ -126,7 +127,7 @@ class Link:
         self.settings = settings
         self.say = say
         self.digest, self.data = digest_of(settings)
-        self.sock: socket.socket | None = None
+        self.sock: _socket.socket | None = None
         self.buf = b""
         self.booking_id: int | None = None
         self.admitted_kind: str | None = None  # the kind the engine admitted it as (lent: gamble)
@@ -160,7 +161,7 @@ class Link:
             return self
         raise EngineError(f"cannot reach the admission engine at {path} ({last}); nothing ran")
 
-    def _start(self, path: str) -> socket.socket:
+    def _start(self, path: str) -> _socket.socket:
         import fcntl
 
         lock = lock_path(self.settings.state_dir)
@@ -351,7 +352,7 @@ class Link:
 
     def adopt(self, fd: int, booking_id: int) -> Link:
         """The connection a parked run handed on (``park.take_resume``), its booking with it."""
-        self.sock = socket.socket(fileno=fd)
+        self.sock = _socket.socket(fileno=fd)
         os.set_inheritable(fd, False)
         self.buf, self.booking_id, self.greeting = b"", booking_id, False
         return self
@@ -475,8 +476,8 @@ def _framed(message: dict[str, Any]) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
-def _try_connect(path: str) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+def _try_connect(path: str) -> _socket.socket | None:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         unix_address(path, sock, "connect")
     except (FileNotFoundError, ConnectionRefusedError):

@@ -24,13 +24,13 @@ from dispatch.core.errors import NeverFitsError
 from dispatch.core.records import NamedTuple
 from dispatch.core.request import default_label as default_label  # where the callers found it
 from dispatch.core.units import format_size
-from dispatch.local.ledgerdb import Booking, PeakRecord
 
 MYPY = False
 if MYPY:
     from typing import Optional
 
     from dispatch.local.ledger import Ledger
+    from dispatch.local.ledgerdb import Booking, PeakRecord
 
 OOM_SCORE_ADJ = {"cap": 0, "peak": 500, "gamble": 1000}
 

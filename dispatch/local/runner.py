@@ -36,7 +36,6 @@ from dispatch.core.text import storable
 from dispatch.core.units import format_size
 from dispatch.local import admitclient, enginebook, ramp
 from dispatch.local.admitclient import Link
-from dispatch.local.admitpolicy import Admission, Room
 from dispatch.local.booking import (
     Plan,
     as_admitted,
@@ -59,6 +58,7 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.local.admitpolicy import Admission, Room
     from dispatch.local.gpu import GpuRun
     from dispatch.local.kernlog import KernelWatch
     from dispatch.local.ledger import Ledger
@@ -339,6 +339,8 @@ def _wait(settings: Settings, ledger: Ledger, backend: CapBackend, host: HostSet
             job, plan, label = shared
             assert isinstance(job, SharedJob)
             waited = job.wait_admitted(plan.size, plan.limit, label, settings.status_interval, say)
+
+            from dispatch.local.admitpolicy import Room  # the direct path's: not a plain run's
 
             def room(running: list[Booking]) -> Room:
                 return Room(limit)
