@@ -200,18 +200,26 @@ class Link:
             raise EngineError(f"the admission engine at {socket_path(self.settings.state_dir, self.digest)}"
                               f" speaks another protocol: {hello}")
 
-    def _receive(self) -> dict[str, Any]:
+    def _receive(self, timeout: float | None = None) -> dict[str, Any]:
         """The next message (``marshal``, after its length in 4 bytes: the engine is this user's own
-        process, and a run needs no JSON parser); ConnectionError when the engine is gone."""
+        process, and a run needs no JSON parser); ConnectionError when the engine is gone.
+        ``timeout``: seconds to wait for it at most (``_socket.timeout`` then; what came of it so
+        far is kept for the next read)."""
         import marshal
 
         if self.sock is None:
             raise ConnectionError("not connected")
-        while len(self.buf) < 4 or len(self.buf) < 4 + int.from_bytes(self.buf[:4], "big"):
-            data = self.sock.recv(65536)
-            if not data:
-                raise ConnectionError("the admission engine closed the connection")
-            self.buf += data
+        if timeout is not None:
+            self.sock.settimeout(max(timeout, 0.001))
+        try:
+            while len(self.buf) < 4 or len(self.buf) < 4 + int.from_bytes(self.buf[:4], "big"):
+                data = self.sock.recv(65536)
+                if not data:
+                    raise ConnectionError("the admission engine closed the connection")
+                self.buf += data
+        finally:
+            if timeout is not None and self.sock is not None:
+                self.sock.settimeout(None)
         size = int.from_bytes(self.buf[:4], "big")
         message = marshal.loads(self.buf[4:4 + size])
         self.buf = self.buf[4 + size:]
@@ -226,11 +234,11 @@ class Link:
             raise EngineError(f"the admission engine refused: {message['error']}")
         return message
 
-    def receive(self) -> dict[str, Any]:
+    def receive(self, timeout: float | None = None) -> dict[str, Any]:
         """The next message for this run; what the engine has to say meanwhile (a ledger recovered
-        and this run's booking put back) is said on the way."""
+        and this run's booking put back) is said on the way. ``timeout``: as ``_receive``'s."""
         while True:
-            message = self._receive()
+            message = self._receive(timeout)
             if message.get("op") != "say":
                 return message
             self.say(str(message.get("line", "")))
@@ -286,18 +294,29 @@ class Link:
 
     def wait(self, say: Callable[[str], None], on_wait: Callable[[Admission], None] | None,
              due: Callable[[], bool] | None = None, park: Callable[[], bool] | None = None,
-             started: float | None = None) -> float:
+             started: float | None = None, park_after: float = 0.0) -> float:
         """Block until admitted (seconds waited since ``started``, a ``time.monotonic``); each
         ``wait`` message is a status line, as the engine wrote it, and ``on_wait``'s figures when
         ``due()`` says it wants them now (a short wait then builds none, nor imports what they
-        take). At the first one that says the run is not near its turn, ``park`` is called (it
-        execs ``dispatch.local.park``'s parked process, or returns when the run stays whole). An
+        take). Once the run has waited ``park_after`` seconds and the last one said it is not near
+        its turn, ``park`` is called, once (it execs ``dispatch.local.park``'s parked process, or
+        returns when the run stays whole: the engine declines a run whose turn is near by then). An
         engine that dies meanwhile is replaced and the booking attached."""
         started = time.monotonic() if started is None else started
         tries = 0
+        far = False  # the last status said the run is not near its turn
         while True:
+            timeout = None
+            if park is not None and far:
+                timeout = started + park_after - time.monotonic()
+                if timeout <= 0:
+                    go, park = park, None  # asked once
+                    go()
+                    continue
             try:
-                message = self.receive()
+                message = self.receive(timeout)
+            except _socket.timeout:  # time to park (TimeoutError; an OSError before Python 3.10)
+                continue
             except (ConnectionError, OSError) as exc:
                 tries += 1
                 if tries > REACH_TRIES:
@@ -319,9 +338,7 @@ class Link:
                     say(line)
                 if on_wait is not None and (due is None or due()):
                     on_wait(_admission(message["adm"]))
-                if park is not None and message.get("near") is False:
-                    go, park = park, None  # asked once
-                    go()
+                far = message.get("near") is False
 
     def park_request(self, booking_id: int) -> bool:
         """Ask the engine to mark the booking parked (``dispatch.local.park``): True once it has.

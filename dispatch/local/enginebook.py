@@ -163,11 +163,14 @@ def _wait(link: Link, say: Callable[[str], None], watch: WaitWatch | None, park:
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, *WAIT_SIGNALS))  # held back: now
         parker = None
+        after = 0.0
         if park and (watch is None or watch.then is None):  # a peer watch needs the run whole
+            from dispatch.local.park import park_after
             from dispatch.local.park import parker as make_parker
 
             parker = make_parker(link, started, lambda: _alert_in(watch))
-        return link.wait(say, watch, watch.due if watch is not None else None, parker, started)
+            after = park_after()
+        return link.wait(say, watch, watch.due if watch is not None else None, parker, started, after)
     except KeyboardInterrupt:
         raise Interrupted(signal.SIGINT) from None
     finally:
