@@ -18,8 +18,6 @@ gamble booking undercounted it; otherwise it would be booked the same way and ki
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from dispatch.core.errors import NeverFitsError
 from dispatch.core.records import NamedTuple
 from dispatch.core.request import default_label as default_label  # where the callers found it
@@ -27,6 +25,7 @@ from dispatch.core.units import format_size
 
 MYPY = False
 if MYPY:
+    from collections.abc import Sequence
     from typing import Optional
 
     from dispatch.local.ledger import Ledger

@@ -12,7 +12,6 @@ run on the shared backend (the engine tells it so): all in the runner.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from dispatch.core.errors import UsageError
 from dispatch.core.exitcodes import ExitCode
@@ -22,6 +21,7 @@ from dispatch.core.settings import Settings
 
 MYPY = False
 if MYPY:
+    from collections.abc import Callable
     from typing import Any
 
     from dispatch.local.admitpolicy import Admission

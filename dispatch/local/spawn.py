@@ -15,12 +15,17 @@ instead. ``go`` may add environment variables decided only at admission (``CUDA_
 from __future__ import annotations
 
 import os
-import signal
-from collections.abc import Sequence
 
 from dispatch.capping.base import JobCgroup
 from dispatch.core.errors import NotRunError
 from dispatch.core.exitcodes import NOT_FOUND, exec_failure
+
+MYPY = False
+if MYPY:
+    import signal
+    from collections.abc import Sequence
+else:  # the C module: signal's enums would load enum, functools and collections (~3 ms a run)
+    import _signal as signal
 
 # Python ignores SIGPIPE (and SIGXFSZ); an ignored signal stays ignored across exec, so restore them.
 _RESTORE = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(signal, name))
