@@ -414,7 +414,7 @@ class Link:
         if answer.get("state") == "running":  # admitted just before the old engine died
             self.buf = _framed({"op": "admitted"}) + self.buf
 
-    # -- the run's record: the engine writes it (``ledgerdb.record_outcome`` calls these) ----------
+    # -- the run's record: the engine writes it (``runrecord.record_outcome`` calls these) ----------
 
     def record_run(self, run: RunRecord, keep: tuple[float, int]) -> None:
         self._record({"call": "run", "run": _run_fields(run)}, lambda ledger: ledger.record_run(run, keep))
@@ -457,7 +457,7 @@ class Link:
             pass
         except EngineError as exc:  # refused, nothing written: the record is one warning
             if record is not None:
-                from dispatch.local.ledgerdb import unrecorded_line
+                from dispatch.local.runrecord import unrecorded_line
 
                 self.say(unrecorded_line(exc))
             record = None
@@ -471,7 +471,7 @@ class Link:
                 try:
                     record[1](ledger)
                 except LedgerError as exc:
-                    from dispatch.local.ledgerdb import unrecorded_line
+                    from dispatch.local.runrecord import unrecorded_line
 
                     self.say(unrecorded_line(exc))
             ledger.release(booking_id)

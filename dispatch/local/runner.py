@@ -46,7 +46,7 @@ from dispatch.local.enginebook import WAIT_SIGNALS, Booked
 from dispatch.local.guardian import Guardian
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.jobwatch import Foreground, JobWatch
-from dispatch.local.ledgerdb import record_outcome
+from dispatch.local.runrecord import record_outcome
 from dispatch.local.signals import FORWARDED as FORWARDED
 from dispatch.local.signals import ForwardedSignals as _Signals
 from dispatch.local.spawn import CGROUP_FAILED, PreparedChild
