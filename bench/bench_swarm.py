@@ -117,6 +117,15 @@ def _parked(pid: int) -> bool:
         return False
 
 
+def park_after(env: dict[str, str]) -> float:
+    """Seconds a run waits far from its turn before it parks (the hostrun measured: on sys.path)."""
+    try:
+        from dispatch.local.park import park_after as after
+    except ImportError:  # a hostrun from before park-after: it parks at the engine's first word
+        return 0.0
+    return float(after(env))
+
+
 def floor_pss(python: str, count: int) -> float:
     """MiB of PSS per bare interpreter that imports what a waiting client needs and sleeps."""
     procs = [subprocess.Popen([python, "-I", "-c", "import socket, os, sys, time; time.sleep(60)"])
@@ -184,7 +193,9 @@ def main() -> int:
         launch_started = time.monotonic()
         stamps = launch_swarm(procs, base, env, tmp, args, "swarm")
         launched = time.monotonic() - launch_started
-        time.sleep(2.0)
+        # Sampled once the last runs launched have waited long enough to park (a run parks only
+        # after HOSTRUN_PARK_AFTER seconds far from its turn): what a long wait holds.
+        time.sleep(2.0 + (park_after(env) if args.park == "yes" else 0.0))
         waiting = [p for p in procs if p.poll() is None]
         tree = _descendants([p.pid for p in waiting])
         pss = sum(s for s in (_pss_kib(pid) for pid in tree) if s is not None) / 1024

@@ -206,6 +206,43 @@ class Hostrun:
     def job_dirs(self) -> list[Path]:
         return sorted(self.slice_dir.glob("job-*")) if self.slice_dir.exists() else []
 
+    def engine_pids(self) -> list[int]:
+        """The admission engines of this state dir."""
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"dispatch.local.admitd" in argv and str(self.state_dir).encode() in argv:
+                found.append(int(name))
+        return found
+
+    def ledger_closed(self, timeout: float = 15) -> None:
+        """Wait until no admission engine of this state dir holds the ledger open. An engine keeps
+        it open while it holds bookings and for a grace after the last one (``admitd.GRACE``); a
+        test that damages, fills or remounts the state dir as it is between runs (the ledger closed,
+        its WAL checkpointed into the file and gone) waits for this first."""
+        ledger = str(self.state_dir / "ledger.sqlite3")
+
+        def closed() -> bool:
+            for pid in self.engine_pids():
+                try:
+                    fds = os.listdir(f"/proc/{pid}/fd")
+                except OSError:
+                    continue
+                for fd in fds:
+                    try:
+                        if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(ledger):
+                            return False
+                    except OSError:
+                        continue
+            return True
+
+        wait_for(closed, timeout=timeout, interval=0.1)
+
     def slice_pids(self) -> list[int]:
         return cgroup_pids(self.slice_dir)
 

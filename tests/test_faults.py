@@ -48,6 +48,7 @@ def record_some_peaks(hostrun: Hostrun) -> None:
         assert proc.returncode == 0, proc.stderr
     proc = hostrun.run("--label", "uncapped", "--", "true")  # cap NULL in the history
     assert proc.returncode == 0, proc.stderr
+    hostrun.ledger_closed()  # as between runs: the engine's grace over, its WAL checkpointed
 
 
 def ledger_lines(stderr: str) -> list[str]:
@@ -135,6 +136,7 @@ def test_doctor_reports_a_damaged_ledger_and_leaves_it(hostrun: Hostrun) -> None
     assert hostrun.run("-m", "64M", "--", "true").returncode == 0
     ok = json.loads(hostrun.run("doctor", "--json").stdout)
     assert ok["ledger_check"]["ok"] is True
+    hostrun.ledger_closed()  # as between runs: the engine's grace over, its WAL checkpointed
     header_then_garbage(hostrun.state_dir / "ledger.sqlite3")
     proc = hostrun.run("doctor", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -314,6 +316,7 @@ def test_read_only_state_dir_with_a_ledger_in_it(hostrun: Hostrun, tmp_path: Pat
                                                  tmpfs: Callable[[Path, str], Path]) -> None:
     state = tmpfs(hostrun.state_dir, "size=1m,mode=0700")
     assert hostrun.run("-m", "64M", "--", "true").returncode == 0
+    hostrun.ledger_closed()  # the engine's grace over: no file of the state dir open
     subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
     marker = tmp_path / "ran"
     proc = hostrun.run("-m", "64M", "--", "touch", str(marker))
@@ -329,6 +332,7 @@ def test_full_state_dir_is_78_and_nothing_is_booked(hostrun: Hostrun, tmp_path: 
     state = tmpfs(hostrun.state_dir, "size=1m,mode=0700")
     if existing:
         assert hostrun.run("-m", "64M", "--", "true").returncode == 0
+        hostrun.ledger_closed()  # as between runs: the engine's grace over, its WAL gone
     fill(state)
     marker = tmp_path / "ran"
     proc = hostrun.run("-m", "64M", "--", "touch", str(marker))

@@ -40,6 +40,7 @@ def test_a_run_the_engine_booked_is_released_on_a_full_disk(
     release of a run that ends while the state fs is full goes through: no row is left; the record
     the full disk refused is one warning, and the job's exit status stands."""
     assert hostrun.run("-m", "32M", "--", "true").returncode == 0  # the ledger exists
+    hostrun.ledger_closed()  # as between runs: the engine's grace over, its WAL checkpointed
     started, go = tmp_path / "started", tmp_path / "go"
     job = hostrun.popen("-m", "32M", "--", "sh", "-c",
                         f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done")
@@ -61,6 +62,7 @@ def test_report_on_an_unwritable_state_dir_says_why(
         hostrun: Hostrun, small_state: Path, how: str) -> None:
     """``report`` that cannot open the ledger exits 78 and says why on stderr, not only stdout."""
     assert hostrun.run("-m", "32M", "--", "true").returncode == 0
+    hostrun.ledger_closed()  # the engine's grace over: no file of the state dir open
     if how == "full":
         _fill(small_state)
     else:

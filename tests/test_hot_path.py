@@ -18,7 +18,12 @@ HEAVY = {"pydantic", "rich", "asyncio", "typing", "argparse"}
 # package: datetime for its adapters, where the ledger needs only the C module _sqlite3; base64: re).
 RUN_PATH_AVOIDS = HEAVY | {"json", "re", "shutil", "warnings", "random", "subprocess", "gettext",
                            "locale", "hashlib", "dispatch.local.gpu", "dispatch.local.kernlog",
-                           "sqlite3", "datetime", "base64"}
+                           "sqlite3", "datetime", "base64",
+                           # the C modules _signal and _socket do (signal and socket bring enum, and
+                           # with it functools and collections: ~3 ms each); zlib, the ledger's schema
+                           # (a run the engine booked opens no ledger) and the admission policy
+                           "signal", "socket", "selectors", "enum", "functools", "collections",
+                           "zlib", "dispatch.local.ledgerdb", "dispatch.local.admitpolicy"}
 REPORT_PATH_AVOIDS = HEAVY | {"shutil", "gettext", "random", "hashlib", "dispatch.config.model"}
 PEER_RUN_AVOIDS = HEAVY | {"shutil", "gettext", "random", "hashlib"}
 

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,9 +24,11 @@ from tests.conftest import Hostrun, wait_for
 
 @pytest.fixture(autouse=True)
 def parking(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every run here goes through the engine and parks behind the first waiter."""
+    """Every run here goes through the engine and parks behind the first waiter, at once (its wait
+    far from its turn need not last ``park.PARK_AFTER`` seconds first)."""
     monkeypatch.delenv("HOSTRUN_PARK", raising=False)
     monkeypatch.setenv("HOSTRUN_ENGINE_NEAR", "1")
+    monkeypatch.setenv("HOSTRUN_PARK_AFTER", "0")
     yield
 
 
@@ -155,6 +158,30 @@ def test_a_parked_runs_long_wait_alert_comes_as_whole_runs_do(hostrun: Hostrun, 
     assert alert["kind"] == "waiting" and "holder" in json.dumps(alert), alert
     go.touch()
     assert [p.wait(timeout=120) for p in (holder, *procs)] == [0, 0, 0]
+
+
+def test_a_run_far_from_its_turn_parks_only_once_it_has_waited_park_after(
+        hostrun: Hostrun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HOSTRUN_PARK_AFTER=3``: the run behind the first waiter stays whole for its first 3 s of
+    waiting, then parks (the same process, its booking kept); the first waiter, near its turn,
+    never does; both run once."""
+    monkeypatch.setenv("HOSTRUN_PARK_AFTER", "3")
+    holder, go = _holder(hostrun, tmp_path)
+    procs, stamps = _queue(hostrun, tmp_path, 1)
+    stamp = tmp_path / "ran-far"
+    started = time.monotonic()  # before it starts, so before its wait begins
+    far = hostrun.popen("-m", "50M", "--label", "far", "--", "sh", "-c", 'echo "$$" >> "$1"', "job",
+                        str(stamp))
+    wait_for(lambda: len(hostrun.bookings()) == 3, timeout=60, interval=0.05)
+    booked = {b[0] for b in hostrun.bookings()}
+    parked_at = wait_for(lambda: _parked(far.pid) and time.monotonic(), timeout=60, interval=0.05)
+    assert parked_at - started >= 3.0, parked_at - started
+    assert not _parked(procs[0].pid)
+    assert {b[0] for b in hostrun.bookings()} == booked
+    go.touch()
+    assert [p.wait(timeout=120) for p in (holder, procs[0], far)] == [0, 0, 0]
+    assert len(stamps[0].read_text().split()) == 1 and len(stamp.read_text().split()) == 1
+    assert hostrun.bookings() == []
 
 
 def test_park_0_keeps_waiting_runs_whole(hostrun: Hostrun, tmp_path: Path,

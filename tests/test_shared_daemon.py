@@ -599,3 +599,12 @@ def test_a_fuzz_from_two_users_leaves_the_booking_held_meanwhile(setup: Setup, o
     assert setup.thread.is_alive()
     wait_for(lambda: [b["label"] for b in setup.listing()] == ["held"])
     assert setup.listing() == [before]
+
+
+def test_the_shared_slice_speaks_the_engines_protocol() -> None:
+    """A member's probe checks the hello of the shared slice's engine against ``capping.shared``'s
+    number (below ``local/``, which it may not import): the two must be one."""
+    from dispatch.capping.shared import PROTOCOL as SHARED
+    from dispatch.local.admitclient import PROTOCOL as ENGINE
+
+    assert SHARED == ENGINE

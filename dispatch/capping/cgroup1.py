@@ -81,6 +81,14 @@ class Cgroup1Job(DirectJob):
         self._job_watch = _OomWatch(directory) if watch else None
         self._slice_watch = _OomWatch(slice_dir) if watch else None
 
+    def preexec(self) -> None:
+        """The forked child moves itself in by writing 0 ("this thread") to ``tasks``: a fork has
+        one thread, so the thread is the whole process, and the kernel (5.19 and later) moves a
+        lone thread that is the writer itself without taking the global threadgroup lock whose
+        write side ``cgroup.procs`` takes, and which waits for an RCU grace period: 5-20 ms on these
+        machines, 0.15 ms this way (an older kernel takes the lock either way)."""
+        write_text(os.path.join(self.path, "tasks"), "0")
+
     def verdict(self) -> OomVerdict:
         oom_kill = read_keyed(os.path.join(self.path, "memory.oom_control")).get("oom_kill", 0)
         job_events = self._job_watch.read() if self._job_watch else 0

@@ -8,7 +8,6 @@ the names (how a limit is set, OOM attribution, what the probe must check) stays
 from __future__ import annotations
 
 import os
-import signal
 from abc import abstractmethod
 
 from dispatch.capping.base import (
@@ -33,6 +32,12 @@ from dispatch.capping.cgroupfs import (
 )
 from dispatch.core.errors import BackendError
 from dispatch.core.records import NamedTuple
+
+MYPY = False
+if MYPY:
+    import signal
+else:  # the C module: signal's enums would load enum, functools and collections (~3 ms a run)
+    import _signal as signal
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 STAT_READ = 1 << 16  # bytes of memory.stat one sample reads

@@ -7,9 +7,14 @@ that group (setsid) cannot be tracked, which is exactly why hostrun refuses this
 from __future__ import annotations
 
 import os
-import signal
 
 from dispatch.capping.base import CapBackend, JobCgroup, OomVerdict, SliceUsage
+
+MYPY = False
+if MYPY:
+    import signal
+else:  # the C module: signal's enums would load enum, functools and collections (~3 ms a run)
+    import _signal as signal
 
 
 def _rss(pid: int) -> int:

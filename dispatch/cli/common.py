@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
 
 from dispatch.core.errors import UsageError
 from dispatch.core.exitcodes import ExitCode
@@ -16,6 +15,7 @@ from dispatch.core.runoptions import PROG, whole_number
 MYPY = False
 if MYPY:
     import argparse
+    from collections.abc import Callable, Sequence
     from typing import Any, NoReturn, TypeVar
 
     from dispatch.core.settings import Settings

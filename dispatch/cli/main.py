@@ -14,12 +14,15 @@ on the paths that need them.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
 
 from dispatch.cli.common import COMMANDS
 from dispatch.core.errors import HostrunError
 from dispatch.core.exitcodes import ExitCode, interrupted
 from dispatch.core.runoptions import PROG
+
+MYPY = False
+if MYPY:
+    from collections.abc import Callable, Sequence
 
 
 def command(name: str) -> Callable[[list[str]], int]:

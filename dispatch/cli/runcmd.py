@@ -5,7 +5,6 @@ the dispatcher says, and turn the outcome into the exit code and ``--result-file
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from dispatch import __version__
 from dispatch.cli.common import SUBCOMMANDS, USAGE, argparser, load_config, say
@@ -24,6 +23,7 @@ from dispatch.core.settings import LOCAL
 
 MYPY = False
 if MYPY:
+    from collections.abc import Callable
     from typing import Any
 
     from dispatch.core.outcome import Outcome

@@ -21,7 +21,6 @@ from __future__ import annotations
 import marshal
 import os
 import sys
-from collections.abc import Mapping
 
 from dispatch import __version__
 from dispatch.core.configpath import cache_dir, find_config
@@ -29,6 +28,10 @@ from dispatch.core.errors import ConfigError
 from dispatch.core.fingerprint import short_hash
 from dispatch.core.settings import Settings
 from dispatch.guards import trust
+
+MYPY = False
+if MYPY:
+    from collections.abc import Mapping
 
 CACHE_FORMAT = 4
 

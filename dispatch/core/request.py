@@ -6,12 +6,11 @@ Kept apart from ``dispatch.local.runner`` so that the paths that do not run a jo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 from dispatch.core.records import NamedTuple
 
 MYPY = False
 if MYPY:
+    from collections.abc import Mapping, Sequence
     from typing import Optional
 
 JOB_ENV = "HOSTRUN_JOB"  # set in every job: the job's cgroup, so a nested hostrun can tell

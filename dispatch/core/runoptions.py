@@ -9,13 +9,13 @@ table (``RUN_OPTIONS``) drives ``hostrun --help``, which the CLI builds with arg
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
 
 from dispatch.core.errors import UsageError
 from dispatch.core.records import NamedTuple
 
 MYPY = False
 if MYPY:
+    from collections.abc import Callable, Sequence
     from typing import Any
 
 PROG = "hostrun"

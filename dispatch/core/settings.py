@@ -9,13 +9,13 @@ rather than dataclasses: dataclasses compile their methods with ``exec`` at impo
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from dispatch.core.records import NamedTuple
 from dispatch.core.units import MIN_SIZE, GiB
 
 MYPY = False
 if MYPY:
+    from collections.abc import Mapping
     from typing import Any, Optional
 
 # Kept here, not with the key tables (``dispatch.core.hostkeys``): every ``hostrun -- CMD`` needs them,

@@ -9,7 +9,10 @@ string deep inside a program can never be taken for a declaration.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+
+MYPY = False
+if MYPY:
+    from collections.abc import Sequence
 
 MAX_LINES = 50
 MAX_BYTES = 64 * 1024

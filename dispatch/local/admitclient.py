@@ -8,12 +8,19 @@ started the run ends 78 (``EngineError``), before anything ran: never an unbooke
 
 When the engine dies while a run waits, the run reaches the next one (starting it) and re-attaches
 its booking, which the ledger kept with its place in the queue.
+
+Round trips: a run's ``hello`` (the protocol check) goes out with its first request and is read
+before that request's answer; the job cgroup's ``cgroup`` is not waited for (its answer is read
+before the next one); the record goes with the ``release``. A lone ``hostrun -- true`` waits on the
+engine twice: booked (``queued``, then ``admitted``) and released.
 """
 
 from __future__ import annotations
 
+# _socket, the C module, not socket: its classes and enums (~3 ms to import, with selectors and
+# array) are more than a run's one Unix-socket connection needs
+import _socket
 import os
-import socket
 import sys
 import time
 
@@ -33,6 +40,7 @@ START_TIMEOUT = 20.0  # seconds for a started engine to answer (a loaded machine
 START_TRIES = 5  # engines started in turn (one killed as it starts) before a run gives up, 78
 REACH_TRIES = 10  # tries to reach an engine (one that died, one dying as it was reached) before 78
 COMMAND_MAX = 4096  # characters of a run's command line kept in its booking (shown, never run)
+PROTOCOL = 2  # 2: the record goes with the release; a run's hello goes with its first request
 
 
 def socket_path(state_dir: str, digest: str) -> str:
@@ -48,7 +56,7 @@ def log_path(state_dir: str) -> str:
     return os.path.join(state_dir, "admitd.log")
 
 
-def unix_address(path: str, sock: socket.socket, how: str) -> None:
+def unix_address(path: str, sock: _socket.socket, how: str) -> None:
     """``sock.bind`` or ``sock.connect`` (``how``) at ``path``, which may be longer than AF_UNIX
     takes (108 bytes; a deep state dir): then through ``/proc/self/fd`` of its directory."""
     if len(os.fsencode(path)) < 100:
@@ -82,7 +90,7 @@ def where(settings: Settings) -> dict[str, Any]:
     link = Link(settings, lambda _: None)
     link.sock = sock
     try:
-        pid = link.ask({"op": "hello", "protocol": 1}).get("pid")
+        pid = link.ask({"op": "hello", "protocol": PROTOCOL}).get("pid")
     except (OSError, HostrunError) as exc:
         return {"socket": path, "pid": None, "detail": f"does not answer: {exc}"}
     finally:
@@ -91,13 +99,15 @@ def where(settings: Settings) -> dict[str, Any]:
 
 
 def digest_of(settings: Settings) -> tuple[str, bytes]:
-    """(the engine's name for these settings, the settings as the engine reads them)."""
+    """(the engine's name for these settings and this protocol, the settings as the engine reads
+    them). The protocol is in the name, so an engine of another hostrun speaking another protocol
+    (an upgrade while it runs) is another engine, not a refusal."""
     import marshal
-    import zlib  # not hashlib: a plain run loads none (tests/test_hot_path.py); collisions only
-    # matter between the configurations of one state dir
+
+    from dispatch.core.fingerprint import short_hash  # not hashlib: a plain run loads none
 
     data = marshal.dumps(settings.to_normalized())
-    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}", data
+    return short_hash(data + PROTOCOL.to_bytes(2, "big"), 16), data
 
 
 class Link:
@@ -107,46 +117,47 @@ class Link:
         self.settings = settings
         self.say = say
         self.digest, self.data = digest_of(settings)
-        self.sock: socket.socket | None = None
+        self.sock: _socket.socket | None = None
         self.buf = b""
         self.booking_id: int | None = None
         self.admitted_kind: str | None = None  # the kind the engine admitted it as (lent: gamble)
         self.gpu: list[Any] | None = None  # a --gpu-memory run's [VRAM, device indices], as planned
         self.gpu_index: int | None = None  # the GPU the engine admitted it on
         self.attached: dict[str, Any] | None = None  # the last attach's answer
+        self.greeting = False  # a new connection: its hello goes with the first request (``send``)
+        self.owed = 0  # answers not yet read (a ``cgroup``'s): read before the next one (``ask``)
+        self.record: tuple[dict[str, Any], Callable[[Ledger], None]] | None = None  # for ``release``
 
     # -- reaching the engine ----------------------------------------------------------------------
 
     def connect(self) -> Link:
-        """Reach the engine, starting it when none answers; an engine that dies as it is reached
-        (its socket still there, or reset at the greeting) is tried again, then started anew."""
-        path = socket_path(self.settings.state_dir, self.digest)
+        """Reach the engine, starting it when none answers. Its ``hello`` goes with the first
+        request (``send``): an engine that dies as it is reached (its socket still there, or reset
+        at the greeting) fails that request, which is tried again on a new connection."""
+        path = self.address()
         failed_starts = 0
         last: Exception | None = None
-        for attempt in range(REACH_TRIES):
+        for _ in range(REACH_TRIES):
             self.close()
             try:
                 sock = _try_connect(path)
                 if sock is None:
                     sock = self._start(path)
-                self.sock, self.buf = sock, b""
-                hello = self.ask({"op": "hello", "protocol": 1})
             except EngineNotStartedError as exc:  # killed as it started, or cannot: 78 after a few
                 failed_starts += 1
                 if failed_starts >= START_TRIES:
                     raise
                 last = exc
                 continue
-            except (ConnectionError, BrokenPipeError) as exc:
-                last = exc
-                time.sleep(0.05 * (attempt + 1))
-                continue
-            if hello.get("protocol") != 1:
-                raise EngineError(f"the admission engine at {path} speaks another protocol: {hello}")
+            self.sock, self.buf, self.greeting = sock, b"", True
             return self
         raise EngineError(f"cannot reach the admission engine at {path} ({last}); nothing ran")
 
-    def _start(self, path: str) -> socket.socket:
+    def address(self) -> str:
+        """Where the engine listens."""
+        return socket_path(self.settings.state_dir, self.digest)
+
+    def _start(self, path: str) -> _socket.socket:
         import fcntl
 
         lock = lock_path(self.settings.state_dir)
@@ -171,22 +182,40 @@ class Link:
     # -- messages ---------------------------------------------------------------------------------
 
     def send(self, message: dict[str, Any]) -> None:
+        """On a new connection, the ``hello`` goes first in the same write, and its answer (the
+        first on a connection) is read and checked before anything else."""
         if self.sock is None:
             raise ConnectionError("not connected")
-        self.sock.sendall(encode_request(message))
+        if not self.greeting:
+            self.sock.sendall(encode_request(message))
+            return
+        self.greeting = False
+        self.sock.sendall(encode_request({"op": "hello", "protocol": PROTOCOL}) + encode_request(message))
+        hello = self.receive()
+        if hello.get("op") != "hello" or hello.get("protocol") != PROTOCOL:
+            raise EngineError(f"the admission engine at {self.address()} speaks another protocol: "
+                              f"{hello}")
 
-    def _receive(self) -> dict[str, Any]:
+    def _receive(self, timeout: float | None = None) -> dict[str, Any]:
         """The next message (``marshal``, after its length in 4 bytes: the engine is this user's own
-        process, and a run needs no JSON parser); ConnectionError when the engine is gone."""
+        process, and a run needs no JSON parser); ConnectionError when the engine is gone.
+        ``timeout``: seconds to wait for it at most (``_socket.timeout`` then; what came of it so
+        far is kept for the next read)."""
         import marshal
 
         if self.sock is None:
             raise ConnectionError("not connected")
-        while len(self.buf) < 4 or len(self.buf) < 4 + int.from_bytes(self.buf[:4], "big"):
-            data = self.sock.recv(65536)
-            if not data:
-                raise ConnectionError("the admission engine closed the connection")
-            self.buf += data
+        if timeout is not None:
+            self.sock.settimeout(max(timeout, 0.001))
+        try:
+            while len(self.buf) < 4 or len(self.buf) < 4 + int.from_bytes(self.buf[:4], "big"):
+                data = self.sock.recv(65536)
+                if not data:
+                    raise ConnectionError("the admission engine closed the connection")
+                self.buf += data
+        finally:
+            if timeout is not None and self.sock is not None:
+                self.sock.settimeout(None)
         size = int.from_bytes(self.buf[:4], "big")
         message = marshal.loads(self.buf[4:4 + size])
         self.buf = self.buf[4 + size:]
@@ -201,17 +230,25 @@ class Link:
             raise EngineError(f"the admission engine refused: {message['error']}")
         return message
 
-    def receive(self) -> dict[str, Any]:
+    def receive(self, timeout: float | None = None) -> dict[str, Any]:
         """The next message for this run; what the engine has to say meanwhile (a ledger recovered
-        and this run's booking put back) is said on the way."""
+        and this run's booking put back) is said on the way. ``timeout``: as ``_receive``'s."""
         while True:
-            message = self._receive()
+            message = self._receive(timeout)
             if message.get("op") != "say":
                 return message
             self.say(str(message.get("line", "")))
 
     def ask(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Send, and read the answer (after those owed: a ``cgroup``'s, whose refusal changes
+        nothing, as ``set_cgroup`` says)."""
         self.send(message)
+        while self.owed:
+            self.owed -= 1
+            try:
+                self.receive()
+            except LedgerError:  # its refusal (EngineError among them): the job runs on
+                pass
         return self.receive()
 
     # -- a run's booking --------------------------------------------------------------------------
@@ -223,11 +260,12 @@ class Link:
         if len(fields["command"]) > COMMAND_MAX:  # an ARG_MAX-long line would pass the request bound
             fields = {**fields, "command": fields["command"][:COMMAND_MAX - 1] + "…"}
         request = {"op": "plan", "run": fields, "status_interval": self.settings.status_interval}
-        for _ in range(REACH_TRIES):
+        for attempt in range(REACH_TRIES):
             try:
                 answer = self.ask(request)
                 break
-            except (ConnectionError, BrokenPipeError):
+            except (ConnectionError, BrokenPipeError):  # gone as it was reached, or before it queued
+                time.sleep(0.05 * attempt)
                 self.connect()
         else:
             raise EngineError("the admission engine kept going away before it queued this run; "
@@ -236,29 +274,42 @@ class Link:
         return answer
 
     def set_cgroup(self, path: str) -> None:
-        """The admitted run's job cgroup, made now: its booking names it. An engine gone by then
-        is no loss (the next run's recovery finds the job by its cgroup); the release goes on."""
+        """The admitted run's job cgroup, made now: its booking names it. Not waited for: its
+        answer is read before the next one (``ask``). An engine gone by then, or a refusal, is no
+        loss (the next run's recovery finds the job by its cgroup); the release goes on."""
         if self.booking_id is None or not path:
             return
         try:
-            self.ask({"op": "cgroup", "id": self.booking_id, "path": path})
-        except (ConnectionError, OSError, EngineError):
+            self.send({"op": "cgroup", "id": self.booking_id, "path": path})
+            self.owed += 1
+        except (ConnectionError, OSError):
             pass
 
     def wait(self, say: Callable[[str], None], on_wait: Callable[[Admission], None] | None,
              due: Callable[[], bool] | None = None, park: Callable[[], bool] | None = None,
-             started: float | None = None) -> float:
+             started: float | None = None, park_after: float = 0.0) -> float:
         """Block until admitted (seconds waited since ``started``, a ``time.monotonic``); each
         ``wait`` message is a status line, as the engine wrote it, and ``on_wait``'s figures when
         ``due()`` says it wants them now (a short wait then builds none, nor imports what they
-        take). At the first one that says the run is not near its turn, ``park`` is called (it
-        execs ``dispatch.local.park``'s parked process, or returns when the run stays whole). An
+        take). Once the run has waited ``park_after`` seconds and the last one said it is not near
+        its turn, ``park`` is called, once (it execs ``dispatch.local.park``'s parked process, or
+        returns when the run stays whole: the engine declines a run whose turn is near by then). An
         engine that dies meanwhile is replaced and the booking attached."""
         started = time.monotonic() if started is None else started
         tries = 0
+        far = False  # the last status said the run is not near its turn
         while True:
+            timeout = None
+            if park is not None and far:
+                timeout = started + park_after - time.monotonic()
+                if timeout <= 0:
+                    go, park = park, None  # asked once
+                    go()
+                    continue
             try:
-                message = self.receive()
+                message = self.receive(timeout)
+            except _socket.timeout:  # time to park (TimeoutError; an OSError before Python 3.10)
+                continue
             except (ConnectionError, OSError) as exc:
                 tries += 1
                 if tries > REACH_TRIES:
@@ -282,17 +333,16 @@ class Link:
                     say(line)
                 if on_wait is not None and (due is None or due()):
                     on_wait(_admission(message["adm"]))
-                if park is not None and message.get("near") is False:
-                    go, park = park, None  # asked once
-                    go()
+                far = message.get("near") is False
 
-    def park_request(self, booking_id: int) -> dict[str, Any] | None:
-        """Ask the engine to mark the booking parked (``dispatch.local.park``): None once it has;
-        else the ``admitted`` or ``soon`` that came first, put back for ``wait`` to read (the run
-        then stays whole). Every answer to this request is read here, so none is taken later for
-        another's."""
+    def park_request(self, booking_id: int) -> bool:
+        """Ask the engine to mark the booking parked (``dispatch.local.park``): True once it has.
+        False when the run stays whole: the engine declined (its turn is near by now), or an
+        ``admitted`` or ``soon`` came first, put back for ``wait`` to read. Every answer to this
+        request is read here, so none is taken later for another's."""
         self.send({"op": "park", "id": booking_id})
         first: dict[str, Any] | None = None
+        parked = False
         while True:
             try:
                 message = self._receive()
@@ -302,6 +352,7 @@ class Link:
                 break
             op = message.get("op")
             if op == "parked":
+                parked = message.get("parked") is not False
                 break
             if op in ("wait", "say") and isinstance(message.get("line"), str):
                 self.say(str(message["line"]))
@@ -309,13 +360,13 @@ class Link:
                 first = message
         if first is not None:
             self.buf = _framed(first) + self.buf
-        return first
+        return parked and first is None
 
     def adopt(self, fd: int, booking_id: int) -> Link:
         """The connection a parked run handed on (``park.take_resume``), its booking with it."""
-        self.sock = socket.socket(fileno=fd)
+        self.sock = _socket.socket(fileno=fd)
         os.set_inheritable(fd, False)
-        self.buf, self.booking_id = b"", booking_id
+        self.buf, self.booking_id, self.greeting = b"", booking_id, False
         return self
 
     def attach(self) -> dict[str, Any]:
@@ -361,7 +412,7 @@ class Link:
         if answer.get("state") == "running":  # admitted just before the old engine died
             self.buf = _framed({"op": "admitted"}) + self.buf
 
-    # -- the run's record: the engine writes it (``ledgerdb.record_outcome`` calls these) ----------
+    # -- the run's record: the engine writes it (``runrecord.record_outcome`` calls these) ----------
 
     def record_run(self, run: RunRecord, keep: tuple[float, int]) -> None:
         self._record({"call": "run", "run": _run_fields(run)}, lambda ledger: ledger.record_run(run, keep))
@@ -379,46 +430,57 @@ class Link:
                                               vram=vram, ramp=ramp))
 
     def _record(self, fields: dict[str, Any], direct: Callable[[Ledger], None]) -> None:
-        """The run's peak and history row, written by the engine in the ledger it holds open (a
-        finished run neither opens the ledger nor waits on its lock); when the engine has gone,
-        written here (``direct``). A ledger failure is the caller's warning (``LedgerError``)."""
-        try:
-            if self.sock is None or self.booking_id is None:
-                raise ConnectionError("not connected")
-            self.ask({"op": "record", "id": self.booking_id, **fields})
+        """The run's peak and history row, kept for its ``release``, which carries it to the engine:
+        written there in the ledger it holds open (a finished run neither opens the ledger nor
+        waits on its lock), then the booking released, in one answer; when the engine has gone,
+        both written here (``direct``). A record the ledger refuses is one warning either way."""
+        self.record = (fields, direct)
+
+    def release(self) -> None:
+        """Give the booking back, with the run's record when it has one (through the engine; through
+        the ledger itself when the engine went, or when it could not release)."""
+        booking_id, self.booking_id = self.booking_id, None
+        record, self.record = self.record, None
+        if booking_id is None:
             return
-        except (ConnectionError, OSError):
+        message: dict[str, Any] = {"op": "release", "id": booking_id}
+        if record is not None:
+            message["record"] = record[0]
+        try:
+            if self.sock is None:
+                raise ConnectionError("not connected")
+            self.ask(message)
+            return
+        except (ConnectionError, OSError):  # the engine gone: the record too is written here
             pass
+        except EngineError as exc:  # refused, nothing written: the record is one warning
+            if record is not None:
+                from dispatch.local.runrecord import unrecorded_line
+
+                self.say(unrecorded_line(exc))
+            record = None
+        except LedgerError:  # it could not release: the record was its to write (or to warn of)
+            record = None
         from dispatch.local.ledger import Ledger
 
         ledger = Ledger(self.settings.state_dir, self.say)
         try:
-            direct(ledger)
+            if record is not None:
+                try:
+                    record[1](ledger)
+                except LedgerError as exc:
+                    from dispatch.local.runrecord import unrecorded_line
+
+                    self.say(unrecorded_line(exc))
+            ledger.release(booking_id)
         finally:
             ledger.close()
-
-    def release(self) -> None:
-        """Give the booking back (through the next engine, or the ledger itself, if this one went)."""
-        booking_id, self.booking_id = self.booking_id, None
-        if booking_id is None:
-            return
-        try:
-            if self.sock is None:
-                raise ConnectionError("not connected")
-            self.ask({"op": "release", "id": booking_id})
-        except (ConnectionError, OSError, LedgerError):  # the engine gone, or it could not write
-            from dispatch.local.ledger import Ledger
-
-            ledger = Ledger(self.settings.state_dir, self.say)
-            try:
-                ledger.release(booking_id)
-            finally:
-                ledger.close()
 
     def close(self) -> None:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+        self.greeting, self.owed = False, 0
 
 
 def _framed(message: dict[str, Any]) -> bytes:
@@ -429,8 +491,8 @@ def _framed(message: dict[str, Any]) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
-def _try_connect(path: str) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+def _try_connect(path: str) -> _socket.socket | None:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         unix_address(path, sock, "connect")
     except (FileNotFoundError, ConnectionRefusedError):

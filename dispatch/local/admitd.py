@@ -23,12 +23,15 @@ no wake FIFO, no retry loop). A waiting run blocks in a read on its connection.
   on stdin, so two configurations sharing a state dir each have theirs, both writing one ledger).
 - **Bounds**: the line server's (``dispatch.local.lineserver``); only its owner (or root) may connect.
 
-Requests (JSON lines): ``hello``; ``plan`` (a run's fields: its cap checked, its booking planned and
+Requests (JSON lines): ``hello`` (a run sends it with its first request, without waiting for its
+answer); ``plan`` (a run's fields: its cap checked, its booking planned and
 queued, answered ``queued`` with its id and plan, then ``wait`` lines with the status figures, at
 once and every ``status_interval``, and ``admitted``; ``soon`` to a parked run whose turn is near);
-``cgroup`` (the admitted run's job cgroup); ``record`` (its peak and history row); ``park``;
-``attach`` (a booking this connection held, or held on the engine before: its state); ``release``. Standard
-library only: it is shipped to peers with the rest of the runtime.
+``cgroup`` (the admitted run's job cgroup: the run reads the answer with its next one); ``park``
+(declined for a waiter near its turn by then); ``attach`` (a booking this connection held, or held
+on the engine before: its state); ``release`` (with the finished run's peak and history row, when
+it ran: recorded, then released, one answer). Standard library only: it is shipped to peers with
+the rest of the runtime.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from collections.abc import Callable
 
 from dispatch.core.errors import HostrunError, LedgerError
 from dispatch.core.procinfo import is_stopped
-from dispatch.local.admitclient import lock_path, log_path, socket_path, unix_address
+from dispatch.local.admitclient import PROTOCOL, lock_path, log_path, socket_path, unix_address
 from dispatch.local.booking import plan_of
 from dispatch.local.ledger import Ledger
 from dispatch.local.ledgerfile import put_back_line
@@ -57,10 +60,10 @@ if MYPY:
     from dispatch.local.hostslice import LocalSlice
     from dispatch.local.ledgerdb import Booking
 
-PROTOCOL = 1
 IDLE_AFTER = 30.0  # seconds with no connection before the engine leaves (HOSTRUN_ENGINE_IDLE)
 IDLE_ENV = "HOSTRUN_ENGINE_IDLE"
 TICK = 1.0  # seconds between re-evaluations while bookings wait (usage and MemAvailable move)
+GRACE = 2.0  # seconds the ledger stays open after the last booking is released (``settle``)
 NEAR = 16  # waiters this close to the head of the queue stay (or are made) whole: see ``park``
 NEAR_ENV = "HOSTRUN_ENGINE_NEAR"  # another NEAR (tests: park with a few waiters)
 MAX_CLIENTS = 8192  # a swarm's waiters, each one connection
@@ -123,6 +126,7 @@ class Engine(LineServer):
         self._here: LocalSlice | None = None
         self._room: RoomFunction | None = None
         self._ledger: EngineLedger | None = None  # open only while it holds bookings (``settle``)
+        self._unheld_since: float | None = None  # when the open ledger's last booking went
         self.log_path = log_path(settings.state_dir)
         self.waiting: set[int] = set()  # the held bookings that wait
         self.pids: dict[int, int] = {}  # each held booking's holder (its pid)
@@ -163,17 +167,28 @@ class Engine(LineServer):
     @property
     def ledger(self) -> EngineLedger:
         """The ledger, opened when a request needs it (its damage found and recovered then, as any
-        run's open would) and closed by ``settle`` once no booking is held: a file held open would
-        hide damage from the next run (a live WAL), and keep a read-only remount busy."""
+        run's open would) and closed by ``settle`` once no booking has been held for ``GRACE``
+        seconds: a file held open would hide damage from the next run (a live WAL), and keep a
+        read-only remount busy. The grace spares a run right after another the open, the trust
+        checks and the WAL set-up (and the close its checkpoint)."""
         if self._ledger is None:
             self._ledger = EngineLedger(self.settings.state_dir, self._ledger_said,
                                         lambda: self.here.live_jobs(), self)
         return self._ledger
 
-    def settle(self) -> None:
-        if self._ledger is not None and not self.holders:
+    def settle(self, now: bool = False) -> None:
+        """Close the ledger once no booking has been held for ``GRACE`` seconds (at once with
+        ``now``: the engine leaves); ``busy`` wakes the loop until then."""
+        if self._ledger is None or self.holders:
+            self._unheld_since = None
+            return
+        since = self._unheld_since
+        if since is None:
+            since = self._unheld_since = time.monotonic()
+        if now or time.monotonic() - since >= GRACE:
             self._ledger.close()
             self._ledger = None
+            self._unheld_since = None
 
     def _ledger_said(self, line: str) -> None:
         """What the ledger says (a recovery) goes to the log, to every run holding a booking, and
@@ -226,11 +241,15 @@ class Engine(LineServer):
 
     def handle(self, client: Holder, message: dict[str, Any]) -> dict[str, Any] | None:
         self.asking = client
+        failed = False
         try:
             return self._handle(client, message)
+        except LedgerError:  # a full or read-only state dir: closed at once when no booking is held
+            failed = True  # (its WAL deleted, the space it held freed for the run's own try)
+            raise
         finally:
             self.asking = None
-            self.settle()
+            self.settle(now=failed)
 
     def _handle(self, client: Holder, message: dict[str, Any]) -> dict[str, Any] | None:
         op = message.get("op")
@@ -240,28 +259,20 @@ class Engine(LineServer):
             return self.plan(client, message)
         if op == "cgroup":
             return self.cgroup(client, message)
-        if op == "record":
-            return self.record(client, message)
         if op == "park":
             booking_id = _int(message.get("id"), "id")
             if client.bookings.get(booking_id) != "waiting":
                 raise ValueError(f"booking {booking_id} is not a waiting booking of this connection")
+            if sum(1 for b in self.waiting if b < booking_id) < self.near:  # its turn came near
+                return {"op": "parked", "id": booking_id, "parked": False}
             client.parked.add(booking_id)
-            self.changed = True  # one that is near already is told "soon" at once
-            return {"op": "parked", "id": booking_id}
+            return {"op": "parked", "id": booking_id, "parked": True}
         if op == "attach":
             return self.attach(client, message)
         if op == "release":
-            booking_id = _int(message.get("id"), "id")
-            if client.bookings.pop(booking_id, None) is None:
-                raise ValueError(f"booking {booking_id} is not this connection's")
-            self._forget(client, booking_id)
-            self.released(client, booking_id)
-            self.ledger.release(booking_id)
-            self.changed = True
-            return {"op": "released", "id": booking_id}
+            return self.release(client, message)
         raise ValueError(f"unknown request {op[:40]!r}" if isinstance(op, str) else
-                         "unknown request (op: hello, plan, cgroup, record, park, attach or release)")
+                         "unknown request (op: hello, plan, cgroup, park, attach or release)")
 
     def _fields(self, client: Holder, message: dict[str, Any], key: str,
                 spec: dict[str, type | tuple[type, ...]]) -> dict[str, Any]:
@@ -337,50 +348,91 @@ class Engine(LineServer):
         self.changed = True
         return {"op": "queued", "id": booking_id, "plan": list(plan)}
 
-    def record(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
-        """A finished run's peak and history row (``admitclient.Link.record_peak``/``record_run``),
-        for the label and host of the booking this connection holds, written here with this
-        engine's own ``clear_mark_after`` and history limits: the run opens no ledger of its own,
-        and never waits on its lock."""
-        from dispatch.local.ledgerdb import CLEAN, FAILED, NO_EVENT, OOM_KILLED, SLICE_FULL, RunRecord
+    def release(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
+        """A run gives its booking back (one answer). A run that ran sends its peak and history
+        row with it (``admitclient.Link.release``), checked whole, then written before the release,
+        for the label and host of the booking, with this engine's own ``clear_mark_after`` and
+        history limits: the run opens no ledger of its own and never waits on its lock. A record
+        the ledger refuses (a full disk) is one warning said to the run; the release goes on."""
+        from dispatch.local.ledgerdb import unrecorded_line
 
         booking_id = _int(message.get("id"), "id")
-        if client.bookings.get(booking_id) != "running":
-            raise ValueError(f"booking {booking_id} is not a running booking of this connection")
+        state = client.bookings.get(booking_id)
+        if state is None:
+            raise ValueError(f"booking {booking_id} is not this connection's")
+        fields = message.get("record")
+        if fields is not None:
+            try:
+                write = self._record(client, booking_id, state, fields)
+                if write is not None:
+                    write()
+            except LedgerError as exc:
+                client.send({"op": "say", "line": unrecorded_line(exc)})
+        del client.bookings[booking_id]
+        self._forget(client, booking_id)
+        self.released(client, booking_id)
+        self.ledger.release(booking_id)
+        self.changed = True
+        return {"op": "released", "id": booking_id}
+
+    def _record(self, client: Holder, booking_id: int, state: str, fields: object
+                ) -> Callable[[], None] | None:
+        """A finished run's record (``Link.record_peak``/``record_run``), checked: what writes it,
+        or None (said to the run) when its booking's row is gone."""
+        from dispatch.local.ledgerdb import (
+            CLEAN,
+            FAILED,
+            NO_EVENT,
+            OOM_KILLED,
+            SLICE_FULL,
+            RunRecord,
+            unrecorded_line,
+        )
+
+        if state != "running":
+            raise ValueError(f"record: booking {booking_id} is not a running booking of this connection")
+        if not isinstance(fields, dict):
+            raise ValueError("record: an object")
+        run_fields = fields.get("run")
+        run = None if run_fields is None else RunRecord(*_checked_list(run_fields, RUN_RECORD_TYPES, "run"))
+        keep = self.settings.history_keep
+        call = fields.get("call")
+        peak_args: tuple[int, bool, float, int | None, str, int | None, list[int] | None] | None = None
+        if call == "run":
+            if run is None:
+                raise ValueError("run: a history row")
+        elif call == "peak":
+            peak, duration, cap, vram = (fields.get(k) for k in ("peak", "duration", "cap", "vram"))
+            event, ramp, hit = fields.get("event"), fields.get("ramp"), fields.get("hit_ceiling")
+            if not isinstance(peak, int) or not _size(peak) or not (cap is None or _size(cap)) \
+                    or not (vram is None or _size(vram)):
+                raise ValueError("peak, cap, vram: bytes")
+            if isinstance(duration, bool) or not isinstance(duration, (int, float)) \
+                    or not 0 <= duration < 1e9:
+                raise ValueError("duration: seconds")
+            if event not in (CLEAN, FAILED, NO_EVENT, OOM_KILLED, SLICE_FULL) or not isinstance(hit, bool):
+                raise ValueError("event, hit_ceiling: of the wrong kind")
+            if ramp is not None and not (isinstance(ramp, list) and len(ramp) <= 64
+                                         and all(_size(v) for v in ramp)):
+                raise ValueError("ramp: up to 64 sizes")
+            peak_args = (peak, hit, float(duration), cap, str(event), vram, ramp)
+        else:
+            raise ValueError("call: run or peak")
         row = self.ledger.booking(booking_id)
         if row is None:
-            raise ValueError(f"booking {booking_id} is gone")
-        fields = message.get("run")
-        run = None if fields is None else RunRecord(*_checked_list(fields, RUN_RECORD_TYPES, "run"))
+            client.send({"op": "say", "line": unrecorded_line(f"booking {booking_id} is gone")})
+            return None
         if run is not None and (self.stored_label(client, run.label), run.host) != (row.label, row.host):
             raise ValueError("run: not the label and host of this connection's booking")
         if run is not None:
             run = run._replace(label=row.label)
-        keep = self.settings.history_keep
-        call = message.get("call")
-        if call == "run":
-            if run is None:
-                raise ValueError("run: a history row")
-            self.ledger.record_run(run, keep)
-            return {"op": "recorded", "id": booking_id}
-        if call != "peak":
-            raise ValueError("call: run or peak")
-        peak, duration, cap, vram = (message.get(k) for k in ("peak", "duration", "cap", "vram"))
-        event, ramp, hit = message.get("event"), message.get("ramp"), message.get("hit_ceiling")
-        if not isinstance(peak, int) or not _size(peak) or not (cap is None or _size(cap)) \
-                or not (vram is None or _size(vram)):
-            raise ValueError("peak, cap, vram: bytes")
-        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 <= duration < 1e9:
-            raise ValueError("duration: seconds")
-        if event not in (CLEAN, FAILED, NO_EVENT, OOM_KILLED, SLICE_FULL) or not isinstance(hit, bool):
-            raise ValueError("event, hit_ceiling: of the wrong kind")
-        if ramp is not None and not (isinstance(ramp, list) and len(ramp) <= 64
-                                     and all(_size(v) for v in ramp)):
-            raise ValueError("ramp: up to 64 sizes")
-        self.ledger.record_peak(row.label, row.host, peak, hit, float(duration), cap=cap, event=event,
-                                clear_after=self.settings.clear_mark_after, run=run, keep=keep,
-                                vram=vram, ramp=ramp)
-        return {"op": "recorded", "id": booking_id}
+        if peak_args is None:
+            assert run is not None
+            return lambda: self.ledger.record_run(run, keep)
+        peak, hit, duration, cap, event, vram, ramp = peak_args
+        return lambda: self.ledger.record_peak(
+            row.label, row.host, peak, hit, duration, cap=cap, event=event,
+            clear_after=self.settings.clear_mark_after, run=run, keep=keep, vram=vram, ramp=ramp)
 
     def cgroup(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
         """An admitted run made its job's cgroup: the booking names it (its usage counts from now,
@@ -489,7 +541,8 @@ class Engine(LineServer):
     # -- admission --------------------------------------------------------------------------------
 
     def busy(self) -> bool:
-        return bool(self.waiting)
+        """Waiters to try, or a ledger to close once its grace is over (``settle``)."""
+        return bool(self.waiting) or (self._ledger is not None and not self.holders)
 
     def evaluate(self) -> None:
         """The waiters this engine holds, in queue order, each tried as ``Ledger.try_admit`` would
@@ -741,6 +794,7 @@ def main(argv: list[str] | None = None) -> int:
     os.close(null)
     try:
         engine.serve()
+        engine.settle(now=True)
     except BaseException as exc:
         import traceback
 

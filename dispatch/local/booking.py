@@ -18,19 +18,18 @@ gamble booking undercounted it; otherwise it would be booked the same way and ki
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from dispatch.core.errors import NeverFitsError
 from dispatch.core.records import NamedTuple
 from dispatch.core.request import default_label as default_label  # where the callers found it
 from dispatch.core.units import format_size
-from dispatch.local.ledgerdb import Booking, PeakRecord
 
 MYPY = False
 if MYPY:
+    from collections.abc import Sequence
     from typing import Optional
 
     from dispatch.local.ledger import Ledger
+    from dispatch.local.ledgerdb import Booking, PeakRecord
 
 OOM_SCORE_ADJ = {"cap": 0, "peak": 500, "gamble": 1000}
 

@@ -12,7 +12,6 @@ A signal that ends the wait (SIGINT, SIGTERM, SIGHUP, SIGQUIT) releases the book
 from __future__ import annotations
 
 import os
-import signal
 import time
 
 from dispatch.core.procinfo import start_time
@@ -21,6 +20,7 @@ from dispatch.local.admitclient import Link
 
 MYPY = False
 if MYPY:
+    import signal
     from collections.abc import Callable
     from typing import Any, Optional
 
@@ -29,6 +29,8 @@ if MYPY:
     from dispatch.core.settings import Settings
     from dispatch.local.park import Resume
     from dispatch.local.waitwatch import WaitWatch
+else:  # the C module: signal's enums would load enum, functools and collections (~3 ms a run)
+    import _signal as signal
 
 # They end a wait for room, as SIGINT does (KeyboardInterrupt).
 WAIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -184,11 +186,14 @@ def _wait(link: Link, say: Callable[[str], None], watch: WaitWatch | None, park:
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, *WAIT_SIGNALS))  # held back: now
         parker = None
+        after = 0.0
         if park and (watch is None or watch.then is None):  # a peer watch needs the run whole
+            from dispatch.local.park import park_after
             from dispatch.local.park import parker as make_parker
 
             parker = make_parker(link, started, lambda: _alert_in(watch))
-        return link.wait(say, watch, watch.due if watch is not None else None, parker, started)
+            after = park_after()
+        return link.wait(say, watch, watch.due if watch is not None else None, parker, started, after)
     except KeyboardInterrupt:
         raise Interrupted(signal.SIGINT) from None
     finally:

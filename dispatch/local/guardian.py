@@ -12,10 +12,15 @@ job's cgroup takes it down.
 from __future__ import annotations
 
 import os
-import signal
-from collections.abc import Callable
 
 from dispatch.capping.base import JobCgroup
+
+MYPY = False
+if MYPY:
+    import signal
+    from collections.abc import Callable
+else:  # the C module: signal's enums would load enum, functools and collections (~3 ms a run)
+    import _signal as signal
 
 
 class Watcher:

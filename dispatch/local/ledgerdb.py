@@ -2,7 +2,9 @@
 
 Apart from ``dispatch.local.ledger`` (the operations) and ``dispatch.local.ledgerfile`` (the
 connection), because a recovery (``dispatch.local.recovery``) and the peak journal
-(``dispatch.local.peakjournal``) build and replay the same tables without needing the ledger.
+(``dispatch.local.peakjournal``) build and replay the same tables without needing the ledger. A
+finished run's record (``RunRecord``, the mark events, ``record_outcome``) is in
+``dispatch.local.runrecord``, re-exported here: a run writes one without loading the schema.
 """
 
 from __future__ import annotations
@@ -11,16 +13,23 @@ from dispatch.core.records import NamedTuple
 from dispatch.local.ramp import decode as decode_ramp
 from dispatch.local.ramp import encode as encode_ramp
 from dispatch.local.ramp import fold as fold_ramp
+from dispatch.local.runrecord import CLEAN as CLEAN  # a finished run's record: there, re-exported
+from dispatch.local.runrecord import FAILED as FAILED
+from dispatch.local.runrecord import NO_EVENT as NO_EVENT
+from dispatch.local.runrecord import OOM_KILLED as OOM_KILLED
+from dispatch.local.runrecord import SLICE_FULL as SLICE_FULL
+from dispatch.local.runrecord import UNFINISHED as UNFINISHED
+from dispatch.local.runrecord import RunRecord as RunRecord
+from dispatch.local.runrecord import mark_event as mark_event
+from dispatch.local.runrecord import record_outcome as record_outcome
+from dispatch.local.runrecord import run_row as run_row
+from dispatch.local.runrecord import unrecorded_line as unrecorded_line
 
 MYPY = False
 if MYPY:
     import sqlite3  # annotations only: the peer driver reads these records without opening a ledger
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
     from typing import Any, Optional
-
-    from dispatch.core.outcome import Outcome
-    from dispatch.core.request import RunRequest
-    from dispatch.core.settings import Settings
 
 SCHEMA_VERSION = 8  # 2: bookings.gpu_index, gpu_bytes; 3: the peak_runs table; 4: grp, when_idle;
 # 5: peaks.ceiling_at, slice_full_at, clean_runs (the marks that book a label at its cap); 6: runs;
@@ -121,11 +130,6 @@ ADDED_PEAK_COLUMNS = (("ceiling_at", "REAL"), ("slice_full_at", "REAL"),
                       ("ramp", "TEXT"), ("min_duration", "REAL"))
 PEAK_COLUMNS = ("label, host, max_peak, runs, last_peak, hit_ceiling, last_duration, max_duration,"
                 " updated, ceiling_at, slice_full_at, clean_runs, max_vram, ramp, min_duration")
-# What a run says about its label's mark (``mark_event``), in record_fold and in the
-# peak journal: killed with 254; OOM-killed otherwise; a clean run at its cap; failed otherwise
-# (a non-zero exit or a signal: it may raise the booking peak, never set it); nothing of that.
-SLICE_FULL, OOM_KILLED, CLEAN, FAILED, NO_EVENT = "s", "o", "c", "f", "-"
-UNFINISHED = (SLICE_FULL, OOM_KILLED, FAILED)  # runs whose peak says "at least", not "this much"
 CLEAR_MARK_AFTER = 3  # the default of ``clear_mark_after``
 
 
@@ -180,28 +184,6 @@ class PeakRun(NamedTuple):
     hit_ceiling: bool
     duration: Optional[float]
     at: float
-
-
-class RunRecord(NamedTuple):
-    """One finished run in the history. ``cap``: the job cgroup's limit (the slice's when it had no
-    cap of its own); ``peak`` None: nothing was measured (the command could not be started)."""
-
-    started: float
-    ended: float
-    duration: Optional[float]
-    waited: Optional[float]
-    host: str
-    label: str
-    session: Optional[str]
-    command: str
-    cap: Optional[int]
-    kind: Optional[str]  # the booking kind: cap, peak or gamble
-    booked: Optional[int]
-    peak: Optional[int]
-    exit_code: int
-    outcome: str  # "exit", "signal" or an exit-code name ("own-cap", "max-runtime", ...)
-    hit_ceiling: bool
-    id: Optional[int] = None  # set when read back
 
 
 def run_record(row: Any) -> RunRecord:
@@ -336,61 +318,3 @@ def record_fold(db: sqlite3.Connection, label: str, host: str, peak: int, hit_ce
                    " AND slice_full_at IS NOT NULL", key)
         db.execute("UPDATE peaks SET slice_full_at = NULL, clean_runs = 0 WHERE label = ? AND host = ?"
                    " AND clean_runs >= ?", (*key, clear_after))
-
-
-def run_row(outcome: Outcome, session: str | None, argv: Sequence[str]) -> RunRecord:
-    """The run's row in the run history, ending now (text made storable: SQLite keeps only valid
-    UTF-8). Its start is the end less the job's own run time. Here, not in ``history``: every run
-    writes one, and ``history`` (queries, ``--since``) stays off that path."""
-    import time
-
-    from dispatch.core.text import storable
-
-    ended = time.time()
-    return RunRecord(
-        started=ended - (outcome.duration_s or 0.0), ended=ended, duration=outcome.duration_s,
-        waited=outcome.waited_s, host=storable(outcome.host), label=storable(outcome.label),
-        session=None if session is None else storable(session), command=storable(" ".join(argv)),
-        cap=outcome.cap_bytes, kind=outcome.booking_kind, booked=outcome.booked_bytes,
-        peak=outcome.peak_bytes, exit_code=outcome.exit_code, outcome=storable(outcome.outcome),
-        hit_ceiling=bool(outcome.hit_ceiling),
-    )
-
-
-def record_outcome(settings: Settings, ledger: Any, outcome: Outcome, request: RunRequest,
-            cap: int | None, kind: str, say: Callable[[str], None]) -> None:
-    """The run's peak (when one was measured), its mark event and its history row, in one
-    transaction. The job has run: a ledger failure now must not change its exit status, so it is
-    one warning."""
-    from dispatch.core.errors import LedgerError
-
-    run = run_row(outcome, request.session, request.argv)
-    try:
-        if outcome.peak_bytes is None:  # the command could not be started: nothing measured
-            ledger.record_run(run, settings.history_keep)
-        else:
-            event = mark_event(outcome, kind)
-            ledger.record_peak(outcome.label, outcome.host, outcome.peak_bytes, outcome.hit_ceiling,
-                               outcome.duration_s, cap=cap, event=event,
-                               clear_after=settings.clear_mark_after, run=run,
-                               keep=settings.history_keep, vram=outcome.vram_peak_bytes,
-                               ramp=outcome.ramp)
-    except LedgerError as exc:
-        say(f"warning: the peak and history row of this run were not recorded: {exc}")
-
-
-def mark_event(outcome: Outcome, kind: str | None) -> str:
-    """What a finished run does to its label's mark (``ledgerdb.record_fold``): hostrun's 254 verdict
-    marks it (a job's own ``exit 254`` does not); any other OOM kill sets its clean count back to 0;
-    exit 0 booked at its cap (``kind`` "cap") with nothing OOM-killed counts as clean. A run that
-    failed otherwise (FAILED) says nothing of the mark, and its peak may only raise the booking
-    peak."""
-    from dispatch.core.exitcodes import ExitCode
-
-    if outcome.is_verdict(ExitCode.SLICE_FULL):
-        return SLICE_FULL
-    if outcome.counters.get("oom_kill", 0) > 0:
-        return OOM_KILLED
-    if outcome.exit_code == 0 and kind == "cap":
-        return CLEAN
-    return NO_EVENT if outcome.exit_code == 0 else FAILED

@@ -12,7 +12,6 @@ shared slice every run books through that slice's engine (``sharedlink.shared_he
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from dispatch.core.errors import UsageError
 from dispatch.core.exitcodes import ExitCode
@@ -22,6 +21,7 @@ from dispatch.core.settings import Settings
 
 MYPY = False
 if MYPY:
+    from collections.abc import Callable
     from typing import Any
 
     from dispatch.local.admitpolicy import Admission

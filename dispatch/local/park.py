@@ -6,15 +6,18 @@ Why: a waiting run holds what it has imported. A swarm of 1,000 waiting runs hel
 parked, a waiting run is a ``python3 -I -S`` running ``parked.py``, which imports nothing and blocks
 in a read.
 
-How: when the admission engine says a run must wait and it is not near the head of the queue
-(``admitd.NEAR`` waiters), the run tells the engine (``park``) and execs ``parked.py`` with its
-connection's descriptor. The parked process prints the engine's waiting lines. When the engine says
-its turn is near (``soon``) or that it is admitted, when the engine has gone, when a signal ends the
-wait, or when the long-wait alert is due, it execs the run's own command line again
-(``sys.orig_argv``) with ``HOSTRUN_RESUME`` naming the descriptor, the booking, when the wait began and
-why it resumed; the run then carries on from there (``enginebook.resume``). The pid, the connection
-and so the booking (which is the connection's) stay the same throughout: nothing is released, the
-place in the queue is kept, and a parked run killed with SIGKILL is released by its connection as any.
+How: when a run has waited ``HOSTRUN_PARK_AFTER`` seconds (``PARK_AFTER``) and the admission engine
+last said it is not near the head of the queue (``admitd.NEAR`` waiters), the run tells the engine
+(``park``; declined when its turn is near by then) and execs ``parked.py`` with its connection's
+descriptor. A short wait stays whole: a burst whose runs start within seconds would otherwise start
+an interpreter twice more for each run far back in it. The parked process prints the engine's
+waiting lines. When the engine says its turn is near (``soon``) or that it is admitted, when the
+engine has gone, when a signal ends the wait, or when the long-wait alert is due, it execs the run's
+own command line again (``sys.orig_argv``) with ``HOSTRUN_RESUME`` naming the descriptor, the
+booking, when the wait began and why it resumed; the run then carries on from there
+(``enginebook.resume``). The pid, the connection and so the booking (which is the connection's)
+stay the same throughout: nothing is released, the place in the queue is kept, and a parked run
+killed with SIGKILL is released by its connection as any.
 
 ``HOSTRUN_PARK=0`` keeps a waiting run whole.
 """
@@ -22,20 +25,35 @@ place in the queue is kept, and a parked run killed with SIGKILL is released by 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 from dispatch.core.exitcodes import ExitCode
 
 MYPY = False
 if MYPY:
+    import signal
     from collections.abc import Callable, Mapping
     from typing import Any
+else:  # the C module: signal's enums would load enum, functools and collections (~3 ms a run)
+    import _signal as signal
 
 RESUME_ENV = "HOSTRUN_RESUME"  # "FD BOOKING STARTED WHY", set by the parked process for the run
 PARK_ENV = "HOSTRUN_PARK"  # "0": a waiting run is never parked
+PARK_AFTER = 3.0  # seconds a run waits far from its turn before it parks
+PARK_AFTER_ENV = "HOSTRUN_PARK_AFTER"  # another PARK_AFTER (seconds, 0 or more; tests: 0)
 # The signals that end a wait (as in the run: enginebook.WAIT_SIGNALS and SIGINT).
 ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+def park_after(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds a run waits far from its turn before it parks: ``HOSTRUN_PARK_AFTER``, else
+    ``PARK_AFTER`` (also for a value that is not a number of seconds, 0 or more)."""
+    text = (os.environ if environ is None else environ).get(PARK_AFTER_ENV, "")
+    try:
+        value = float(text)
+    except ValueError:
+        return PARK_AFTER
+    return value if 0 <= value < 1e9 else PARK_AFTER
+
 
 def allowed(environ: Mapping[str, str] | None = None) -> bool:
     """Whether a waiting run may park here: not with ``HOSTRUN_PARK=0``, and only where the
@@ -106,18 +124,17 @@ def park(sock_fd: int, booking_id: int, started: float, alert_in: float | None) 
 
 def parker(link: Any, started: float, alert_in: Callable[[], float | None]) -> Callable[[], bool]:
     """``Link.wait``'s ``park``: ask the engine to mark the booking parked, then exec. Returns False
-    when the run is not to park after all: admitted, or near, while it asked (that message is put
-    back for the wait to read), or the exec failed."""
+    when the run is not to park after all: admitted, or near, while it asked (the engine declines
+    it, or that message is put back for the wait to read), or the exec failed."""
 
     def go() -> bool:
         booking_id = link.booking_id
         if booking_id is None or link.sock is None:
             return False
         try:
-            answer = link.park_request(booking_id)
+            if not link.park_request(booking_id):  # near by now, or admitted: carry on whole
+                return False
         except (ConnectionError, OSError):
-            return False
-        if answer is not None:  # "admitted" or "soon" came first: carry on whole
             return False
         try:
             park(link.sock.fileno(), booking_id, started, alert_in())

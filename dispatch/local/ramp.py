@@ -11,7 +11,10 @@ Pure functions, standard library only (on the path of every run).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+MYPY = False
+if MYPY:
+    from collections.abc import Sequence
+
 
 POINTS = 10
 REACHED = 0.9  # the time to peak: the first tenth whose value reaches this share of the peak

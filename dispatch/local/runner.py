@@ -21,9 +21,7 @@ read per job: ``has_nvidia_gpus``) every other job has the kernel log watched to
 from __future__ import annotations
 
 import os
-import signal
 import time
-from collections.abc import Callable
 
 from dispatch.capping.base import CapBackend, JobCgroup
 from dispatch.core.errors import BackendError, LedgerError, UsageError
@@ -37,7 +35,6 @@ from dispatch.core.text import storable
 from dispatch.core.units import format_size
 from dispatch.local import enginebook, ramp
 from dispatch.local.admitclient import Link
-from dispatch.local.admitpolicy import Admission
 from dispatch.local.booking import (
     Plan,
     as_admitted_kind,
@@ -47,7 +44,7 @@ from dispatch.local.enginebook import Booked
 from dispatch.local.guardian import Guardian
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.jobwatch import Foreground, JobWatch
-from dispatch.local.ledgerdb import record_outcome
+from dispatch.local.runrecord import record_outcome
 from dispatch.local.signals import FORWARDED as FORWARDED
 from dispatch.local.signals import ForwardedSignals as _Signals
 from dispatch.local.spawn import CGROUP_FAILED, PreparedChild
@@ -55,11 +52,16 @@ from dispatch.local.waitwatch import watch_for
 
 MYPY = False
 if MYPY:
+    import signal
+    from collections.abc import Callable
     from typing import Any
 
+    from dispatch.local.admitpolicy import Admission
     from dispatch.local.gpu import GpuRun
     from dispatch.local.kernlog import KernelWatch
     from dispatch.local.ledger import Ledger
+else:  # the C module: signal's enums would load enum, functools and collections (~3 ms a run)
+    import _signal as signal
 
 def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], None],
                on_wait: Callable[[Admission], None] | None = None, alerts: bool = True,

@@ -36,10 +36,11 @@ import signal
 import socket
 import sys
 
-from dispatch.capping.shared import JOB_AFFIXES, PROTOCOL, SOCKET_PATH
+from dispatch.capping.shared import JOB_AFFIXES, SOCKET_PATH
 from dispatch.capping.systemd import SYSTEM_MANAGER, Manager, SystemdBackend, scope_properties
 from dispatch.core.errors import BackendError
 from dispatch.core.exitcodes import ExitCode
+from dispatch.local.admitclient import PROTOCOL
 from dispatch.local.admitd import PID_MAX, Engine, Holder, _int
 from dispatch.local.hostslice import LocalSlice
 

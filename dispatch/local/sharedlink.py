@@ -25,7 +25,6 @@ if MYPY:
 
     from dispatch.core.settings import Settings
     from dispatch.local.hostslice import LocalSlice
-    from dispatch.local.ledger import Ledger
 
 
 class SharedLink(Link):
@@ -35,11 +34,13 @@ class SharedLink(Link):
         super().__init__(settings, say)
         self.path = path
 
+    def address(self) -> str:
+        return self.path
+
     def connect(self) -> Link:
         """Reach the engine (systemd queues the connection while it starts one); 78 when there is
-        none, or one of another version."""
-        from dispatch.capping.shared import PROTOCOL  # not on a plain run's path: a shared one's
-
+        none. Its ``hello`` goes with the first request (``Link.send``: another version's engine is
+        refused there, 78)."""
         last: Exception | None = None
         for attempt in range(REACH_TRIES):
             self.close()
@@ -47,23 +48,41 @@ class SharedLink(Link):
                 sock = _try_connect(self.path)
             except EngineError as exc:
                 raise SharedError(f"cannot reach the shared slice's engine: {exc}") from None
-            if sock is None:
-                last = ConnectionRefusedError(f"nothing listens at {self.path}")
-            else:
-                self.sock, self.buf = sock, b""
-                try:
-                    hello = self.ask({"op": "hello", "protocol": PROTOCOL})
-                except (ConnectionError, BrokenPipeError) as exc:
-                    last = exc
-                else:
-                    if hello.get("protocol") != PROTOCOL:
-                        raise SharedError(f"the shared slice's engine speaks protocol "
-                                          f"{hello.get('protocol')!r}, this hostrun {PROTOCOL}: "
-                                          "install the same version")
-                    return self
+            if sock is not None:
+                self.sock, self.buf, self.greeting = sock, b"", True
+                return self
+            last = ConnectionRefusedError(f"nothing listens at {self.path}")
             time.sleep(0.1 * (attempt + 1))
         raise SharedError(f"cannot reach the shared slice's engine at {self.path} ({last}); "
                           "nothing ran")
+
+    def release(self) -> None:
+        """Give the booking back with the run's record (one request); through the next engine when
+        this one went (the booking attached to it first). Never through a ledger of the user's: when
+        no engine can be reached, the next one releases the booking once this run has ended, and the
+        record is one warning."""
+        booking_id, record = self.booking_id, self.record
+        self.record = None
+        if booking_id is None:
+            return
+        message: dict[str, Any] = {"op": "release", "id": booking_id}
+        if record is not None:
+            message["record"] = record[0]
+        done = False
+        try:
+            if self.sock is None:
+                raise ConnectionError("not connected")
+            self.ask(message)
+            done = True
+        except (ConnectionError, OSError):
+            done = self._again(message)
+        except HostrunError as exc:  # refused: the booking goes with the connection, as it ends
+            self.say(f"warning: the shared slice's engine refused this run's release: {exc}")
+            done = True
+        if not done and record is not None:
+            self.say("warning: the shared slice's engine went away: this run's peak and history row "
+                     "were not recorded")
+        self.booking_id = None
 
     def _again(self, message: dict[str, Any]) -> bool:
         """``message`` asked of the next engine, this booking attached to it first: whether it was."""
@@ -73,32 +92,6 @@ class SharedLink(Link):
             return True
         except (ConnectionError, OSError, HostrunError):
             return False
-
-    def _record(self, fields: dict[str, Any], direct: Callable[[Ledger], None]) -> None:
-        if self.booking_id is None:
-            return
-        message = {"op": "record", "id": self.booking_id, **fields}
-        try:
-            if self.sock is None:
-                raise ConnectionError("not connected")
-            self.ask(message)
-        except (ConnectionError, OSError):
-            if not self._again(message):
-                self.say("warning: the shared slice's engine went away: this run's peak and history "
-                         "row were not recorded")
-
-    def release(self) -> None:
-        booking_id = self.booking_id
-        if booking_id is None:
-            return
-        message = {"op": "release", "id": booking_id}
-        try:
-            if self.sock is None:
-                raise ConnectionError("not connected")
-            self.ask(message)
-        except (ConnectionError, OSError):
-            self._again(message)  # else the next engine releases it once this run has ended
-        self.booking_id = None
 
 
 def shared_here(settings: Settings) -> LocalSlice | None:
