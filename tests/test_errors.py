@@ -101,3 +101,22 @@ def test_outcome_name() -> None:
     assert outcome_name(78) == "not-run"
     assert outcome_name(1) == "error"
     assert outcome_name(77) == "error"
+
+
+def test_a_reader_that_went_away_gets_141_and_no_traceback() -> None:
+    """``hostrun codes --json | head -7``: when ``head`` has exited before hostrun writes (its pipe's
+    read end closed here beforehand, so it always has), the write fails with EPIPE; hostrun ends 141
+    (128 + SIGPIPE) without a traceback (before: BrokenPipeError's, seen in the docs' example)."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, "-m", "dispatch", "codes", "--json"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr

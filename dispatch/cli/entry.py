@@ -14,6 +14,8 @@ MYPY = False
 if MYPY:
     from typing import NoReturn
 
+SIGPIPE_EXIT = 128 + 13  # as a shell says a process killed by SIGPIPE ended (docs/exit-codes.md)
+
 
 def entry() -> NoReturn:
     """Like ``sys.exit(main())``, minus the interpreter's teardown: everything hostrun owns is closed
@@ -27,7 +29,14 @@ def entry() -> NoReturn:
     else:
         from dispatch.cli.main import main
 
-        code = main()
+        try:
+            code = main()
+        except BrokenPipeError:  # the reader of hostrun's own output went (``hostrun codes | head``)
+            code = SIGPIPE_EXIT
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error after
+            except (OSError, ValueError):
+                pass
     leave(code)
 
 
