@@ -9,8 +9,10 @@ no wake FIFO, no retry loop). A waiting run blocks in a read on its connection.
 - **The store stays the ledger** (``Ledger``, SQLite): the engine is its writer for its clients, so
   ``hostrun status``, ``top`` and the other readers see what they saw, the rules are the same code
   (``admitpolicy``: FIFO with backfill, groups, when-idle, lending, marks, the machine's available
-  memory), and a run admitted without the engine (a ``--gpu-memory`` run, the shared backend) is
-  still counted and ordered with the others.
+  memory, a ``--gpu-memory`` run's GPUs: nvidia-smi read here at most once a second while such a
+  run waits). Every run of the state dir books here; the shared slice's engine is this one, run by
+  root for several users (``dispatch.local.sharedd``: its hooks ``stored_label``, ``owns``,
+  ``released``).
 - **A booking belongs to its connection**: a client that dies releases at once (its connection
   closes), with no ``/proc`` scan for staleness on the hand-off's path.
 - **Its own death forgets nothing**: the bookings are in the ledger, so a new engine counts every
@@ -24,9 +26,10 @@ no wake FIFO, no retry loop). A waiting run blocks in a read on its connection.
 - **Bounds**: the line server's (``dispatch.local.lineserver``); only its owner (or root) may connect.
 
 Requests (JSON lines): ``hello`` (a run sends it with its first request, without waiting for its
-answer); ``plan`` (a run's fields: its cap checked, its booking planned and
-queued, answered ``queued`` with its id and plan, then ``wait`` lines with the status figures, at
-once and every ``status_interval``, and ``admitted``; ``soon`` to a parked run whose turn is near);
+answer); ``plan`` (a run's fields, ``RUN_FIELDS``, its gamble size and GPU want among them: its cap
+checked, its booking planned and queued, answered ``queued`` with its id and plan, then ``wait``
+lines with the status figures, at once and every ``status_interval``, and ``admitted``; ``soon``
+to a parked run whose turn is near);
 ``cgroup`` (the admitted run's job cgroup: the run reads the answer with its next one); ``park``
 (declined for a waiter near its turn by then); ``attach`` (a booking this connection held, or held
 on the engine before: its state); ``release`` (with the finished run's peak and history row, when
