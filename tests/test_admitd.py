@@ -27,17 +27,7 @@ from tests.conftest import Hostrun, wait_for
 
 def _engines(hostrun: Hostrun) -> list[int]:
     """The engine processes of this test's state dir."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"dispatch.local.admitd" in argv and str(hostrun.state_dir).encode() in argv:
-            found.append(int(name))
-    return found
+    return hostrun.engine_pids()
 
 
 def _stop_engines(hostrun: Hostrun) -> None:

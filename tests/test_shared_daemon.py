@@ -126,6 +126,10 @@ class Setup:
             ledger.close()
         self.path = str(root / "shared.sock")
         self.clients: list[Client] = []
+        self.start()
+
+    def start(self) -> None:
+        """An engine on the socket path and the state dir, in a thread (again: a restart)."""
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.path)
         os.chmod(self.path, 0o777)  # the group's 0660 in real life: here any user may connect
@@ -544,14 +548,7 @@ def test_a_booking_outlives_its_engine(setup: Setup) -> None:
     Client(setup.path).close()
     setup.thread.join(10)
     os.unlink(setup.path)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(setup.path)
-    listener.listen(64)
-    setup.daemon = SharedEngine(listener, setup.settings, setup.path, "hostrun.slice", LIMIT, "staff",
-                                setup.backend, setup.manager)
-    setup.thread = threading.Thread(target=setup.daemon.serve, kwargs={"handle_signals": False},
-                                    daemon=True)
-    setup.thread.start()
+    setup.start()
     assert [(b["label"], b["state"]) for b in setup.listing()] == [("held", "running"), ("waits", "waiting")]
     back = setup.client()
     assert back.ask({"op": "attach", "id": waiting})["state"] == "waiting"

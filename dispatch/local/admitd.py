@@ -522,7 +522,7 @@ class Engine(LineServer):
             except HostrunError as exc:
                 self.log(f"cannot release booking {booking_id}: {exc}")
                 continue
-            if row is not None and row.cgroup:
+            if row is not None:
                 self._remove_if_empty(row)
         if client.bookings:  # a run that released before it closed changes nothing here
             self.changed = True
@@ -530,12 +530,18 @@ class Engine(LineServer):
         self.settle()
 
     def _remove_if_empty(self, row: Booking) -> None:
-        """The job cgroup ``row`` names, removed when empty, and only the one its own holder made
+        """The job cgroup of ``row``'s holder, removed when empty: the one the row names, or, when
+        the run died before it could say (its ``cgroup`` is sent without waiting), the one its
+        holder makes by name (``create_job("<pid>-<start>")``); only ever that holder's own
         (``admission.booking_job``: a row naming another's cgroup gets nothing removed)."""
         from dispatch.local.admission import booking_job
 
         try:
-            job = booking_job(self.here.backend, row)
+            backend = self.here.backend
+            if not row.cgroup and backend.slice_dir:
+                row = row._replace(cgroup=os.path.join(
+                    backend.slice_dir, backend.job_name(f"{row.pid}-{row.pid_start}")))
+            job = booking_job(backend, row)
             if job is not None and not job.pids():
                 job.remove()
         except (OSError, HostrunError):
