@@ -87,14 +87,10 @@ def plan_of(row: Booking) -> Plan:
     return Plan(row.kind, row.size, row.cap, OOM_SCORE_ADJ.get(row.kind, OOM_SCORE_ADJ["gamble"]))
 
 
-def as_admitted(plan: Plan, row: Booking | None) -> Plan:
-    """The plan as admitted: a job started on lent room (``dispatch.local.lending``) was booked as
-    a gamble, so the kernel kills it first if a projection was wrong (and it is requeued)."""
-    return as_admitted_kind(plan, row.kind if row is not None else None)
-
-
 def as_admitted_kind(plan: Plan, kind: str | None) -> Plan:
-    """``as_admitted`` from the kind the booking was admitted as (the engine says it)."""
+    """The plan as admitted, from the kind the engine admitted the booking as: a job started on
+    lent room (``dispatch.local.lending``) was booked as a gamble, so the kernel kills it first if a
+    projection was wrong (and it is requeued)."""
     if kind != "gamble" or plan.kind == "gamble":
         return plan
     return plan._replace(kind="gamble", oom_score_adj=OOM_SCORE_ADJ["gamble"])

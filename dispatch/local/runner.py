@@ -113,15 +113,14 @@ def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], Non
             again = requeue and requeued < MAX_REQUEUES  # a slice-full kill now runs it again
             outcome, plan = run.attempt(label, requeue, again, alerts)
             outcome.requeued = requeued
-            if not (again and outcome.is_verdict(ExitCode.SLICE_FULL)
-                    and run.booking_id is not None):
+            if not (again and outcome.is_verdict(ExitCode.SLICE_FULL)):
                 return outcome
             place = run.booking_id
             line = (f"REQUEUE {label} (booking {place}): killed when the slice filled, booked as "
                     f"{plan.kind} {format_size(plan.size)}; runs again at its cap "
                     f"({requeued + 1} of {MAX_REQUEUES})")
             say(line.replace("REQUEUE ", "requeued: ", 1))
-            (run.ledger or run.open_ledger()).log([line])
+            run.open_ledger().log([line])
         finally:
             run.release()
     raise AssertionError("unreachable: the last attempt returns")
@@ -174,7 +173,7 @@ class _LocalRun:
         self.child: PreparedChild | None = None
         self.ledger: Ledger | None = None
         self.link: Link = booked.link  # the admission engine's connection: the booking is its
-        self.booking_id: int | None = booked.booking_id
+        self.booking_id = booked.booking_id
         self.job.held_by(booked.link)
 
     def open_ledger(self) -> Ledger:

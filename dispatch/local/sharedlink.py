@@ -1,7 +1,7 @@
 """A run's connection to a shared slice's admission engine (``dispatch.local.sharedd``).
 
 The same conversation as with a user's own engine (``admitclient.Link``: plan, wait, attach,
-record, release), with three differences: the engine is root's and systemd's (reached at the
+release with the run's record), with three differences: the engine is root's and systemd's (reached at the
 shared socket, never started by a run: systemd starts it on the first connection and restarts it);
 the job's cgroup is the scope that engine starts (``capping.shared.SharedJob.adopt``); and when the
 engine has gone at a run's end, its record and release go through the next one, never through a
