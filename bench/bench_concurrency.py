@@ -28,7 +28,10 @@ peak (kind ``peak``), and many more than ``parallel`` may legitimately run at on
 booked-bytes check is a target, the job count is informational.
 
 Baseline, in the same run: the same ``jobs`` job commands with plain Python, ``parallel`` at a time
-(a pool of ``parallel`` threads each running ``subprocess.run``), no hostrun.
+(a pool of ``parallel`` threads each running ``subprocess.run``), no hostrun. Floor, in the same run:
+``jobs`` bare ``python3 -I -S`` processes launched at once as hostrun's are, each taking a token of a
+jobserver (a FIFO holding ``parallel`` bytes, as GNU make's), running its job and giving the token
+back: what any design whose waiting clients are Python processes pays on these cores.
 
 Isolation: a private temporary config (own ``state_dir``, own slice cgroup
 ``<this process's memory cgroup>/hostrun-bench-<pid>``, own ``XDG_CACHE_HOME``), passed with
@@ -195,6 +198,45 @@ def run_baseline(
     wall = time.perf_counter() - t0
     intervals, _ = read_intervals(paths)
     return wall, codes, max_overlap(intervals), children_cpu() - cpu0
+
+
+# The floor of any design whose waiting clients are Python processes: a bare interpreter that takes
+# a token from a jobserver (a FIFO holding ``parallel`` bytes, as GNU make's), runs the job, gives the
+# token back. No imports, no cgroup, no booking: what 50 such processes cost on these cores.
+FLOOR_CLIENT = (
+    "import os, sys\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+    "os.read(fd, 1)\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "status = os.waitpid(pid, 0)[1]\n"
+    "os.write(fd, b't')\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
+def run_floor(python: str, jobs: int, parallel: int, sleep: float, outdir: str
+              ) -> tuple[float, list[int], int, float, float]:
+    """``jobs`` bare ``python3 -I -S`` clients launched at once as hostrun's are, ``parallel`` tokens
+    in a jobserver FIFO: wall, exit codes, most at once, CPU, when the first job started (s)."""
+    os.makedirs(outdir)
+    fifo = os.path.join(outdir, "jobserver")
+    os.mkfifo(fifo, 0o600)
+    keep = os.open(fifo, os.O_RDWR)  # the FIFO's tokens live while one end is open
+    os.write(keep, b"t" * parallel)
+    paths = [os.path.join(outdir, f"job-{i:03d}.ts") for i in range(jobs)]
+    cpu0 = children_cpu()
+    launch_wall = time.time()
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([python, "-I", "-S", "-c", FLOOR_CLIENT, fifo, *job_script(path, sleep)],
+                              stdin=subprocess.DEVNULL) for path in paths]
+    codes = [p.wait() for p in procs]
+    wall = time.perf_counter() - t0
+    os.close(keep)
+    intervals, _ = read_intervals(paths)
+    first = min(s for s, _ in intervals) - launch_wall if intervals else 0.0
+    return wall, codes, max_overlap(intervals), children_cpu() - cpu0, first
 
 
 def proc_cpu(pid: int) -> float:
@@ -375,6 +417,13 @@ def main() -> int:
               f"{base_wall:.3f} s = {base_wall / ideal:.2f}x ideal; max at once {base_overlap}; "
               f"exit codes {dict(collections.Counter(base_codes))}; CPU {base_cpu:.2f} s")
 
+        floor_wall, floor_codes, floor_overlap, floor_cpu, floor_first = run_floor(
+            interpreter_of(hostrun), args.jobs, args.parallel, args.sleep, os.path.join(tmp, "floor"))
+        print(f"floor (bare python3 -I -S clients launched at once, a jobserver of {args.parallel}): "
+              f"{floor_wall:.3f} s = {floor_wall / ideal:.2f}x ideal; first job started "
+              f"{floor_first * 1000:.0f} ms after launch; max at once {floor_overlap}; "
+              f"exit codes {dict(collections.Counter(floor_codes))}; CPU {floor_cpu:.2f} s")
+
         # -- hostrun: all at once
         outdir = os.path.join(tmp, "hostrun")
         os.makedirs(outdir)
@@ -439,7 +488,8 @@ def main() -> int:
         print(f"  wall time:   {wall:.3f} s vs ideal {ideal:.3f} s ({args.jobs}/{args.parallel} x "
               f"{args.sleep} s) = {ratio:.2f}x   target <= {args.target}x -> "
               f"{'PASS' if wall_ok else 'FAIL'}")
-        print(f"  vs baseline: {wall / base_wall:.2f}x the no-hostrun wall time ({base_wall:.3f} s)")
+        print(f"  vs baseline: {wall / base_wall:.2f}x the no-hostrun wall time ({base_wall:.3f} s); "
+              f"{wall / floor_wall:.2f}x the floor's ({floor_wall:.3f} s)")
         if intervals:
             first_start = min(s for s, _ in intervals) - launch_wall
             durations = [e - s for s, e in intervals]

@@ -330,3 +330,32 @@ def test_a_run_signalled_as_it_is_admitted_leaves_nothing(hostrun: Hostrun, tmp_
         assert code in ((-signal.SIGKILL,) if sig == signal.SIGKILL else (128 + sig, 0)), code
         assert holder.wait(timeout=60) == 0
         wait_for(lambda: not hostrun.job_dirs() and not hostrun.bookings(), timeout=30)
+
+
+def test_a_waiting_run_gets_ready_once_when_the_engine_says_its_turn_is_near(tmp_path: Path) -> None:
+    """``Link.wait`` calls ``ready`` once, at the first ``soon`` (the engine's word that the run's
+    turn is near: the run then loads what it needs once admitted), never for a status line, and
+    returns at ``admitted``. The engine's side is a socketpair fed the frames it sends."""
+    import socket
+
+    from dispatch.core.settings import Settings
+    from dispatch.local.admitclient import Link
+
+    def frame(message: dict[str, Any]) -> bytes:
+        data = marshal.dumps(message)
+        return len(data).to_bytes(4, "big") + data
+
+    said: list[str] = []
+    link = Link(Settings.default(state_dir=str(tmp_path)), said.append)
+    mine, engine = socket.socketpair()
+    link.sock = mine
+    calls: list[int] = []
+    with mine, engine:
+        engine.sendall(frame({"op": "wait", "id": 7, "near": False, "line": "waiting: far"})
+                       + frame({"op": "wait", "id": 7, "near": True, "line": "waiting: near"}))
+        engine.sendall(frame({"op": "soon", "id": 7}) + frame({"op": "soon", "id": 7})
+                       + frame({"op": "admitted", "id": 7, "kind": "cap", "gpu_index": None}))
+        link.wait(said.append, None, ready=lambda: calls.append(len(said)))
+    assert calls == [2], "ready once, after the two status lines, at the first soon"
+    assert said == ["waiting: far", "waiting: near"]
+    assert link.admitted_kind == "cap"

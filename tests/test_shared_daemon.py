@@ -230,6 +230,13 @@ class OtherClient:
         """The next message the engine sent this connection (no request)."""
         return self.ask({"op": "read"})
 
+    def until(self, op: str) -> dict[str, Any]:
+        """The next message whose op is ``op`` (a waiter's ``soon`` before it skipped)."""
+        while True:
+            message = self.read()
+            if message.get("op") == op or "error" in message:
+                return message
+
     def close(self) -> None:
         self.proc.kill()
         self.proc.communicate()  # and its pipes closed
@@ -249,7 +256,7 @@ def test_one_queue_for_every_user_first_come_first_served(setup: Setup, other_us
         assert other.ask({"op": "hello", "protocol": 2, "uid": 0})["uid"] == other_user.uid
         queued = other.ask({"op": "plan", "run": run_fields("second", 300 * MiB)})
         assert queued["op"] == "queued", queued
-        news = other.read()
+        news = other.until("wait")
         assert news["op"] == "wait" and "root:first" in news["line"], news
         late = setup.client()
         late.book("late", 150 * MiB)
@@ -259,7 +266,7 @@ def test_one_queue_for_every_user_first_come_first_served(setup: Setup, other_us
             ("root", "first", "running"), (other_user.name, "second", "waiting"),
             ("root", "late", "waiting")]
         first.close()
-        assert other.read()["op"] == "admitted"
+        assert other.until("admitted")["op"] == "admitted"
         assert [(b["label"], b["state"]) for b in setup.listing()] == [
             ("second", "running"), ("late", "waiting")]
     finally:
@@ -303,7 +310,7 @@ def test_a_scope_holds_only_the_callers_own_children(setup: Setup, other_user: O
         blocker.until("admitted")
         queued = other.ask({"op": "plan", "run": run_fields("x", 200 * MiB)})
         early = other.ask({"op": "scope", "id": queued["id"], "pids": [mine.pid]})
-        while early.get("op") == "wait":
+        while early.get("op") in ("wait", "soon"):
             early = other.read()
         assert "not an admitted booking" in early["error"], early
         other.close()
@@ -605,3 +612,32 @@ def test_the_shared_slice_speaks_the_engines_protocol() -> None:
     from dispatch.local.admitclient import PROTOCOL as ENGINE
 
     assert SHARED == ENGINE
+
+
+def test_each_waiter_is_told_soon_once_when_its_turn_comes_near(setup: Setup) -> None:
+    """With ``near`` = 2, the two waiters at the head of the queue are told ``soon`` at once (a whole
+    run gets ready then, a parked one resumes), the third only once the head moved, after a status
+    line that said it is not near; each is told once, before it is admitted."""
+    setup.daemon.near = 2
+    holder = setup.client()
+    held = holder.book("held", LIMIT)
+    holder.until("admitted")
+    waiters = [setup.client() for _ in range(3)]
+    ids = [w.book(f"w{i}", LIMIT) for i, w in enumerate(waiters)]
+    heard: list[list[dict[str, Any]]] = [[] for _ in waiters]
+    for i in (0, 1):
+        heard[i].append(waiters[i].until("soon"))
+    first = waiters[2].until("wait")
+    assert first["near"] is False, first
+    heard[2].append(first)
+    for step, waiter in enumerate(waiters):
+        releasing, released = (holder, held) if step == 0 else (waiters[step - 1], ids[step - 1])
+        assert releasing.ask({"op": "release", "id": released})["op"] == "released"
+        while not heard[step] or heard[step][-1].get("op") != "admitted":
+            heard[step].append(waiter.receive())
+    for i, messages in enumerate(heard):
+        ops = [m["op"] for m in messages if m.get("id") == ids[i]]
+        assert ops.count("soon") == 1, (i, ops)
+        assert ops[-1] == "admitted" and ops.index("soon") < ops.index("admitted"), (i, ops)
+    third = [m["op"] for m in heard[2]]
+    assert third.index("wait") < third.index("soon"), third

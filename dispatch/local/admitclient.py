@@ -287,14 +287,17 @@ class Link:
 
     def wait(self, say: Callable[[str], None], on_wait: Callable[[Admission], None] | None,
              due: Callable[[], bool] | None = None, park: Callable[[], bool] | None = None,
-             started: float | None = None, park_after: float = 0.0) -> float:
+             started: float | None = None, park_after: float = 0.0,
+             ready: Callable[[], None] | None = None) -> float:
         """Block until admitted (seconds waited since ``started``, a ``time.monotonic``); each
         ``wait`` message is a status line, as the engine wrote it, and ``on_wait``'s figures when
         ``due()`` says it wants them now (a short wait then builds none, nor imports what they
         take). Once the run has waited ``park_after`` seconds and the last one said it is not near
         its turn, ``park`` is called, once (it execs ``dispatch.local.park``'s parked process, or
         returns when the run stays whole: the engine declines a run whose turn is near by then). An
-        engine that dies meanwhile is replaced and the booking attached."""
+        engine that dies meanwhile is replaced and the booking attached. ``ready`` is called once,
+        when the engine says the run's turn is near (``soon``): what the run needs once admitted is
+        loaded then, so that a freed slot is taken without it."""
         started = time.monotonic() if started is None else started
         tries = 0
         far = False  # the last status said the run is not near its turn
@@ -327,6 +330,10 @@ class Link:
                 if isinstance(index, int):
                     self.gpu_index = index
                 return time.monotonic() - started
+            if op == "soon" and ready is not None:
+                get_ready, ready = ready, None
+                get_ready()
+                continue
             if op == "wait":
                 line = message.get("line")
                 if isinstance(line, str):

@@ -29,7 +29,8 @@ Requests (JSON lines): ``hello`` (a run sends it with its first request, without
 answer); ``plan`` (a run's fields, ``RUN_FIELDS``, its gamble size and GPU want among them: its cap
 checked, its booking planned and queued, answered ``queued`` with its id and plan, then ``wait``
 lines with the status figures, at once and every ``status_interval``, and ``admitted``; ``soon``
-to a parked run whose turn is near);
+once, when a waiting run's turn is near: a parked run resumes, a whole one loads what it needs once
+admitted, off the hand-off's path);
 ``cgroup`` (the admitted run's job cgroup: the run reads the answer with its next one); ``park``
 (declined for a waiter near its turn by then); ``attach`` (a booking this connection held, or held
 on the engine before: its state); ``release`` (with the finished run's peak and history row, when
@@ -108,7 +109,8 @@ class Holder(Connection):
         self.bookings: dict[int, str] = {}  # id -> "waiting" | "running"
         self.interval: dict[int, float] = {}  # id -> its status_interval
         self.told: dict[int, float] = {}  # id -> when its last status line went out
-        self.parked: set[int] = set()  # its waiters parked (``dispatch.local.park``): told "soon"
+        self.parked: set[int] = set()  # its waiters parked (``dispatch.local.park``)
+        self.told_soon: set[int] = set()  # its waiters told their turn is near
 
 
 class Engine(LineServer):
@@ -269,6 +271,7 @@ class Engine(LineServer):
             if sum(1 for b in self.waiting if b < booking_id) < self.near:  # its turn came near
                 return {"op": "parked", "id": booking_id, "parked": False}
             client.parked.add(booking_id)
+            client.told_soon.discard(booking_id)  # to be told again when its turn comes near
             return {"op": "parked", "id": booking_id, "parked": True}
         if op == "attach":
             return self.attach(client, message)
@@ -501,6 +504,7 @@ class Engine(LineServer):
         self.gpu_wants.pop(booking_id, None)
         self.pids.pop(booking_id, None)
         client.parked.discard(booking_id)
+        client.told_soon.discard(booking_id)
         client.interval.pop(booking_id, None)
         client.told.pop(booking_id, None)
         if self.holders.get(booking_id) is client:
@@ -578,10 +582,9 @@ class Engine(LineServer):
         due: list[int] = []
         for position, booking_id in enumerate(waiting):
             client = self.holders[booking_id]
-            if position < self.near and booking_id in client.parked:  # whole before its turn comes
-                client.parked.discard(booking_id)
-                client.send({"op": "soon", "id": booking_id})
             if not trying:  # behind a waiter that lets nobody pass: told where it stands when due
+                if position < self.near:
+                    self._soon(client, booking_id)
                 if now - client.told.get(booking_id, 0.0) >= client.interval[booking_id] and not client.out:
                     due.append(booking_id)
                 continue
@@ -598,11 +601,14 @@ class Engine(LineServer):
                 client.bookings[booking_id] = "running"
                 self.waiting.discard(booking_id)
                 client.told.pop(booking_id, None)
+                client.told_soon.discard(booking_id)
                 row = self.ledger.booking(booking_id)
                 client.send({"op": "admitted", "id": booking_id, "kind": row.kind if row else None,
                              "size": row.size if row else adm.need, "adm": admission_dict(adm),
                              "gpu_index": row.gpu_index if row else None})
                 continue
+            if position < self.near:
+                self._soon(client, booking_id)
             trying = adm.policy is not None or adm.memory_ok or adm.pass_on
             if now - client.told.get(booking_id, 0.0) >= client.interval[booking_id] and not client.out:
                 self._tell(booking_id, adm, position < self.near, now)
@@ -612,6 +618,15 @@ class Engine(LineServer):
             for booking_id, adm in found.items():
                 self._tell(booking_id, adm, near[booking_id], now)
             self.ledger.store_reasons({i: wait_reason(adm) for i, adm in found.items()})
+
+    @staticmethod
+    def _soon(client: Holder, booking_id: int) -> None:
+        """Its turn is near, said once (not to a run admitted at once): a parked run resumes, a whole
+        one loads what it needs once admitted."""
+        if booking_id not in client.told_soon:
+            client.told_soon.add(booking_id)
+            client.parked.discard(booking_id)
+            client.send({"op": "soon", "id": booking_id})
 
     def _tell(self, booking_id: int, adm: Admission, near: bool, now: float) -> None:
         """A waiter's status line (and whether its turn is near: else it may park)."""

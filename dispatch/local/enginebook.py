@@ -94,13 +94,15 @@ class Booked(NamedTuple):
 
 def book(settings: Settings, request: RunRequest, label: str, requeue: bool, place: int | None,
          say: Callable[[str], None], watch: WaitWatch | None, park: bool = False,
-         link: Link | None = None, gpu: list[Any] | None = None) -> Booked:
+         link: Link | None = None, gpu: list[Any] | None = None,
+         ready: Callable[[], None] | None = None) -> Booked:
     """Book the run through the engine and wait until it is admitted. ``place``: the booking id a
     requeued job keeps. ``park``: a run far from its turn may wait parked (``dispatch.local.park``:
     this process is replaced, and the run carries on in ``resume``). Raises ``Interrupted`` when a
     signal ended the wait, the run's refusal (243, 78) as the engine found it, or ``EngineError``
     (78) when no engine could book it. ``link``: the engine to book on (the shared slice's), else this
-    state dir's. ``gpu``: a ``--gpu-memory`` run's want (``gpu_want``)."""
+    state dir's. ``gpu``: a ``--gpu-memory`` run's want (``gpu_want``). ``ready``: called once when
+    the run's turn is near (``Link.wait``)."""
     from dispatch.core.text import storable
     from dispatch.guards.trust import private_dir
 
@@ -121,7 +123,7 @@ def book(settings: Settings, request: RunRequest, label: str, requeue: bool, pla
             command=" ".join(argv), session=request.session, group=request.group,
             when_idle=request.when_idle, booking_id=place, requeue=requeue,
             gamble=settings.gamble_size_for(settings.local), gpu=gpu))
-        waited = _wait(link, say, watch, park, time.monotonic())
+        waited = _wait(link, say, watch, park, time.monotonic(), ready)
     except BaseException:
         give_back(link)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -131,7 +133,8 @@ def book(settings: Settings, request: RunRequest, label: str, requeue: bool, pla
 
 
 def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watch: WaitWatch | None,
-           park: bool = False, link: Link | None = None, gpu: list[Any] | None = None) -> Booked:
+           park: bool = False, link: Link | None = None, gpu: list[Any] | None = None,
+           ready: Callable[[], None] | None = None) -> Booked:
     """The run its parked process handed back (``park.take_resume``): on the same connection, its
     booking as the engine has it now (admitted, or still waiting: waited for whole, unless it
     resumed only to have the engine replaced, when it may park again); through the next engine when
@@ -159,7 +162,10 @@ def resume(settings: Settings, resumed: Resume, say: Callable[[str], None], watc
             link.admitted_kind = str(plan[0])
             waited = time.monotonic() - resumed.started
         else:
-            waited = _wait(link, say, watch, park and resumed.why == "gone", resumed.started)
+            if resumed.why == "soon" and ready is not None:  # resumed because its turn is near
+                ready()
+                ready = None
+            waited = _wait(link, say, watch, park and resumed.why == "gone", resumed.started, ready)
     except BaseException:
         give_back(link)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -181,7 +187,7 @@ def gpu_want(request: RunRequest) -> list[Any] | None:
 
 
 def _wait(link: Link, say: Callable[[str], None], watch: WaitWatch | None, park: bool,
-          started: float) -> float:
+          started: float, ready: Callable[[], None] | None) -> float:
     old = {sig: signal.signal(sig, raise_interrupted) for sig in WAIT_SIGNALS}
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, *WAIT_SIGNALS))  # held back: now
@@ -193,7 +199,8 @@ def _wait(link: Link, say: Callable[[str], None], watch: WaitWatch | None, park:
 
             parker = make_parker(link, started, lambda: _alert_in(watch))
             after = park_after()
-        return link.wait(say, watch, watch.due if watch is not None else None, parker, started, after)
+        return link.wait(say, watch, watch.due if watch is not None else None, parker, started, after,
+                         ready)
     except KeyboardInterrupt:
         raise Interrupted(signal.SIGINT) from None
     finally:

@@ -3,8 +3,9 @@ admission engine, before the rest of a run is loaded.
 
 A run that waits holds what it has imported (a swarm of 1,000 waiters: bench/bench_swarm.py), so
 this module and what it imports are the little a run needs to be booked and to wait: the command
-line, the settings, the engine's connection (``dispatch.local.enginebook``). The runner, the cap
-backend and the ledger are loaded once it is admitted (``dispatch.local.runner.run_booked``). On a
+line, the settings, the engine's connection (``dispatch.local.enginebook``). The runner and the cap
+backend are loaded when the engine says its turn is near (``soon``, off the slot hand-off's path),
+else once it is admitted (``dispatch.local.runner.run_booked``). On a
 shared slice every run books through that slice's engine (``sharedlink.shared_here``), and a
 ``--gpu-memory`` run there is refused: that engine books no GPUs.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from dispatch.core.errors import UsageError
+from dispatch.core.errors import HostrunError, UsageError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.outcome import Outcome
 from dispatch.core.request import RunRequest, default_label
@@ -25,6 +26,7 @@ if MYPY:
     from typing import Any
 
     from dispatch.local.admitpolicy import Admission
+    from dispatch.local.hostslice import LocalSlice
 
 
 def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
@@ -130,15 +132,31 @@ def _booked_run(settings: Settings, request: RunRequest, say: Callable[[str], No
     watch = watch_for(settings, settings.local.name, label, request, say, on_wait, alerts, wait_alert,
                       resumed.started if resumed is not None else None)
     park = park and allowed()
+    made: list[LocalSlice] = []
+
+    def ready() -> None:
+        """Its turn is near: the runner is loaded and the slice found now, off the hand-off's path
+        (a slice that cannot be made is refused once admitted, as without this)."""
+        import dispatch.local.runner  # noqa: F401  # what run_booked takes, loaded now
+        from dispatch.local.hostslice import LocalSlice
+
+        try:
+            made.append(LocalSlice(settings))
+        except (HostrunError, OSError):
+            pass
+
     try:
         link = engine_link(settings, say, here)
         gpu = enginebook.gpu_want(request)
+        get_ready = ready if here is None else None
         if resumed is not None:
-            booked = enginebook.resume(settings, resumed, say, watch, park, link, gpu)
+            booked = enginebook.resume(settings, resumed, say, watch, park, link, gpu, get_ready)
         else:
-            booked = enginebook.book(settings, request, label, requeue, None, say, watch, park, link, gpu)
+            booked = enginebook.book(settings, request, label, requeue, None, say, watch, park, link, gpu,
+                                     get_ready)
     except enginebook.Interrupted as exc:
         return enginebook.interrupted_outcome(settings, request, label, exc.signum)
     from dispatch.local.runner import run_booked
 
-    return run_booked(settings, request, say, on_wait, alerts, wait_alert, booked, here)
+    return run_booked(settings, request, say, on_wait, alerts, wait_alert, booked,
+                      here if here is not None or not made else made[0])
