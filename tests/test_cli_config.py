@@ -246,7 +246,7 @@ def test_each_top_level_key_is_declared_once_and_defaults_to_settings() -> None:
     from dispatch.core.settings import Settings
     from dispatch.hosts.kinds import specs
 
-    tables = {"hosts", "groups", "toolchain_programs", "agents"}
+    tables = {"hosts", "groups", "toolchain_programs", "agents", "sessions"}
     scalar = set(Settings._fields) - tables - {"source", "overrides", "requeue_groups"}  # [groups.*]
     assert [k.key for k in TOP] == [k.field for k in TOP] and {k.field for k in TOP} == scalar
     model = config_model(tuple(specs().values()))

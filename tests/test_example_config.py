@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatch.config.model import AgentsModel, _ConfigBase, validate_file
+from dispatch.config.model import AgentsModel, SessionsModel, _ConfigBase, validate_file
 from dispatch.core.hostkeys import COMMON
 from dispatch.core.settings import Settings
 from dispatch.hosts.kinds import specs
@@ -29,17 +29,18 @@ def test_the_example_validates_and_changes_no_default(tmp_path: Path,
     default = Settings.default()
     for field in ("long_job_threshold", "pending_window", "report_timeout", "report_deadline",
                   "gamble_size", "status_interval", "kill_grace", "control_persist", "agent_idle",
-                  "alert_wait_after", "clear_mark_after", "history_days", "history_rows", "agents"):
+                  "alert_wait_after", "clear_mark_after", "history_days", "history_rows", "agents",
+                  "sessions"):
         assert getattr(settings, field) == getattr(default, field), field
 
 
 def test_the_example_names_every_key() -> None:
     named = _named_keys()
-    top = set(_ConfigBase.model_fields) - {"agents", "groups", "toolchain_programs"}
-    agents = set(AgentsModel.model_fields)
+    top = set(_ConfigBase.model_fields) - {"agents", "groups", "toolchain_programs", "sessions"}
+    agents = set(AgentsModel.model_fields) | set(SessionsModel.model_fields)
     kinds = specs().values()
     hosts = {key.key for key in COMMON} | {key.key for spec in kinds for key in spec.keys} | {"kind"}
     missing = sorted((top | agents | hosts | {"max_running"}) - named)
     assert missing == [], f"hosts.example.toml does not mention: {missing}"
     tables = set(re.findall(r"^#?\[([a-z_]+)[.\]]", EXAMPLE.read_text(), re.M))
-    assert {"agents", "groups", "toolchain_programs", "hosts"} <= tables
+    assert {"agents", "groups", "toolchain_programs", "hosts", "sessions"} <= tables

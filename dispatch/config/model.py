@@ -12,7 +12,15 @@ import sys
 from functools import lru_cache
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 
 from dispatch.core import hostkeys
 from dispatch.core.configfile import queue_policy_problem, settings_from_dict
@@ -171,6 +179,23 @@ class AgentsModel(_Strict):
     subagent_suite: Literal["refuse", "allow"] = AGENT_DEFAULTS["subagent_suite"]
 
 
+class SessionsModel(_Strict):
+    """``[sessions]``: agent sessions under the budget (docs/agents.md, "Sessions under the
+    budget")."""
+
+    share: float = Field(default=0.5, gt=0, le=1)
+    cap: MemorySize = 4608 << 20
+    first_booking: MemorySize = 2 << 30
+    high: float = Field(default=0.9, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _booking_within_cap(self) -> SessionsModel:
+        if self.first_booking > self.cap:
+            raise ValueError(f"first_booking {format_size(self.first_booking)} is larger than cap "
+                             f"{format_size(self.cap)}: a session is never booked above its cap")
+        return self
+
+
 class _ConfigBase(_Strict):
     """The top level's tables; its scalar keys are ``hostkeys.TOP``'s (``config_model`` adds them).
     Every default is ``Settings``' own: ``settings_from_dict`` builds the Settings from the file,
@@ -179,6 +204,7 @@ class _ConfigBase(_Strict):
     toolchain_programs: dict[str, list[str]] = Field(default_factory=dict)
     groups: dict[str, GroupModel] = Field(default_factory=dict)  # Settings: no groups either
     agents: AgentsModel = Field(default_factory=AgentsModel)
+    sessions: SessionsModel = Field(default_factory=SessionsModel)
 
 
 @lru_cache(maxsize=8)

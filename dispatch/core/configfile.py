@@ -35,6 +35,7 @@ from dispatch.core.settings import (
     QUEUE_POLICIES,
     AgentSettings,
     HostSettings,
+    SessionSettings,
     Settings,
     cgroup_path_problem,
 )
@@ -134,6 +135,18 @@ def agents_from_dict(table: Mapping[str, Any]) -> AgentSettings:
     return AgentSettings(**values)
 
 
+def sessions_from_dict(table: Mapping[str, Any]) -> SessionSettings:
+    """The ``[sessions]`` table (validated by ``dispatch.config.model.SessionsModel`` first)."""
+    values: dict[str, Any] = {}
+    for key in ("share", "high"):
+        if table.get(key) is not None:
+            values[key] = float(table[key])
+    for key in ("cap", "first_booking"):
+        if table.get(key) is not None:
+            values[key] = parse_size(table[key])
+    return SessionSettings(**values)
+
+
 def settings_from_dict(raw: Mapping[str, Any], source: str,
                        kinds: Mapping[str, KindSpec] = AGENT_KINDS) -> Settings:
     """Build Settings from a TOML mapping, knowing the host ``kinds`` (the controller passes every
@@ -152,6 +165,8 @@ def settings_from_dict(raw: Mapping[str, Any], source: str,
                                         for name, probes in raw["toolchain_programs"].items()}
     if raw.get("agents") is not None:
         values["agents"] = agents_from_dict(raw["agents"])
+    if raw.get("sessions") is not None:
+        values["sessions"] = sessions_from_dict(raw["sessions"])
     hosts = {}
     for name, table in (raw.get("hosts") or {}).items():
         kind = host_kind(name, table or {}, source)

@@ -76,8 +76,20 @@ class RoomSettings(TypedDict):
     gamble_size: ReadOnly[Optional[int]]
 
 
+class SessionFigures(TypedDict):
+    """The host's ``[sessions]`` settings and its sessions slice's limit (``hostrun capacity
+    --sessions``)."""
+
+    limit: int
+    share: float
+    cap: int
+    first_booking: int
+    high: float
+
+
 class MachineSettings(RoomSettings):
     gamble_size: int
+    sessions: NotRequired[SessionFigures]  # an older peer's agent does not report it
     slice_bytes: Optional[int]
     reserve_bytes: Optional[int]
     peer_memory_cap: Optional[int]  # an ssh peer's bound; None here

@@ -133,6 +133,33 @@ class AgentSettings(NamedTuple):
     subagent_suite: str = "refuse"
 
 
+class SessionSettings(NamedTuple):
+    """The ``[sessions]`` table: agent sessions run with ``hostrun session`` (docs/agents.md,
+    "Sessions under the budget").
+
+    ``share``: the part of hostrun's slice its sessions slice may hold (the rest stays for jobs);
+    ``cap``: a session's cap when neither ``-m`` nor a recorded peak gives one (the half rule of the
+    worst resumed session measured for the design, 1970 MiB: 4608 MiB); ``first_booking``: what a
+    session with no recorded peak is booked at; ``high``: its high mark (``MemoryHigh``: reclaim and
+    slow down before the kill), as a part of its cap."""
+
+    share: float = 0.5
+    cap: int = 4608 << 20
+    first_booking: int = 2 << 30
+    high: float = 0.9
+
+    def limit(self, slice_limit: int) -> int:
+        """The sessions slice's limit within a slice of ``slice_limit``, whole pages."""
+        return int(slice_limit * self.share) // 4096 * 4096
+
+    def high_mark(self, cap: int) -> int:
+        """A session's high mark under its cap ``cap``, whole pages."""
+        return int(cap * self.high) // 4096 * 4096
+
+
+SESSION_PREFIX = "session:"  # a session's label: ``session:NAME`` (its peaks apart from any job's)
+
+
 class Settings(NamedTuple):
     state_dir: str
     hosts: Mapping[str, HostSettings]
@@ -164,6 +191,7 @@ class Settings(NamedTuple):
     history_days: float = 90.0  # the run history keeps rows this many days ...
     history_rows: int = 100_000  # ... and at most this many
     agents: AgentSettings = AgentSettings()
+    sessions: SessionSettings = SessionSettings()
     source: str = "<built-in default>"
     # Environment variables that replace a kind's own key on every host of that kind: VAR -> (kind,
     # key), from the kinds' key tables (``Key.env``) when the file was parsed.
@@ -208,6 +236,7 @@ class Settings(NamedTuple):
         data = self._asdict()
         data["hosts"] = {name: h._asdict() for name, h in self.hosts.items()}
         data["agents"] = self.agents._asdict()
+        data["sessions"] = self.sessions._asdict()
         return data
 
     @classmethod
@@ -215,7 +244,9 @@ class Settings(NamedTuple):
         hosts = {name: HostSettings(**h) for name, h in data["hosts"].items()}
         overrides = {var: tuple(where) for var, where in data.get("overrides", {}).items()}
         agents = AgentSettings(**data["agents"]) if "agents" in data else AgentSettings()
-        return cls(**{**data, "hosts": hosts, "overrides": overrides, "agents": agents})
+        sessions = SessionSettings(**data["sessions"]) if "sessions" in data else SessionSettings()
+        return cls(**{**data, "hosts": hosts, "overrides": overrides, "agents": agents,
+                      "sessions": sessions})
 
     def with_env_overrides(self, environ: Mapping[str, str]) -> Settings:
         """Apply ``ENABLE_ACROSS_MACHINES`` and the kinds' own variables (``overrides``, e.g.

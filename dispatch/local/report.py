@@ -89,6 +89,9 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
             "default_cap": host.default_cap, "gamble_size": settings.gamble_size_for(host),
             # an ssh key: None for this machine (kept, the report's shape stays)
             "peer_memory_cap": host.options.get("peer_memory_cap"), "state_dir": settings.state_dir,
+            "sessions": {"limit": settings.sessions.limit(limit), "share": settings.sessions.share,
+                         "cap": settings.sessions.cap, "first_booking": settings.sessions.first_booking,
+                         "high": settings.sessions.high},
         },
         "queue": [
             {"id": b.id, "label": b.label, "pid": b.pid, "need": b.size, "reason": b.reason,
