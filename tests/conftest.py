@@ -204,7 +204,10 @@ class Hostrun:
             con.close()
 
     def job_dirs(self) -> list[Path]:
-        return sorted(self.slice_dir.glob("job-*")) if self.slice_dir.exists() else []
+        """The job cgroups in the slice, and the agent sessions' in its sessions slice."""
+        if not self.slice_dir.exists():
+            return []
+        return sorted(self.slice_dir.glob("job-*")) + sorted(self.slice_dir.glob("sessions/session-*"))
 
     def engine_pids(self) -> list[int]:
         """The admission engines of this state dir."""

@@ -163,18 +163,20 @@ def remove_dir(path: str, settle: float = 2.0) -> None:
 
 
 JOB_PREFIX = "job-"
+SESSION_PREFIX = "session-"  # an agent session's cgroup (``hostrun session``), in the sessions slice
 
 
 def make_job_dir(slice_dir: str, job_id: str, cap: int,
-                 set_limit: Callable[[str, int], None]) -> str:
-    """Create a job's cgroup directory under the slice and set its limit.
+                 set_limit: Callable[[str, int], None], prefix: str = JOB_PREFIX) -> str:
+    """Create a job's cgroup directory under the slice and set its limit (``prefix``: a session's
+    in the sessions slice).
 
     An existing directory is another job's: it is never removed. A directory we made and could not
     limit is removed again (nothing may run uncapped).
     """
     from dispatch.core.errors import BackendError
 
-    directory = os.path.join(slice_dir, f"{JOB_PREFIX}{job_id}")
+    directory = os.path.join(slice_dir, f"{prefix}{job_id}")
     try:
         os.mkdir(directory)
     except OSError as exc:
@@ -198,29 +200,47 @@ def is_job_name(name: str, prefix: str = JOB_PREFIX, suffix: str = "") -> bool:
     return len(parts) == 2 and all(p.isascii() and p.isdigit() for p in parts)
 
 
-def checked_job_path(slice_dir: str, path: str, prefix: str = JOB_PREFIX, suffix: str = "") -> str | None:
+class SessionForm(NamedTuple):
+    """Where a slice keeps its agent sessions: the sessions slice (a child of the slice) and how a
+    session's cgroup in it is named."""
+
+    directory: str  # the sessions slice's name in the slice's directory
+    prefix: str
+    suffix: str
+
+
+def checked_job_path(slice_dir: str, path: str, prefix: str = JOB_PREFIX, suffix: str = "",
+                     sessions: SessionForm | None = None) -> str | None:
     """The job cgroup a ledger row names, normalised, or None when hostrun must leave it alone.
 
     A row's path is not trusted: it is acted on (killed, removed, its pids read) only when, after
-    ``normpath``, it is a direct child of the slice named as hostrun names jobs, and ``realpath``
-    agrees (no symbolic link on the way). ``<slice>/../victim`` or a link in the slice pointing
-    elsewhere would otherwise make a reclaim kill and remove a cgroup that is not hostrun's.
+    ``normpath``, it is a direct child of the slice named as hostrun names jobs (or, with
+    ``sessions``, a direct child of the sessions slice named as hostrun names sessions), and
+    ``realpath`` agrees (no symbolic link on the way). ``<slice>/../victim`` or a link in the slice
+    pointing elsewhere would otherwise make a reclaim kill and remove a cgroup that is not hostrun's.
     """
     if not slice_dir or not path.startswith("/") or "\0" in path:
         return None
     norm = os.path.normpath(path)
     base = os.path.normpath(slice_dir)
     name = os.path.basename(norm)
-    if os.path.dirname(norm) != base or not is_job_name(name, prefix, suffix):
+    parent = os.path.dirname(norm)
+    if parent == base and is_job_name(name, prefix, suffix):
+        real_parent = os.path.realpath(base)
+    elif sessions is not None and parent == os.path.join(base, sessions.directory) \
+            and is_job_name(name, sessions.prefix, sessions.suffix):
+        real_parent = os.path.join(os.path.realpath(base), sessions.directory)
+    else:
         return None
-    if os.path.realpath(norm) != os.path.join(os.path.realpath(base), name):
+    if os.path.realpath(norm) != os.path.join(real_parent, name):
         return None
     return norm
 
 
-def job_dir_at(slice_dir: str, path: str, prefix: str = JOB_PREFIX, suffix: str = "") -> str | None:
+def job_dir_at(slice_dir: str, path: str, prefix: str = JOB_PREFIX, suffix: str = "",
+               sessions: SessionForm | None = None) -> str | None:
     """``checked_job_path``, and only while that directory exists (a real one, not a link)."""
-    checked = checked_job_path(slice_dir, path, prefix, suffix)
+    checked = checked_job_path(slice_dir, path, prefix, suffix, sessions)
     if checked is None:
         return None
     try:
@@ -337,9 +357,48 @@ class CapBackend(ABC):
         return f"{prefix}{job_id}{suffix}"
 
     def job_path_ok(self, path: str) -> bool:
-        """Whether a ledger row's cgroup could be one of this slice's jobs (``hostrun ledger`` flags
-        the rows for which it is not; nothing acts on them)."""
-        return checked_job_path(self.slice_dir, path, *self.job_affixes) is not None
+        """Whether a ledger row's cgroup could be one of this slice's jobs or sessions (``hostrun
+        ledger`` flags the rows for which it is not; nothing acts on them)."""
+        return checked_job_path(self.slice_dir, path, *self.job_affixes, self.session_form) is not None
+
+    def job_dir(self, path: str) -> str | None:
+        """``job_dir_at`` for this slice: a job's cgroup, or a session's in its sessions slice."""
+        return job_dir_at(self.slice_dir, path, *self.job_affixes, self.session_form)
+
+    # -- agent sessions (``hostrun session``): a sessions slice inside the slice ------------------
+
+    session_form: SessionForm | None = None  # None: this backend runs no sessions
+
+    @property
+    def sessions_dir(self) -> str:
+        """The sessions slice's directory ("" when this backend runs no sessions)."""
+        form = self.session_form
+        return os.path.join(self.slice_dir, form.directory) if form is not None and self.slice_dir else ""
+
+    def session_name(self, job_id: str) -> str:
+        """The name ``create_session(job_id)`` gives a session's cgroup."""
+        form = self.session_form
+        if form is None:
+            return ""
+        return f"{form.prefix}{job_id}{form.suffix}"
+
+    def names_of(self, job_id: str) -> tuple[str, ...]:
+        """The names a run of holder ``job_id`` may give its cgroup: a job's, a session's."""
+        session = self.session_name(job_id)
+        return (self.job_name(job_id), session) if session else (self.job_name(job_id),)
+
+    def ensure_sessions(self, limit: int) -> None:
+        """Create the sessions slice if missing and make its limit ``limit`` (swap 0)."""
+        from dispatch.core.errors import BackendError
+
+        raise BackendError(f"the {self.name} backend runs no agent sessions")
+
+    def create_session(self, job_id: str, cap: int, high: int) -> JobCgroup:
+        """A session's cgroup in the sessions slice: limited to ``cap``, its high mark ``high``
+        (reclaim and slow down first) where the cgroup version has one."""
+        from dispatch.core.errors import BackendError
+
+        raise BackendError(f"the {self.name} backend runs no agent sessions")
 
     @property
     def caps_memory(self) -> bool:

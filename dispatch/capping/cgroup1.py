@@ -14,8 +14,8 @@ import os
 
 from dispatch.capping import eventfd
 from dispatch.capping.base import (
+    SESSION_PREFIX,
     OomVerdict,
-    job_dir_at,
     make_job_dir,
     read_int,
     read_keyed,
@@ -122,6 +122,18 @@ class Cgroup1Backend(DirectBackend):
             remove_dir(directory)
             raise BackendError(f"cannot watch job cgroup {directory}: {exc.strerror}") from None
 
+    def create_session(self, job_id: str, cap: int, high: int) -> Cgroup1Job:
+        """A session's cgroup in the sessions slice. cgroup v1 has no high mark (its soft limit only
+        acts under the whole machine's pressure): the cap alone holds it. Its OOM is told apart from
+        the sessions slice's (and, through it, the slice's) as a job's is from the slice's."""
+        directory = make_job_dir(self.sessions_dir, job_id, cap, set_limit, SESSION_PREFIX)
+        try:
+            return Cgroup1Job(directory, cap, self.sessions_dir)
+        except OSError as exc:
+            remove_dir(directory)
+            raise BackendError(f"cannot watch session cgroup {directory}: {exc.strerror}") from None
+
     def job_at(self, path: str) -> Cgroup1Job | None:
-        directory = job_dir_at(self.slice_dir, path, *self.job_affixes)
-        return None if directory is None else Cgroup1Job(directory, 0, self.slice_dir, watch=False)
+        directory = self.job_dir(path)
+        return None if directory is None else Cgroup1Job(directory, 0, os.path.dirname(directory),
+                                                         watch=False)

@@ -14,16 +14,18 @@ from __future__ import annotations
 import os
 
 from dispatch.capping.base import (
+    SESSION_PREFIX,
     OomVerdict,
-    job_dir_at,
     make_job_dir,
     read_int,
     read_keyed,
     read_pids,
     read_text,
+    remove_dir,
     write_text,
 )
 from dispatch.capping.cgroupdir import DirectBackend, DirectJob, MemoryFiles, attribute, page_rounded
+from dispatch.core.errors import BackendError
 
 FILES = MemoryFiles(limit="memory.max", usage="memory.current", peak="memory.peak", anon="anon",
                     shmem="shmem", cache="file")
@@ -56,13 +58,16 @@ def _blocks_children(directory: str) -> bool:
 class Cgroup2Job(DirectJob):
     memfiles = FILES
 
-    def __init__(self, directory: str, cap: int, slice_dir: str):
+    def __init__(self, directory: str, cap: int, slice_dir: str, *outer: str):
+        """``slice_dir``: the cgroup whose limit holds this one; ``outer``: those above it that may
+        run out too (a session's: the sessions slice, then the slice)."""
         super().__init__(directory, cap)
         self.slice_dir = slice_dir
+        self.limits = (slice_dir, *outer)
         self._slice_oom_before = self._slice_oom()
 
     def _slice_oom(self) -> int:
-        return read_keyed(os.path.join(self.slice_dir, "memory.events.local")).get("oom", 0)
+        return sum(read_keyed(os.path.join(d, "memory.events.local")).get("oom", 0) for d in self.limits)
 
     def kill_all(self) -> bool:
         kill_file = os.path.join(self.path, "cgroup.kill")
@@ -138,6 +143,24 @@ class Cgroup2Backend(DirectBackend):
     def create_job(self, job_id: str, cap: int) -> Cgroup2Job:
         return Cgroup2Job(make_job_dir(self.slice_dir, job_id, cap, set_limit), cap, self.slice_dir)
 
+    def make_sessions(self) -> None:
+        super().make_sessions()
+        enable_memory(self.sessions_dir)
+
+    def create_session(self, job_id: str, cap: int, high: int) -> Cgroup2Job:
+        """A session's cgroup in the sessions slice, limited to ``cap`` and held back (reclaim,
+        throttling) above ``high``; a kill there takes the whole session (``memory.oom.group``):
+        an agent left without the processes it started cannot go on."""
+        directory = make_job_dir(self.sessions_dir, job_id, cap, set_limit, SESSION_PREFIX)
+        try:
+            write_text(os.path.join(directory, "memory.high"), str(page_rounded(high)))
+            write_text(os.path.join(directory, "memory.oom.group"), "1")
+        except OSError as exc:
+            remove_dir(directory)
+            raise BackendError(f"cannot set the high mark of session cgroup {directory}: "
+                               f"{exc.strerror}") from None
+        return Cgroup2Job(directory, cap, self.sessions_dir, self.slice_dir)
+
     def job_at(self, path: str) -> Cgroup2Job | None:
-        directory = job_dir_at(self.slice_dir, path, *self.job_affixes)
-        return None if directory is None else Cgroup2Job(directory, 0, self.slice_dir)
+        directory = self.job_dir(path)
+        return None if directory is None else Cgroup2Job(directory, 0, os.path.dirname(directory))

@@ -11,10 +11,12 @@ import os
 from abc import abstractmethod
 
 from dispatch.capping.base import (
+    SESSION_PREFIX,
     CapBackend,
     JobCgroup,
     OomVerdict,
     Probe,
+    SessionForm,
     SliceUsage,
     flat_value,
     kill_pids,
@@ -214,6 +216,21 @@ class DirectBackend(CapBackend):
                 self.set_limit(self.slice_dir, limit)
         except OSError as exc:
             raise BackendError(f"cannot prepare slice {self.slice_dir}: {exc.strerror}") from None
+
+    session_form = SessionForm("sessions", SESSION_PREFIX, "")
+
+    def make_sessions(self) -> None:
+        os.makedirs(self.sessions_dir, exist_ok=True)
+
+    def ensure_sessions(self, limit: int) -> None:
+        """The sessions slice inside the slice (made once the slice is), limited to ``limit``."""
+        try:
+            self.make_sessions()
+            if not self.limit_is(self.sessions_dir, limit):
+                self.set_limit(self.sessions_dir, limit)
+        except OSError as exc:
+            raise BackendError(f"cannot prepare the sessions slice {self.sessions_dir}: "
+                               f"{exc.strerror}") from None
 
     def slice_usage(self) -> SliceUsage:
         d = self.slice_dir

@@ -235,9 +235,8 @@ class SharedBackend(SystemdBackend):
                          self.keeper_program)
 
     def job_at(self, path: str) -> SharedJob | None:
-        from dispatch.capping.base import job_dir_at
 
-        directory = job_dir_at(self.slice_dir, path, *self.job_affixes)
+        directory = self.job_dir(path)
         return None if directory is None else SharedJob(directory, 0, self.slice_dir)
 
 

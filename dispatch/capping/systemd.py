@@ -24,7 +24,7 @@ import os
 import signal
 import time
 
-from dispatch.capping.base import OomVerdict, Probe, job_dir_at, read_keyed, read_pids, read_text
+from dispatch.capping.base import OomVerdict, Probe, read_keyed, read_pids, read_text
 from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job
 from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
 from dispatch.core.errors import BackendError
@@ -398,5 +398,5 @@ class SystemdBackend(Cgroup2Backend):
                           props, self.keeper_program)
 
     def job_at(self, path: str) -> SystemdJob | None:
-        directory = job_dir_at(self.slice_dir, path, *self.job_affixes)
+        directory = self.job_dir(path)
         return None if directory is None else SystemdJob(directory, 0, self.slice_dir)

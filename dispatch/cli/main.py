@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = args[0] if args and args[0] in COMMANDS else "run"
         if name == "run" and args[:1] != ["run"]:
             rest = leading + args  # "hostrun [OPTIONS] -- CMD"
-        elif name in ("run", "dispatch", "lock", "preflight"):
+        elif name in ("run", "dispatch", "lock", "preflight", "session"):
             rest = leading + args[1:]  # run-style commands end in "-- CMD": options come before it
         else:
             rest = args[1:] + leading

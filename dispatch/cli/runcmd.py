@@ -101,9 +101,9 @@ def cmd_run(argv: list[str]) -> int:
                                 park=_own_command_line(argv))
     except HostrunError as exc:
         if opts.result_file:
-            _write_failure(opts.result_file, request, exc)
+            write_failure(opts.result_file, request, exc)
         raise
-    return _finish(outcome, opts)
+    return finish(outcome, opts.result_file)
 
 
 def _own_command_line(argv: list[str]) -> bool:
@@ -188,13 +188,13 @@ def _run_elsewhere(options: list[str], command: list[str], opts: RunOptions,
     assert host is not None
     try:
         watch = _peer_watch(settings, options, command, opts) if host.is_here else None
-        return _finish(host.run(request, say, RunExtras(tree=opts.tree, returns=opts.returns,
-                                                         stdin=opts.stdin, watch=watch)), opts)
+        return finish(host.run(request, say, RunExtras(tree=opts.tree, returns=opts.returns,
+                                                        stdin=opts.stdin, watch=watch)), opts.result_file)
     finally:
         forget_sent(settings, placed.note)
 
 
-def _finish(outcome: Outcome, opts: RunOptions) -> int:
+def finish(outcome: Outcome, result_file: str | None) -> int:
     """Say what happened, write the result file, and return the exit code."""
     if outcome.message:
         say(outcome.message)
@@ -204,17 +204,17 @@ def _finish(outcome: Outcome, opts: RunOptions) -> int:
             say(f"exit {code.value} ({code.outcome}): {code.meaning}")
         except ValueError:
             pass
-    if opts.result_file:
+    if result_file:
         from dispatch.core.outcome import write_result
 
         try:
-            write_result(opts.result_file, outcome)
+            write_result(result_file, outcome)
         except OSError as exc:  # the job's own exit status still stands
-            say(f"warning: could not write the result file {opts.result_file}: {exc.strerror}")
+            say(f"warning: could not write the result file {result_file}: {exc.strerror}")
     return outcome.exit_code
 
 
-def _write_failure(path: str, request: RunRequest, exc: HostrunError) -> None:
+def write_failure(path: str, request: RunRequest, exc: HostrunError) -> None:
     """A caller never has to guess from a number: hostrun's own refusals get a result file too."""
     from dispatch.core.outcome import Outcome, write_result
     from dispatch.local.booking import default_label

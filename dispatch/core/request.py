@@ -14,6 +14,9 @@ if MYPY:
     from typing import Optional
 
 JOB_ENV = "HOSTRUN_JOB"  # set in every job: the job's cgroup, so a nested hostrun can tell
+# Set in an agent session (``hostrun session``): its cgroup. The session's own hostrun runs are jobs
+# of their own (booked, in the jobs' part of the slice), not nested in the session.
+SESSION_ENV = "HOSTRUN_SESSION_CGROUP"
 THREAD_KNOBS = ("CARGO_BUILD_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL")
 
 
@@ -43,6 +46,7 @@ class RunRequest(NamedTuple):
     group: Optional[str] = None  # --group: the group's max_running caps it
     when_idle: bool = False  # --when-idle: only while no other hostrun job runs here
     requeue: bool = False  # --requeue: killed because the slice filled (254), it runs again at its cap
+    role: str = "job"  # "session": an agent session (``hostrun session``), in the sessions slice
 
 
 

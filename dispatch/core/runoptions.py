@@ -134,7 +134,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hook": ("setupcmds", "cmd_hook"), "agents": ("setupcmds", "cmd_agents"),
     "watch": ("alertcmds", "cmd_watch"), "shims": ("setupcmds", "cmd_shims"),
     "shared": ("setupcmds", "cmd_shared"), "top": ("topcmd", "cmd_top"),
-    "completion": ("completion", "cmd_completion"),
+    "completion": ("completion", "cmd_completion"), "session": ("sessioncmd", "cmd_session"),
 }
 
 

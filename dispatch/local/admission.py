@@ -75,8 +75,8 @@ def booking_job(backend: CapBackend, booking: Booking) -> JobCgroup | None:
     someone else, pointing at another live job's cgroup must never get that job killed."""
     if not booking.cgroup:
         return None
-    expected = backend.job_name(f"{booking.pid}-{booking.pid_start}")
-    if os.path.basename(booking.cgroup.rstrip("/")) != expected:
+    holder = f"{booking.pid}-{booking.pid_start}"
+    if os.path.basename(booking.cgroup.rstrip("/")) not in backend.names_of(holder):
         return None
     return backend.job_at(booking.cgroup)
 

@@ -540,16 +540,21 @@ class Engine(LineServer):
         (``admission.booking_job``: a row naming another's cgroup gets nothing removed)."""
         from dispatch.local.admission import booking_job
 
-        try:
-            backend = self.here.backend
-            if not row.cgroup and backend.slice_dir:
-                row = row._replace(cgroup=os.path.join(
-                    backend.slice_dir, backend.job_name(f"{row.pid}-{row.pid_start}")))
-            job = booking_job(backend, row)
-            if job is not None and not job.pids():
-                job.remove()
-        except (OSError, HostrunError):
-            pass  # not empty after all, or already gone
+        backend = self.here.backend
+        rows = [row]
+        if not row.cgroup and backend.slice_dir:  # a job's name in the slice, a session's in its own
+            holder = f"{row.pid}-{row.pid_start}"
+            rows = [row._replace(cgroup=os.path.join(backend.slice_dir, backend.job_name(holder)))]
+            if backend.sessions_dir:
+                rows.append(row._replace(cgroup=os.path.join(backend.sessions_dir,
+                                                              backend.session_name(holder))))
+        for named in rows:
+            try:
+                job = booking_job(backend, named)
+                if job is not None and not job.pids():
+                    job.remove()
+            except (OSError, HostrunError):
+                pass  # not empty after all, or already gone
 
     # -- admission --------------------------------------------------------------------------------
 

@@ -119,6 +119,49 @@ def size_option(n: int) -> str:
     return f"{-(-n // 1024)}K"
 
 
+def resume_argv(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """An agent's command line that resumes its last session in the same directory, and whether
+    hostrun knows how for that agent (Claude Code: ``--continue``); else the command as it was."""
+    import os
+
+    if os.path.basename(argv[0]) == "claude":
+        kept = [a for a in argv[1:] if a not in ("-c", "--continue")]
+        if "-r" in kept or "--resume" in kept or any(a.startswith("--resume=") for a in kept):
+            return [argv[0], *kept], True  # it named the session to resume: that one again
+        return [argv[0], "--continue", *kept], True
+    return list(argv), False
+
+
+def _for_session(outcome: Outcome, base: dict[str, Any], slice_limit: int | None) -> dict[str, Any]:
+    """A session killed at its cap (250) or because the sessions slice (or the slice) filled (254):
+    how to resume it, with the cap the half rule gives for its peak (at most the sessions slice)."""
+    import shlex
+
+    from dispatch.core.exitcodes import ExitCode
+    from dispatch.core.units import format_size
+    from dispatch.local.capacity import half_rule_cap
+
+    peak = outcome.peak_bytes or 0
+    argv, known = resume_argv([str(a) for a in outcome.argv])
+    label = outcome.label.removeprefix("session:")
+    own = outcome.is_verdict(ExitCode.OWN_CAP)
+    cap = half_rule_cap(max(peak, outcome.cap_bytes or 0)) if own else outcome.cap_bytes
+    words = ["hostrun", "session", "--label", label]
+    if cap:
+        words += ["-m", size_option(cap)]
+    action = shlex.join([*words, "--", *argv])
+    how = "" if known else " (with your agent's own option to resume its last session)"
+    if own:
+        why = (f"was killed at its own cap {format_size(outcome.cap_bytes)} (peak {format_size(peak)}); "
+               f"its jobs and the other sessions went on. Resume it with the cap the half rule gives")
+    else:
+        why = (f"was killed because the sessions slice or the slice was full (peak {format_size(peak)}, "
+               "under its cap). Resume it")
+    message = f"agent session {outcome.label} on {base['host']} {why}: {action}{how}"
+    kind = OWN_CAP if own else SLICE_FULL
+    return record(kind, action=action, message=message, suggested_cap=cap if own else None, **base)
+
+
 def for_outcome(outcome: Outcome, session: str | None, peer: str | None = None,
                 slice_limit: int | None = None, request: RunRequest | None = None
                 ) -> dict[str, Any] | None:
@@ -144,6 +187,8 @@ def for_outcome(outcome: Outcome, session: str | None, peer: str | None = None,
     base: dict[str, Any] = {
         "host": where, "label": outcome.label, "session": session, "command": shlex.join(argv),
         "exit_code": int(outcome.exit_code), "peak": outcome.peak_bytes, "cap": outcome.cap_bytes}
+    if request is not None and request.role == "session":
+        return _for_session(outcome, base, slice_limit)
     if outcome.is_verdict(ExitCode.OWN_CAP):
         from dispatch.local.capacity import half_rule_cap
 

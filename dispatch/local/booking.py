@@ -8,7 +8,9 @@
   oom_score_adj 1000, so the kernel kills it first. A job that may be requeued (``--requeue``) and has
   no recorded peak here is a gamble even with a cap: booked at ``guess`` (what is known of it, else half
   its cap), limited by its cap; if the slice fills, the kernel kills it first, and it runs again at its
-  cap. So a first pass packs the slice as well as a recorded one, and loses no job.
+  cap. So a first pass packs the slice as well as a recorded one, and loses no job. An agent
+  session (``hostrun session``, its label ``session:NAME``) with no recorded peak is a gamble so too,
+  at ``[sessions] first_booking`` (the run sends it as its gamble size), limited by its cap.
 
 A label is marked (in the peak table, per host) when it hit its own cap (250: for good, as its peak
 says nothing about what it needs), or when it was killed because the slice filled (254: a peak or
@@ -21,6 +23,7 @@ from __future__ import annotations
 from dispatch.core.errors import NeverFitsError
 from dispatch.core.records import NamedTuple
 from dispatch.core.request import default_label as default_label  # where the callers found it
+from dispatch.core.settings import SESSION_PREFIX
 from dispatch.core.units import format_size
 
 MYPY = False
@@ -141,7 +144,10 @@ def plan_for(ledger: Ledger, host: str, label: str, program: str, cap: int | Non
     booked by the admission engine and one taking the ledger's lock itself."""
     peak = ledger.peak(label, host)
     first_guess = None
-    if requeue and peak is None:
+    if peak is None and label.startswith(SESSION_PREFIX):  # an agent session's first: the run's guess
+        first_guess = Guess(gamble_size, f"a session's first booking, {format_size(gamble_size)} "
+                                         "([sessions] first_booking)")
+    elif requeue and peak is None:
         elsewhere, program_peaks = ledger.guess_evidence(label, host, program)
         first_guess = guess(cap, cap if cap is not None else slice_limit, elsewhere, program,
                             program_peaks)

@@ -122,7 +122,8 @@ def book(settings: Settings, request: RunRequest, label: str, requeue: bool, pla
             no_cap=request.no_cap, program=storable(os.path.basename(argv[0])),
             command=" ".join(argv), session=request.session, group=request.group,
             when_idle=request.when_idle, booking_id=place, requeue=requeue,
-            gamble=settings.gamble_size_for(settings.local), gpu=gpu))
+            gamble=(settings.sessions.first_booking if request.role == "session"
+                    else settings.gamble_size_for(settings.local)), gpu=gpu))
         waited = _wait(link, say, watch, park, time.monotonic(), ready)
     except BaseException:
         give_back(link)

@@ -168,11 +168,14 @@ def _build(tmp: str, journal_path: str, live: list[Booking], mine: list[Booking]
 
 
 def _parse_job_name(name: str) -> tuple[int, int] | None:
-    """(hostrun pid, its start time) from ``job-<pid>-<start>``, ``hostrun-job-<pid>-<start>.scope``
-    or a shared slice's ``hostrun-shared-<pid>-<start>.scope``."""
-    for prefix in ("hostrun-job-", "hostrun-shared-"):
+    """(hostrun pid, its start time) from ``job-<pid>-<start>``, ``hostrun-job-<pid>-<start>.scope``,
+    a shared slice's ``hostrun-shared-<pid>-<start>.scope`` or a session's ``session-<pid>-<start>``
+    or ``hostrun-session-<pid>-<start>.scope``."""
+    for prefix in ("hostrun-job-", "hostrun-shared-", "hostrun-session-"):
         if name.startswith(prefix) and name.endswith(".scope"):
             name = "job-" + name[len(prefix):-len(".scope")]
+    if name.startswith("session-"):
+        name = "job-" + name[len("session-"):]
     if not name.startswith("job-"):
         return None
     pid, _, start = name[4:].partition("-")
@@ -205,15 +208,17 @@ def live_jobs(backend: CapBackend, host: str, slice_limit: int) -> list[Booking]
     slice_dir = getattr(backend, "slice_dir", None)
     if not slice_dir:
         return []  # the none backend: no cgroups to find them by
-    try:
-        names = sorted(os.listdir(slice_dir))
-    except OSError:
-        return []
+    places = [slice_dir, backend.sessions_dir] if backend.sessions_dir else [slice_dir]
+    dirs = []
+    for place in places:  # the jobs in the slice, the sessions in their own slice
+        try:
+            dirs += [os.path.join(place, name) for name in sorted(os.listdir(place))]
+        except OSError:
+            continue
     now = time.time()
     found = []
-    for name in names:
-        holder = _parse_job_name(name)
-        directory = os.path.join(slice_dir, name)
+    for directory in dirs:
+        holder = _parse_job_name(os.path.basename(directory))
         if holder is None or not os.path.isdir(directory) or not is_alive(*holder):
             continue
         pids = _pids(directory)

@@ -29,7 +29,7 @@ from dispatch.core.exitcodes import ExitCode, from_wait_status
 from dispatch.core.hostfacts import has_nvidia_gpus
 from dispatch.core.outcome import Outcome
 from dispatch.core.procinfo import start_time
-from dispatch.core.request import JOB_ENV, RunRequest, job_environment
+from dispatch.core.request import JOB_ENV, SESSION_ENV, RunRequest, job_environment
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
@@ -165,10 +165,18 @@ class _LocalRun:
         self.env = job_environment(base_env, request.threads or self.host.threads(),
                                    request.threads is not None)
         me = os.getpid()
-        self.job = self.backend.create_job(f"{me}-{start_time(me) or 0}",
-                                           cap if cap is not None else self.limit)
-        if self.job.path:
-            self.env[JOB_ENV] = self.job.path
+        holder = f"{me}-{start_time(me) or 0}"
+        if request.role == "session":  # its own cgroup in the sessions slice, with a high mark
+            sessions = settings.sessions
+            size = cap if cap is not None else self.limit
+            self.backend.ensure_sessions(sessions.limit(self.limit))
+            self.job = self.backend.create_session(holder, size, sessions.high_mark(size))
+            self.env.pop(JOB_ENV, None)  # its hostrun runs are jobs of their own, not nested in it
+            self.env[SESSION_ENV] = self.job.path
+        else:
+            self.job = self.backend.create_job(holder, cap if cap is not None else self.limit)
+            if self.job.path:
+                self.env[JOB_ENV] = self.job.path
         self.guardian: Guardian | None = None
         self.child: PreparedChild | None = None
         self.ledger: Ledger | None = None
@@ -295,7 +303,9 @@ def _run(
             return result
         if gpu is not None:
             gpu.start_sampling(job.pids)  # the VRAM peak, recorded for the label (--gpu-memory auto)
-        max_runtime = request.max_runtime if request.max_runtime is not None else host.max_runtime
+        max_runtime = request.max_runtime
+        if max_runtime is None and request.role != "session":  # a session lasts as long as its user
+            max_runtime = host.max_runtime
         watcher = JobWatch(settings, job, child.pid, max_runtime, signals, say, foreground, watch,
                            guardian)
         status, peak, timed_out = watcher.wait()
