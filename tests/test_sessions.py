@@ -79,6 +79,16 @@ def test_a_session_over_its_cap_ends_250_alone_and_says_how_to_resume(hostrun: H
     assert "its jobs and the other sessions went on" in alert["message"]
 
 
+def test_a_tool_killed_at_the_sessions_cap_ends_the_whole_session(hostrun: Hostrun) -> None:
+    """cgroup v1 kills only the largest process at the cap (the tool); the agent (here ``sh``, going
+    on to sleep a minute) would live on without it: hostrun ends the whole session, 250, as v2's
+    ``memory.oom.group`` does. Were it not ended, this run would outlast its timeout."""
+    _sessions(hostrun)
+    agent = "python3 -c 'x = bytearray(300 << 20)'; sleep 60"
+    done = hostrun.run("session", "--label", "tool", "-m", "100M", "--", "sh", "-c", agent, timeout=45)
+    assert done.returncode == ExitCode.OWN_CAP, done.stderr
+
+
 def test_sessions_that_would_overfill_the_slice_wait_their_turn(hostrun: Hostrun, tmp_path: Path) -> None:
     """Booked at 250 MiB each in a 600 MiB slice, two sessions start and the third waits (saying so)
     until one ends: never three at once."""

@@ -262,6 +262,21 @@ class JobCgroup(ABC):
         """Runs in hostrun right after the fork, while the child waits: a backend that cannot move
         the child itself (systemd) has it moved here. Raises BackendError when it cannot."""
 
+    def take(self, pids: list[int]) -> None:
+        """Move processes that are already running in (an agent session placed after it started,
+        ``dispatch.local.sessionplace``); BackendError naming the first that cannot be moved. A
+        process gone meanwhile is passed over."""
+        from dispatch.core.errors import BackendError
+
+        procs = os.path.join(self.path, "cgroup.procs")
+        for pid in pids:
+            try:
+                write_text(procs, str(pid))
+            except ProcessLookupError:
+                continue
+            except OSError as exc:
+                raise BackendError(f"cannot move process {pid} into {self.path}: {exc.strerror}") from None
+
     def started(self, pid: int) -> None:  # noqa: B027 - optional hook
         """The job's main process is running as ``pid`` (also its process-group id)."""
 

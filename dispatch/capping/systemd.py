@@ -24,7 +24,7 @@ import os
 import signal
 import time
 
-from dispatch.capping.base import OomVerdict, Probe, read_keyed, read_pids, read_text
+from dispatch.capping.base import OomVerdict, Probe, SessionForm, read_keyed, read_pids, read_text
 from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job
 from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
 from dispatch.core.errors import BackendError
@@ -143,8 +143,8 @@ class SystemdJob(Cgroup2Job):
 
     def __init__(self, directory: str, cap: int, slice_dir: str, manager: Manager | None = None,
                  properties: list[tuple[str, tuple[str, object]]] | None = None,
-                 keeper_program: str | None = None) -> None:
-        super().__init__(directory, cap, slice_dir)
+                 keeper_program: str | None = None, outer: tuple[str, ...] = ()) -> None:
+        super().__init__(directory, cap, slice_dir, *outer)
         self.unit = os.path.basename(directory)
         self._manager = manager
         self._properties = properties or []
@@ -167,6 +167,17 @@ class SystemdJob(Cgroup2Job):
             cgroup = _cgroup_of(pid)
             if cgroup is not None and not self.path.endswith(cgroup):
                 raise BackendError(f"the job's process is in {cgroup}, not in {self.unit}")
+        except BackendError:
+            self._stop_keeper()
+            raise
+
+    def take(self, pids: list[int]) -> None:
+        """The scope started around processes already running (with its keeper): systemd moves them."""
+        if self._manager is None:
+            raise BackendError(f"no systemd manager to start {self.unit}")
+        self.keeper, self._keeper_fd = _spawn_keeper(self._keeper_program or "cat")
+        try:
+            self._manager.start(self.unit, [("PIDs", ("au", [self.keeper, *pids])), *self._properties])
         except BackendError:
             self._stop_keeper()
             raise
@@ -315,6 +326,9 @@ class SystemdBackend(Cgroup2Backend):
         self.slice_unit = slice_unit
         self.manager = manager
         self.keeper_program = keeper_program
+        # its sessions slice: a dash nests, so it is a child of the slice (systemd.slice(5))
+        self.sessions_unit = slice_unit[: -len(".slice")] + "-sessions.slice"
+        self.session_form = SessionForm(self.sessions_unit, "hostrun-session-", ".scope")
 
     @classmethod
     def probe(  # type: ignore[override]
@@ -389,6 +403,38 @@ class SystemdBackend(Cgroup2Backend):
         except BackendError as exc:
             raise BackendError(f"cannot set limits on {self.slice_unit} through {manager.label}: "
                                f"{exc}") from None
+
+    def make_sessions(self) -> None:
+        """The sessions slice is started by ``ensure_sessions``, through systemd."""
+
+    def ensure_sessions(self, limit: int) -> None:
+        """The sessions slice's limits through systemd (runtime only), and the slice started."""
+        try:
+            if self.limit_is(self.sessions_dir, limit):
+                return
+        except (OSError, ValueError):
+            pass
+        manager = self._require_manager()
+        try:
+            manager.set_properties(self.sessions_unit, [("MemoryMax", ("t", limit)),
+                                                        ("MemorySwapMax", ("t", 0))])
+            if not os.path.isdir(self.sessions_dir):
+                manager.start(self.sessions_unit)
+        except BackendError as exc:
+            raise BackendError(f"cannot set limits on {self.sessions_unit} through {manager.label}: "
+                               f"{exc}") from None
+
+    def create_session(self, job_id: str, cap: int, high: int) -> SystemdJob:
+        """A session's scope in the sessions slice: capped, held back above ``high``
+        (``MemoryHigh``), stopped whole on an OOM kill, as a job's scope is."""
+        form = self.session_form
+        assert form is not None
+        unit = f"{form.prefix}{job_id}{form.suffix}"
+        props = scope_properties(f"hostrun agent session {job_id}", self.sessions_unit, cap,
+                                 self.kill_grace)
+        props.append(("MemoryHigh", ("t", high)))
+        return SystemdJob(os.path.join(self.sessions_dir, unit), cap, self.sessions_dir,
+                          self._require_manager(), props, self.keeper_program, (self.slice_dir,))
 
     def create_job(self, job_id: str, cap: int) -> SystemdJob:
         prefix, suffix = self.job_affixes

@@ -84,7 +84,7 @@ def run_session(settings: Settings, request: RunRequest, say: Callable[[str], No
     here = LocalSlice(settings)
     if here.backend.session_form is None:
         raise BackendError(f"the {here.backend.name} memory-cap backend here runs no agent sessions "
-                           "(docs/agents.md, 'Sessions under the budget': cgroup v1 or v2 direct); "
+                           "(docs/agents.md, 'Sessions under the budget': cgroup v1, v2 or systemd); "
                            "nothing ran")
     label = session_label(list(request.argv), request.label)
     cap, why = session_cap(settings, here, label, request.cap)

@@ -31,6 +31,7 @@ else:  # the C module: signal's enums would load enum, functools and collections
 SAMPLE_INTERVAL = 0.05
 FAST_SAMPLE_INTERVAL = 0.01  # short jobs are over before a 50 ms sample would see them
 FAST_SAMPLING_FOR = 1.0
+SESSION_SAMPLE_INTERVAL = 0.25  # an agent session's: it lasts hours
 MAX_RISES = 4096  # (time, peak) pairs kept for the ramp profile before they are merged in twos
 
 
@@ -106,11 +107,16 @@ class JobWatch:
     def __init__(
         self, settings: Settings, job: JobCgroup, pid: int, max_runtime: float | None,
         signals: ForwardedSignals, say: Callable[[str], None], foreground: Foreground | None = None,
-        watch: KernelWatch | None = None, guardian: Guardian | None = None,
+        watch: KernelWatch | None = None, guardian: Guardian | None = None, whole: bool = False,
     ) -> None:
+        """``whole``: an agent session, ended whole once the kernel killed one of its processes at
+        its own cap (cgroup v2 and systemd do so themselves, ``memory.oom.group``; v1 kills only the
+        largest process, and an agent left without the tool it ran goes on unbooked for it), and
+        sampled less often: it runs for hours."""
         self.settings, self.job, self.pid, self.max_runtime = settings, job, pid, max_runtime
         self.signals, self.say, self.foreground, self.watch = signals, say, foreground, watch
         self.guardian = guardian
+        self.whole = whole
         self.deadline: float | None = None
         self.kill_at: float | None = None
         self.timed_out = False
@@ -157,6 +163,8 @@ class JobWatch:
         last = begun
         while True:
             interval = FAST_SAMPLE_INTERVAL if last - begun < FAST_SAMPLING_FOR else SAMPLE_INTERVAL
+            if self.whole:
+                interval = SESSION_SAMPLE_INTERVAL
             events = poller.poll(max(0.0, last + interval - time.monotonic()) * 1000)
             if events:
                 if any(fd == pidfd for fd, _ in events):
@@ -183,6 +191,9 @@ class JobWatch:
                 self._stop_at_deadline(now, self.deadline)
             if self.kill_at is not None and now >= self.kill_at:
                 self.job.kill_all()
+                self.kill_at = now + 3600
+            if self.whole and self.kill_at is None and self.job.verdict().own:
+                self.job.kill_all()  # killed at its own cap: the whole session ends (250)
                 self.kill_at = now + 3600
 
     def _forward(self, sig: int, now: float) -> None:

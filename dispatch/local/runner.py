@@ -307,24 +307,26 @@ def _run(
         if max_runtime is None and request.role != "session":  # a session lasts as long as its user
             max_runtime = host.max_runtime
         watcher = JobWatch(settings, job, child.pid, max_runtime, signals, say, foreground, watch,
-                           guardian)
+                           guardian, whole=request.role == "session")
         status, peak, timed_out = watcher.wait()
     result.duration_s = round(time.monotonic() - started, 3)
     job.kill_all()
     vram = watch.finish() if watch is not None else None  # the rest of its output, then the verdict
     if gpu is not None:
         result.vram_peak_bytes = gpu.vram_peak
-    _judge(result, job, status, peak, timed_out, vram, say)
+    _judge(result, job, status, peak, timed_out, vram, say, whole=request.role == "session")
     if result.outcome == "exit" and result.peak_bytes:  # a killed run's profile ends early
         result.ramp = list(ramp.profile(watcher.rises, result.duration_s, result.peak_bytes))
     return result
 
 
 def _judge(result: Outcome, job: JobCgroup, status: int, peak: int, timed_out: bool, vram: str | None,
-           say: Callable[[str], None]) -> None:
+           say: Callable[[str], None], whole: bool = False) -> None:
     """The ended job's verdict into ``result``, first cause first: its max runtime (253), its own cap
     (250), a full slice (254), a GPU out-of-memory (245), else its own wait status. An OOM kill or a
-    GPU OOM that did not fail the job, or a machine-wide OOM kill, is said as a warning."""
+    GPU OOM that did not fail the job, or a machine-wide OOM kill, is said as a warning. ``whole``:
+    an agent session, which a kill at its own cap ends whole (``JobWatch``): 250 even when its main
+    process ended first, on its own, after the tool it ran was killed."""
     verdict = job.verdict()
     result.counters = verdict.counters
     # Sampling can miss a short spike; the kernel's high-water mark less the page cache still
@@ -337,7 +339,7 @@ def _judge(result: Outcome, job: JobCgroup, status: int, peak: int, timed_out: b
     failed_run = not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
     if timed_out:
         result.mark(ExitCode.MAX_RUNTIME)
-    elif verdict.own and failed_run:
+    elif verdict.own and (failed_run or whole):
         result.mark(ExitCode.OWN_CAP)
     elif verdict.slice_full and failed_run:
         result.mark(ExitCode.SLICE_FULL)
@@ -347,7 +349,7 @@ def _judge(result: Outcome, job: JobCgroup, status: int, peak: int, timed_out: b
         result.message = f"GPU out of memory: {vram}"
     else:
         result.exit_code, result.outcome = from_wait_status(status)
-    if verdict.killed and not failed_run:
+    if verdict.killed and not failed_run and not (whole and verdict.own):
         say("warning: a process of the job was OOM-killed, but the job exited 0; passing 0 through")
     elif verdict.killed and not (verdict.own or verdict.slice_full or timed_out):
         # Neither its cap nor the slice: the whole machine ran out (memory used outside the slice).

@@ -95,9 +95,11 @@ class Guest:
         return 0 if self.user == "root" else int(self.sh("id -u").stdout)
 
     def leaks(self, settle: float = 15.0) -> list[str]:
-        """Job scopes in this slice, keeper processes of this user, bookings in this ledger."""
+        """Job scopes in this slice (and session scopes in its sessions slice), keeper processes of
+        this user, bookings in this ledger."""
         script = (
-            f"ls -d {self.slice_dir()}/hostrun-job-* 2>/dev/null | sed 's/^/scope /'; "
+            f"ls -d {self.slice_dir()}/hostrun-job-* {self.slice_dir()}/*-sessions.slice/hostrun-session-*"
+            " 2>/dev/null | sed 's/^/scope /'; "
             f"pgrep -u {self.user} -f '^hostrun-scope-keeper' | sed 's/^/keeper pid /'; "
             f"{self.hostrun_cmd('ledger', '--json')} 2>/dev/null | python3 -c \""
             "import json, sys; d = json.load(sys.stdin); "

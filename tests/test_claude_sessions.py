@@ -1,0 +1,81 @@
+"""Agent sessions (``hostrun session``) with the real Claude Code client (pinned, from the npm registry)
+headless (``claude -p``) against the fake Messages API on loopback: the client itself, the tools it
+runs and the jobs it starts through hostrun, each where docs/agents.md ("Sessions under the budget")
+says; and a session whose tool balloons past its cap ending 250, whole, while another session and a
+job go on. Real cgroups (v1 here; the VM runs the stand-in on systemd + v2).
+
+Tests run as root here, where the client refuses ``bypassPermissions`` unless ``IS_SANDBOX=1``
+says it runs in a sandbox: these runs set it (a throwaway home, loopback only).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from dispatch.core.exitcodes import ExitCode
+from tests.conftest import Hostrun, wait_for
+from tests.support.claudeapi import FakeMessagesAPI
+from tests.support.claudeclient import Claude
+from tests.support.claudefixtures import api, claude, client_binary
+
+__all__ = ["api", "claude", "client_binary"]  # fixtures, used by name
+
+MiB = 1 << 20
+
+
+def _tree(hostrun: Hostrun, tmp_path: Path) -> Path:
+    tree = tmp_path / "project"
+    tree.mkdir()
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    hostrun.configure(slice="4G", top='[sessions]\nshare = 1\ncap = "3G"\nfirst_booking = "512M"\n')
+    return tree
+
+
+def _session(hostrun: Hostrun, claude: Claude, tree: Path, *options: str, timeout: float = 180
+             ) -> subprocess.CompletedProcess[str]:
+    """``hostrun session [options] -- claude -p go`` in ``tree``, every tool permitted."""
+    argv = hostrun.argv("session", *options, "--", str(claude.binary), "-p", "go", "--output-format", "json",
+                        "--permission-mode", "bypassPermissions")
+    return subprocess.run(argv, cwd=tree, env=claude.env(IS_SANDBOX="1"), capture_output=True, text=True,
+                          timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+
+
+def test_the_client_runs_in_its_session_cgroup_and_its_hostrun_jobs_beside_it(
+        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path) -> None:
+    """The client, its Bash tool and what that runs are in the session's cgroup in the sessions
+    slice; a ``hostrun -- CMD`` the model runs is a job in the slice, booked apart; the session's
+    peak (the client's own memory) is recorded under ``session:claude`` when it ends."""
+    tree = _tree(hostrun, tmp_path)
+    job = " ".join([*hostrun.argv("-m", "50M", "--"), "sh", "-c", "'cat /proc/self/cgroup > job.txt'"])
+    api.script = [("bash", "cat /proc/self/cgroup > tool.txt"), ("bash", job), ("text", "done")]
+    done = _session(hostrun, claude, tree)
+    assert done.returncode == 0, (done.stdout[-1500:], done.stderr[-1500:])
+    assert json.loads(done.stdout.strip().splitlines()[-1])["type"] == "result"
+    assert f"{hostrun.cgroup}/sessions/session-" in (tree / "tool.txt").read_text()
+    assert f"{hostrun.cgroup}/job-" in (tree / "job.txt").read_text()
+    peaks = {p["label"]: p for p in json.loads(hostrun.run("ledger", "--json").stdout)["peaks"]}
+    assert peaks["session:claude"]["max_peak"] > 50 * MiB, peaks  # the client itself, measured
+    assert hostrun.bookings() == []
+
+
+def test_a_session_whose_tool_balloons_ends_250_whole_while_another_and_a_job_go_on(
+        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path) -> None:
+    """The model's Bash tool allocates past the session's cap: the session (the client with it)
+    ends 250; a second session (a stand-in) and a job started before it end 0; the alert says how
+    to resume it (``claude --continue``)."""
+    tree = _tree(hostrun, tmp_path)
+    other = hostrun.popen("session", "--label", "other", "-m", "100M", "--", "sleep", "20")
+    job = hostrun.popen("-m", "100M", "--", "sleep", "20")
+    wait_for(lambda: len(hostrun.job_dirs()) == 2, timeout=30)
+    balloon = f"{sys.executable} -c 'import time; x = bytearray(1500 << 20); time.sleep(30)'"
+    api.script = [("bash", balloon), ("text", "done")]
+    done = _session(hostrun, claude, tree, "-m", "1G")
+    assert done.returncode == ExitCode.OWN_CAP, (done.stdout[-1500:], done.stderr[-1500:])
+    assert other.wait(timeout=60) == 0 and job.wait(timeout=60) == 0
+    alerts = [json.loads(line) for line in (hostrun.state_dir / "alerts.jsonl").read_text().splitlines()]
+    (alert,) = [a for a in alerts if a["label"] == "session:claude"]
+    assert alert["kind"] == "own-cap" and "--continue" in alert["action"], alert
+    assert alert["action"].startswith("hostrun session --label claude -m "), alert
