@@ -19,7 +19,7 @@ from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun, wait_for
 from tests.support.claudeapi import FakeMessagesAPI
 from tests.support.claudeclient import Claude
-from tests.support.claudefixtures import api, claude, client_binary
+from tests.support.claudefixtures import api, claude, client_binary, project
 
 __all__ = ["api", "claude", "client_binary"]  # fixtures, used by name
 
@@ -79,3 +79,26 @@ def test_a_session_whose_tool_balloons_ends_250_whole_while_another_and_a_job_go
     (alert,) = [a for a in alerts if a["label"] == "session:claude"]
     assert alert["kind"] == "own-cap" and "--continue" in alert["action"], alert
     assert alert["action"].startswith("hostrun session --label claude -m "), alert
+
+
+def test_a_session_started_without_the_wrapper_is_placed_at_its_start(
+        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path) -> None:
+    """``[sessions] place = true`` and the hooks installed: the client's SessionStart hook books the
+    session and moves the client into the sessions slice, so the Bash tool it runs later is there
+    too; the model is told so; when the client ends its booking is released and its peak (what it
+    allocated once inside) recorded."""
+    tree = project(hostrun, tmp_path, "remind")
+    hostrun.configure(slice="4G", top='[sessions]\nplace = true\nshare = 1\ncap = "3G"\n'
+                                      'first_booking = "512M"\n')
+    wait = ("for i in $(seq 100); do grep -q /sessions/ /proc/$$/cgroup && break; sleep 0.1; done; "
+            "cat /proc/$$/cgroup > tool.txt")
+    api.script = [("bash", wait), ("text", "done")]
+    proc, result = claude.print_mode("go", tree, "--permission-mode", "bypassPermissions",
+                                     env=claude.env(IS_SANDBOX="1"))
+    assert proc.returncode == 0 and result.get("type") == "result", (proc.stdout[-1500:], proc.stderr[-1500:])
+    assert f"{hostrun.cgroup}/sessions/session-" in (tree / "tool.txt").read_text()
+    assert "booked as an agent session" in api.sent_text()
+    wait_for(lambda: hostrun.bookings() == [], timeout=30)
+    peaks = {p["label"]: p for p in json.loads(hostrun.run("ledger", "--json").stdout)["peaks"]}
+    # What it allocated once inside: the kernel does not move what was charged before (docs/agents.md)
+    assert peaks["session:claude"]["max_peak"] > 0, peaks

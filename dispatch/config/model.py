@@ -187,6 +187,7 @@ class SessionsModel(_Strict):
     cap: MemorySize = 4608 << 20
     first_booking: MemorySize = 2 << 30
     high: float = Field(default=0.9, gt=0, le=1)
+    place: bool = Field(default=False, strict=True)  # true or false, not "yes" or 1
 
     @model_validator(mode="after")
     def _booking_within_cap(self) -> SessionsModel:

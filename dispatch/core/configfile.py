@@ -144,6 +144,8 @@ def sessions_from_dict(table: Mapping[str, Any]) -> SessionSettings:
     for key in ("cap", "first_booking"):
         if table.get(key) is not None:
             values[key] = parse_size(table[key])
+    if table.get("place") is not None:
+        values["place"] = bool(table["place"])
     return SessionSettings(**values)
 
 

@@ -141,12 +141,14 @@ class SessionSettings(NamedTuple):
     ``cap``: a session's cap when neither ``-m`` nor a recorded peak gives one (the half rule of the
     worst resumed session measured for the design, 1970 MiB: 4608 MiB); ``first_booking``: what a
     session with no recorded peak is booked at; ``high``: its high mark (``MemoryHigh``: reclaim and
-    slow down before the kill), as a part of its cap."""
+    slow down before the kill), as a part of its cap; ``place``: the SessionStart hook places a
+    session started without ``hostrun session`` into the sessions slice (``local.sessionplace``)."""
 
     share: float = 0.5
     cap: int = 4608 << 20
     first_booking: int = 2 << 30
     high: float = 0.9
+    place: bool = False
 
     def limit(self, slice_limit: int) -> int:
         """The sessions slice's limit within a slice of ``slice_limit``, whole pages."""

@@ -20,6 +20,7 @@ if MYPY:
     from collections.abc import Callable
     from typing import Any, TextIO
 
+    from dispatch.core.settings import Settings
     from dispatch.hooks.claudeevent import HookArgs
 
 MODE_LINES = {
@@ -60,8 +61,35 @@ def session_start(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str
             found = [f"- could not read: {exc}"]
         if found:
             lines += [f"{title}:", *found]
+    if settings.sessions.place and data.get("source") in ("startup", "resume"):
+        lines += _place(settings)
     lines += claudealerts.alert_lines(settings, name, SESSION_START, err)
     return answer(SESSION_START, additionalContext="\n".join(lines))
+
+
+def _place(settings: Settings) -> list[str]:
+    """``[sessions] place``: this session's process tree placed into the sessions slice by a detached
+    process (``dispatch.hooks.placer``); what was done, or why it cannot be, said once (at its start
+    or resume, not after a compaction)."""
+    from dispatch.core.errors import HostrunError
+    from dispatch.local.sessionplace import agent_process, placeable
+
+    pid = agent_process()
+    if pid is None:
+        return ["hostrun: this session's process was not found (the hook's parent, past its shell); "
+                "it runs outside hostrun's sessions slice."]
+    try:
+        why = placeable(settings, pid)
+    except HostrunError as exc:
+        why = str(exc)
+    if why is not None:
+        return [] if why.startswith("already under") else [f"hostrun: {why}."]
+    from dispatch.hooks import placer
+
+    placer.start(settings.source if os.path.isfile(settings.source) else None, pid, "claude")
+    return [f"hostrun: this session (pid {pid}) is booked as an agent session and moved into hostrun's "
+            "sessions slice once admitted (`hostrun ledger`; its log: state_dir/sessions.log); the jobs "
+            "it runs through hostrun are booked beside it."]
 
 
 def _export_session(name: str, err: TextIO) -> None:
