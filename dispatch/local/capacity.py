@@ -187,14 +187,12 @@ def _marked(p: LabelPeaks) -> str:
     return "hit its ceiling" if p.record.hit_ceiling else "killed when the slice filled (marked)"
 
 
-def assess(p: LabelPeaks, *, slice_limit: int, default_cap: int | None, gamble_size: int,
-           what_if: int | None = None, hostname: str | None = None) -> Assessment:
-    """Everything ``hostrun capacity`` says about one label on one host."""
+def peak_flags(p: LabelPeaks, cap: int | None, cap_source: str, half_cap: int, *,
+               booked_at_cap: bool = True) -> tuple[list[str], list[str], float | None, str | None]:
+    """What a label's own peaks say, whatever slice it runs in (jobs and sessions alike): its cap
+    below the half rule, its ceiling hit, peaks that vary widely. Returns (flags, notes, variation,
+    its basis); ``booked_at_cap``: the ceiling note says it is booked at its cap from now on."""
     r = p.record
-    half_cap = half_rule_cap(r.max_peak)
-    cap, cap_source = assumed_cap(p, default_cap)
-    now = fit(p, cap, slice_limit, gamble_size, half_cap)
-    other = fit(p, cap, what_if, gamble_size, half_cap) if what_if is not None else None
     values, basis = samples(p)
     cv = variation(values)
     flags: list[str] = []
@@ -211,7 +209,8 @@ def assess(p: LabelPeaks, *, slice_limit: int, default_cap: int | None, gamble_s
     if r.hit_ceiling:
         flags.append(HIT_CEILING)
         notes.append(f"hit its ceiling: its true peak is above {format_size(r.max_peak)}, so "
-                     f"{format_size(half_cap)} is only a lower bound; it is booked at its cap")
+                     f"{format_size(half_cap)} is only a lower bound"
+                     + ("; it is booked at its cap" if booked_at_cap else ""))
     if cv is not None and cv > WIDE_CV:
         flags.append(PEAKS_VARY)
         if basis == "history":
@@ -220,6 +219,18 @@ def assess(p: LabelPeaks, *, slice_limit: int, default_cap: int | None, gamble_s
         else:
             notes.append(f"peaks vary widely: worst {format_size(r.max_peak)}, last "
                          f"{format_size(r.last_peak)} (more than 2x apart)")
+    return flags, notes, cv, basis
+
+
+def assess(p: LabelPeaks, *, slice_limit: int, default_cap: int | None, gamble_size: int,
+           what_if: int | None = None, hostname: str | None = None) -> Assessment:
+    """Everything ``hostrun capacity`` says about one label on one host."""
+    r = p.record
+    half_cap = half_rule_cap(r.max_peak)
+    cap, cap_source = assumed_cap(p, default_cap)
+    now = fit(p, cap, slice_limit, gamble_size, half_cap)
+    other = fit(p, cap, what_if, gamble_size, half_cap) if what_if is not None else None
+    flags, notes, cv, basis = peak_flags(p, cap, cap_source, half_cap)
     if half_cap > slice_limit:
         flags.append(OVER_SLICE)
         notes.append(f"the half-rule cap {format_size(half_cap)} is larger than the slice "
