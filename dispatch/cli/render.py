@@ -260,8 +260,11 @@ def capacity(hosts: Sequence[Any]) -> None:
             console.print(f"[bold]{_t(h.host)}[/bold]: [red]could not read:[/red] {_t(h.error)}")
             continue
         where = f"{_t(h.host)} ({_t(h.hostname)})" if h.hostname else _t(h.host)
+        sessions = (f"{h.session_labels} session label{'s' if h.session_labels > 1 else ''}: "
+                    "'hostrun capacity --sessions'") if h.session_labels else ""
         if not h.labels:
-            console.print(f"[bold]{where}[/bold]: peak table empty (slice {format_size(h.slice_limit)})")
+            empty = f"no job labels; {sessions}" if sessions else "peak table empty"
+            console.print(f"[bold]{where}[/bold]: {empty} (slice {format_size(h.slice_limit)})")
             continue
         then = f" → {format_size(h.what_if)}" if h.what_if is not None else ""
         cols = (Col("label", 0, flex=True), Col("runs", 5), Col("worst / last peak", 2), Col("booked as", 1),
@@ -290,6 +293,8 @@ def capacity(hosts: Sequence[Any]) -> None:
         for a in h.labels:
             for note in a.notes:
                 console.print(f"  [yellow]{_t(a.label)}[/yellow] on {_t(h.host)}: {_t(note)}")
+        if sessions:
+            console.print(f"  and {sessions}")
 
 
 def workdirs(data: dict[str, Any]) -> None:

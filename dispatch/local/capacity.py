@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from dispatch.core.errors import NeverFitsError
 from dispatch.core.records import NamedTuple
+from dispatch.core.settings import SESSION_PREFIX
 from dispatch.core.units import MiB, format_size
 from dispatch.local.booking import plan_booking
 from dispatch.local.ledgerdb import PeakRecord
@@ -291,6 +292,7 @@ class HostCapacity(NamedTuple):
     default_cap: Optional[int]
     gamble_size: Optional[int]
     labels: list[Assessment]
+    session_labels: int = 0  # ``session:`` labels left to ``--sessions`` (their own slice and rule)
 
     def as_dict(self) -> dict[str, Any]:
         data = self._asdict()
@@ -298,9 +300,16 @@ class HostCapacity(NamedTuple):
         return data
 
 
+def is_session(label: str) -> bool:
+    """A ``hostrun session`` label: its runs live in the sessions slice, not the jobs'."""
+    return label.startswith(SESSION_PREFIX)
+
+
 def host_capacity(host: str, report: Report | None, error: str | None = None,
                   what_if: int | None = None) -> HostCapacity:
-    """One host's capacity from its report (read with ``peaks=True``); an unread host says why."""
+    """One host's capacity from its report (read with ``peaks=True``); an unread host says why.
+    Session labels are only counted: judged against the whole slice and the jobs' booking rules
+    their figures would be wrong (``hostrun capacity --sessions`` judges them)."""
     if report is None:
         return HostCapacity(host, False, error or "could not read", None, None, what_if, None, None, [])
     settings = report["settings"]
@@ -308,10 +317,12 @@ def host_capacity(host: str, report: Report | None, error: str | None = None,
     default_cap = settings.get("default_cap")
     gamble = int(settings.get("gamble_size") or 0)  # a cluster books no gamble
     hostname = report.get("hostname")
+    table = labels_from_table(report.get("peak_table") or [], host)
+    jobs = [p for p in table if not is_session(p.record.label)]
     labels = [assess(p, slice_limit=limit, default_cap=default_cap, gamble_size=gamble,
-                     what_if=what_if, hostname=hostname)
-              for p in labels_from_table(report.get("peak_table") or [], host)]
-    return HostCapacity(host, True, None, hostname, limit, what_if, default_cap, gamble, labels)
+                     what_if=what_if, hostname=hostname) for p in jobs]
+    return HostCapacity(host, True, None, hostname, limit, what_if, default_cap, gamble, labels,
+                        len(table) - len(jobs))
 
 
 def rules() -> dict[str, Any]:
