@@ -6,10 +6,20 @@ The pure cases are computed by hand; the arithmetic is in the comments next to e
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from dispatch.core.units import GiB, MiB
-from dispatch.local.capacity import host_capacity
+from dispatch.local.capacity import CAP_BELOW, HIT_CEILING, OVER_SLICE, PEAKS_VARY, host_capacity
+from dispatch.local.sessioncapacity import (
+    DEFAULT,
+    HALF_RULE,
+    NO_FIGURES,
+    SessionFit,
+    host_sessions,
+    running_sessions,
+    session_rules,
+)
 
 
 def entry(label: str, max_peak: int, *, runs: int = 1, last: int | None = None, hit: bool = False,
@@ -44,3 +54,125 @@ def test_the_jobs_view_leaves_session_labels_to_sessions() -> None:
     only = host_capacity("local", report([entry("session:claude", GiB)]))
     assert (only.labels, only.session_labels) == ([], 1)
     assert host_capacity("local", report([entry("build", GiB)])).session_labels == 0
+
+
+# -- the rule: 2 x worst peak rounded up to 512 MiB, floor((allocatable - others) / that) --
+
+REF_SLICE = 60 * GiB  # share 0.5: a sessions slice of 30 GiB (30720 MiB), the reference's node
+
+
+def test_the_reference_figures_on_a_30_gib_sessions_slice() -> None:
+    h = host_sessions("local", report([entry("session:claude", 1970 * MiB),
+                                       entry("session:resumed", 2178 * MiB),
+                                       entry("session:worker", 1024 * MiB)]))
+    assert h.ok and h.no_sessions is None and h.sessions is not None
+    assert h.sessions["limit"] == 30720 * MiB  # 60 GiB x 0.5
+    rows = {a.label: a for a in h.labels}
+    # 2 x 1970 = 3940 -> 8 x 512 = 4096 MiB; 30720 / 4096 = 7.5 -> 7
+    assert (rows["session:claude"].fit.cap, rows["session:claude"].fit.fits) == (4096 * MiB, 7)
+    # 2 x 2178 = 4356 -> 9 x 512 = 4608 MiB; 30720 / 4608 = 6.67 -> 6
+    assert (rows["session:resumed"].fit.cap, rows["session:resumed"].fit.fits) == (4608 * MiB, 6)
+    # the 2048 MiB worker: 2 x 1024 = 2048 exactly; 30720 / 2048 = 15
+    assert (rows["session:worker"].fit.cap, rows["session:worker"].fit.fits) == (2048 * MiB, 15)
+    assert all(a.fit.cap_source == HALF_RULE and a.flags == () for a in h.labels)
+    # a session not yet run gets sessions.cap, the reference's 4608 MiB: 6 on the node
+    assert h.default == SessionFit(4608 * MiB, DEFAULT, 6, 6, None)
+
+
+def test_a_host_with_no_session_still_shows_the_default() -> None:
+    h = host_sessions("local", report([entry("build", 3 * GiB)], slice_limit=16 * GiB, cap=2 * GiB))
+    assert h.labels == []  # a job's label is no session
+    assert h.default is not None
+    assert (h.default.cap, h.default.fits) == (2 * GiB, 4)  # 8 GiB sessions slice / 2 GiB
+    data = json.loads(json.dumps(h.as_dict()))
+    assert data["default"] == {"cap": 2 * GiB, "cap_source": "default", "fits": 4,
+                               "fits_beside_running": 4, "what_if_fits": None}
+    assert data["sessions"]["limit"] == 8 * GiB and data["labels"] == []
+
+
+def test_an_older_peers_report_says_so_and_an_unread_host_says_why() -> None:
+    old = host_sessions("peer1", report([entry("session:claude", GiB)], share=None))
+    assert (old.ok, old.error, old.sessions, old.default, old.labels) == (True, None, None, None, [])
+    assert old.no_sessions == NO_FIGURES and "no sessions figures" in NO_FIGURES
+    assert old.slice_limit == 60 * GiB
+    gone = host_sessions("peer2", None, "no answer within 12 s")
+    assert (gone.ok, gone.error, gone.no_sessions, gone.labels) == (False, "no answer within 12 s", None, [])
+
+
+def test_others_are_the_sessions_running_now_at_their_caps() -> None:
+    running = [
+        {"id": 1, "label": "session:claude", "booked": 2 * GiB, "cap": 4608 * MiB, "age_s": 5.0},
+        {"id": 2, "label": "session:codex", "booked": 1 * GiB, "cap": None, "age_s": 5.0},  # no cap
+        {"id": 3, "label": "build", "booked": 8 * GiB, "cap": 8 * GiB, "age_s": 5.0},  # a job
+        {"id": 4, "label": None, "booked": 1 * GiB, "age_s": 5.0},  # a Slurm job without a name
+    ]
+    assert running_sessions(running) == (2, 4608 * MiB + 1 * GiB)  # the cap, else the booking
+    h = host_sessions("local", report([entry("session:claude", 1970 * MiB)], running=running))
+    assert (h.running_sessions, h.running_held) == (2, 5632 * MiB)
+    (claude,) = h.labels
+    # fits: others = 0, 30720 / 4096 = 7; beside: (30720 - 5632) / 4096 = 25088 / 4096 = 6.1 -> 6
+    assert (claude.fit.fits, claude.fit.fits_beside_running) == (7, 6)
+    assert h.default is not None  # (30720 - 5632) / 4608 = 5.4 -> 5
+    assert (h.default.fits, h.default.fits_beside_running) == (6, 5)
+    full = host_sessions("local", report([], slice_limit=8 * GiB, running=running))
+    assert full.default is not None and full.default.fits_beside_running == 0  # held > the slice
+
+
+def test_flags_a_session_label_raises() -> None:
+    h = host_sessions("local", report([
+        # its last run's 2 GiB cap is below 2 x 1970 -> 4096 MiB
+        entry("session:low", 1970 * MiB, cap=2 * GiB),
+        # killed at its 1 GiB cap: its true peak is above 1 GiB
+        entry("session:hit", 1 * GiB, hit=True, cap=1 * GiB),
+        # 500 MiB then 1500 MiB: 3x apart
+        entry("session:vary", 1500 * MiB, runs=2, history=[500 * MiB, 1500 * MiB], cap=4608 * MiB),
+        # no cap of its own (only the slice's): nothing to judge
+        entry("session:free", 1 * GiB, cap=None),
+    ]))
+    rows = {a.label: a for a in h.labels}
+    assert rows["session:low"].flags == (CAP_BELOW,) and rows["session:low"].last_cap == 2 * GiB
+    assert "below the half-rule cap 4.0 GiB" in rows["session:low"].notes[0]
+    assert rows["session:hit"].flags == (CAP_BELOW, HIT_CEILING)
+    assert rows["session:hit"].fit.cap == 2 * GiB  # a lower bound: 2 x 1 GiB
+    assert not any("booked at its cap" in n for n in rows["session:hit"].notes)  # a job's wording
+    assert rows["session:vary"].flags == (PEAKS_VARY,)
+    assert rows["session:vary"].variation_basis == "history"
+    assert rows["session:free"].flags == () and rows["session:free"].last_cap_known
+    # a cap over the sessions slice: 4 GiB slice x 0.5 = 2 GiB < 4096 MiB, none fits
+    (big,) = host_sessions("local", report([entry("session:big", 1970 * MiB)], slice_limit=4 * GiB)).labels
+    assert (big.flags, big.fit.fits) == ((OVER_SLICE,), 0)
+    assert "larger than the sessions slice (2.0 GiB)" in big.notes[0]
+
+
+def test_a_label_with_no_usable_peak_gets_the_default_cap() -> None:
+    (none,) = host_sessions("local", report([entry("session:new", 0, runs=1, cap=None,
+                                                    cap_known=False, history=[])])).labels
+    assert (none.half_rule_cap, none.fit.cap, none.fit.cap_source) == (None, 4608 * MiB, DEFAULT)
+    assert none.fit.fits == 6 and none.flags == ()  # 30720 / 4608
+
+
+def test_what_if_slice_scales_the_sessions_slice_by_its_share() -> None:
+    # --slice 90G with share 0.5: a 45 GiB (46080 MiB) sessions slice
+    h = host_sessions("local", report([entry("session:resumed", 2178 * MiB)]), what_if=90 * GiB)
+    assert (h.what_if, h.what_if_limit) == (90 * GiB, 45 * GiB)
+    (a,) = h.labels
+    assert (a.fit.fits, a.fit.what_if_fits) == (6, 10)  # 30720 / 4608 = 6; 46080 / 4608 = 10
+    assert h.default is not None and h.default.what_if_fits == 10
+    # the share of the host's own report, rounded down to whole pages as SessionSettings.limit does
+    odd = host_sessions("local", report([], share=0.3), what_if=10 * GiB + 1)
+    assert odd.what_if_limit == int((10 * GiB + 1) * 0.3) // 4096 * 4096
+
+
+def test_the_json_row_is_flat_and_names_its_source() -> None:
+    h = host_sessions("peer1", {**report([entry("session:claude", 1970 * MiB, cap=4608 * MiB)]),
+                                "hostname": "far"})
+    data = json.loads(json.dumps(h.as_dict()))
+    (row,) = data["labels"]
+    assert row["source"] == "peak table on peer1 (far)" and row["host"] == "peer1"
+    assert {k: row[k] for k in ("label", "cap", "cap_source", "fits", "fits_beside_running",
+                                "what_if_fits", "half_rule_cap", "last_cap", "flags")} == {
+        "label": "session:claude", "cap": 4096 * MiB, "cap_source": "half-rule", "fits": 7,
+        "fits_beside_running": 7, "what_if_fits": None, "half_rule_cap": 4096 * MiB,
+        "last_cap": 4608 * MiB, "flags": []}
+    assert "fit" not in row
+    assert session_rules()["session_prefix"] == "session:" and session_rules()["round_to"] == 512 * MiB
