@@ -7,10 +7,15 @@ The pure cases are computed by hand; the arithmetic is in the comments next to e
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from typing import Any
 
+from dispatch.core.exitcodes import ExitCode
 from dispatch.core.units import GiB, MiB
 from dispatch.local.capacity import CAP_BELOW, HIT_CEILING, OVER_SLICE, PEAKS_VARY, host_capacity
+from dispatch.local.ledger import Ledger
 from dispatch.local.sessioncapacity import (
     DEFAULT,
     HALF_RULE,
@@ -20,6 +25,7 @@ from dispatch.local.sessioncapacity import (
     running_sessions,
     session_rules,
 )
+from tests.conftest import Hostrun, wait_for
 
 
 def entry(label: str, max_peak: int, *, runs: int = 1, last: int | None = None, hit: bool = False,
@@ -176,3 +182,102 @@ def test_the_json_row_is_flat_and_names_its_source() -> None:
         "last_cap": 4608 * MiB, "flags": []}
     assert "fit" not in row
     assert session_rules()["session_prefix"] == "session:" and session_rules()["round_to"] == 512 * MiB
+
+
+# -- hostrun capacity --sessions, end to end on a real ledger --
+
+SESSIONS = '[sessions]\nshare = 0.5\ncap = "384M"\nfirst_booking = "256M"\n'
+
+
+def capacity(hostrun: Hostrun, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    proc = hostrun.run("capacity", "--json", *args, timeout=60)
+    return proc, json.loads(proc.stdout) if proc.stdout else {}
+
+
+def test_capacity_sessions_cli_on_a_real_ledger(hostrun: Hostrun) -> None:
+    hostrun.configure(slice="2G", top=SESSIONS)  # a sessions slice of 1 GiB
+    proc, data = capacity(hostrun, "--sessions")
+    assert proc.returncode == 0, proc.stderr
+    (host,) = data["hosts"]
+    # no session yet: the default row alone, 1024 / 384 = 2.67 -> 2
+    assert host["ok"] and host["labels"] == [] and host["sessions"]["limit"] == GiB
+    assert host["default"] == {"cap": 384 * MiB, "cap_source": "default", "fits": 2,
+                               "fits_beside_running": 2, "what_if_fits": None}
+    assert data["rules"]["session_prefix"] == "session:"
+
+    ledger = Ledger(str(hostrun.state_dir))
+    try:
+        ledger.record_peak("session:claude", "local", 100 * MiB, False, 60.0, cap=384 * MiB)
+        ledger.record_peak("session:claude", "local", 120 * MiB, False, 60.0, cap=512 * MiB)
+        ledger.record_peak("session:review", "local", 300 * MiB, True, 60.0, cap=300 * MiB)
+        ledger.record_peak("build", "local", 50 * MiB, False, 1.0, cap=512 * MiB)
+    finally:
+        ledger.close()
+    proc, data = capacity(hostrun, "--sessions")
+    assert proc.returncode == 0, proc.stderr
+    rows = {a["label"]: a for a in data["hosts"][0]["labels"]}
+    assert set(rows) == {"session:claude", "session:review"}  # a job's label is no session
+    claude, review = rows["session:claude"], rows["session:review"]
+    # claude: 2 x 120 = 240 MiB -> 512 MiB; 1024 / 512 = 2
+    assert (claude["runs"], claude["max_peak"], claude["last_cap"]) == (2, 120 * MiB, 512 * MiB)
+    assert (claude["cap"], claude["cap_source"], claude["fits"], claude["flags"]) == (
+        512 * MiB, "half-rule", 2, [])
+    # review: killed at 300 MiB: 2 x 300 = 600 -> 1024 MiB, one fits; its 300 MiB cap was too low
+    assert (review["cap"], review["fits"]) == (GiB, 1)
+    assert review["flags"] == ["cap-below-half-rule", "hit-ceiling"]
+
+    # without --sessions: the jobs alone, the session labels counted
+    proc, jobs = capacity(hostrun)
+    assert proc.returncode == 0, proc.stderr
+    assert [a["label"] for a in jobs["hosts"][0]["labels"]] == ["build"]
+    assert jobs["hosts"][0]["session_labels"] == 2
+    text = hostrun.run("capacity", env={**os.environ, "COLUMNS": "200"})
+    assert text.returncode == 0 and "2 session labels: 'hostrun capacity --sessions'" in text.stdout
+
+    # what if hostrun's slice were 4 GiB: a 2 GiB sessions slice, 2048 / 512 = 4 of claude
+    proc, data = capacity(hostrun, "--sessions", "--slice", "4G")
+    assert proc.returncode == 0, proc.stderr
+    host = data["hosts"][0]
+    assert (host["what_if"], host["what_if_limit"]) == (4 * GiB, 2 * GiB)
+    claude = next(a for a in host["labels"] if a["label"] == "session:claude")
+    assert (claude["fits"], claude["what_if_fits"]) == (2, 4)
+
+    text = hostrun.run("capacity", "--sessions", env={**os.environ, "COLUMNS": "200"})
+    assert text.returncode == 0, text.stderr
+    assert "sessions slice 1.0 GiB (share 0.5); none running" in text.stdout
+    claude_row = next(line for line in text.stdout.splitlines() if "│ session:claude " in line)
+    assert "512 MiB" in claude_row and "120 MiB / 120 MiB" in claude_row
+    default_row = next(line for line in text.stdout.splitlines() if "(not run yet)" in line)
+    assert "384 MiB (default)" in default_row
+    assert "session:review on local: hit its ceiling" in text.stdout
+
+    for bad in (["--slice", "0"], ["--slice", "lots"]):
+        done = hostrun.run("capacity", "--sessions", *bad)
+        assert done.returncode == ExitCode.USAGE, done.stderr
+        assert done.stderr.count("\n") == 1 and "--slice" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_capacity_sessions_counts_the_sessions_running_now(hostrun: Hostrun) -> None:
+    hostrun.configure(slice="2G", top=SESSIONS)
+    ledger = Ledger(str(hostrun.state_dir))
+    try:
+        ledger.record_peak("session:claude", "local", 120 * MiB, False, 60.0, cap=384 * MiB)
+    finally:
+        ledger.close()
+    # a running booking labelled as a session (a stand-in for hostrun session), capped at 384 MiB
+    holder = hostrun.popen("-l", "session:claude", "-m", "384M", "--", "sleep", "60")
+    try:
+        wait_for(lambda: any(b[2] == "running" for b in hostrun.bookings()), timeout=30)
+        proc, data = capacity(hostrun, "--sessions")
+        text = hostrun.run("capacity", "--sessions", env={**os.environ, "COLUMNS": "200"})
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        holder.wait(timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    host = data["hosts"][0]
+    assert (host["running_sessions"], host["running_held"]) == (1, 384 * MiB)
+    (claude,) = host["labels"]
+    # others = 0: 1024 / 512 = 2; beside the running one: (1024 - 384) / 512 = 1.25 -> 1
+    assert (claude["fits"], claude["fits_beside_running"]) == (2, 1)
+    assert (host["default"]["fits"], host["default"]["fits_beside_running"]) == (2, 1)  # /384 MiB
+    assert "; 1 running, 384 MiB at their caps" in text.stdout
