@@ -85,7 +85,7 @@ class SessionAssessment(NamedTuple):
 
     def as_dict(self) -> dict[str, Any]:
         data = self._asdict()
-        del data["fit"]
+        del data["fit"], data["flags"], data["notes"]
         data.update(self.fit._asdict())  # flat: .labels[] | {label, cap, fits}
         data["source"] = f"peak table on {self.host}" + (f" ({self.hostname})" if self.hostname else "")
         data["flags"] = list(self.flags)
