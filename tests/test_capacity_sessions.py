@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from dispatch.core.exitcodes import ExitCode
@@ -122,6 +123,11 @@ def test_others_are_the_sessions_running_now_at_their_caps() -> None:
     assert (h.default.fits, h.default.fits_beside_running) == (6, 5)
     full = host_sessions("local", report([], slice_limit=8 * GiB, running=running))
     assert full.default is not None and full.default.fits_beside_running == 0  # held > the slice
+    # its 4 GiB sessions slice is smaller than the default 4608 MiB: a new session never fits
+    assert (full.default.fits, full.notes) == (0, (
+        "the default session cap 4.5 GiB ([sessions] cap) is larger than the sessions slice "
+        "(4.0 GiB): a session with no recorded peak never fits",))
+    assert h.notes == ()
 
 
 def test_flags_a_session_label_raises() -> None:
@@ -281,3 +287,29 @@ def test_capacity_sessions_counts_the_sessions_running_now(hostrun: Hostrun) -> 
     assert (claude["fits"], claude["fits_beside_running"]) == (2, 1)
     assert (host["default"]["fits"], host["default"]["fits_beside_running"]) == (2, 1)  # /384 MiB
     assert "; 1 running, 384 MiB at their caps" in text.stdout
+
+
+def test_capacity_sessions_reads_each_peers_own_figures(hostrun: Hostrun, peers: Any,
+                                                        tmp_path: Path) -> None:
+    from tests.support.peers import PY, TOP, make_tree
+
+    peer = peers("peer1", "127.0.0.2", slice="1G")  # the peer's own [sessions]: the defaults
+    hostrun.configure(slice="2G", top=TOP + "\n" + SESSIONS, peers=peer.host_table())
+    there = hostrun.run("--peer", "-m", "128M", "-l", "session:claude", "--",
+                        PY, "-c", "x = bytearray(20 << 20)", cwd=make_tree(tmp_path))
+    assert there.returncode == 0, there.stderr
+    proc, data = capacity(hostrun, "--sessions")
+    assert proc.returncode == 0, proc.stderr
+    hosts = {h["host"]: h for h in data["hosts"]}
+    assert set(hosts) == {"local", "peer1"}
+    local, remote = hosts["local"], hosts["peer1"]
+    # each host judged by its own figures: here 2 GiB x 0.5 with a 384 MiB cap; there 1 GiB x 0.5
+    # with the default 4608 MiB, which does not fit its 512 MiB sessions slice
+    assert (local["sessions"]["limit"], local["default"]["fits"], local["labels"]) == (GiB, 2, [])
+    assert (remote["sessions"]["limit"], remote["sessions"]["cap"]) == (512 * MiB, 4608 * MiB)
+    assert remote["default"]["fits"] == 0 and "never fits" in remote["notes"][0]
+    assert local["notes"] == []
+    (claude,) = remote["labels"]  # recorded on the peer, in its own peak table
+    assert claude["source"].startswith("peak table on peer1 (") and claude["last_cap"] == 128 * MiB
+    # 2 x (20 MiB and a little) -> 512 MiB: 512 / 512 = 1
+    assert (claude["cap"], claude["fits"], claude["flags"]) == (512 * MiB, 1, ["cap-below-half-rule"])

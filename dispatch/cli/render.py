@@ -326,6 +326,8 @@ def sessions(hosts: Sequence[Any]) -> None:
         rows.append(("[dim](not run yet)[/dim]", "0", "-", "-", f"{format_size(d.cap)} (default)",
                      _fits(d), str(d.fits_beside_running), "-"))
         console.print(fitted(title, cols, rows))
+        for note in h.notes:
+            console.print(f"  [yellow]{_t(h.host)}[/yellow]: {_t(note)}")
         for a in h.labels:
             for note in a.notes:
                 console.print(f"  [yellow]{_t(a.label)}[/yellow] on {_t(h.host)}: {_t(note)}")

@@ -109,12 +109,14 @@ class SessionHost(NamedTuple):
     running_held: int
     default: Optional[SessionFit]  # a session with no recorded peak
     labels: list[SessionAssessment]
+    notes: tuple[str, ...] = ()  # of the host (its default cap over its sessions slice)
 
     def as_dict(self) -> dict[str, Any]:
         data = self._asdict()
         data["sessions"] = dict(self.sessions) if self.sessions is not None else None
         data["default"] = self.default._asdict() if self.default is not None else None
         data["labels"] = [a.as_dict() for a in self.labels]
+        data["notes"] = list(self.notes)
         return data
 
 
@@ -187,8 +189,11 @@ def host_sessions(host: str, report: Report | None, error: str | None = None,
     default_cap = figures["cap"]
     labels = [assess_session(p, room, default_cap, hostname)
               for p in labels_from_table(report.get("peak_table") or [], host) if is_session(p.record.label)]
+    notes = () if default_cap <= room.limit else (
+        f"the default session cap {format_size(default_cap)} ([sessions] cap) is larger than the "
+        f"sessions slice ({format_size(room.limit)}): a session with no recorded peak never fits",)
     return SessionHost(host, True, None, hostname, slice_limit, figures, None, what_if, then, n, held,
-                       counts(default_cap, DEFAULT, room), labels)
+                       counts(default_cap, DEFAULT, room), labels, notes)
 
 
 def session_rules() -> dict[str, Any]:
