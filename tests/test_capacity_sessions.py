@@ -102,6 +102,9 @@ def test_an_older_peers_report_says_so_and_an_unread_host_says_why() -> None:
     assert (old.ok, old.error, old.sessions, old.default, old.labels) == (True, None, None, None, [])
     assert old.no_sessions == NO_FIGURES and "no sessions figures" in NO_FIGURES
     assert old.slice_limit == 60 * GiB
+    partial = report([], share=0.5)
+    del partial["settings"]["sessions"]["cap"]  # an agent between versions: as none, no traceback
+    assert host_sessions("peer1", partial).no_sessions == NO_FIGURES
     gone = host_sessions("peer2", None, "no answer within 12 s")
     assert (gone.ok, gone.error, gone.no_sessions, gone.labels) == (False, "no answer within 12 s", None, [])
 

@@ -162,12 +162,16 @@ def running_sessions(running: Sequence[RunningJob]) -> tuple[int, int]:
 
 
 def figures_of(report: Report) -> SessionFigures | None:
-    """The report's sessions figures; None where it has none (an older peer's, another kind's)."""
+    """The report's sessions figures; None where it has none (an older peer's, another kind's) or
+    not all of them (an agent between versions: judged as none, never a traceback)."""
     raw = report["settings"].get("sessions")
     if not isinstance(raw, dict):
         return None
-    return {"limit": int(raw["limit"]), "share": float(raw["share"]), "cap": int(raw["cap"]),
-            "first_booking": int(raw["first_booking"]), "high": float(raw["high"])}
+    try:
+        return {"limit": int(raw["limit"]), "share": float(raw["share"]), "cap": int(raw["cap"]),
+                "first_booking": int(raw["first_booking"]), "high": float(raw["high"])}
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def host_sessions(host: str, report: Report | None, error: str | None = None,
