@@ -74,6 +74,9 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/cli.md", "hostrun alerts --session agent-1 --unread"): "an own-cap alert with its time",
     ("docs/capacity.md", "hostrun capacity --slice 2G"):
         "the test VM's peak table (VM examples need the VM: tests/test_vm_*.py)",
+    ("docs/capacity.md", "hostrun capacity --sessions"):
+        "a peak table with recorded session peaks on a 60 GiB slice (the same figures on a real ledger: "
+        "tests/test_capacity_sessions.py)",
     ("docs/peers.md", "hostrun dispatch -m 500M -- make"):
         "two hosts with 300 MiB and 1 GiB slices read at one moment (tests/test_two_hosts.py)",
     ("docs/peers.md", "hostrun --auto -m 600M -- make test"): "needs make and a peer with a 1 GiB slice",

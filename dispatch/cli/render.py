@@ -260,8 +260,11 @@ def capacity(hosts: Sequence[Any]) -> None:
             console.print(f"[bold]{_t(h.host)}[/bold]: [red]could not read:[/red] {_t(h.error)}")
             continue
         where = f"{_t(h.host)} ({_t(h.hostname)})" if h.hostname else _t(h.host)
+        sessions = (f"{h.session_labels} session label{'s' if h.session_labels > 1 else ''}: "
+                    "'hostrun capacity --sessions'") if h.session_labels else ""
         if not h.labels:
-            console.print(f"[bold]{where}[/bold]: peak table empty (slice {format_size(h.slice_limit)})")
+            empty = f"no job labels; {sessions}" if sessions else "peak table empty"
+            console.print(f"[bold]{where}[/bold]: {empty} (slice {format_size(h.slice_limit)})")
             continue
         then = f" → {format_size(h.what_if)}" if h.what_if is not None else ""
         cols = (Col("label", 0, flex=True), Col("runs", 5), Col("worst / last peak", 2), Col("booked as", 1),
@@ -290,6 +293,59 @@ def capacity(hosts: Sequence[Any]) -> None:
         for a in h.labels:
             for note in a.notes:
                 console.print(f"  [yellow]{_t(a.label)}[/yellow] on {_t(h.host)}: {_t(note)}")
+        if sessions:
+            console.print(f"  and {sessions}")
+
+
+def sessions(hosts: Sequence[Any]) -> None:
+    """``hostrun capacity --sessions``: per host, its sessions slice, one row per session label and
+    one for a session not yet run (the default cap), so the rule shows before any session ran."""
+    short = {"cap-below-half-rule": "low-cap", "half-rule-over-slice": "over-slice",
+             "peaks-vary": "varies"}
+    for h in hosts:
+        where = f"{_t(h.host)} ({_t(h.hostname)})" if h.hostname else _t(h.host)
+        if not h.ok:
+            console.print(f"[bold]{where}[/bold]: [red]could not read:[/red] {_t(h.error)}")
+            continue
+        if h.sessions is None:
+            console.print(f"[bold]{where}[/bold]: {_t(h.no_sessions)}")
+            continue
+        then = f" → {format_size(h.what_if_limit)}" if h.what_if_limit is not None else ""
+        running = (f"{h.running_sessions} running, {format_size(h.running_held)} at their caps"
+                   if h.running_sessions else "none running")
+        title = (f"{where}, sessions slice {format_size(h.sessions['limit'])}{then} "
+                 f"(share {h.sessions['share']:g}); {running}")
+        cols = (Col("session", 0, flex=True), Col("runs", 5), Col("worst / last peak", 2),
+                Col("last cap", 4), Col("cap"), Col(f"fits{then and ' now→what-if'}"),
+                Col("more now", 3), Col("flags", 6, flex=True))
+        rows = [(_t(a.label), str(a.runs), _peaks(a), _last_cap(a),
+                 format_size(a.fit.cap) + (" (default)" if a.fit.cap_source == "default" else ""),
+                 _fits(a.fit), str(a.fit.fits_beside_running),
+                 " ".join(short.get(f, f) for f in a.flags) or "-") for a in h.labels]
+        d = h.default
+        rows.append(("[dim](not run yet)[/dim]", "0", "-", "-", f"{format_size(d.cap)} (default)",
+                     _fits(d), str(d.fits_beside_running), "-"))
+        console.print(fitted(title, cols, rows))
+        for note in h.notes:
+            console.print(f"  [yellow]{_t(h.host)}[/yellow]: {_t(note)}")
+        for a in h.labels:
+            for note in a.notes:
+                console.print(f"  [yellow]{_t(a.label)}[/yellow] on {_t(h.host)}: {_t(note)}")
+
+
+def _peaks(a: Any) -> str:
+    worst = format_size(a.max_peak) if a.max_peak else "-"  # no run of it succeeded yet
+    return f"{worst} / {format_size(a.last_peak)}"
+
+
+def _last_cap(a: Any) -> str:
+    if not a.last_cap_known:
+        return "not recorded"
+    return format_size(a.last_cap) if a.last_cap is not None else "none"
+
+
+def _fits(f: Any) -> str:
+    return str(f.fits) + (f" → {f.what_if_fits}" if f.what_if_fits is not None else "")
 
 
 def workdirs(data: dict[str, Any]) -> None:

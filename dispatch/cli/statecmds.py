@@ -156,24 +156,36 @@ def cmd_capacity(argv: list[str]) -> int:
     p.add_argument("--host", action="append", metavar="NAME", help="only this host (repeatable)")
     p.add_argument("--slice", metavar="SIZE", help="also show how many would fit if each host's slice "
                                                    "were SIZE (e.g. 40G)")
+    p.add_argument("--sessions", action="store_true",
+                   help="agent sessions instead of jobs: for each session label (session:NAME), the "
+                        "cap by the half rule and how many fit in the host's sessions slice")
     args = p.parse_args(argv)
     what_if = None if args.slice is None else option_value("--slice", args.slice, cap_size)
-    from dispatch.local.capacity import host_capacity, rules
     from dispatch.placement.reports import read_reports
 
     settings = load_config(args.config)
     check_hosts(settings, args.host)
     readings = read_reports(settings, args.host, peaks=True)
-    hosts = [host_capacity(r.host, r.report, r.error, what_if) for r in readings]
+    if args.sessions:
+        from dispatch.local.sessioncapacity import host_sessions, session_rules
+
+        hosts: list[Any] = [host_sessions(r.host, r.report, r.error, what_if) for r in readings]
+        rules = session_rules()
+    else:
+        from dispatch.local.capacity import host_capacity
+        from dispatch.local.capacity import rules as job_rules
+
+        hosts = [host_capacity(r.host, r.report, r.error, what_if) for r in readings]
+        rules = job_rules()
     if args.json:
         import json
 
-        print(json.dumps({"what_if_slice": what_if, "rules": rules(),
+        print(json.dumps({"what_if_slice": what_if, "rules": rules,
                           "hosts": [h.as_dict() for h in hosts]}, indent=2))
     else:
         from dispatch.cli import render
 
-        render.capacity(hosts)
+        (render.sessions if args.sessions else render.capacity)(hosts)
     return readings_status(settings, readings)
 
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from dispatch.core.errors import NeverFitsError
 from dispatch.core.records import NamedTuple
+from dispatch.core.settings import SESSION_PREFIX
 from dispatch.core.units import MiB, format_size
 from dispatch.local.booking import plan_booking
 from dispatch.local.ledgerdb import PeakRecord
@@ -187,14 +188,12 @@ def _marked(p: LabelPeaks) -> str:
     return "hit its ceiling" if p.record.hit_ceiling else "killed when the slice filled (marked)"
 
 
-def assess(p: LabelPeaks, *, slice_limit: int, default_cap: int | None, gamble_size: int,
-           what_if: int | None = None, hostname: str | None = None) -> Assessment:
-    """Everything ``hostrun capacity`` says about one label on one host."""
+def peak_flags(p: LabelPeaks, cap: int | None, cap_source: str, half_cap: int, *,
+               booked_at_cap: bool = True) -> tuple[list[str], list[str], float | None, str | None]:
+    """What a label's own peaks say, whatever slice it runs in (jobs and sessions alike): its cap
+    below the half rule, its ceiling hit, peaks that vary widely. Returns (flags, notes, variation,
+    its basis); ``booked_at_cap``: the ceiling note says it is booked at its cap from now on."""
     r = p.record
-    half_cap = half_rule_cap(r.max_peak)
-    cap, cap_source = assumed_cap(p, default_cap)
-    now = fit(p, cap, slice_limit, gamble_size, half_cap)
-    other = fit(p, cap, what_if, gamble_size, half_cap) if what_if is not None else None
     values, basis = samples(p)
     cv = variation(values)
     flags: list[str] = []
@@ -211,7 +210,8 @@ def assess(p: LabelPeaks, *, slice_limit: int, default_cap: int | None, gamble_s
     if r.hit_ceiling:
         flags.append(HIT_CEILING)
         notes.append(f"hit its ceiling: its true peak is above {format_size(r.max_peak)}, so "
-                     f"{format_size(half_cap)} is only a lower bound; it is booked at its cap")
+                     f"{format_size(half_cap)} is only a lower bound"
+                     + ("; it is booked at its cap" if booked_at_cap else ""))
     if cv is not None and cv > WIDE_CV:
         flags.append(PEAKS_VARY)
         if basis == "history":
@@ -220,6 +220,18 @@ def assess(p: LabelPeaks, *, slice_limit: int, default_cap: int | None, gamble_s
         else:
             notes.append(f"peaks vary widely: worst {format_size(r.max_peak)}, last "
                          f"{format_size(r.last_peak)} (more than 2x apart)")
+    return flags, notes, cv, basis
+
+
+def assess(p: LabelPeaks, *, slice_limit: int, default_cap: int | None, gamble_size: int,
+           what_if: int | None = None, hostname: str | None = None) -> Assessment:
+    """Everything ``hostrun capacity`` says about one label on one host."""
+    r = p.record
+    half_cap = half_rule_cap(r.max_peak)
+    cap, cap_source = assumed_cap(p, default_cap)
+    now = fit(p, cap, slice_limit, gamble_size, half_cap)
+    other = fit(p, cap, what_if, gamble_size, half_cap) if what_if is not None else None
+    flags, notes, cv, basis = peak_flags(p, cap, cap_source, half_cap)
     if half_cap > slice_limit:
         flags.append(OVER_SLICE)
         notes.append(f"the half-rule cap {format_size(half_cap)} is larger than the slice "
@@ -280,6 +292,7 @@ class HostCapacity(NamedTuple):
     default_cap: Optional[int]
     gamble_size: Optional[int]
     labels: list[Assessment]
+    session_labels: int = 0  # ``session:`` labels left to ``--sessions`` (their own slice and rule)
 
     def as_dict(self) -> dict[str, Any]:
         data = self._asdict()
@@ -287,9 +300,16 @@ class HostCapacity(NamedTuple):
         return data
 
 
+def is_session(label: str) -> bool:
+    """A ``hostrun session`` label: its runs live in the sessions slice, not the jobs'."""
+    return label.startswith(SESSION_PREFIX)
+
+
 def host_capacity(host: str, report: Report | None, error: str | None = None,
                   what_if: int | None = None) -> HostCapacity:
-    """One host's capacity from its report (read with ``peaks=True``); an unread host says why."""
+    """One host's capacity from its report (read with ``peaks=True``); an unread host says why.
+    Session labels are only counted: judged against the whole slice and the jobs' booking rules
+    their figures would be wrong (``hostrun capacity --sessions`` judges them)."""
     if report is None:
         return HostCapacity(host, False, error or "could not read", None, None, what_if, None, None, [])
     settings = report["settings"]
@@ -297,10 +317,12 @@ def host_capacity(host: str, report: Report | None, error: str | None = None,
     default_cap = settings.get("default_cap")
     gamble = int(settings.get("gamble_size") or 0)  # a cluster books no gamble
     hostname = report.get("hostname")
+    table = labels_from_table(report.get("peak_table") or [], host)
+    jobs = [p for p in table if not is_session(p.record.label)]
     labels = [assess(p, slice_limit=limit, default_cap=default_cap, gamble_size=gamble,
-                     what_if=what_if, hostname=hostname)
-              for p in labels_from_table(report.get("peak_table") or [], host)]
-    return HostCapacity(host, True, None, hostname, limit, what_if, default_cap, gamble, labels)
+                     what_if=what_if, hostname=hostname) for p in jobs]
+    return HostCapacity(host, True, None, hostname, limit, what_if, default_cap, gamble, labels,
+                        len(table) - len(jobs))
 
 
 def rules() -> dict[str, Any]:
