@@ -273,8 +273,8 @@ def test_capacity_sessions_counts_the_sessions_running_now(hostrun: Hostrun) -> 
         ledger.record_peak("session:claude", "local", 120 * MiB, False, 60.0, cap=384 * MiB)
     finally:
         ledger.close()
-    # a running booking labelled as a session (a stand-in for hostrun session), capped at 384 MiB
-    holder = hostrun.popen("-l", "session:claude", "-m", "384M", "--", "sleep", "60")
+    # a running session (a stand-in agent: sleep), capped at 384 MiB
+    holder = hostrun.popen("session", "--label", "claude", "-m", "384M", "--", "sleep", "60")
     try:
         wait_for(lambda: any(b[2] == "running" for b in hostrun.bookings()), timeout=30)
         proc, data = capacity(hostrun, "--sessions")
@@ -298,9 +298,14 @@ def test_capacity_sessions_reads_each_peers_own_figures(hostrun: Hostrun, peers:
 
     peer = peers("peer1", "127.0.0.2", slice="1G")  # the peer's own [sessions]: the defaults
     hostrun.configure(slice="2G", top=TOP + "\n" + SESSIONS, peers=peer.host_table())
-    there = hostrun.run("--peer", "-m", "128M", "-l", "session:claude", "--",
-                        PY, "-c", "x = bytearray(20 << 20)", cwd=make_tree(tmp_path))
+    there = hostrun.run("--peer", "-m", "128M", "--", PY, "-c", "x = bytearray(20 << 20)",
+                        cwd=make_tree(tmp_path))
     assert there.returncode == 0, there.stderr
+    ledger = Ledger(str(peer.state_dir))  # a session run on the peer itself, recorded in its ledger
+    try:
+        ledger.record_peak("session:claude", "local", 21 * MiB, False, 60.0, cap=128 * MiB)
+    finally:
+        ledger.close()
     proc, data = capacity(hostrun, "--sessions")
     assert proc.returncode == 0, proc.stderr
     hosts = {h["host"]: h for h in data["hosts"]}

@@ -128,6 +128,8 @@ def test_bad_session_requests_get_one_line_and_nothing_runs(hostrun: Hostrun, tm
     assert big.returncode == ExitCode.NEVER_FITS, big.stderr
     assert "larger than the sessions slice (300 MiB" in big.stderr and big.stderr.count("\n") == 1
     assert hostrun.run("session").returncode == ExitCode.USAGE
+    job = hostrun.run("-l", "session:x", "--", "true")  # a session's label is not a job's
+    assert job.returncode == ExitCode.USAGE and "hostrun session --label NAME" in job.stderr
     nested = hostrun.run("-m", "50M", "--", *hostrun.argv("session", "--", "true"))
     assert nested.returncode == ExitCode.USAGE and "inside a hostrun job" in nested.stderr
     hostrun.configure(top='[sessions]\ncap = "100M"\nfirst_booking = "200M"\n')

@@ -108,6 +108,20 @@ def checked_name(what: str) -> Callable[[str], str]:
     return convert
 
 
+def job_label(text: str) -> str:
+    """A job's ``--label``: a name (``checked_name``), and not ``session:…``, which is an agent
+    session's (``hostrun session --label``): its peaks size sessions, and it is booked as one."""
+    from dispatch.core.settings import SESSION_PREFIX
+
+    label = checked_name("--label")(text)
+    if label.startswith(SESSION_PREFIX):
+        from dispatch.core.errors import UsageError
+
+        raise UsageError(f"--label {label}: labels {SESSION_PREFIX}NAME are agent sessions' "
+                         f"(hostrun session --label NAME -- CMD)")
+    return label
+
+
 def resolve_session(explicit: str | None) -> str | None:
     """``--session``, else ``$HOSTRUN_SESSION``, checked like a label; None when neither is set."""
     if explicit:
@@ -158,7 +172,7 @@ RUN_OPTIONS = (
     Option(("-m", "--memory-cap"), "memory_cap", "the job's memory cap, e.g. 4G "
            "(default: the host's default_cap)", "SIZE", cap_size),
     Option(("-l", "--label"), "label", "name for the peak table (default: a fingerprint of CMD)",
-           "LABEL", checked_name("--label")),
+           "LABEL", job_label),
     Option(("--max-runtime",), "max_runtime", "stop the job after DUR (e.g. 30m) and exit 253", "DUR",
            positive_duration),
     Option(("--threads",), "threads", "heavy-thread count handed to the job (overrides variables "
