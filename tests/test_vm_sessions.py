@@ -7,6 +7,7 @@ tree (``sh``, ``python3``); the real client's tier runs Claude Code itself.
 
 from __future__ import annotations
 
+import json
 import shlex
 from typing import Any
 
@@ -50,3 +51,47 @@ def test_a_session_past_its_cap_ends_250_while_another_session_and_a_job_go_on(g
     assert [int(w) for w in g.sh(script).stdout.split()] == [250, 0, 0]
     alerts = g.sh(f"cat {shlex.quote(g.state)}/alerts.jsonl").stdout
     assert "hostrun session --label greedy -m 512M" in alerts and "session:greedy" in alerts
+
+
+PLACE = '[sessions]\nplace = true\ncap = "120M"\nfirst_booking = "40M"\n'
+
+
+def _placed_agent(g: Any) -> str:
+    """The stand-in agent (tests/test_session_place.py's) run in the guest: its SessionStart hook,
+    then where it and its tool are once placed (or after 20 s), then it ends. Prints the hook's
+    answer and the last ``where``."""
+    from tests.support.claude import event
+    from tests.test_session_place import AGENT
+
+    g.sh(f"cat > {g.dir}/agent.py", input=AGENT)
+    g.sh(f"cat > {g.dir}/event.json", input=json.dumps(event("session_start_startup", cwd=g.dir)))
+    hook = g.hostrun_cmd("hook", "session-start")
+    return g.sh(
+        f"python3 {g.dir}/agent.py {shlex.quote(hook)} {g.dir}/where {g.dir}/go < {g.dir}/event.json & a=$!; "
+        f"for i in $(seq 200); do [ -e {g.dir}/where ] && [ $(grep -c hostrun-session- {g.dir}/where) = 2 ] "
+        "&& break; sleep 0.1; done; "
+        f"cat {g.dir}/where.hook; echo; echo WHERE; cat {g.dir}/where; echo end > {g.dir}/go; wait $a",
+        timeout=300).stdout
+
+
+def test_root_places_a_running_session_into_a_scope_of_the_sessions_slice(guest: Any) -> None:
+    """As root (the system manager) the SessionStart hook's placer starts a session scope around the
+    running agent and its tool: both are then in ``<slice>-sessions.slice/hostrun-session-….scope``."""
+    g = guest("root", extra=PLACE)
+    out = _placed_agent(g)
+    sessions_unit = g.slice_unit[: -len(".slice")] + "-sessions.slice"
+    hook, where = out.split("WHERE", 1)
+    assert "booked as an agent session" in hook, out
+    assert where.count(f"/{sessions_unit}/hostrun-session-") == 2, out
+    done = g.run("ledger", "--json")
+    assert "session:claude" in done.stdout  # its peak, recorded when it ended
+
+
+def test_a_users_session_from_a_login_shell_is_told_why_it_cannot_be_placed(guest: Any) -> None:
+    """A normal user's client started from an ssh login runs in ``session-N.scope`` (root's): their
+    user manager cannot take it, and the hook says so in the session's context; nothing is booked."""
+    g = guest("dev", extra=PLACE)
+    out = _placed_agent(g)
+    hook = out.split("WHERE", 1)[0]
+    assert "cannot be placed" in hook and "user manager" in hook, out
+    assert "hostrun-session-" not in out.split("WHERE", 1)[1]

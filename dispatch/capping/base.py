@@ -402,6 +402,11 @@ class CapBackend(ABC):
         session = self.session_name(job_id)
         return (self.job_name(job_id), session) if session else (self.job_name(job_id),)
 
+    def take_problem(self, cgroup: str) -> str | None:
+        """Why a running process in ``cgroup`` (its path under the mount) could not be moved into a
+        session's cgroup here (``JobCgroup.take``), or None."""
+        return None
+
     def ensure_sessions(self, limit: int) -> None:
         """Create the sessions slice if missing and make its limit ``limit`` (swap 0)."""
         from dispatch.core.errors import BackendError

@@ -219,6 +219,9 @@ class DirectBackend(CapBackend):
 
     session_form = SessionForm("sessions", SESSION_PREFIX, "")
 
+    def take_problem(self, cgroup: str) -> str | None:
+        return self.move_problem(self.mount, cgroup, self.slice_path)
+
     def make_sessions(self) -> None:
         os.makedirs(self.sessions_dir, exist_ok=True)
 

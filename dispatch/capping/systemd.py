@@ -404,6 +404,16 @@ class SystemdBackend(Cgroup2Backend):
             raise BackendError(f"cannot set limits on {self.slice_unit} through {manager.label}: "
                                f"{exc}") from None
 
+    def take_problem(self, cgroup: str) -> str | None:
+        """A user manager moves only processes inside its own subtree (``user@UID.service``): not a
+        client started from a login shell (``session-N.scope``, root's)."""
+        manager = self.manager
+        if manager is None or not manager.user or cgroup.startswith(manager.root_cgroup + "/"):
+            return None
+        return (f"a systemd user manager can take only processes in its own subtree "
+                f"({manager.root_cgroup}); this session runs in {cgroup}: start it with "
+                "'hostrun session -- CMD', or inside the user manager ('systemd-run --user --scope')")
+
     def make_sessions(self) -> None:
         """The sessions slice is started by ``ensure_sessions``, through systemd."""
 

@@ -106,7 +106,23 @@ def placeable(settings: Settings, pid: int) -> str | None:
     inside = backend.slice_dir.removeprefix(getattr(backend, "mount", "").rstrip("/"))
     if inside and inside in text:
         return "already under hostrun (a session's or a job's cgroup)"
+    own = _memory_cgroup(text)
+    problem = backend.take_problem(own) if own is not None else "its cgroup could not be read"
+    if problem is not None:
+        return f"this session cannot be placed in hostrun's sessions slice: {problem}"
     return None
+
+
+def _memory_cgroup(text: str) -> str | None:
+    """The memory controller's cgroup in a ``/proc/PID/cgroup`` (v1 ``N:memory:/…``, else v2 ``0::/…``)."""
+    found = None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and "memory" in parts[1].split(","):
+            return parts[2]
+        if len(parts) == 3 and parts[0] == "0" and parts[1] == "":
+            found = parts[2]
+    return found
 
 
 def place(settings: Settings, pid: int, label: str, say: Callable[[str], None]) -> int:
