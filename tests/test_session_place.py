@@ -22,6 +22,9 @@ AGENT = textwrap.dedent("""\
     import json, os, subprocess, sys, time
     open("/proc/self/comm", "w").write("fake-agent")  # as the client's own process is named
     hook, out, go = sys.argv[1], sys.argv[2], sys.argv[3]
+    if sys.argv[4:] == ["subreaper"]:  # orphans below it become its children: the placer too
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     tool = subprocess.Popen(["sleep", "300"])
     answer = subprocess.run(["sh", "-c", hook], input=sys.stdin.read(), capture_output=True, text=True)
     with open(out + ".hook", "w") as fh:
@@ -39,13 +42,13 @@ AGENT = textwrap.dedent("""\
 """)
 
 
-def _agent(hostrun: Hostrun, tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path]:
+def _agent(hostrun: Hostrun, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], Path, Path]:
     script = tmp_path / "agent.py"
     script.write_text(AGENT)
     hook = shlex.join(hostrun.argv("hook", "session-start"))
     out, go = tmp_path / "where", tmp_path / "go"
-    proc = subprocess.Popen([sys.executable, str(script), hook, str(out), str(go)], stdin=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, str(script), hook, str(out), str(go), *extra],
+                            stdin=subprocess.PIPE, text=True)
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(event("session_start_startup", cwd=str(tmp_path))))
     proc.stdin.close()
@@ -75,6 +78,20 @@ def test_a_session_started_without_the_wrapper_is_booked_and_moved_in_with_its_t
     peaks = {p["label"] for p in json.loads(hostrun.run("ledger", "--json").stdout)["peaks"]}
     assert "session:claude" in peaks
     assert "placed in" in (hostrun.state_dir / "sessions.log").read_text()
+
+
+def test_the_placer_never_moves_itself_into_the_session_it_places(hostrun: Hostrun, tmp_path: Path) -> None:
+    """An agent that is a child subreaper gets the detached placer as its child once the hook has
+    ended, so the placer is in the agent's process tree: it must not move itself into the session
+    (it would then be killed with what the session leaves behind, before it records and releases)."""
+    _configure(hostrun)
+    agent, where, go = _agent(hostrun, tmp_path, "subreaper")
+    wait_for(lambda: where.exists() and where.read_text().count("/sessions/session-") == 2, timeout=60)
+    go.write_text("end")
+    assert agent.wait(timeout=30) == 0
+    wait_for(lambda: hostrun.bookings() == [], timeout=30)
+    peaks = {p["label"] for p in json.loads(hostrun.run("ledger", "--json").stdout)["peaks"]}
+    assert "session:claude" in peaks, (hostrun.state_dir / "sessions.log").read_text()
 
 
 def test_a_placed_session_over_its_cap_is_ended_whole_and_alerted(hostrun: Hostrun, tmp_path: Path) -> None:

@@ -83,8 +83,9 @@ def test_root_places_a_running_session_into_a_scope_of_the_sessions_slice(guest:
     hook, where = out.split("WHERE", 1)
     assert "booked as an agent session" in hook, out
     assert where.count(f"/{sessions_unit}/hostrun-session-") == 2, out
-    done = g.run("ledger", "--json")
-    assert "session:claude" in done.stdout  # its peak, recorded when it ended
+    recorded = g.sh(f"for i in $(seq 300); do {g.hostrun_cmd('ledger', '--json')} | grep -q session:claude "
+                    f"&& echo recorded && break; sleep 0.2; done; cat {g.state}/sessions.log")
+    assert recorded.stdout.startswith("recorded"), recorded.stdout  # its peak, once it ended
 
 
 def test_a_users_session_from_a_login_shell_is_told_why_it_cannot_be_placed(guest: Any) -> None:

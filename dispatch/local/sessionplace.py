@@ -178,7 +178,7 @@ def place(settings: Settings, pid: int, label: str, say: Callable[[str], None]) 
         job.held_by(booked.link)
         outcome.cgroup = job.path
         for _ in range(2):  # a process forked while the first list was moved is moved the second time
-            job.take(tree(pid))
+            job.take([p for p in tree(pid) if p != me])  # this process may still be the hook's child
         say(f"{label}: placed in {job.path}")
         began = time.monotonic()
         peak = _watch(job, pidfd)
