@@ -102,6 +102,10 @@ class Manager:
         if result != "done":
             raise BackendError(f"{self.label} could not start {unit} (start job: {result})")
 
+    def attach(self, unit: str, pids: list[int]) -> None:
+        """Move running processes into ``unit`` (a scope already started): systemd 238 and later."""
+        self.connection().manager("AttachProcessesToUnit", "ssau", unit, "", pids)
+
     def set_properties(self, unit: str, properties: list[tuple[str, tuple[str, object]]]) -> None:
         self.connection().manager("SetUnitProperties", "sba(sv)", unit, True, properties)
 
@@ -172,9 +176,13 @@ class SystemdJob(Cgroup2Job):
             raise
 
     def take(self, pids: list[int]) -> None:
-        """The scope started around processes already running (with its keeper): systemd moves them."""
+        """The scope started around processes already running (with its keeper): systemd moves them;
+        once it runs, more are attached to it."""
         if self._manager is None:
             raise BackendError(f"no systemd manager to start {self.unit}")
+        if self.keeper:
+            self._manager.attach(self.unit, pids)
+            return
         self.keeper, self._keeper_fd = _spawn_keeper(self._keeper_program or "cat")
         try:
             self._manager.start(self.unit, [("PIDs", ("au", [self.keeper, *pids])), *self._properties])

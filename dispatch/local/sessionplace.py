@@ -177,8 +177,11 @@ def place(settings: Settings, pid: int, label: str, say: Callable[[str], None]) 
         job = here.backend.create_session(holder, cap, settings.sessions.high_mark(cap))
         job.held_by(booked.link)
         outcome.cgroup = job.path
-        for _ in range(2):  # a process forked while the first list was moved is moved the second time
-            job.take([p for p in tree(pid) if p != me])  # this process may still be the hook's child
+        job.take([p for p in tree(pid) if p != me])  # this process may still be the hook's child
+        try:  # those forked while the first ones were moved (the rest are born inside)
+            job.take([p for p in tree(pid) if p != me])
+        except HostrunError as exc:
+            say(f"{label}: some of its processes could not be moved in: {exc}")
         say(f"{label}: placed in {job.path}")
         began = time.monotonic()
         peak = _watch(job, pidfd)
