@@ -108,6 +108,26 @@ def test_sessions_that_would_overfill_the_slice_wait_their_turn(hostrun: Hostrun
     assert third_start >= min(spans[0][1], spans[1][1]) - 0.05, spans  # after one of them ended
 
 
+def test_sessions_wait_for_room_in_their_own_slice_while_jobs_pass(hostrun: Hostrun, tmp_path: Path) -> None:
+    """The sessions slice holds 300 MiB of the 600 MiB slice: a second session of 200 MiB waits
+    (saying the sessions slice is what holds it) though the slice has room, and a job behind it
+    starts meanwhile: a session held by its own slice reserves nothing in the queue."""
+    _sessions(hostrun, first="200M", cap="250M", share="0.5")
+    first_stamp, job_stamp = tmp_path / "first", tmp_path / "job"
+    first = hostrun.popen("session", "--label", "a", "--", "sh", "-c",
+                          f"touch {first_stamp}; while [ ! -e {job_stamp} ]; do sleep 0.1; done; sleep 1")
+    wait_for(first_stamp.exists, timeout=30)
+    second = hostrun.popen("session", "--label", "b", "--", "true")
+    assert second.stderr is not None
+    line = second.stderr.readline()
+    while "waiting" not in line and line:
+        line = second.stderr.readline()
+    assert "sessions slice 200 MiB of 300 MiB booked by 1 session" in line, line
+    job = hostrun.run("-m", "200M", "--", "touch", str(job_stamp))  # passes the waiting session
+    assert job.returncode == 0, job.stderr
+    assert first.wait(timeout=30) == 0 and second.wait(timeout=30) == 0
+
+
 def test_the_cap_comes_from_the_recorded_peak_by_the_half_rule(hostrun: Hostrun, tmp_path: Path) -> None:
     """With no ``-m``: ``[sessions] cap`` at first, then 2 x the worst recorded peak in 512 MiB steps
     (held to the sessions slice), said in one line."""

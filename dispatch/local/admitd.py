@@ -162,6 +162,15 @@ class Engine(LineServer):
         return self._here
 
     @property
+    def sessions_limit(self) -> int | None:
+        """The sessions slice's limit, which holds agent sessions back (``policy_block``); None
+        where the backend runs no sessions."""
+        here = self.here
+        if here.backend.session_form is None:
+            return None
+        return self.settings.sessions.limit(here.limit)
+
+    @property
     def room(self) -> RoomFunction:
         if self._room is None:
             from dispatch.local.admission import room_function
@@ -583,6 +592,7 @@ class Engine(LineServer):
             self._read_gpus()
         groups = self.settings.groups
         backfill = self.settings.queue_policy == "backfill"
+        sessions = self.sessions_limit
         trying = True
         due: list[int] = []
         for position, booking_id in enumerate(waiting):
@@ -597,7 +607,7 @@ class Engine(LineServer):
                 continue
             try:
                 adm = self.ledger.try_admit(booking_id, self.host, self.room, self._gpu_room(booking_id),
-                                            groups, self._reason(booking_id), backfill)
+                                            groups, self._reason(booking_id), backfill, sessions)
             except LookupError:  # its row is not in the ledger (put back at the next operation)
                 continue
             if adm.reclaimed:
@@ -619,7 +629,7 @@ class Engine(LineServer):
                 self._tell(booking_id, adm, position < self.near, now)
         if due:
             near = {booking_id: position < self.near for position, booking_id in enumerate(waiting)}
-            found = self.ledger.peek_all(self.host, due, self.room, groups, backfill)
+            found = self.ledger.peek_all(self.host, due, self.room, groups, backfill, sessions)
             for booking_id, adm in found.items():
                 self._tell(booking_id, adm, near[booking_id], now)
             self.ledger.store_reasons({i: wait_reason(adm) for i, adm in found.items()})

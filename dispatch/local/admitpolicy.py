@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.core.records import NamedTuple
+from dispatch.core.settings import SESSION_PREFIX
 from dispatch.core.units import format_size
 from dispatch.local.ledgerdb import Booking
 
@@ -89,16 +90,24 @@ class Admission(NamedTuple):
     lend: Optional[str] = None  # the LEND line when it starts on room lent by slow-growing jobs
 
 
-def policy_block(b: Booking, running: Sequence[Booking], groups: Mapping[str, int] | None
-                 ) -> str | None:
+def policy_block(b: Booking, running: Sequence[Booking], groups: Mapping[str, int] | None,
+                 sessions: int | None = None) -> str | None:
     """Why a queue policy holds waiting booking ``b`` now, or None.
 
     ``--when-idle``: only when no other hostrun job runs on the host. ``--group NAME``: at most
     ``groups.NAME.max_running`` jobs of that group at once (groups not configured have no cap).
+    ``sessions``: the sessions slice's limit: an agent session (label ``session:NAME``) starts only
+    while the sessions' bookings leave room for its own in it (they run confined there).
     """
     others = [r for r in running if r.id != b.id]
     if b.when_idle and others:
         return f"when-idle {b.label} — {len(others)} running"
+    if sessions is not None and b.label.startswith(SESSION_PREFIX):
+        mine = [r for r in others if r.label.startswith(SESSION_PREFIX)]
+        held = sum(r.size for r in mine)
+        if held + b.size > sessions:
+            return (f"sessions slice {format_size(held)} of {format_size(sessions)} booked by "
+                    f"{len(mine)} session{'s' if len(mine) != 1 else ''}")
     limit = (groups or {}).get(b.grp) if b.grp else None
     if limit is not None:
         count = sum(1 for r in others if r.grp == b.grp)
@@ -115,7 +124,8 @@ def evaluate(booking_id: int, rows: Sequence[Booking], room: RoomFunction,
              gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None, *,
              stopped: Callable[[Booking], bool] = _never_stopped, durations: Durations | None = None,
              now: float = 0.0, ramps: Ramps | None = None,
-             later_rows: Callable[[], Sequence[Booking]] | None = None) -> Admission:
+             later_rows: Callable[[], Sequence[Booking]] | None = None,
+             sessions: int | None = None) -> Admission:
     """Would booking ``booking_id`` get in now? ``rows``: every booking of its host, in id order.
 
     ``room`` gets the running bookings and returns the room for a new one; ``gpu_room`` the VRAM
@@ -140,7 +150,7 @@ def evaluate(booking_id: int, rows: Sequence[Booking], room: RoomFunction,
     earlier = [b for b in rows if b.state == "waiting" and b.id < booking_id]
     # A waiter held by a queue policy (its group's cap, --when-idle) reserves no memory: the jobs
     # of other groups behind it may start. Within a group FIFO holds, as the cap holds them all.
-    held = {b.id for b in earlier if policy_block(b, running, groups) is not None}
+    held = {b.id for b in earlier if policy_block(b, running, groups, sessions) is not None}
     held |= {b.id for b in earlier if stopped(b)}
     ahead = sum(b.size for b in earlier if b.id not in held)
     got = room(running)
@@ -148,11 +158,11 @@ def evaluate(booking_id: int, rows: Sequence[Booking], room: RoomFunction,
     if me.state == "running":
         return Admission(True, me.size, free, ahead, len(earlier), running, [],
                          gpu_need=me.gpu_bytes or 0, gpu_device=me.gpu_index)
-    policy = policy_block(me, running, groups)
+    policy = policy_block(me, running, groups, sessions)
     memory_ok = free - ahead >= me.size
     extra: dict[str, Any] = {"machine": machine}
     if durations is not None and not memory_ok:  # FIFO would hold it: may it jump a blocked head?
-        later = [b for b in later_waiting() if policy_block(b, running, groups) is None]
+        later = [b for b in later_waiting() if policy_block(b, running, groups, sessions) is None]
         memory_ok, jumped = easy(me, [b for b in earlier if b.id not in held], later, running, free,
                                  durations(), now)
         extra.update(jumped)
@@ -226,12 +236,12 @@ def easy(me: Booking, earlier: list[Booking], later: list[Booking], running: lis
 
 
 def passed_over(booking_id: int, earlier: Sequence[Booking], adm: Admission,
-                groups: Mapping[str, int] | None) -> list[str]:
+                groups: Mapping[str, int] | None, sessions: int | None = None) -> list[str]:
     """The queue log's ``SKIP`` lines for the earlier waiters admission ``adm`` of ``booking_id``
     passes over, each with its reason (a queue policy, else memory)."""
     lines = []
     for b in earlier:
-        why = policy_block(b, adm.holders, groups)
+        why = policy_block(b, adm.holders, groups, sessions)
         if why is None:
             why = f"memory {b.label} need {format_size(b.size)} free {format_size(max(0, adm.free))}"
         lines.append(f"SKIP {why} (booking {b.id}, passed by booking {booking_id})")

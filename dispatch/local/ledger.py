@@ -117,7 +117,8 @@ class Ledger(LedgerFile):
 
     @guarded
     def peek_all(self, host: str, booking_ids: Sequence[int], room: RoomFunction,
-                 groups: Mapping[str, int] | None = None, backfill: bool = False) -> dict[int, Admission]:
+                 groups: Mapping[str, int] | None = None, backfill: bool = False,
+                 sessions: int | None = None) -> dict[int, Admission]:
         """What ``peek`` says of each of ``booking_ids`` (those still there), on one read of the
         rows, the room, the recorded durations and ramps, and each waiter's stopped state: the
         status of a long queue's waiters in one pass instead of one read (and write lock) each."""
@@ -146,7 +147,7 @@ class Ledger(LedgerFile):
             try:
                 found[booking_id] = admitpolicy.evaluate(
                     booking_id, rows, lambda _running: got, None, groups, stopped=is_stopped_once,
-                    durations=durations, now=now, ramps=ramps)
+                    durations=durations, now=now, ramps=ramps, sessions=sessions)
             except LookupError:  # released meanwhile
                 continue
         return found
@@ -168,7 +169,8 @@ class Ledger(LedgerFile):
     def _evaluate(self, booking_id: int, host: str, room: RoomFunction,
                   gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
                   backfill: bool = False, rows: list[Booking] | None = None,
-                  later: Callable[[], list[Booking]] | None = None) -> Admission:
+                  later: Callable[[], list[Booking]] | None = None,
+                  sessions: int | None = None) -> Admission:
         """``admitpolicy.evaluate`` on this host's rows, read in the caller's transaction (with
         ``backfill``, the labels' recorded durations too, read only when FIFO holds the booking).
         ``rows``: those rows, already read in that transaction; ``later``: the waiters behind it
@@ -176,7 +178,7 @@ class Ledger(LedgerFile):
         return admitpolicy.evaluate(
             booking_id, self._rows("host = ?", (host,)) if rows is None else rows, room, gpu_room,
             groups, stopped=_stopped, durations=(lambda: self._durations(host)) if backfill else None,
-            now=time.time(), ramps=lambda: self._ramps(host), later_rows=later)
+            now=time.time(), ramps=lambda: self._ramps(host), later_rows=later, sessions=sessions)
 
     def _later(self, host: str, booking_id: int) -> Callable[[], list[Booking]]:
         """The waiters of ``host`` behind ``booking_id``, read at the first call, then kept."""
@@ -211,8 +213,8 @@ class Ledger(LedgerFile):
     @guarded
     def try_admit(self, booking_id: int, host: str, room: RoomFunction,
                   gpu_room: GpuRoom | None = None, groups: Mapping[str, int] | None = None,
-                  reason: Callable[[Admission], str] | None = None, backfill: bool = False
-                  ) -> Admission:
+                  reason: Callable[[Admission], str] | None = None, backfill: bool = False,
+                  sessions: int | None = None) -> Admission:
         """Admit ``booking_id`` if ``admitpolicy.evaluate`` says it may start, in one write
         transaction: stale bookings reclaimed first, then the verdict on the rows as they are then,
         then the row marked running (with ``gpu_index``, the GPU chosen).
@@ -220,7 +222,8 @@ class Ledger(LedgerFile):
         ``room``: running bookings -> the room for a new one (``Room``: the slice's, or the machine's
         when less; ``admission.room_function``); ``gpu_room``: running bookings -> VRAM room per
         device; ``groups``: the group caps; ``backfill``: queue_policy "backfill" (the queue log gets
-        a ``BACKFILL`` line when a job jumps the head, ``SKIP`` lines for each waiter passed over).
+        a ``BACKFILL`` line when a job jumps the head, ``SKIP`` lines for each waiter passed over);
+        ``sessions``: the sessions slice's limit (``admitpolicy.policy_block``).
 
         ``reason``: when not admitted, the waiting reason to store (``hostrun ledger`` shows it),
         written in the same transaction: one write lock per try, which matters when many arrive.
@@ -229,9 +232,9 @@ class Ledger(LedgerFile):
             self.db.execute("BEGIN IMMEDIATE")
             reclaimed, rows = self._reclaim_locked(host, booking_id)  # the rows up to it, once per try
             later = self._later(host, booking_id)
-            adm = self._evaluate(booking_id, host, room, gpu_room, groups, backfill, rows, later)
+            adm = self._evaluate(booking_id, host, room, gpu_room, groups, backfill, rows, later, sessions)
             skipped = admitpolicy.passed_over(booking_id, [
-                b for b in rows if b.state == "waiting" and b.id < booking_id], adm, groups
+                b for b in rows if b.state == "waiting" and b.id < booking_id], adm, groups, sessions
             ) if adm.admitted else []
             if adm.admitted and adm.backfill:
                 skipped.append(adm.backfill)
