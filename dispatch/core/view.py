@@ -12,7 +12,10 @@ from dispatch.core.records import NamedTuple
 
 MYPY = False
 if MYPY:
+    from collections.abc import Sequence
     from typing import Optional, Union
+
+    from dispatch.core.reportshape import RunningJob
 
 # style names the renderer knows
 BOLD = "bold"
@@ -73,3 +76,12 @@ class Gauge(NamedTuple):
     used: float = 0
     booked: float = 0
     total: float = 0
+
+
+def session_names(running: Sequence[RunningJob]) -> dict[Union[int, str], str]:
+    """Each running agent session's id -> the name its jobs show (``in_session``): its label, with
+    its id where another running session has the same label (two sessions of one agent)."""
+    sessions = [j for j in running if j.get("role") == "session"]
+    labels = [str(j.get("label") or "") for j in sessions]
+    return {j["id"]: label if labels.count(label) == 1 else f"{label} #{j['id']}"
+            for j, label in zip(sessions, labels)}

@@ -10,7 +10,7 @@ from dispatch.hosts.base import Host
 
 MYPY = False
 if MYPY:
-    from dispatch.core.reportshape import MachineReport, Report
+    from dispatch.core.reportshape import MachineJob, MachineReport, Report
     from dispatch.core.view import Block, Gauge
     from dispatch.hosts.judgement import HostPending, Job, Judgement
     from dispatch.local.ledgerdb import PeakRecord
@@ -119,6 +119,8 @@ class MachineHost(Host):
                                  f"{format_size(gpu.get('free'))} free of {format_size(gpu.get('total'))}"))
         rows += [view.row("running", str(len(data["running"]))),
                  view.row("queue", str(data["queue_length"]))]
+        if "sessions" in data:  # an older peer's agent does not report it
+            rows.append(view.row("sessions", _sessions(data)))
         engine = data.get("admission_engine")
         if engine is not None:  # ``hostrun report`` says it of this host
             rows.append(view.row("admission engine", engine["detail"] + (
@@ -127,11 +129,16 @@ class MachineHost(Host):
             f"host {data['host']} ({data['hostname']}), backend {data['backend']}, hostrun {version}",
             ("what", "value"), tuple(rows), header=False)]
         if data["running"]:
+            columns: tuple[str, ...] = ("label", "pid", "kind", "booked", "in use", "age")
             jobs = tuple(view.row(j["label"] or "", str(j["pid"]), j["kind"], format_size(j["booked"]),
                                   format_size(j["in_use"]), format_duration(j["age_s"]))
                          for j in data["running"])
-            blocks.append(view.Grid("running jobs", ("label", "pid", "kind", "booked", "in use", "age"),
-                                    jobs))
+            names = view.session_names(data["running"])
+            if names:  # which runs are sessions, and which session each job was started in
+                columns += ("session",)
+                jobs = tuple((*row, view.Span(_session_cell(j, data["running"], names)))
+                             for row, j in zip(jobs, data["running"]))
+            blocks.append(view.Grid("running jobs", columns, jobs))
         return blocks
 
     def gauges(self, report: Report) -> list[Gauge]:
@@ -164,6 +171,28 @@ class MachineHost(Host):
                                     f"{format_size(gpu.get('free'))} free of {format_size(gpu.get('total'))}",
                                     used, 0, vram))
         return shown
+
+
+def _jobs(count: int) -> str:
+    return f"{count} job" if count == 1 else f"{count} jobs"
+
+
+def _sessions(report: MachineReport) -> str:
+    """The running agent sessions in one line: how many, booked, in use, the jobs they started."""
+    s = report["sessions"]
+    room = f"(sessions slice {format_size(s['limit'])})"
+    if not s["count"]:
+        return f"none running {room}"
+    return (f"{s['count']} running, {format_size(s['booked'])} booked, {format_size(s['in_use'])} "
+            f"in use, {_jobs(s['jobs'])} in them {room}")
+
+
+def _session_cell(job: MachineJob, running: list[MachineJob], names: dict[int | str, str]) -> str:
+    """A session's own cell ("session, 2 jobs"), a job's (the session it was started in), or "-"."""
+    if job.get("role") == "session":
+        return f"session, {_jobs(sum(1 for j in running if j.get('in_session') == job['id']))}"
+    inside = job.get("in_session")
+    return "-" if inside is None else names.get(inside, f"#{inside}")
 
 
 def _peak(report: MachineReport) -> PeakRecord | None:
