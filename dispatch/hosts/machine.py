@@ -143,7 +143,8 @@ class MachineHost(Host):
 
     def gauges(self, report: Report) -> list[Gauge]:
         """Memory (used, and booked not yet at peak), the slice (used, booked), load against its
-        cores with the heavy threads, and each GPU's VRAM."""
+        cores with the heavy threads, the sessions slice while agent sessions run (their use and
+        bookings against its limit), and each GPU's VRAM."""
         data = machine_report(report)
         s, mem = data["slice"], data["memory"]
         total, available = int(mem["total"]), int(mem["available"])
@@ -163,6 +164,12 @@ class MachineHost(Host):
                                f"threads {data.get('heavy_threads', '?')}{free}",
                        min(load[0], cores), 0, cores),
         ]
+        sessions = data.get("sessions")  # an older peer's agent does not report them
+        if sessions and sessions["count"]:
+            shown.append(view.Gauge("sessions", f"{sessions['count']} running ({_jobs(sessions['jobs'])}), "
+                                    f"used {format_size(sessions['in_use'])}, booked "
+                                    f"{format_size(sessions['booked'])} of {format_size(sessions['limit'])}",
+                                    sessions["in_use"], sessions["booked"], sessions["limit"]))
         if data.get("gpu_error"):
             shown.append(view.Gauge("GPUs", f"unreadable ({data['gpu_error']})"))
         for gpu in data.get("gpus") or []:
