@@ -311,3 +311,23 @@ def test_a_report_without_sessions_shows_no_session_parts(readings: list[HostRea
     assert shown.sessions == () and all(j.in_session == "" for j in shown.jobs)
     text = plain(layout(shown, 200))
     assert "agent session" not in text and " sessions " not in text
+
+
+def test_odd_session_keys_from_a_peer_break_nothing(tmp_path: Path) -> None:
+    """A peer's report with odd ``role``/``in_session``/``id`` values: the view and ``hostrun
+    report``'s table still show every run, no exception; a job naming no running session shows its
+    id."""
+    cfg = tmp_path / "hosts.toml"
+    cfg.write_text(f"state_dir = '{tmp_path}/state'\n[hosts.local]\n")
+    local = host_for(validate_file(str(cfg)), "local")
+    running = [{**job("s", None, MiB, MiB, 2 * MiB, 1.0), "id": [1], "role": "session", "in_session": None},
+               {**job("a", None, MiB, MiB, 2 * MiB, 1.0), "id": 2, "role": 7, "in_session": {"x": 1}},
+               {**job("b", None, MiB, MiB, 2 * MiB, 1.0), "id": 3, "role": "job", "in_session": 99}]
+    report = machine_report("local", running, [])
+    shown = build([HostReading("local", report, None, 0.01, local)],  # type: ignore[arg-type]
+                  {"local": time.time()}, [], [], "recent alerts", time.time())
+    assert [(s.label, s.jobs) for s in shown.sessions] == [("s", 0)]
+    assert [(j.label, j.in_session) for j in shown.jobs] == [("a", ""), ("b", "#99")]
+    assert "s " in plain(layout(shown, 80))
+    [_, grid] = local.describe(report)  # type: ignore[arg-type]
+    assert [row[-1].text for row in grid.rows] == ["session, 0 jobs", "-", "#99"]  # type: ignore[union-attr]

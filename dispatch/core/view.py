@@ -78,10 +78,16 @@ class Gauge(NamedTuple):
     total: float = 0
 
 
+def report_id(value: object) -> Optional[Union[int, str]]:
+    """A booking id as a report gives it (``id``, ``in_session``), or None for anything else: a
+    peer's odd report must not break the view."""
+    return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+
+
 def session_names(running: Sequence[RunningJob]) -> dict[Union[int, str], str]:
     """Each running agent session's id -> the name its jobs show (``in_session``): its label, with
     its id where another running session has the same label (two sessions of one agent)."""
-    sessions = [j for j in running if j.get("role") == "session"]
-    labels = [str(j.get("label") or "") for j in sessions]
-    return {j["id"]: label if labels.count(label) == 1 else f"{label} #{j['id']}"
-            for j, label in zip(sessions, labels)}
+    sessions = [(key, str(j.get("label") or "")) for j in running
+                if j.get("role") == "session" and (key := report_id(j.get("id"))) is not None]
+    labels = [label for _, label in sessions]
+    return {key: label if labels.count(label) == 1 else f"{label} #{key}" for key, label in sessions}

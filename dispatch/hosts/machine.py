@@ -134,7 +134,8 @@ class MachineHost(Host):
                                   format_size(j["in_use"]), format_duration(j["age_s"]))
                          for j in data["running"])
             names = view.session_names(data["running"])
-            if names:  # which runs are sessions, and which session each job was started in
+            if any(j.get("role") == "session" or view.report_id(j.get("in_session")) is not None
+                   for j in data["running"]):  # which runs are sessions, which session started a job
                 columns += ("session",)
                 jobs = tuple((*row, view.Span(_session_cell(j, data["running"], names)))
                              for row, j in zip(jobs, data["running"]))
@@ -197,8 +198,9 @@ def _sessions(report: MachineReport) -> str:
 def _session_cell(job: MachineJob, running: list[MachineJob], names: dict[int | str, str]) -> str:
     """A session's own cell ("session, 2 jobs"), a job's (the session it was started in), or "-"."""
     if job.get("role") == "session":
-        return f"session, {_jobs(sum(1 for j in running if j.get('in_session') == job['id']))}"
-    inside = job.get("in_session")
+        key = view.report_id(job.get("id"))
+        return f"session, {_jobs(sum(1 for j in running if key is not None and j.get('in_session') == key))}"
+    inside = view.report_id(job.get("in_session"))
     return "-" if inside is None else names.get(inside, f"#{inside}")
 
 

@@ -128,7 +128,7 @@ def runs_of(host: str, running: Sequence[RunningJob]) -> tuple[list[JobRow], lis
     session it was started in (``in_session``), each session with how many of them it started.
     A report without these keys (an older peer's agent, another kind) has jobs alone."""
     from dispatch.core.settings import SESSION_PREFIX
-    from dispatch.core.view import session_names
+    from dispatch.core.view import report_id, session_names
 
     names = session_names(running)
     jobs: list[JobRow] = []
@@ -137,10 +137,12 @@ def runs_of(host: str, running: Sequence[RunningJob]) -> tuple[list[JobRow], lis
         row = JobRow(host, _text(job.get("label") or job.get("id")), _text(job.get("session")),
                      _size(job.get("booked")), _size(job.get("in_use")), _size(job.get("cap")),
                      _number(job.get("age_s")))
-        inside = job.get("in_session")
+        inside = report_id(job.get("in_session"))
         if job.get("role") == "session":
-            started = sum(1 for j in running if j.get("in_session") == job["id"])
-            sessions.append(row._replace(label=_text(names[job["id"]]), jobs=started))
+            key = report_id(job.get("id"))
+            started = sum(1 for j in running if key is not None and j.get("in_session") == key)
+            sessions.append(row._replace(label=_text(names.get(key, row.label) if key is not None
+                                                     else row.label), jobs=started))
         else:
             jobs.append(row if inside is None else row._replace(  # under "agent session": no prefix
                 in_session=_text(names.get(inside, f"#{inside}")).removeprefix(SESSION_PREFIX)))
