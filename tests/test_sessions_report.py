@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 from typing import Any
 
-from dispatch.local.sessionties import session_at
-from tests.conftest import Hostrun
+from dispatch.local.sessionties import is_session, session_at
+from tests.conftest import Hostrun, wait_for
 from tests.support.agentsessions import SessionWithJob, configure_sessions
 
 MiB = 1 << 20
@@ -49,23 +50,38 @@ def test_the_report_marks_sessions_and_the_jobs_they_started(hostrun: Hostrun) -
         runs.stop()
 
 
-def test_a_job_labelled_like_a_session_is_a_job(hostrun: Hostrun) -> None:
-    """``-l session:fake`` on a plain run: its cgroup is a job's, so it is no session, and nothing
-    counts it as one."""
+def test_with_no_session_running_the_figures_are_naught(hostrun: Hostrun) -> None:
+    """A plain job running, no session: it is a job in no session, the summary counts nothing, and
+    the table says none runs (with the sessions slice's limit) and has no session column."""
     configure_sessions(hostrun)
-    job = hostrun.popen("-m", "40M", "-l", "session:fake", "--", "sleep", "30")
+    job = hostrun.popen("-m", "40M", "-l", "plain", "--", "sleep", "30")
     try:
-        from tests.conftest import wait_for
-
         wait_for(lambda: any(b[2] == "running" and b[5] for b in hostrun.bookings()), timeout=30)
         report = _report(hostrun)
-        [fake] = report["running"]
-        assert fake["role"] == "job" and fake["in_session"] is None
-        assert report["sessions"]["count"] == 0 and report["sessions"]["booked"] == 0
-        assert "│ none running (sessions slice 300 MiB)" in hostrun.run("report").stdout
+        [plain] = report["running"]
+        assert plain["role"] == "job" and plain["in_session"] is None
+        assert report["sessions"] == {"count": 0, "booked": 0, "in_use": 0, "jobs": 0, "limit": 300 * MiB}
+        table = hostrun.run("report").stdout
+        assert "│ none running (sessions slice 300 MiB)" in table and "session " not in table, table
     finally:
         job.terminate()
         job.wait(timeout=60)
+
+
+def test_a_session_is_told_by_its_cgroup_and_before_it_has_one_by_its_label() -> None:
+    """A row in the sessions slice is a session; a row whose cgroup is a job's is a job, whatever its
+    label says (a ledger row written by hand or by an older hostrun); a session admitted but not yet
+    in its cgroup is told by its label; a backend that runs no sessions has none."""
+    backend: Any = SimpleNamespace(sessions_dir="/cg/hostrun/sessions")
+    none: Any = SimpleNamespace(sessions_dir="")
+    row: Any = SimpleNamespace(label="session:claude", cgroup="/cg/hostrun/sessions/session-1-2")
+    session: Any = SimpleNamespace(path="/cg/hostrun/sessions/session-1-2")
+    job: Any = SimpleNamespace(path="/cg/hostrun/job-1-2")
+    assert is_session(backend, row, session) and not is_session(backend, row, job)
+    waiting_for_its_cgroup: Any = SimpleNamespace(label="session:claude", cgroup=None)
+    plain: Any = SimpleNamespace(label="build", cgroup=None)
+    assert is_session(backend, waiting_for_its_cgroup, None) and not is_session(backend, plain, None)
+    assert not is_session(none, row, session)
 
 
 def test_a_holders_cgroup_is_matched_to_the_session_it_lies_in() -> None:

@@ -24,8 +24,9 @@ if MYPY:
 
 def is_session(backend: CapBackend, booking: Booking, job: JobCgroup | None) -> bool:
     """Whether a running booking is a session: its checked cgroup (``admission.booking_job``) is in
-    the sessions slice, or, before its run named its cgroup, its label is a session's. A job
-    labelled ``session:…`` by hand stays a job once its cgroup is known."""
+    the sessions slice, or, before its run named its cgroup, its label is a session's (a job may not
+    take one). The cgroup decides where there is one: a row that says otherwise (written by hand, or
+    by an older hostrun that let a job take such a label) is not a session."""
     sessions = backend.sessions_dir
     if not sessions:
         return False  # a backend that runs no sessions
