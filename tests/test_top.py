@@ -258,3 +258,76 @@ def test_alerts_are_the_sessions_unread_ones_left_unread(tmp_path: Path,
     watch = HostWatch(settings, 1.0, ["local"])
     assert [a["label"] for a in watch.history_and_alerts()[1]] == ["job-of-s1", "job-of-s2"]
     assert watch.alerts_title() == "recent alerts"
+
+
+def test_agent_sessions_are_shown_apart_with_their_jobs(tmp_path: Path) -> None:
+    """Sessions (``role: session``) get a section of their own with their use, cap and how many
+    running jobs each started; each job started in one names it (two sessions of one label by their
+    ids); the filter on a session's name keeps it and its jobs; the panel has a sessions gauge."""
+    cfg = tmp_path / "hosts.toml"
+    cfg.write_text(f"state_dir = '{tmp_path}/state'\n[hosts.local]\n")
+    local = host_for(validate_file(str(cfg)), "local")
+
+    def run(id_: int, label: str, role: str, inside: int | None, booked: int, in_use: int,
+            cap: int) -> dict[str, Any]:
+        return {**job(label, None, booked, in_use, cap, 30.0), "id": id_, "role": role,
+                "in_session": inside}
+
+    report = machine_report("local", [
+        run(5, "session:claude", "session", None, 2 * GiB, 1536 * MiB, 4 * GiB),
+        run(6, "session:claude", "session", None, 2 * GiB, 512 * MiB, 4 * GiB),
+        run(7, "cargo-build", "job", 5, GiB, 800 * MiB, GiB),
+        run(8, "pytest", "job", 5, 512 * MiB, 100 * MiB, GiB),
+        run(9, "lint", "job", 6, 256 * MiB, 10 * MiB, GiB),
+        run(10, "alone", "job", None, 256 * MiB, 10 * MiB, GiB)], [])
+    report["sessions"] = {"count": 2, "booked": 4 * GiB, "in_use": 2 * GiB, "jobs": 3, "limit": 8 * GiB}
+    readings = [HostReading("local", report, None, 0.01, local)]  # type: ignore[arg-type]
+    shown = build(readings, {"local": time.time()}, [], [], "recent alerts", time.time())
+    assert [(s.label, s.jobs, s.cap, s.in_use) for s in shown.sessions] == [
+        ("session:claude #5", 2, 4 * GiB, 1536 * MiB), ("session:claude #6", 1, 4 * GiB, 512 * MiB)]
+    assert {j.label: j.in_session for j in shown.jobs} == {
+        "cargo-build": "claude #5", "pytest": "claude #5", "lint": "claude #6", "alone": ""}
+    for width in (80, 160):
+        text = plain(layout(shown, width, 40)).splitlines()
+        assert all(cells(line) <= width for line in text), text
+        titles = [n for n, line in enumerate(text) if line.startswith(("agent sessions (2)", "running (4)"))]
+        assert len(titles) == 2, text
+        gauge = "2 running (3 jobs), used 2.0 GiB, booked 4.0 GiB" + (" of 8.0 GiB" if width > 80 else "")
+        assert any(line.startswith(" sessions [") and gauge in line for line in text), text
+        words = [(line.split(), line) for line in text if line.startswith("local ")]
+        rows = {" ".join(w[1:3]) if w[1].startswith("session:") else w[1]: line for w, line in words}
+        assert rows["session:claude #5"].split()[3] == "2" and "38%" in rows["session:claude #5"]
+        assert rows["cargo-build"].endswith(" claude #5") and rows["alone"].endswith("-")
+        assert "78%" in rows["cargo-build"] and "%" in rows["lint"]  # near cap kept at 80 columns
+    only = build(readings, {"local": time.time()}, [], [], "recent alerts", time.time(), filter_text="#6")
+    assert [s.label for s in only.sessions] == ["session:claude #6"]
+    assert [j.label for j in only.jobs] == ["lint"]
+
+
+def test_a_report_without_sessions_shows_no_session_parts(readings: list[HostReading]) -> None:
+    """An older peer's agent, a cluster: no ``role``, no ``in_session``, no ``sessions``: no
+    sessions section, gauge or column, as before."""
+    shown = frame(readings)
+    assert shown.sessions == () and all(j.in_session == "" for j in shown.jobs)
+    text = plain(layout(shown, 200))
+    assert "agent session" not in text and " sessions " not in text
+
+
+def test_odd_session_keys_from_a_peer_break_nothing(tmp_path: Path) -> None:
+    """A peer's report with odd ``role``/``in_session``/``id`` values: the view and ``hostrun
+    report``'s table still show every run, no exception; a job naming no running session shows its
+    id."""
+    cfg = tmp_path / "hosts.toml"
+    cfg.write_text(f"state_dir = '{tmp_path}/state'\n[hosts.local]\n")
+    local = host_for(validate_file(str(cfg)), "local")
+    running = [{**job("s", None, MiB, MiB, 2 * MiB, 1.0), "id": [1], "role": "session", "in_session": None},
+               {**job("a", None, MiB, MiB, 2 * MiB, 1.0), "id": 2, "role": 7, "in_session": {"x": 1}},
+               {**job("b", None, MiB, MiB, 2 * MiB, 1.0), "id": 3, "role": "job", "in_session": 99}]
+    report = machine_report("local", running, [])
+    shown = build([HostReading("local", report, None, 0.01, local)],  # type: ignore[arg-type]
+                  {"local": time.time()}, [], [], "recent alerts", time.time())
+    assert [(s.label, s.jobs) for s in shown.sessions] == [("s", 0)]
+    assert [(j.label, j.in_session) for j in shown.jobs] == [("a", ""), ("b", "#99")]
+    assert "s " in plain(layout(shown, 80))
+    [_, grid] = local.describe(report)  # type: ignore[arg-type]
+    assert [row[-1].text for row in grid.rows] == ["session, 0 jobs", "-", "#99"]  # type: ignore[union-attr]

@@ -185,3 +185,38 @@ def test_top_over_ssh_shows_a_real_peer(hostrun: Hostrun, peers: Any, pane: Pane
     finally:
         job.terminate()
         job.wait(timeout=60)
+
+
+def test_top_shows_a_real_agent_session_and_the_job_it_started(hostrun: Hostrun, pane: Pane) -> None:
+    """A real ``hostrun session`` that started a job, and a job started beside it: top shows the
+    session in a section of its own (its jobs, use, cap) and the sessions slice in the host's panel;
+    the job started in it names it, the other does not; ``/agent`` keeps the session and its job.
+    ``--once`` prints the same."""
+    from tests.support.agentsessions import SessionWithJob, configure_sessions
+
+    configure_sessions(hostrun)
+    runs = SessionWithJob(hostrun)
+    try:
+        once = hostrun.run("top", "--once")
+        assert once.returncode == 0, once.stderr
+        assert "agent sessions (1)" in once.stdout and "running (2)" in once.stdout, once.stdout
+        pane.type(_top(hostrun, "xterm"), "Enter")
+        on_screen(pane, lambda: "agent sessions (1)" in pane.text() and "outside" in pane.text(), timeout=30)
+        assert _fits(pane, 80, 24) and _before(pane, "agent sessions (1)", "running (2)"), pane.text()
+        for text in (once.stdout, pane.text()):
+            lines = text.splitlines()
+            session = next(line.split() for line in lines if line.startswith("local session:agent"))
+            assert session[2] == "1" and session[7] == "200" and session[8] == "MiB", lines  # 1 job, cap
+            assert next(line for line in lines if line.startswith("local inside")).endswith(" agent")
+            assert next(line for line in lines if line.startswith("local outside")).endswith(" -")
+            assert any(line.startswith(" sessions [") and "1 running (1 job)" in line
+                       and "of 300 MiB" in line for line in lines), lines
+
+        pane.type("/", "agent", "Enter")
+        on_screen(pane, lambda: "filter: agent" in pane.text() and "outside" not in pane.text())
+        assert "local inside" in pane.text() and "local session:agent" in pane.text()
+        pane.type("q")
+        on_screen(pane, lambda: "top-exited-0" in pane.text())
+        assert pane.flags() == "0 1" and "Traceback" not in pane.text()
+    finally:
+        runs.stop()

@@ -1,5 +1,6 @@
-"""``hostrun top``: every configured host, its running jobs, the queue, the last outcomes here and
-the alerts, live and full-screen (docs/cli.md, "hostrun top"); ``--once``: one frame as text.
+"""``hostrun top``: every configured host, its agent sessions and running jobs, the queue, the last
+outcomes here and the alerts, live and full-screen (docs/cli.md, "hostrun top"); ``--once``: one
+frame as text.
 
 The hosts are read in background threads (``dispatch.placement.hostwatch``), so a frame is drawn
 about every ``--interval`` seconds, or at once on a key or a resize, whatever a slow host does.
@@ -52,8 +53,9 @@ def cmd_top(argv: list[str]) -> int:
     args: Any = plain_args(argv, switches=("once",), repeated=("host",), single=("config", "interval"))
     if args is None:
         p = sub_parser("top", "A live view of every configured host: memory, slice, load, GPUs; the "
-                              "running jobs, the queue, the last outcomes here and the alerts. Keys: "
-                              "q quits, s sorts, / filters, h helps. See docs/cli.md.", json_flag=False)
+                              "agent sessions, the running jobs, the queue, the last outcomes here "
+                              "and the alerts. Keys: q quits, s sorts, / filters, h helps. See "
+                              "docs/cli.md.", json_flag=False)
         p.add_argument("--once", action="store_true", help="print one frame as text and exit (no "
                                                            "colours unless stdout is a terminal)")
         p.add_argument("--interval", metavar="SECONDS", help="refresh every SECONDS (default: 1)")

@@ -20,7 +20,7 @@ if MYPY:
     from typing import Optional
 
     from dispatch.core.view import Gauge
-    from dispatch.placement.topframe import Frame, HostPanel
+    from dispatch.placement.topframe import Frame, HostPanel, JobRow
 
 HINTS = ("   s sort  / filter  h help  q quit", "   h help")  # the keys in the header, the most that fit
 STALE = 5.0  # seconds: a panel older than this says when it was read
@@ -166,18 +166,33 @@ def _percent(share: Optional[float]) -> Span:
     return Span(f"{share * 100:.0f}%", style)
 
 
+def _jobs(jobs: Sequence[JobRow], width: int, ellipsis: str) -> list[Line]:
+    """The running jobs' table; with an ``agent session`` column (kept before ``cap`` as the width
+    narrows) when a job was started in one."""
+    columns = [Column("host", 12, 3), Column("label", 16, 0, flex=True), Column("session", 14, 2),
+               Column("booked", 9, 1, True), Column("use", 9, 1, True), Column("cap", 9, 4, True),
+               Column("elapsed", 7, 2, True), Column("near cap", 8, 3, True)]
+    rows = [view.row(j.host, j.label, j.session or "-", format_size(j.booked), format_size(j.in_use),
+                     format_size(j.cap), format_duration(j.elapsed), _percent(j.near_cap)) for j in jobs]
+    if any(j.in_session for j in jobs):
+        columns.append(Column("agent session", 16, 1))
+        rows = [(*row, Span(j.in_session or "-")) for row, j in zip(rows, jobs)]
+    return table(columns, rows, width, ellipsis)
+
+
 def sections(frame: Frame, width: int, ellipsis: str) -> list[tuple[Line, list[Line]]]:
     """Below the hosts: each section's title line and its lines (header and rows)."""
     def title(text: str, count: int, none: str) -> Line:
         return fitted((Span(f"{text} ({count})" if count else f"{text}: {none}", view.BOLD),),
                       width, ellipsis)
 
-    jobs = table((Column("host", 12, 3), Column("label", 16, 0, flex=True), Column("session", 14, 2),
-                  Column("booked", 9, 1, True), Column("use", 9, 1, True), Column("cap", 9, 4, True),
-                  Column("elapsed", 7, 2, True), Column("near cap", 8, 3, True)),
-                 [view.row(j.host, j.label, j.session or "-", format_size(j.booked), format_size(j.in_use),
-                           format_size(j.cap), format_duration(j.elapsed), _percent(j.near_cap))
-                  for j in frame.jobs], width, ellipsis)
+    jobs = _jobs(frame.jobs, width, ellipsis)
+    sessions = table((Column("host", 12, 3), Column("label", 16, 0, flex=True), Column("jobs", 4, 1, True),
+                      Column("booked", 9, 2, True), Column("use", 9, 1, True), Column("cap", 9, 1, True),
+                      Column("elapsed", 7, 2, True), Column("near cap", 8, 3, True)),
+                     [view.row(j.host, j.label, str(j.jobs), format_size(j.booked), format_size(j.in_use),
+                               format_size(j.cap), format_duration(j.elapsed), _percent(j.near_cap))
+                      for j in frame.sessions], width, ellipsis)
     queue = table((Column("host", 12, 3), Column("label", 20, 0), Column("session", 14, 2),
                    Column("need", 9, 1, True), Column("waited", 7, 1, True),
                    Column("why / held by", 12, 0, flex=True)),
@@ -193,7 +208,8 @@ def sections(frame: Frame, width: int, ellipsis: str) -> list[tuple[Line, list[L
                                o.meaning, format_size(o.peak), format_duration(o.duration))
                       for o in frame.outcomes], width, ellipsis)
     alerts = [fitted((Span(a),), width, ellipsis) for a in frame.alerts]
-    found = [(title("running", len(frame.jobs), "none"), jobs if frame.jobs else []),
+    found = [(title("agent sessions", len(frame.sessions), "none"), sessions)] if frame.sessions else []
+    found += [(title("running", len(frame.jobs), "none"), jobs if frame.jobs else []),
              (title("queue", len(frame.queue), "empty"), queue if frame.queue else []),
              (title("last outcomes here", len(frame.outcomes), "none"), outcomes if frame.outcomes else []),
              (title(frame.alerts_title, len(frame.alerts), "none"), alerts)]

@@ -87,6 +87,16 @@ class SessionFigures(TypedDict):
     high: float
 
 
+class SessionsNow(TypedDict):
+    """A machine's running agent sessions together (``dispatch.local.report.sessions_now``)."""
+
+    count: int
+    booked: int
+    in_use: int
+    jobs: int  # the running jobs they started
+    limit: int  # the sessions slice's, as ``settings.sessions.limit``
+
+
 class MachineSettings(RoomSettings):
     gamble_size: int
     sessions: NotRequired[SessionFigures]  # an older peer's agent does not report it
@@ -116,6 +126,9 @@ class RunningJob(TypedDict):
     cap: NotRequired[Optional[int]]
     in_use: NotRequired[int]
     session: NotRequired[Optional[str]]
+    # agent sessions (``hostrun session``; a machine says both, an older peer's agent neither):
+    role: NotRequired[str]  # "session" for a session, "job" for a job
+    in_session: NotRequired[Optional[Union[int, str]]]  # the id of the session that started it
 
 
 class MachineJob(RunningJob):
@@ -189,6 +202,7 @@ class MachineReport(Report):
     heavy_threads: int
     threads_free: NotRequired[int]  # an older peer's agent does not report it
     gpu_error: Optional[str]
+    sessions: NotRequired[SessionsNow]  # an older peer's agent does not report it
     # ``hostrun report`` adds it for this host (``dispatch.local.report.admission_engine``)
     admission_engine: NotRequired[AdmissionEngine]
     # a peer's agent adds these

@@ -12,7 +12,10 @@ from dispatch.core.records import NamedTuple
 
 MYPY = False
 if MYPY:
+    from collections.abc import Sequence
     from typing import Optional, Union
+
+    from dispatch.core.reportshape import RunningJob
 
 # style names the renderer knows
 BOLD = "bold"
@@ -73,3 +76,18 @@ class Gauge(NamedTuple):
     used: float = 0
     booked: float = 0
     total: float = 0
+
+
+def report_id(value: object) -> Optional[Union[int, str]]:
+    """A booking id as a report gives it (``id``, ``in_session``), or None for anything else: a
+    peer's odd report must not break the view."""
+    return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+
+
+def session_names(running: Sequence[RunningJob]) -> dict[Union[int, str], str]:
+    """Each running agent session's id -> the name its jobs show (``in_session``): its label, with
+    its id where another running session has the same label (two sessions of one agent)."""
+    sessions = [(key, str(j.get("label") or "")) for j in running
+                if j.get("role") == "session" and (key := report_id(j.get("id"))) is not None]
+    labels = [label for _, label in sessions]
+    return {key: label if labels.count(label) == 1 else f"{label} #{key}" for key, label in sessions}

@@ -10,7 +10,7 @@ from dispatch.hosts.base import Host
 
 MYPY = False
 if MYPY:
-    from dispatch.core.reportshape import MachineReport, Report
+    from dispatch.core.reportshape import MachineJob, MachineReport, Report
     from dispatch.core.view import Block, Gauge
     from dispatch.hosts.judgement import HostPending, Job, Judgement
     from dispatch.local.ledgerdb import PeakRecord
@@ -119,6 +119,8 @@ class MachineHost(Host):
                                  f"{format_size(gpu.get('free'))} free of {format_size(gpu.get('total'))}"))
         rows += [view.row("running", str(len(data["running"]))),
                  view.row("queue", str(data["queue_length"]))]
+        if "sessions" in data:  # an older peer's agent does not report it
+            rows.append(view.row("sessions", _sessions(data)))
         engine = data.get("admission_engine")
         if engine is not None:  # ``hostrun report`` says it of this host
             rows.append(view.row("admission engine", engine["detail"] + (
@@ -127,16 +129,23 @@ class MachineHost(Host):
             f"host {data['host']} ({data['hostname']}), backend {data['backend']}, hostrun {version}",
             ("what", "value"), tuple(rows), header=False)]
         if data["running"]:
+            columns: tuple[str, ...] = ("label", "pid", "kind", "booked", "in use", "age")
             jobs = tuple(view.row(j["label"] or "", str(j["pid"]), j["kind"], format_size(j["booked"]),
                                   format_size(j["in_use"]), format_duration(j["age_s"]))
                          for j in data["running"])
-            blocks.append(view.Grid("running jobs", ("label", "pid", "kind", "booked", "in use", "age"),
-                                    jobs))
+            names = view.session_names(data["running"])
+            if any(j.get("role") == "session" or view.report_id(j.get("in_session")) is not None
+                   for j in data["running"]):  # which runs are sessions, which session started a job
+                columns += ("session",)
+                jobs = tuple((*row, view.Span(_session_cell(j, data["running"], names)))
+                             for row, j in zip(jobs, data["running"]))
+            blocks.append(view.Grid("running jobs", columns, jobs))
         return blocks
 
     def gauges(self, report: Report) -> list[Gauge]:
         """Memory (used, and booked not yet at peak), the slice (used, booked), load against its
-        cores with the heavy threads, and each GPU's VRAM."""
+        cores with the heavy threads, the sessions slice while agent sessions run (their use and
+        bookings against its limit), and each GPU's VRAM."""
         data = machine_report(report)
         s, mem = data["slice"], data["memory"]
         total, available = int(mem["total"]), int(mem["available"])
@@ -156,6 +165,12 @@ class MachineHost(Host):
                                f"threads {data.get('heavy_threads', '?')}{free}",
                        min(load[0], cores), 0, cores),
         ]
+        sessions = data.get("sessions")  # an older peer's agent does not report them
+        if sessions and sessions["count"]:
+            shown.append(view.Gauge("sessions", f"{sessions['count']} running ({_jobs(sessions['jobs'])}), "
+                                    f"used {format_size(sessions['in_use'])}, booked "
+                                    f"{format_size(sessions['booked'])} of {format_size(sessions['limit'])}",
+                                    sessions["in_use"], sessions["booked"], sessions["limit"]))
         if data.get("gpu_error"):
             shown.append(view.Gauge("GPUs", f"unreadable ({data['gpu_error']})"))
         for gpu in data.get("gpus") or []:
@@ -164,6 +179,29 @@ class MachineHost(Host):
                                     f"{format_size(gpu.get('free'))} free of {format_size(gpu.get('total'))}",
                                     used, 0, vram))
         return shown
+
+
+def _jobs(count: int) -> str:
+    return f"{count} job" if count == 1 else f"{count} jobs"
+
+
+def _sessions(report: MachineReport) -> str:
+    """The running agent sessions in one line: how many, booked, in use, the jobs they started."""
+    s = report["sessions"]
+    room = f"(sessions slice {format_size(s['limit'])})"
+    if not s["count"]:
+        return f"none running {room}"
+    return (f"{s['count']} running, {format_size(s['booked'])} booked, {format_size(s['in_use'])} "
+            f"in use, {_jobs(s['jobs'])} in them {room}")
+
+
+def _session_cell(job: MachineJob, running: list[MachineJob], names: dict[int | str, str]) -> str:
+    """A session's own cell ("session, 2 jobs"), a job's (the session it was started in), or "-"."""
+    if job.get("role") == "session":
+        key = view.report_id(job.get("id"))
+        return f"session, {_jobs(sum(1 for j in running if key is not None and j.get('in_session') == key))}"
+    inside = view.report_id(job.get("in_session"))
+    return "-" if inside is None else names.get(inside, f"#{inside}")
 
 
 def _peak(report: MachineReport) -> PeakRecord | None:

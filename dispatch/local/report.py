@@ -14,10 +14,18 @@ from dispatch.core.settings import Settings
 from dispatch.local.admission import booking_job, slice_room
 from dispatch.local.hostslice import LocalSlice
 from dispatch.local.ledger import Ledger
+from dispatch.local.sessionties import ties
 
 MYPY = False
 if MYPY:  # typing stays off the report path (a report is asked before every heavy command)
-    from dispatch.core.reportshape import AdmissionEngine, Gpu, MachineJob, MachineReport, PeakRecordData
+    from dispatch.core.reportshape import (
+        AdmissionEngine,
+        Gpu,
+        MachineJob,
+        MachineReport,
+        PeakRecordData,
+        SessionsNow,
+    )
     from dispatch.local.ledgerdb import PeakRecord
 
 
@@ -44,14 +52,16 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
     now = time.time()
     jobs: list[MachineJob] = []
     yet = 0
-    for b in running:
-        job = booking_job(backend, b)
+    found = [(b, booking_job(backend, b)) for b in running]
+    sessions, inside = ties(backend, found)
+    for b, job in found:
         in_use = job.in_use() if job is not None else 0
         yet += max(0, b.size - in_use)  # as admission.not_at_peak, with each job's use kept
         jobs.append({
             "id": b.id, "label": b.label, "pid": b.pid, "kind": b.kind, "booked": b.size,
             "cap": b.cap, "in_use": in_use, "age_s": round(now - (b.since or now), 1),
             "session": b.session, "command": b.command,
+            "role": "session" if b.id in sessions else "job", "in_session": inside.get(b.id),
         })
     load = read_loadavg()
     gpus, gpu_error = _gpus()
@@ -93,6 +103,7 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
                          "cap": settings.sessions.cap, "first_booking": settings.sessions.first_booking,
                          "high": settings.sessions.high},
         },
+        "sessions": sessions_now(jobs, settings.sessions.limit(limit)),
         "queue": [
             {"id": b.id, "label": b.label, "pid": b.pid, "need": b.size, "reason": b.reason,
              "waited_s": round(now - b.queued, 1), "session": b.session}
@@ -102,6 +113,15 @@ def local_report(settings: Settings, label: str | None = None, peaks: bool = Fal
     if table is not None:
         data["peak_table"] = table
     return data
+
+
+def sessions_now(running: list[MachineJob], limit: int) -> SessionsNow:
+    """The running sessions together, against the sessions slice's ``limit``: how many, what they
+    booked and use, and how many jobs they started run now."""
+    sessions = [j for j in running if j.get("role") == "session"]
+    return {"count": len(sessions), "booked": sum(j["booked"] or 0 for j in sessions),
+            "in_use": sum(j.get("in_use", 0) for j in sessions),
+            "jobs": sum(1 for j in running if j.get("in_session") is not None), "limit": limit}
 
 
 def admission_engine(settings: Settings) -> AdmissionEngine:

@@ -16,6 +16,7 @@ if MYPY:
     from collections.abc import Sequence
     from typing import Any, Optional
 
+    from dispatch.core.reportshape import RunningJob
     from dispatch.core.view import Gauge
     from dispatch.local.ledgerdb import RunRecord
     from dispatch.placement.reports import HostReading
@@ -35,6 +36,8 @@ class HostPanel(NamedTuple):
 
 
 class JobRow(NamedTuple):
+    """A running job, or an agent session (``hostrun session``: the frame's ``sessions``)."""
+
     host: str
     label: str
     session: str
@@ -42,6 +45,8 @@ class JobRow(NamedTuple):
     in_use: Optional[int]
     cap: Optional[int]
     elapsed: Optional[float]
+    in_session: str = ""  # a job: the agent session it was started in, its label less "session:"
+    jobs: int = 0  # an agent session: how many of the running jobs it started
 
     @property
     def near_cap(self) -> Optional[float]:
@@ -83,6 +88,7 @@ class Frame(NamedTuple):
     sort: str
     filter: str
     notes: tuple[str, ...] = ()  # what the readers said (a ledger recovered, an alert file unreadable)
+    sessions: tuple[JobRow, ...] = ()  # the running agent sessions, apart from the jobs
 
 
 def _text(value: object) -> str:
@@ -117,19 +123,46 @@ def panel(reading: HostReading, read_at: Optional[float]) -> HostPanel:
     return HostPanel(reading.host, title, shown, None, read_at)
 
 
-def jobs_of(readings: Sequence[HostReading]) -> tuple[list[JobRow], list[QueueRow]]:
-    """Every host's running and queued jobs, from the keys every report has."""
+def runs_of(host: str, running: Sequence[RunningJob]) -> tuple[list[JobRow], list[JobRow]]:
+    """A host's running jobs and its agent sessions (``role``), each job with the name of the
+    session it was started in (``in_session``), each session with how many of them it started.
+    A report without these keys (an older peer's agent, another kind) has jobs alone."""
+    from dispatch.core.settings import SESSION_PREFIX
+    from dispatch.core.view import report_id, session_names
+
+    names = session_names(running)
     jobs: list[JobRow] = []
+    sessions: list[JobRow] = []
+    for job in running:
+        row = JobRow(host, _text(job.get("label") or job.get("id")), _text(job.get("session")),
+                     _size(job.get("booked")), _size(job.get("in_use")), _size(job.get("cap")),
+                     _number(job.get("age_s")))
+        inside = report_id(job.get("in_session"))
+        if job.get("role") == "session":
+            key = report_id(job.get("id"))
+            started = sum(1 for j in running if key is not None and j.get("in_session") == key)
+            sessions.append(row._replace(label=_text(names.get(key, row.label) if key is not None
+                                                     else row.label), jobs=started))
+        else:
+            jobs.append(row if inside is None else row._replace(  # under "agent session": no prefix
+                in_session=_text(names.get(inside, f"#{inside}")).removeprefix(SESSION_PREFIX)))
+    return jobs, sessions
+
+
+def jobs_of(readings: Sequence[HostReading]) -> tuple[list[JobRow], list[JobRow], list[QueueRow]]:
+    """Every host's running jobs, its agent sessions and its queued jobs, from the keys every
+    report has."""
+    jobs: list[JobRow] = []
+    sessions: list[JobRow] = []
     queue: list[QueueRow] = []
     for reading in readings:
         report = reading.report
         if report is None:
             continue
-        for job in report["running"]:
-            jobs.append(JobRow(reading.host, _text(job.get("label") or job.get("id")),
-                               _text(job.get("session")), _size(job.get("booked")),
-                               _size(job.get("in_use")), _size(job.get("cap")), _number(job.get("age_s"))))
-        here = sorted((j for j in jobs if j.host == reading.host), key=lambda j: -(j.booked or 0))
+        found, held = runs_of(reading.host, report["running"])
+        jobs += found
+        sessions += held
+        here = sorted(found + held, key=lambda j: -(j.booked or 0))
         holders = ", ".join(j.label for j in here[:3]) + (", …" if len(here) > 3 else "")
         for waiting in report["queue"]:
             reason = _text(waiting.get("reason"))
@@ -138,7 +171,7 @@ def jobs_of(readings: Sequence[HostReading]) -> tuple[list[JobRow], list[QueueRo
             queue.append(QueueRow(reading.host, _text(waiting.get("label") or waiting.get("id")),
                                   _text(waiting.get("session")), _size(waiting.get("need")),
                                   _number(waiting.get("waited_s")), reason))
-    return jobs, queue
+    return jobs, sessions, queue
 
 
 def meaning(code: int, outcome: str) -> str:
@@ -178,9 +211,11 @@ def sort_key(name: str) -> Any:
 
 
 def matches(text: str, row: JobRow | QueueRow | OutcomeRow) -> bool:
-    """The filter: ``text`` in the row's session or label, whatever the case."""
+    """The filter: ``text`` in the row's session or label (or the agent session a job was started
+    in: an agent session's name shows it and its jobs), whatever the case."""
     wanted = text.lower()
-    return not wanted or wanted in row.label.lower() or wanted in row.session.lower()
+    inside = row.in_session.lower() if isinstance(row, JobRow) else ""
+    return not wanted or wanted in row.label.lower() or wanted in row.session.lower() or wanted in inside
 
 
 def build(readings: Sequence[HostReading], read_at: dict[str, float], runs: Sequence[RunRecord],
@@ -191,10 +226,12 @@ def build(readings: Sequence[HostReading], read_at: dict[str, float], runs: Sequ
     line each (``dispatch.placement.alerts.describe``)."""
     from dispatch.placement.alerts import describe
 
-    jobs, queue = jobs_of(readings)
+    jobs, sessions, queue = jobs_of(readings)
     jobs = sorted((j for j in jobs if matches(filter_text, j)), key=sort_key(sort))
+    sessions = sorted((j for j in sessions if matches(filter_text, j)), key=sort_key(sort))
     return Frame(
         time=now, hosts=tuple(panel(r, read_at.get(r.host)) for r in readings), jobs=tuple(jobs),
+        sessions=tuple(sessions),
         queue=tuple(q for q in queue if matches(filter_text, q)),
         outcomes=tuple(o for o in outcome_rows(runs) if matches(filter_text, o)),
         alerts=tuple(describe(a) for a in alerts), alerts_title=alerts_title, sort=sort,

@@ -1,0 +1,49 @@
+"""A real agent session (``hostrun session``) with a job started inside it, and a job started beside
+it, running until ``stop``: what ``hostrun report`` and ``hostrun top`` are checked against
+(tests/test_sessions_report.py, tests/test_top_screen.py)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+from typing import Any
+
+from tests.conftest import Hostrun, wait_for
+
+
+def configure_sessions(hostrun: Hostrun) -> None:
+    """A 600 MiB slice whose sessions slice is half of it (300 MiB); sessions booked at 64 MiB."""
+    hostrun.configure(slice="600M", top='[sessions]\nshare = 0.5\ncap = "256M"\nfirst_booking = "64M"\n')
+
+
+class SessionWithJob:
+    """Session ``session:agent`` (cap 200 MiB) running job ``inside`` (50 MiB), and job ``outside``
+    (40 MiB) started by the test; all three running once made."""
+
+    def __init__(self, hostrun: Hostrun, seconds: int = 60) -> None:
+        self.hostrun = hostrun
+        inner = shlex.join(hostrun.argv("-m", "50M", "-l", "inside", "--", "sleep", str(seconds)))
+        self.procs: list[subprocess.Popen[str]] = [
+            hostrun.popen("session", "--label", "agent", "-m", "200M", "--", "sh", "-c", f"{inner}; true")]
+        wait_for(lambda: self.running("inside"), timeout=30)
+        self.procs.append(hostrun.popen("-m", "40M", "-l", "outside", "--", "sleep", str(seconds)))
+        wait_for(lambda: self.running("outside"), timeout=30)
+
+    def running(self, label: str) -> Any:
+        """The running booking of ``label``: (id, label, state, pid, size, cgroup), or None."""
+        return next((b for b in self.hostrun.bookings() if b[1] == label and b[2] == "running"), None)
+
+    def stop(self) -> None:
+        """The job inside ends first (SIGTERM to its holder, which ends its job), then the session
+        and the outside job. Not the session first: its end kills its cgroup, where the inside job's
+        holder and guardian are, and the job itself would run on, unbooked."""
+        inside = self.running("inside")
+        if inside is not None:
+            os.kill(inside[3], signal.SIGTERM)
+            wait_for(lambda: self.running("inside") is None, timeout=30)
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(timeout=60)
