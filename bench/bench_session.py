@@ -89,8 +89,8 @@ def main() -> int:
               f"(the session's whole-kill adds {session_wall - job_wall:+.2f} s)")
 
         sys.path.insert(0, os.path.dirname(HERE))
+        from tests.support.agentsessions import AGENT
         from tests.support.claude import event
-        from tests.test_session_place import AGENT
 
         agent = os.path.join(tmp, "agent.py")
         with open(agent, "w", encoding="utf-8") as fh:

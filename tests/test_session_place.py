@@ -9,46 +9,26 @@ process, the recorded SessionStart event on stdin. The agent is a stand-in (a Py
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 from tests.conftest import Hostrun, wait_for
+from tests.support.agentsessions import AGENT
 from tests.support.claude import event
 
-AGENT = textwrap.dedent("""\
-    import json, os, subprocess, sys, time
-    open("/proc/self/comm", "w").write("fake-agent")  # as the client's own process is named
-    hook, out, go = sys.argv[1], sys.argv[2], sys.argv[3]
-    if sys.argv[4:] == ["subreaper"]:  # orphans below it become its children: the placer too
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    tool = subprocess.Popen(["sleep", "300"])
-    answer = subprocess.run(["sh", "-c", hook], input=sys.stdin.read(), capture_output=True, text=True)
-    with open(out + ".hook", "w") as fh:
-        fh.write(answer.stdout)
-    while not os.path.exists(go):
-        with open(out + ".tmp", "w") as fh:
-            fh.write(open("/proc/self/cgroup").read() + "TOOL " + open(f"/proc/{tool.pid}/cgroup").read())
-        os.replace(out + ".tmp", out)
-        time.sleep(0.1)
-    what = open(go).read()
-    if what == "balloon":
-        x = bytearray(400 << 20)
-        time.sleep(5)
-    tool.kill()
-""")
 
-
-def _agent(hostrun: Hostrun, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], Path, Path]:
+def _agent(hostrun: Hostrun, tmp_path: Path, *extra: str, job: str = "", ready: str = ""
+           ) -> tuple[subprocess.Popen[str], Path, Path]:
     script = tmp_path / "agent.py"
     script.write_text(AGENT)
     hook = shlex.join(hostrun.argv("hook", "session-start"))
     out, go = tmp_path / "where", tmp_path / "go"
     proc = subprocess.Popen([sys.executable, str(script), hook, str(out), str(go), *extra],
-                            stdin=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, text=True,
+                            env={**os.environ, "AGENT_JOB": job, "AGENT_JOB_READY": ready})
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(event("session_start_startup", cwd=str(tmp_path))))
     proc.stdin.close()
@@ -92,6 +72,21 @@ def test_the_placer_never_moves_itself_into_the_session_it_places(hostrun: Hostr
     wait_for(lambda: hostrun.bookings() == [], timeout=30)
     peaks = {p["label"] for p in json.loads(hostrun.run("ledger", "--json").stdout)["peaks"]}
     assert "session:claude" in peaks, (hostrun.state_dir / "sessions.log").read_text()
+
+
+def test_a_job_the_agent_already_runs_stays_in_its_own_cgroup(hostrun: Hostrun, tmp_path: Path) -> None:
+    """A hostrun job the agent started before its session was placed keeps running under its own
+    cap: the placer moves the agent's processes, not those already in a job cgroup of the slice."""
+    _configure(hostrun)
+    ready = tmp_path / "job-runs"
+    job = shlex.join(hostrun.argv("-m", "50M", "-l", "before", "--", "sh", "-c",
+                                  f"touch {ready}; exec sleep 300"))
+    agent, where, go = _agent(hostrun, tmp_path, job=job, ready=str(ready))
+    wait_for(lambda: where.exists() and where.read_text().count("/sessions/session-") == 2, timeout=60)
+    (job_dir,) = [d for d in hostrun.job_dirs() if d.name.startswith("job-")]
+    assert (job_dir / "cgroup.procs").read_text().split(), "the job's process was moved out"
+    go.write_text("end")
+    assert agent.wait(timeout=60) == 0
 
 
 def test_a_placed_session_over_its_cap_is_ended_whole_and_alerted(hostrun: Hostrun, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,19 @@ def test_a_tool_killed_at_the_sessions_cap_ends_the_whole_session(hostrun: Hostr
     agent = "python3 -c 'x = bytearray(300 << 20)'; sleep 60"
     done = hostrun.run("session", "--label", "tool", "-m", "100M", "--", "sh", "-c", agent, timeout=45)
     assert done.returncode == ExitCode.OWN_CAP, done.stderr
+
+
+def test_a_session_ended_takes_the_jobs_it_started_with_it(hostrun: Hostrun, tmp_path: Path) -> None:
+    """The holders and guardians of the jobs a session started run in the session's cgroup, so
+    ending the session kills them; their jobs must not run on unbooked: the engine ends a running
+    booking's job when its holder died (the leak check then finds nothing)."""
+    _sessions(hostrun)
+    inner = shlex.join(hostrun.argv("-m", "50M", "-l", "inner", "--", "sleep", "120"))
+    session = hostrun.popen("session", "--label", "ending", "--", "sh", "-c", f"{inner} & sleep 120")
+    wait_for(lambda: [d for d in hostrun.job_dirs() if d.name.startswith("job-")], timeout=30)
+    session.send_signal(signal.SIGTERM)
+    assert session.wait(timeout=60) == 128 + signal.SIGTERM
+    wait_for(lambda: hostrun.bookings() == [] and hostrun.job_dirs() == [], timeout=30)
 
 
 def test_sessions_that_would_overfill_the_slice_wait_their_turn(hostrun: Hostrun, tmp_path: Path) -> None:

@@ -60,8 +60,8 @@ def _placed_agent(g: Any) -> str:
     """The stand-in agent (tests/test_session_place.py's) run in the guest: its SessionStart hook,
     then where it and its tool are once placed (or after 20 s), then it ends. Prints the hook's
     answer and the last ``where``."""
+    from tests.support.agentsessions import AGENT
     from tests.support.claude import event
-    from tests.test_session_place import AGENT
 
     g.sh(f"cat > {g.dir}/agent.py", input=AGENT)
     g.sh(f"cat > {g.dir}/event.json", input=json.dumps(event("session_start_startup", cwd=g.dir)))

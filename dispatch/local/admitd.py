@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable
 
 from dispatch.core.errors import HostrunError, LedgerError
-from dispatch.core.procinfo import is_stopped
+from dispatch.core.procinfo import is_alive, is_stopped
 from dispatch.local.admitclient import PROTOCOL, lock_path, log_path, socket_path, unix_address
 from dispatch.local.booking import plan_of
 from dispatch.local.ledger import Ledger
@@ -68,6 +68,7 @@ IDLE_AFTER = 30.0  # seconds with no connection before the engine leaves (HOSTRU
 IDLE_ENV = "HOSTRUN_ENGINE_IDLE"
 TICK = 1.0  # seconds between re-evaluations while bookings wait (usage and MemAvailable move)
 GRACE = 2.0  # seconds the ledger stays open after the last booking is released (``settle``)
+ORPHAN_WATCH = 10.0  # seconds a dropped running booking's holder is looked at again (``orphans``)
 NEAR = 16  # waiters this close to the head of the queue stay (or are made) whole: see ``park``
 NEAR_ENV = "HOSTRUN_ENGINE_NEAR"  # another NEAR (tests: park with a few waiters)
 MAX_CLIENTS = 8192  # a swarm's waiters, each one connection
@@ -134,6 +135,9 @@ class Engine(LineServer):
         self._unheld_since: float | None = None  # when the open ledger's last booking went
         self.log_path = log_path(settings.state_dir)
         self.waiting: set[int] = set()  # the held bookings that wait
+        # Running bookings whose connection dropped while their holder still showed alive (it was
+        # exiting): looked at again each tick, their job ended once the holder is gone (``_end_orphan``).
+        self.orphans: dict[int, tuple[Booking, float]] = {}
         self.pids: dict[int, int] = {}  # each held booking's holder (its pid)
         # A --gpu-memory booking's devices (its CUDA_VISIBLE_DEVICES; None: any), and the GPUs'
         # figures, read by nvidia-smi at most once a second while such a booking waits.
@@ -535,12 +539,32 @@ class Engine(LineServer):
             except HostrunError as exc:
                 self.log(f"cannot release booking {booking_id}: {exc}")
                 continue
-            if row is not None:
+            if row is not None and not self.shared and not is_alive(row.pid, row.pid_start):
+                self._end_orphan(row)
+            elif row is not None:
+                if not self.shared:  # its socket closes before it is a zombie: looked at again
+                    self.orphans[booking_id] = (row, time.monotonic() + ORPHAN_WATCH)
                 self._remove_if_empty(row)
         if client.bookings:  # a run that released before it closed changes nothing here
             self.changed = True
         client.bookings.clear()
         self.settle()
+
+    def _end_orphan(self, row: Booking) -> None:
+        """A running booking whose holder died: its job is ended and its cgroup removed, as its
+        guardian would; the guardian may have died with it (a session's whole cgroup killed takes
+        the holders and guardians of the jobs the session started: they run in it), and a job left
+        running would run on unbooked."""
+        from dispatch.local.admission import booking_job
+
+        try:
+            job = booking_job(self.here.backend, row)
+            if job is not None:
+                job.kill_all()
+                job.remove()
+        except (OSError, HostrunError):
+            pass  # gone already (its guardian was quicker), or not this slice's
+        self._remove_if_empty(row)
 
     def _remove_if_empty(self, row: Booking) -> None:
         """The job cgroup of ``row``'s holder, removed when empty: the one the row names, or, when
@@ -568,8 +592,18 @@ class Engine(LineServer):
     # -- admission --------------------------------------------------------------------------------
 
     def busy(self) -> bool:
-        """Waiters to try, or a ledger to close once its grace is over (``settle``)."""
-        return bool(self.waiting) or (self._ledger is not None and not self.holders)
+        """Waiters to try, a ledger to close once its grace is over (``settle``), or holders that
+        dropped their connection to look at again (``orphans``)."""
+        return bool(self.waiting) or (self._ledger is not None and not self.holders) or bool(self.orphans)
+
+    def _check_orphans(self) -> None:
+        now = time.monotonic()
+        for booking_id, (row, until) in list(self.orphans.items()):
+            if not is_alive(row.pid, row.pid_start):
+                del self.orphans[booking_id]
+                self._end_orphan(row)
+            elif now > until:  # alive after all: it closed its connection and lives on
+                del self.orphans[booking_id]
 
     def evaluate(self) -> None:
         """The waiters this engine holds, in queue order, each tried as ``Ledger.try_admit`` would
@@ -577,6 +611,8 @@ class Engine(LineServer):
         they stand when their status is due: all of those on one read of the ledger, without its
         write lock (``Ledger.peek_all``), their reasons stored in one transaction (``hostrun ledger``
         shows them). Runs after a change, or every ``TICK``."""
+        if self.orphans:
+            self._check_orphans()
         now = time.monotonic()
         if not (self.changed or now - self.last_evaluation >= TICK):
             return

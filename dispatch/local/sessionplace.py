@@ -73,8 +73,9 @@ def agent_process(start: int | None = None) -> int | None:
     return None
 
 
-def tree(pid: int) -> list[int]:
-    """``pid`` and every process below it (read from ``/proc``)."""
+def tree(pid: int, skip: str = "") -> list[int]:
+    """``pid`` and every process below it (read from ``/proc``), but those whose cgroup path holds
+    ``skip`` (the slice: a job already running in its own job cgroup stays under its own cap)."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -84,9 +85,18 @@ def tree(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
         current = todo.pop()
-        out.append(current)
+        if not (skip and _in_cgroup(current, skip)):
+            out.append(current)
         todo += children.get(current, [])
     return out
+
+
+def _in_cgroup(pid: int, part: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as fh:
+            return part in fh.read()
+    except OSError:
+        return False
 
 
 def placeable(settings: Settings, pid: int) -> str | None:
@@ -177,9 +187,10 @@ def place(settings: Settings, pid: int, label: str, say: Callable[[str], None]) 
         job = here.backend.create_session(holder, cap, settings.sessions.high_mark(cap))
         job.held_by(booked.link)
         outcome.cgroup = job.path
-        job.take([p for p in tree(pid) if p != me])  # this process may still be the hook's child
+        inside = here.backend.slice_dir.removeprefix(getattr(here.backend, "mount", "").rstrip("/"))
+        job.take([p for p in tree(pid, inside) if p != me])  # this process may be the hook's child
         try:  # those forked while the first ones were moved (the rest are born inside)
-            job.take([p for p in tree(pid) if p != me])
+            job.take([p for p in tree(pid, inside) if p != me])
         except HostrunError as exc:
             say(f"{label}: some of its processes could not be moved in: {exc}")
         say(f"{label}: placed in {job.path}")

@@ -8,6 +8,7 @@ import os
 import shlex
 import signal
 import subprocess
+import textwrap
 from typing import Any
 
 from tests.conftest import Hostrun, wait_for
@@ -47,3 +48,36 @@ class SessionWithJob:
             proc.terminate()
         for proc in self.procs:
             proc.wait(timeout=60)
+
+
+# A stand-in agent (tests/test_session_place.py, tests/test_vm_sessions.py, bench/bench_session.py):
+# named as the client's process is, with a tool child, it runs the SessionStart hook as Claude Code
+# does (``sh -c``), then writes where it and its tool are until told to end (or to balloon).
+AGENT = textwrap.dedent("""\
+    import json, os, subprocess, sys, time
+    open("/proc/self/comm", "w").write("fake-agent")  # as the client's own process is named
+    hook, out, go = sys.argv[1], sys.argv[2], sys.argv[3]
+    if sys.argv[4:] == ["subreaper"]:  # orphans below it become its children: the placer too
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    tool = subprocess.Popen(["sleep", "300"])
+    job = subprocess.Popen(os.environ["AGENT_JOB"], shell=True) if os.environ.get("AGENT_JOB") else None
+    while os.environ.get("AGENT_JOB_READY") and not os.path.exists(os.environ["AGENT_JOB_READY"]):
+        time.sleep(0.05)  # the job runs in its own cgroup before the session starts
+    answer = subprocess.run(["sh", "-c", hook], input=sys.stdin.read(), capture_output=True, text=True)
+    with open(out + ".hook", "w") as fh:
+        fh.write(answer.stdout)
+    while not os.path.exists(go):
+        with open(out + ".tmp", "w") as fh:
+            fh.write(open("/proc/self/cgroup").read() + "TOOL " + open(f"/proc/{tool.pid}/cgroup").read())
+        os.replace(out + ".tmp", out)
+        time.sleep(0.1)
+    what = open(go).read()
+    if what == "balloon":
+        x = bytearray(400 << 20)
+        time.sleep(5)
+    tool.kill()
+    if job is not None:
+        job.terminate()
+        job.wait()
+""")
