@@ -153,7 +153,9 @@ def place(settings: Settings, pid: int, label: str, say: Callable[[str], None]) 
     here = LocalSlice(settings)
     label = session_label(argv, label)
     cap, why = session_cap(settings, here, label, None)
-    say(f"placing {label} (pid {pid}, started {started}): cap {cap} ({why})")
+    from dispatch.core.units import format_size
+
+    say(f"placing {label} (pid {pid}, started {started}): cap {format_size(cap)} ({why})")
     request = RunRequest(argv=argv, label=label, cap=cap, role="session")
 
     def agent_ended_first() -> None:  # while booked and waiting: its connection closes with us
