@@ -96,3 +96,23 @@ def test_a_users_session_from_a_login_shell_is_told_why_it_cannot_be_placed(gues
     hook = out.split("WHERE", 1)[0]
     assert "cannot be placed" in hook and "user manager" in hook, out
     assert "hostrun-session-" not in out.split("WHERE", 1)[1]
+
+
+@pytest.mark.parametrize("user", ["root", "dev"])
+def test_sessions_that_would_overfill_their_slice_are_admitted_up_to_what_fits(guest: Any,
+                                                                               user: str) -> None:
+    """Booked at 80 MiB each in a 180 MiB sessions slice: two run at once, the third waits (saying
+    the sessions slice holds it) and runs once one has ended."""
+    g = guest(user, extra='[sessions]\nshare = 0.6\ncap = "100M"\nfirst_booking = "80M"\n')
+    run = [g.hostrun_cmd("session", "--label", f"s{i}", "--", "sh", "-c",
+                         f"date +%s.%N > {g.dir}/s{i}; sleep 3; date +%s.%N >> {g.dir}/s{i}")
+           for i in range(3)]
+    script = (f"{run[0]} & a=$!; {run[1]} & b=$!; "
+              f"while [ ! -e {g.dir}/s0 ] || [ ! -e {g.dir}/s1 ]; do sleep 0.1; done; "
+              f"{run[2]} 2>{g.dir}/third.err; echo $?; wait $a; echo $?; wait $b; echo $?; "
+              f"cat {g.dir}/s0 {g.dir}/s1 {g.dir}/s2; grep -c 'sessions slice' {g.dir}/third.err")
+    out = g.sh(script).stdout.split()
+    assert out[:3] == ["0", "0", "0"], out
+    s0, s1, s2 = (tuple(float(x) for x in out[3 + 2 * i:5 + 2 * i]) for i in range(3))
+    assert s2[0] >= min(s0[1], s1[1]) - 0.05, out  # the third started once one had ended
+    assert int(out[-1]) >= 1, out  # its waiting line named the sessions slice

@@ -45,7 +45,8 @@ def test_spec_round_trips_through_json_with_non_utf8_arguments() -> None:
 
 
 def test_every_request_field_but_argv_and_env_travels() -> None:
-    assert set(CARRIED) == set(RunRequest._fields) - {"argv", "env"}
+    """``role`` stays too: a peer runs jobs, never an agent session (``hostrun session`` is local)."""
+    assert set(CARRIED) == set(RunRequest._fields) - {"argv", "env", "role"}
     full = _full_spec().request
     defaults = RunRequest._field_defaults
     assert all(getattr(full, name) != defaults[name] for name in CARRIED)  # the round trip proves each

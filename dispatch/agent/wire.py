@@ -24,7 +24,9 @@ if MYPY:
 # What of the request travels as a JSON value. The arguments travel as their bytes (``argv_b64``:
 # base64 of ``os.fsencode``), exact whatever they are and whatever the peer's encoding; the
 # environment never travels (the job runs in the agent's environment, on the peer).
-CARRIED = tuple(name for name in RunRequest._fields if name not in ("argv", "env"))
+# Not carried: argv (as bytes, below), env (stays on the controller), role (a peer runs jobs; an
+# agent session runs where its agent does, ``hostrun session`` has no --peer).
+CARRIED = tuple(name for name in RunRequest._fields if name not in ("argv", "env", "role"))
 
 
 class RunSpec(NamedTuple):

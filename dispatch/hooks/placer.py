@@ -9,6 +9,7 @@ import sys
 import time
 
 from dispatch.core.errors import HostrunError
+from dispatch.core.exitcodes import ExitCode
 
 
 def start(config: str | None, pid: int, label: str) -> None:
@@ -48,7 +49,7 @@ def main(argv: list[str]) -> int:
         return place(settings, pid, label, say)
     except (HostrunError, OSError) as exc:
         say(f"could not place the session of pid {pid}: {exc}")
-        return 78
+        return int(ExitCode.NOT_RUN)
 
 
 if __name__ == "__main__":
