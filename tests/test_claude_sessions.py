@@ -11,6 +11,8 @@ says it runs in a sandbox: these runs set it (a throwaway home, loopback only).
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,7 @@ from pathlib import Path
 from dispatch.core.exitcodes import ExitCode
 from tests.conftest import Hostrun, wait_for
 from tests.support.claudeapi import FakeMessagesAPI
-from tests.support.claudeclient import Claude
+from tests.support.claudeclient import Claude, Terminal
 from tests.support.claudefixtures import api, claude, client_binary, project
 
 __all__ = ["api", "claude", "client_binary"]  # fixtures, used by name
@@ -102,3 +104,58 @@ def test_a_session_started_without_the_wrapper_is_placed_at_its_start(
     peaks = {p["label"]: p for p in json.loads(hostrun.run("ledger", "--json").stdout)["peaks"]}
     # What it allocated once inside: the kernel does not move what was charged before (docs/agents.md)
     assert peaks["session:claude"]["max_peak"] > 0, peaks
+
+
+def _cgroup_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/cgroup").read_text()
+
+
+def test_the_terminal_ui_is_placed_at_its_start_and_released_when_it_quits(
+        hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI, tmp_path: Path) -> None:
+    """The client's terminal UI in tmux, started as plain ``claude`` with ``[sessions] place = true``
+    and the hooks installed: at its start it is booked as ``session:claude`` and its process moved
+    into the sessions slice; ``/exit`` ends it, and its booking is released and its peak recorded."""
+    tree = project(hostrun, tmp_path, "remind")
+    hostrun.configure(slice="4G", top='[sessions]\nplace = true\nshare = 1\ncap = "3G"\n'
+                                      'first_booking = "512M"\n')
+    ui = Terminal(claude, tree, f"hostrun-cs-{os.getpid()}")
+    try:
+        wait_for(lambda: "\u276f" in ui.screen(), timeout=60, interval=0.5)  # its prompt
+        pid = ui.pid  # the pane runs ``env … claude``: env execs the client
+        wait_for(lambda: f"{hostrun.cgroup}/sessions/session-" in _cgroup_of(pid), timeout=60, interval=0.3)
+        assert [(b[1], b[2]) for b in hostrun.bookings()] == [("session:claude", "running")]
+        ui.send("/exit", "Enter")
+        wait_for(lambda: hostrun.bookings() == [], timeout=60, interval=0.3)
+    finally:
+        ui.close()
+    peaks = {p["label"] for p in json.loads(hostrun.run("ledger", "--json").stdout)["peaks"]}
+    assert "session:claude" in peaks
+
+
+def test_the_terminal_ui_runs_under_hostrun_session(hostrun: Hostrun, claude: Claude, api: FakeMessagesAPI,
+                                                    tmp_path: Path) -> None:
+    """``hostrun session -- claude`` in a terminal: the UI comes up (the terminal handed to it),
+    its process is in the session's cgroup, and ``/exit`` ends the session 0 with its peak recorded."""
+    tree = _tree(hostrun, tmp_path)
+    argv = hostrun.argv("session", "--label", "tui", "--result-file", str(tmp_path / "r.json"), "--",
+                        str(claude.binary))
+    state = {"hasCompletedOnboarding": True, "theme": "dark",
+             "customApiKeyResponses": {"approved": ["sk-fake-test"], "rejected": []},
+             "projects": {str(tree): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}}}
+    (claude.home / ".claude.json").write_text(json.dumps(state))
+    name = f"hostrun-cst-{os.getpid()}"
+    words = ["env", *(f"{k}={v}" for k, v in claude.env().items()), *argv]
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "160", "-y", "50", "-c", str(tree),
+                    " ".join(map(shlex.quote, words))], check=True, timeout=30)
+    try:
+        screen = lambda: subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True,  # noqa: E731
+                                        text=True, timeout=30).stdout
+        wait_for(lambda: "\u276f" in screen(), timeout=60, interval=0.5)
+        (session_dir,) = wait_for(lambda: list(hostrun.slice_dir.glob("sessions/session-*")), timeout=30)
+        assert (session_dir / "cgroup.procs").read_text().split()  # the client runs in it
+        subprocess.run(["tmux", "send-keys", "-t", name, "/exit", "Enter"], check=True, timeout=30)
+        wait_for(lambda: (tmp_path / "r.json").exists(), timeout=60, interval=0.3)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True, timeout=30, check=False)
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["exit_code"] == 0 and result["label"] == "session:tui", result

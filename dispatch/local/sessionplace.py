@@ -36,7 +36,7 @@ MYPY = False
 if MYPY:
     from collections.abc import Callable
 
-    from dispatch.capping.base import JobCgroup
+    from dispatch.capping.base import CapBackend, JobCgroup
     from dispatch.core.outcome import Outcome
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import Settings
@@ -76,6 +76,8 @@ def agent_process(start: int | None = None) -> int | None:
 def tree(pid: int, skip: str = "") -> list[int]:
     """``pid`` and every process below it (read from ``/proc``), but those whose cgroup path holds
     ``skip`` (the slice: a job already running in its own job cgroup stays under its own cap)."""
+    from dispatch.local.sessionties import holder_cgroup
+
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -85,54 +87,37 @@ def tree(pid: int, skip: str = "") -> list[int]:
     out, todo = [], [pid]
     while todo:
         current = todo.pop()
-        if not (skip and _in_cgroup(current, skip)):
+        if not (skip and skip in (holder_cgroup(current) or "")):
             out.append(current)
         todo += children.get(current, [])
     return out
 
 
-def _in_cgroup(pid: int, part: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as fh:
-            return part in fh.read()
-    except OSError:
-        return False
+def slice_path(backend: CapBackend) -> str:
+    """The slice's cgroup path as ``/proc/PID/cgroup`` names it ("" for a backend without one)."""
+    return getattr(backend, "slice_path", "")
 
 
 def placeable(settings: Settings, pid: int) -> str | None:
     """Why the agent ``pid`` cannot be placed here (one line), or None: a backend that runs sessions,
     and a process not already in a session's or a job's cgroup."""
     from dispatch.local.hostslice import LocalSlice
+    from dispatch.local.sessionties import holder_cgroup
 
     backend = LocalSlice(settings).backend
     if backend.session_form is None:
         return (f"the {backend.name} memory-cap backend here runs no agent sessions; this session "
                 "runs outside hostrun's sessions slice")
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError:
+    own = holder_cgroup(pid)
+    if own is None:
         return "the agent's process is gone"
-    inside = backend.slice_dir.removeprefix(getattr(backend, "mount", "").rstrip("/"))
-    if inside and inside in text:
+    inside = slice_path(backend)
+    if inside and inside in own:
         return "already under hostrun (a session's or a job's cgroup)"
-    own = _memory_cgroup(text)
-    problem = backend.take_problem(own) if own is not None else "its cgroup could not be read"
+    problem = backend.take_problem(own)
     if problem is not None:
         return f"this session cannot be placed in hostrun's sessions slice: {problem}"
     return None
-
-
-def _memory_cgroup(text: str) -> str | None:
-    """The memory controller's cgroup in a ``/proc/PID/cgroup`` (v1 ``N:memory:/…``, else v2 ``0::/…``)."""
-    found = None
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3 and "memory" in parts[1].split(","):
-            return parts[2]
-        if len(parts) == 3 and parts[0] == "0" and parts[1] == "":
-            found = parts[2]
-    return found
 
 
 def place(settings: Settings, pid: int, label: str, say: Callable[[str], None]) -> int:
@@ -189,7 +174,7 @@ def place(settings: Settings, pid: int, label: str, say: Callable[[str], None]) 
         job = here.backend.create_session(holder, cap, settings.sessions.high_mark(cap))
         job.held_by(booked.link)
         outcome.cgroup = job.path
-        inside = here.backend.slice_dir.removeprefix(getattr(here.backend, "mount", "").rstrip("/"))
+        inside = slice_path(here.backend)
         job.take([p for p in tree(pid, inside) if p != me])  # this process may be the hook's child
         try:  # those forked while the first ones were moved (the rest are born inside)
             job.take([p for p in tree(pid, inside) if p != me])
