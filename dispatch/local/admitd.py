@@ -135,8 +135,9 @@ class Engine(LineServer):
         self._unheld_since: float | None = None  # when the open ledger's last booking went
         self.log_path = log_path(settings.state_dir)
         self.waiting: set[int] = set()  # the held bookings that wait
-        # Running bookings whose connection dropped while their holder still showed alive (it was
-        # exiting): looked at again each tick, their job ended once the holder is gone (``_end_orphan``).
+        # Running bookings whose connection dropped: their job ended once the holder is gone
+        # (``_end_orphan``), looked at at once and each tick (a killed holder's socket closes before
+        # it is a zombie).
         self.orphans: dict[int, tuple[Booking, float]] = {}
         self.pids: dict[int, int] = {}  # each held booking's holder (its pid)
         # A --gpu-memory booking's devices (its CUDA_VISIBLE_DEVICES; None: any), and the GPUs'
@@ -539,12 +540,12 @@ class Engine(LineServer):
             except HostrunError as exc:
                 self.log(f"cannot release booking {booking_id}: {exc}")
                 continue
-            if row is not None and not self.shared and not is_alive(row.pid, row.pid_start):
-                self._end_orphan(row)
-            elif row is not None:
-                if not self.shared:  # its socket closes before it is a zombie: looked at again
+            if row is not None:
+                if not self.shared:  # its holder may be dying: its job ends with it (``orphans``)
                     self.orphans[booking_id] = (row, time.monotonic() + ORPHAN_WATCH)
                 self._remove_if_empty(row)
+        if self.orphans:
+            self._check_orphans()
         if client.bookings:  # a run that released before it closed changes nothing here
             self.changed = True
         client.bookings.clear()
