@@ -397,20 +397,22 @@ class SystemdBackend(Cgroup2Backend):
     def ensure_slice(self, limit: int) -> None:
         """The slice's limits through systemd (runtime only), and the slice started, so its cgroup
         and counters exist before the first job."""
+        self._ensure_unit(self.slice_unit, self.slice_dir, limit)
+
+    def _ensure_unit(self, unit: str, directory: str, limit: int) -> None:
+        """A slice unit limited to ``limit`` (swap 0) and started, unless it already is."""
         try:
-            if self.limit_is(self.slice_dir, limit):
+            if self.limit_is(directory, limit):
                 return  # already right: no round trip on every job
         except (OSError, ValueError):
             pass
         manager = self._require_manager()
         try:
-            manager.set_properties(self.slice_unit, [("MemoryMax", ("t", limit)),
-                                                     ("MemorySwapMax", ("t", 0))])
-            if not os.path.isdir(self.slice_dir):
-                manager.start(self.slice_unit)
+            manager.set_properties(unit, [("MemoryMax", ("t", limit)), ("MemorySwapMax", ("t", 0))])
+            if not os.path.isdir(directory):
+                manager.start(unit)
         except BackendError as exc:
-            raise BackendError(f"cannot set limits on {self.slice_unit} through {manager.label}: "
-                               f"{exc}") from None
+            raise BackendError(f"cannot set limits on {unit} through {manager.label}: {exc}") from None
 
     def take_problem(self, cgroup: str) -> str | None:
         """A user manager moves only processes inside its own subtree (``user@UID.service``): not a
@@ -427,20 +429,7 @@ class SystemdBackend(Cgroup2Backend):
 
     def ensure_sessions(self, limit: int) -> None:
         """The sessions slice's limits through systemd (runtime only), and the slice started."""
-        try:
-            if self.limit_is(self.sessions_dir, limit):
-                return
-        except (OSError, ValueError):
-            pass
-        manager = self._require_manager()
-        try:
-            manager.set_properties(self.sessions_unit, [("MemoryMax", ("t", limit)),
-                                                        ("MemorySwapMax", ("t", 0))])
-            if not os.path.isdir(self.sessions_dir):
-                manager.start(self.sessions_unit)
-        except BackendError as exc:
-            raise BackendError(f"cannot set limits on {self.sessions_unit} through {manager.label}: "
-                               f"{exc}") from None
+        self._ensure_unit(self.sessions_unit, self.sessions_dir, limit)
 
     def create_session(self, job_id: str, cap: int, high: int) -> SystemdJob:
         """A session's scope in the sessions slice: capped, held back above ``high``
