@@ -72,7 +72,7 @@ def _place(settings: Settings) -> list[str]:
     process (``dispatch.hooks.placer``); what was done, or why it cannot be, said once (at its start
     or resume, not after a compaction)."""
     from dispatch.core.errors import HostrunError
-    from dispatch.local.sessionplace import agent_process, placeable
+    from dispatch.local.sessionplace import ALREADY, agent_process, placeable
 
     pid = agent_process()
     if pid is None:
@@ -83,7 +83,7 @@ def _place(settings: Settings) -> list[str]:
     except HostrunError as exc:
         why = str(exc)
     if why is not None:
-        return [] if why.startswith("already under") else [f"hostrun: {why}."]
+        return [] if why == ALREADY else [f"hostrun: {why}."]
     from dispatch.hooks import placer
 
     placer.start(settings.source if os.path.isfile(settings.source) else None, pid, "claude")

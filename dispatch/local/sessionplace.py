@@ -43,6 +43,7 @@ if MYPY:
     from dispatch.local.admitclient import Link
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "fish", "ksh", "env", "timeout"})
+ALREADY = "already under hostrun (a session's or a job's cgroup)"  # placeable: nothing to say
 SAMPLE_EVERY = 1.0  # seconds: the session's peak and its OOM check while it runs
 
 
@@ -113,7 +114,7 @@ def placeable(settings: Settings, pid: int) -> str | None:
         return "the agent's process is gone"
     inside = slice_path(backend)
     if inside and inside in own:
-        return "already under hostrun (a session's or a job's cgroup)"
+        return ALREADY
     problem = backend.take_problem(own)
     if problem is not None:
         return f"this session cannot be placed in hostrun's sessions slice: {problem}"
