@@ -331,3 +331,40 @@ def test_odd_session_keys_from_a_peer_break_nothing(tmp_path: Path) -> None:
     assert "s " in plain(layout(shown, 80))
     [_, grid] = local.describe(report)  # type: ignore[arg-type]
     assert [row[-1].text for row in grid.rows] == ["session, 0 jobs", "-", "#99"]  # type: ignore[union-attr]
+
+
+def test_a_failing_history_read_is_said_and_stop_waits_for_the_reader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any error while reading this machine's history (not only hostrun's and the OS's) becomes a
+    note on the screen and the reader goes on; ``stop`` waits for the reader, so that the interpreter's
+    shutdown never cuts it halfway (a thread's traceback on the user's terminal after ``q``: seen once
+    on CI)."""
+    import threading
+
+    from dispatch.placement.hostwatch import HostWatch
+    from tests.conftest import wait_for
+
+    cfg = tmp_path / "hosts.toml"
+    cfg.write_text(f"state_dir = '{tmp_path}/state'\n[hosts.local]\n")
+    watch = HostWatch(validate_file(str(cfg)), 0.05, ["local"])
+    calls: list[int] = []
+    reading = threading.Event()
+    release = threading.Event()
+
+    def failing() -> Any:
+        calls.append(1)
+        if len(calls) >= 3:
+            reading.set()
+            release.wait(5)
+        raise ValueError("a row the reader did not expect")
+
+    monkeypatch.setattr(watch, "history_and_alerts", failing)
+    monkeypatch.setattr(watch, "hosts", [])
+    watch.start()
+    try:
+        wait_for(lambda: reading.is_set(), timeout=10)
+        assert watch.here()[2] == ["history: ValueError: a row the reader did not expect"]
+    finally:
+        threading.Timer(0.3, release.set).start()
+        watch.stop()
+    assert watch._here_thread is not None and not watch._here_thread.is_alive()

@@ -24,6 +24,7 @@ OUTCOMES = 20  # the history's latest runs a frame may show
 ALERTS = 10  # the alerts a frame may show
 ALERT_TAIL = 64 * 1024  # without a session, the recent alerts are read from the file's last bytes
 NOT_READ = "not read yet"
+STOP_WAIT = 2.0  # seconds ``stop`` waits for the history's reader to finish its read
 RETRY = 5.0  # seconds between tries of a host that could not be read (each may cost an ssh login)
 
 
@@ -48,16 +49,22 @@ class HostWatch:
         self._alerts: list[dict[str, Any]] = []
         self._notes: list[str] = []
         self._here_read = False
+        self._here_thread: threading.Thread | None = None
         self.session = os.environ.get("HOSTRUN_SESSION") or None
 
     def start(self) -> None:
         for host in self.hosts:
             threading.Thread(target=self._read_host, args=(host,), daemon=True,
                              name=f"top-{host.name}").start()
-        threading.Thread(target=self._read_here, daemon=True, name="top-history").start()
+        self._here_thread = threading.Thread(target=self._read_here, daemon=True, name="top-history")
+        self._here_thread.start()
 
     def stop(self) -> None:
+        """Stop the readers; the history's reader is waited for (briefly), so that it is not cut
+        by the interpreter's shutdown halfway through a read (a traceback on the user's terminal)."""
         self._stop.set()
+        if self._here_thread is not None:
+            self._here_thread.join(STOP_WAIT)
 
     def _read_host(self, host: Host) -> None:
         while not self._stop.is_set():
@@ -80,7 +87,10 @@ class HostWatch:
     def _read_here(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            runs, alerts, notes = self.history_and_alerts()
+            try:
+                runs, alerts, notes = self.history_and_alerts()
+            except Exception as exc:  # as in _read_host: said on the screen, the thread goes on
+                runs, alerts, notes = self._runs, self._alerts, [f"history: {type(exc).__name__}: {exc}"]
             with self._lock:
                 self._runs, self._alerts = runs, alerts
                 self._notes = list(dict.fromkeys(self._notes + notes))[-3:]
