@@ -78,7 +78,7 @@ def write_config(tmp: str, slice_size: str) -> tuple[str, str | None]:
 
 
 def engines(state_dir: str) -> list[int]:
-    """The admission engine processes of ``state_dir`` (dispatch.local.admitd)."""
+    """The admission engine processes of ``state_dir`` (dispatch.local.engine.admitd)."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -88,7 +88,7 @@ def engines(state_dir: str) -> list[int]:
                 argv = fh.read().split(b"\0")
         except OSError:
             continue
-        if b"dispatch.local.admitd" in argv and state_dir.encode() in argv:
+        if b"dispatch.local.engine.admitd" in argv and state_dir.encode() in argv:
             found.append(int(name))
     return found
 

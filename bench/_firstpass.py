@@ -3,7 +3,7 @@ recorded peak or duration), simulated with zero overheads, under its own rule an
 does not have, so the real row can be told apart from what its policy allows at all.
 
 The model, as hostrun runs a first pass (docs/admission.md, "Requeue", "The guess"): every job is
-booked as a gamble at ``dispatch.local.booking.guess`` (half its cap, lowered by the peaks of the
+booked as a gamble at ``dispatch.local.admission.booking.guess`` (half its cap, lowered by the peaks of the
 program's last 20 clean runs), oom_score_adj 1000; each uses what ``job.py`` holds over time
 (``_packsim.ramp_profile``) plus the interpreter's own pages. Room is the slice less the running
 bookings and the use above them, as admission counts it. When the running jobs' use passes the
@@ -24,9 +24,9 @@ from collections.abc import Sequence
 
 from _packsim import EPS, MIB, Job, duration, ramp_profile
 
-from dispatch.local.backfill import estimate, shadow
-from dispatch.local.backfill import jump as may_jump
-from dispatch.local.booking import guess
+from dispatch.local.admission.backfill import estimate, shadow
+from dispatch.local.admission.backfill import jump as may_jump
+from dispatch.local.admission.booking import guess
 
 POLICIES = ("fifo", "easy-program", "greedy")
 RECENT = 20  # booking.guess's evidence: the program's last runs (GUESS_RUNS)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from dispatch.local.backfill import INF, estimate, shadow
+from dispatch.local.admission.backfill import INF, estimate, shadow
 
 MIB = 1 << 20
 EPS = 1e-9
@@ -122,8 +122,8 @@ def list_schedule(profiles: Sequence[Sequence[Step]], order: Sequence[int], cap:
 def easy_schedule(jobs: Sequence[Job], order: Sequence[int], cap: int,
                   estimate: Callable[[float], float], extra_mib: float = 0.0
                   ) -> tuple[float, dict[int, float]]:
-    """hostrun's EASY backfill (``dispatch.local.backfill.decide``) on whole-peak bookings, each job's
-    estimate ``estimate(duration)``: at every job end, each waiter in queue order is admitted when it
+    """hostrun's EASY backfill (``dispatch.local.admission.backfill.decide``) on whole-peak bookings, each
+    job's estimate ``estimate(duration)``: at every job end, each waiter in queue order is admitted when it
     fits ahead of the first blocked one (the head), or jumps it by ending by the head's shadow or
     fitting in the room left at the shadow. (makespan, start per job)."""
     size = [whole_profile(j, extra_mib)[0][2] for j in jobs]

@@ -66,7 +66,8 @@ def main() -> None:
     mark("started")
     import dispatch.cli.main  # noqa: F401  (what the console script imports first)
     from dispatch.cli import entry
-    from dispatch.local import admitclient, jobwatch, runner, spawn  # (hostrun: the runner once admitted)
+    from dispatch.local.engine import admitclient  # (hostrun: the runner once admitted)
+    from dispatch.local.run import jobwatch, runner, spawn
 
     mark("imported")
     wrap(admitclient.Link, "plan", None, "queued")

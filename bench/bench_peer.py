@@ -230,8 +230,8 @@ out.append(("peer: copy clean (1 = yes)", float(bool(result.get("clean")))))
 print(json.dumps(out))
 """
 
-RUN_PATH_MODULES = ("import dispatch.agent.main, dispatch.agent.run, dispatch.local.runner, "
-                    "dispatch.local.ledger, dispatch.guards.toolchain")
+RUN_PATH_MODULES = ("import dispatch.agent.main, dispatch.agent.run, dispatch.local.run.runner, "
+                    "dispatch.local.admission.ledger, dispatch.guards.toolchain")
 
 # Run with hostrun's interpreter: the local steps of `hostrun --peer`, timed in-process.
 INPROC = r"""

@@ -15,8 +15,8 @@ normalized form that every later run reads.
 
 * the same ``hostrun -- true`` with the opposite answer to "does this host have NVIDIA GPUs?": on a
   host without GPUs, a fake ``/proc/driver/nvidia/gpus`` with one entry (``HOSTRUN_NVIDIA_PROC``, the
-  test hook), so every job imports ``dispatch.local.kernlog`` and watches the real ``/dev/kmsg``; on a host
-  with GPUs, an empty one. It runs with dispatch's bytecode cached, as the ``[*]`` series, and its
+  test hook), so every job imports ``dispatch.local.gpus.kernlog`` and watches the real ``/dev/kmsg``; on a
+  host with GPUs, an empty one. It runs with dispatch's bytecode cached, as the ``[*]`` series, and its
   difference to that series is what the kernel-log watch costs per job on a GPU host
   (``--no-gpu-series`` skips it).
 
@@ -25,7 +25,7 @@ Reported: median, p10 and p90 wall time of each, the ratio of the medians and th
 with the children each process waited for: a hostrun's guardian and job), which other sessions' load
 moves far less than wall time; then the
 top entries of ``python -X importtime -m dispatch -- true`` by cumulative import time, and whether
-``dispatch.local.kernlog`` and ``dispatch.local.gpu`` were imported (neither without GPUs).
+``dispatch.local.gpus.kernlog`` and ``dispatch.local.gpus.gpu`` were imported (neither without GPUs).
 
 Isolation: a private temporary config (own ``state_dir``, own slice cgroup
 ``<this process's memory cgroup>/hostrun-bench-<pid>``, own ``XDG_CACHE_HOME`` for the config cache),
@@ -174,7 +174,8 @@ def importtime_profile(python: str, config: str, env: dict[str, str], top: int,
     if not rows:
         print("  (no importtime output)")
         return
-    for module in ("dispatch.local.kernlog", "dispatch.local.gpu"):  # loaded on a GPU host / for --gpu-memory
+    # loaded on a GPU host / for --gpu-memory
+    for module in ("dispatch.local.gpus.kernlog", "dispatch.local.gpus.gpu"):
         found = [r for r in rows if r[2].strip() == module]
         print(f"  {module} imported: " + (f"yes, {found[0][1] / 1000:.1f} ms cumulative" if found else "no"))
     total_self = sum(r[0] for r in rows)

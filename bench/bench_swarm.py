@@ -109,7 +109,7 @@ def _engine_of(state_dir: str) -> int | None:
 
 
 def _parked(pid: int) -> bool:
-    """A waiting run parked (dispatch/local/park.py): its process runs parked.py."""
+    """A waiting run parked (dispatch/local/engine/park.py): its process runs parked.py."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             return any(arg.endswith(b"/parked.py") for arg in fh.read().split(b"\0"))
@@ -120,7 +120,7 @@ def _parked(pid: int) -> bool:
 def park_after(env: dict[str, str]) -> float:
     """Seconds a run waits far from its turn before it parks (the hostrun measured: on sys.path)."""
     try:
-        from dispatch.local.park import park_after as after
+        from dispatch.local.engine.park import park_after as after
     except ImportError:  # a hostrun from before park-after: it parks at the engine's first word
         return 0.0
     return float(after(env))

@@ -219,7 +219,7 @@ class Hostrun:
                 argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"dispatch.local.admitd" in argv and str(self.state_dir).encode() in argv:
+            if b"dispatch.local.engine.admitd" in argv and str(self.state_dir).encode() in argv:
                 found.append(int(name))
         return found
 

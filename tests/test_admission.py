@@ -12,9 +12,9 @@ import pytest
 
 from dispatch.core.procinfo import is_stopped, start_time
 from dispatch.core.units import GiB, MiB
-from dispatch.local.admitpolicy import Room
-from dispatch.local.ledger import Ledger
-from dispatch.local.ledgerdb import Booking
+from dispatch.local.admission.ledger import Ledger
+from dispatch.local.admission.policy import Room
+from dispatch.local.store.ledgerdb import Booking
 from tests.conftest import Hostrun, pid_alive, wait_for
 
 

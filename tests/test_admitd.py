@@ -1,4 +1,4 @@
-"""The admission engine (dispatch/local/admitd.py) with real runs, cgroups and processes: a swarm
+"""The admission engine (dispatch/local/engine/admitd.py) with real runs, cgroups and processes: a swarm
 behind a full slice, the engine killed under waiting runs, a waiting client killed, two runs that
 start it at once, its idle exit, a run that cannot start it, and where ``doctor`` and ``report`` say
 it runs.
@@ -214,7 +214,7 @@ def test_a_requests_hand_made_json_reads_back_as_json_does() -> None:
     undecodable argv bytes)."""
     import json
 
-    from dispatch.local.admitclient import encode_request
+    from dispatch.local.engine.admitclient import encode_request
 
     texts = ['plain', 'a "quoted" \\ path', "tab\tnew\nline\x00\x1f\x7f", "ünïcødé ✓", "emoji 🚀 \U0001d518",
              b"bad \xff\xfe bytes".decode("utf-8", "surrogateescape"), ""]
@@ -245,7 +245,7 @@ def _hello(path: str) -> dict[str, Any]:
     """The engine's own answer to ``hello`` on its socket (not through ``admitclient.where``)."""
     import socket
 
-    from dispatch.local.admitclient import unix_address
+    from dispatch.local.engine.admitclient import unix_address
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
@@ -339,7 +339,7 @@ def test_a_waiting_run_gets_ready_once_when_the_engine_says_its_turn_is_near(tmp
     import socket
 
     from dispatch.core.settings import Settings
-    from dispatch.local.admitclient import Link
+    from dispatch.local.engine.admitclient import Link
 
     def frame(message: dict[str, Any]) -> bytes:
         data = marshal.dumps(message)

@@ -1,4 +1,4 @@
-"""The admission policy on its own (``dispatch.local.admitpolicy``): bookings in, verdict out, no
+"""The admission policy on its own (``dispatch.local.admission.policy``): bookings in, verdict out, no
 SQLite, no processes. The ledger's tests (test_admission, test_backfill, test_gpu) cover the same
 rules through the store and real waiters."""
 
@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from dispatch.core.units import GiB
-from dispatch.local.admitpolicy import Admission, Room, evaluate, passed_over
-from dispatch.local.ledgerdb import Booking
+from dispatch.local.admission.policy import Admission, Room, evaluate, passed_over
+from dispatch.local.store.ledgerdb import Booking
 
 NOW = 1_000_000.0
 

@@ -12,9 +12,9 @@ import pytest
 
 from dispatch.core.configfile import settings_from_dict
 from dispatch.core.errors import ConfigError
-from dispatch.local.backfill import INF, Shadow, decide, estimate, expected_end, jump, shadow
-from dispatch.local.ledger import Ledger
-from dispatch.local.ledgerdb import Booking
+from dispatch.local.admission.backfill import INF, Shadow, decide, estimate, expected_end, jump, shadow
+from dispatch.local.admission.ledger import Ledger
+from dispatch.local.store.ledgerdb import Booking
 from tests.conftest import Hostrun, wait_for
 from tests.support.handoff import no_status, start_holder, waiting_id
 

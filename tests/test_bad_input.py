@@ -19,7 +19,7 @@ from dispatch.core.exitcodes import ExitCode
 from dispatch.core.procinfo import start_time
 from dispatch.core.text import check_name, printable
 from dispatch.core.units import MiB
-from dispatch.local.ledger import Ledger
+from dispatch.local.admission.ledger import Ledger
 from tests.conftest import Hostrun, wait_for
 
 FORGED = "x\nhostrun: exit 250 (own-cap): the job was OOM-killed at its own cap"

@@ -113,8 +113,8 @@ def test_simulated_rows_bracketed_by_the_bounds(monkeypatch: pytest.MonkeyPatch)
 def test_easy_scan_is_hostruns_decide() -> None:
     """The simulated EASY scan admits exactly whom hostrun's own ``backfill.decide`` admits, on
     random queues and running sets (hostrun's estimates), so its rows say what hostrun's policy does."""
-    from dispatch.local import backfill
-    from dispatch.local.ledgerdb import Booking
+    from dispatch.local.admission import backfill
+    from dispatch.local.store.ledgerdb import Booking
 
     rng = random.Random(5)
     now = 100.0

@@ -57,9 +57,9 @@ def test_the_rule_holds_through_a_rebuild_from_the_journal(tmp_path: Path) -> No
     """The journal carries each run's event, so a rebuilt peak table is the one that was there:
     a failed first run leaves no booking peak, a run that hit its own cap sets one (booked at its
     cap for good anyway), a success sets it."""
-    from dispatch.local.booking import plan_booking
-    from dispatch.local.ledger import Ledger
-    from dispatch.local.ledgerdb import FAILED, NO_EVENT, OOM_KILLED
+    from dispatch.local.admission.booking import plan_booking
+    from dispatch.local.admission.ledger import Ledger
+    from dispatch.local.store.ledgerdb import FAILED, NO_EVENT, OOM_KILLED
 
     state = tmp_path / "state"
     ledger = Ledger(str(state), lambda line: None, lambda: [])

@@ -43,7 +43,7 @@ def test_name_is_remembered_and_any_change_to_a_source_is_seen(copy: Path, tmp_p
     remembered.write_text(f"{stamp} 0.1.0-remembered\n")
     assert agent_name(copy, cache) == "0.1.0-remembered"  # read back, not recomputed
 
-    source = copy / "dispatch" / "local" / "ledger.py"
+    source = copy / "dispatch" / "local" / "admission" / "ledger.py"
     before = source.stat()
     data = source.read_bytes()
     source.write_bytes(data.replace(b"import", b"IMPORT", 1))  # same size

@@ -18,6 +18,7 @@ import pytest
 
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.units import GiB, MiB
+from dispatch.local.admission.ledger import Ledger
 from dispatch.local.capacity import (
     CAP_BELOW,
     HIT_CEILING,
@@ -34,8 +35,7 @@ from dispatch.local.capacity import (
     peak_table,
     variation,
 )
-from dispatch.local.ledger import Ledger
-from dispatch.local.ledgerdb import PEAK_HISTORY, SCHEMA_VERSION, PeakRecord
+from dispatch.local.store.ledgerdb import PEAK_HISTORY, SCHEMA_VERSION, PeakRecord
 from tests.conftest import Hostrun
 
 PY = sys.executable

@@ -15,9 +15,9 @@ from typing import Any
 
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.units import GiB, MiB
+from dispatch.local.admission.ledger import Ledger
 from dispatch.local.capacity import CAP_BELOW, HIT_CEILING, OVER_SLICE, PEAKS_VARY, host_capacity
-from dispatch.local.ledger import Ledger
-from dispatch.local.sessioncapacity import (
+from dispatch.local.sessions.sessioncapacity import (
     DEFAULT,
     HALF_RULE,
     NO_FIGURES,

@@ -422,8 +422,8 @@ def test_a_ledger_path_outside_the_slice_is_never_killed_or_removed(fake: FakeCg
     """The reclaim path (``stop_reclaimed``) acts only on this slice's job cgroups. A symbolic link in
     the slice pointing out can only be made here: real cgroupfs refuses symlink() (EPERM), so
     test_cgroup_paths.py covers the other shapes against real cgroup v1."""
-    from dispatch.local.admission import stop_reclaimed
-    from dispatch.local.ledgerdb import Booking
+    from dispatch.local.admission.rooms import stop_reclaimed
+    from dispatch.local.store.ledgerdb import Booking
 
     backend = ready(fake)
     victim = fake.make("/ci/job-5-5")  # named like a job, next to the slice

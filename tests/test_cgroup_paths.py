@@ -21,7 +21,7 @@ import pytest
 from dispatch.core.errors import ConfigError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.units import MiB
-from dispatch.local.ledger import Ledger
+from dispatch.local.admission.ledger import Ledger
 from tests.conftest import Hostrun, pid_alive
 
 

@@ -27,7 +27,7 @@ def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = tmp_path / "hosts.toml"
     cfg.write_text(f"state_dir = '{tmp_path}/state'\n[hosts.local]\n[hosts.box]\nssh = 'me@box'\n")
-    from dispatch.local.ledger import Ledger
+    from dispatch.local.admission.ledger import Ledger
 
     ledger = Ledger(str(tmp_path / "state"))
     try:

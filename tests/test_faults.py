@@ -236,8 +236,8 @@ def test_a_waiter_keeps_its_place_and_admission_holds(hostrun: Hostrun, tmp_path
 def test_journal_compaction_keeps_what_a_rebuild_gives(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Compacted (P and H lines) or not, a rebuild from the journal equals the ledger it came from."""
-    from dispatch.local import peakjournal
-    from dispatch.local.ledger import Ledger
+    from dispatch.local.admission.ledger import Ledger
+    from dispatch.local.store import peakjournal
 
     monkeypatch.setattr(peakjournal, "COMPACT_AT", 4096)
     state = tmp_path / "state"
@@ -400,8 +400,8 @@ def test_a_ledger_being_created_is_never_taken_for_a_damaged_one(tmp_path: Path,
     saw "version 0 and a journal" before the commit, took it for a ledger that lost its contents,
     moved it aside and started fresh, and the bookings in it were gone. Here the second process
     opens at exactly that moment (when the first writes its journal)."""
-    from dispatch.local import peakjournal
-    from dispatch.local.ledger import Ledger
+    from dispatch.local.admission.ledger import Ledger
+    from dispatch.local.store import peakjournal
 
     state = tmp_path / "state"
     state.mkdir(mode=0o700)

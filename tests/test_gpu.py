@@ -34,9 +34,10 @@ import pytest
 from dispatch.core.errors import GpuError
 from dispatch.core.hostfacts import NVIDIA_PROC_ENV, has_nvidia_gpus
 from dispatch.core.procinfo import start_time
-from dispatch.local.admission import status_line, wait_reason
-from dispatch.local.admitpolicy import Admission, Room, choose_gpu
-from dispatch.local.gpu import (
+from dispatch.local.admission.ledger import Ledger
+from dispatch.local.admission.policy import Admission, Room, choose_gpu
+from dispatch.local.admission.rooms import status_line, wait_reason
+from dispatch.local.gpus.gpu import (
     KERNEL_LOG_ENV,
     KERNEL_PATTERNS,
     OUTPUT_PATTERNS,
@@ -54,8 +55,7 @@ from dispatch.local.gpu import (
     read_gpus,
     visible,
 )
-from dispatch.local.ledger import Ledger
-from dispatch.local.ledgerdb import SCHEMA_VERSION, Booking
+from dispatch.local.store.ledgerdb import SCHEMA_VERSION, Booking
 from tests.conftest import Hostrun, wait_for
 from tests.support.gpus import FakeGpus
 

@@ -170,7 +170,7 @@ def test_foreign_text_is_stored_and_printed_escaped(hostrun: Hostrun) -> None:
 def test_an_older_ledger_gains_the_runs_table(hostrun: Hostrun) -> None:
     hostrun.state_dir.mkdir(mode=0o700)
     con = sqlite3.connect(hostrun.state_dir / "ledger.sqlite3")
-    from dispatch.local.ledgerdb import SCHEMA
+    from dispatch.local.store.ledgerdb import SCHEMA
 
     with con:
         for statement in SCHEMA.split(";"):

@@ -17,13 +17,13 @@ HEAVY = {"pydantic", "rich", "asyncio", "typing", "argparse"}
 # warnings; re and json: their compilers and scanners; subprocess: selectors, threading; the sqlite3
 # package: datetime for its adapters, where the ledger needs only the C module _sqlite3; base64: re).
 RUN_PATH_AVOIDS = HEAVY | {"json", "re", "shutil", "warnings", "random", "subprocess", "gettext",
-                           "locale", "hashlib", "dispatch.local.gpu", "dispatch.local.kernlog",
+                           "locale", "hashlib", "dispatch.local.gpus.gpu", "dispatch.local.gpus.kernlog",
                            "sqlite3", "datetime", "base64",
                            # the C modules _signal and _socket do (signal and socket bring enum, and
                            # with it functools and collections: ~3 ms each); zlib, the ledger's schema
                            # (a run the engine booked opens no ledger) and the admission policy
                            "signal", "socket", "selectors", "enum", "functools", "collections",
-                           "zlib", "dispatch.local.ledgerdb", "dispatch.local.admitpolicy"}
+                           "zlib", "dispatch.local.store.ledgerdb", "dispatch.local.admission.policy"}
 REPORT_PATH_AVOIDS = HEAVY | {"shutil", "gettext", "random", "hashlib", "dispatch.config.model"}
 PEER_RUN_AVOIDS = HEAVY | {"shutil", "gettext", "random", "hashlib"}
 

@@ -17,8 +17,8 @@ import subprocess
 from pathlib import Path
 
 from dispatch.core.exitcodes import ExitCode
-from dispatch.local import peakjournal
-from dispatch.local.ledger import Ledger
+from dispatch.local.admission.ledger import Ledger
+from dispatch.local.store import peakjournal
 from dispatch.placement.labelrules import vram_booking
 
 from .conftest import Hostrun

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 from dispatch.core.units import MiB
-from dispatch.local import admitpolicy
-from dispatch.local.admitpolicy import Room
-from dispatch.local.ledgerdb import Booking
-from dispatch.local.lending import Ramp, lend, project, usage
+from dispatch.local.admission import policy as admitpolicy
+from dispatch.local.admission.lending import Ramp, lend, project, usage
+from dispatch.local.admission.policy import Room
+from dispatch.local.store.ledgerdb import Booking
 from tests.conftest import Hostrun, wait_for
 
 PY = sys.executable

@@ -22,8 +22,8 @@ from dispatch.core.hostfacts import MemInfo
 from dispatch.core.procinfo import start_time
 from dispatch.core.settings import HostSettings
 from dispatch.core.units import GiB, MiB
-from dispatch.local.admission import room_function, status_line, wait_reason
-from dispatch.local.ledger import Ledger
+from dispatch.local.admission.ledger import Ledger
+from dispatch.local.admission.rooms import room_function, status_line, wait_reason
 
 
 class _Job:

@@ -107,9 +107,9 @@ def test_own_cap_shows_its_reason_in_the_ledger(hostrun: Hostrun) -> None:
 
 # -- the ledger function (a peer's agent records its runs through the same code) -------------------
 def test_mark_rules_in_the_ledger_and_after_a_journal_replay(tmp_path: Path) -> None:
-    from dispatch.local.booking import plan_booking
-    from dispatch.local.ledger import Ledger
-    from dispatch.local.ledgerdb import CLEAN, NO_EVENT, OOM_KILLED, SLICE_FULL
+    from dispatch.local.admission.booking import plan_booking
+    from dispatch.local.admission.ledger import Ledger
+    from dispatch.local.store.ledgerdb import CLEAN, NO_EVENT, OOM_KILLED, SLICE_FULL
 
     state = tmp_path / "state"
     said: list[str] = []
@@ -151,7 +151,7 @@ def test_a_version_4_ledger_gains_the_mark_columns(tmp_path: Path) -> None:
     """An older ledger (peaks without the marks) is migrated in place, its rows unmarked."""
     import sqlite3
 
-    from dispatch.local.ledger import Ledger
+    from dispatch.local.admission.ledger import Ledger
 
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
@@ -173,7 +173,7 @@ def test_a_version_4_ledger_gains_the_mark_columns(tmp_path: Path) -> None:
 def test_capacity_books_a_marked_label_at_its_cap() -> None:
     """``hostrun capacity`` predicts the booking the ledger will make: a 254 mark means the cap."""
     from dispatch.local.capacity import LabelPeaks, assess
-    from dispatch.local.ledgerdb import PeakRecord
+    from dispatch.local.store.ledgerdb import PeakRecord
 
     p = LabelPeaks(PeakRecord("victim", "local", 100 * MiB, 1, 100 * MiB, False, None, None, 0.0,
                               slice_full_at=0.0))

@@ -1,4 +1,4 @@
-"""``dispatch.local.nested``: a hostrun inside a hostrun job, without root (the enclosing job is only a
+"""``dispatch.local.run.nested``: a hostrun inside a hostrun job, without root (the enclosing job is only a
 name here; tests/test_run_local.py runs the real thing inside a real job cgroup)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dispatch.core.request import RunRequest
 from dispatch.core.settings import Settings
-from dispatch.local.nested import become, run_inside
+from dispatch.local.run.nested import become, run_inside
 
 
 def _no_settings() -> Settings:
@@ -43,7 +43,7 @@ def test_without_an_outcome_to_keep_it_becomes_the_command() -> None:
     """The process that called ``run_inside`` is replaced: its pid runs the command."""
     code = ("import os, sys\n"
             "from dispatch.core.request import RunRequest\n"
-            "from dispatch.local.nested import run_inside\n"
+            "from dispatch.local.run.nested import run_inside\n"
             "print(os.getpid(), flush=True)\n"
             "run_inside(RunRequest(argv=['sh', '-c', 'echo $$; exit 3']), '/j', keep_outcome=False,\n"
             "           settings=None, say=print)\n"

@@ -1,4 +1,4 @@
-"""Parked waiting runs (dispatch/local/park.py, parked.py) with real runs, cgroups and the real
+"""Parked waiting runs (dispatch/local/engine/park.py, parked.py) with real runs, cgroups and the real
 admission engine: a run that waits far from its turn becomes a bare interpreter holding its engine
 connection, and is whole again, the same process on the same connection, before it runs. Here the
 engine's "near" is 1 (``HOSTRUN_ENGINE_NEAR``), so every waiter behind the first parks.
@@ -45,7 +45,7 @@ def _parked(pid: int) -> bool:
 
 def _engine_pids(hostrun: Hostrun) -> list[int]:
     return [int(n) for n in os.listdir("/proc") if n.isdigit()
-            and b"dispatch.local.admitd" in _cmdline(int(n))
+            and b"dispatch.local.engine.admitd" in _cmdline(int(n))
             and str(hostrun.state_dir).encode() in _cmdline(int(n))]
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from dispatch.core.errors import UsageError
-from dispatch.local.preflight import Condition, Script, declared, fingerprint, path_digest
+from dispatch.local.run.preflight import Condition, Script, declared, fingerprint, path_digest
 from tests.conftest import Hostrun, wait_for
 from tests.support.gpus import FakeGpus
 
@@ -507,13 +507,14 @@ def test_preflight_dry_run_unmet_plain_and_usage(hostrun: Hostrun, tmp_path: Pat
 
 def test_plain_commands_do_not_load_preflight(hostrun: Hostrun, tmp_path: Path) -> None:
     """The hot path: for a command that is not a script with these headers, hostrun reads at most a
-    candidate script's first bytes; dispatch.local.preflight (and the json/shlex it needs) stay unloaded."""
+    candidate script's first bytes; dispatch.local.run.preflight (and the json/shlex it needs) stay
+    unloaded."""
     plain = write_script(tmp_path / "plain.sh", "# long-job: sharded")
     code = ("import sys\n"
             "from dispatch.cli.main import main\n"
             f"codes = [main(['--config', {str(hostrun.config_path)!r}, '-m', '64M', '--', *argv])\n"
             f"         for argv in (['true'], ['sh', '-c', 'true'], [{str(plain)!r}])]\n"
-            "print(codes, sorted(m for m in ('dispatch.local.preflight', 'json', 'shlex')"
+            "print(codes, sorted(m for m in ('dispatch.local.run.preflight', 'json', 'shlex')"
             " if m in sys.modules))\n")
     import subprocess
 

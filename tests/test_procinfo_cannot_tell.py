@@ -53,8 +53,8 @@ RECLAIM = textwrap.dedent("""
     import os, resource, sys
     from dispatch.core.procinfo import start_time
     from dispatch.core.units import GiB, MiB
-    from dispatch.local.admitpolicy import Room
-    from dispatch.local.ledger import Ledger
+    from dispatch.local.admission.policy import Room
+    from dispatch.local.admission.ledger import Ledger
     ledger = Ledger(sys.argv[1])
     holder, me = os.getppid(), os.getpid()
     def book(pid, label):

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from dispatch.core.units import MiB
-from dispatch.local import peakjournal, ramp
-from dispatch.local.ledger import Ledger
-from dispatch.local.ledgerdb import SCHEMA_VERSION
+from dispatch.local.admission.ledger import Ledger
+from dispatch.local.store import peakjournal, ramp
+from dispatch.local.store.ledgerdb import SCHEMA_VERSION
 from tests.conftest import Hostrun
 
 PY = sys.executable
@@ -120,7 +120,7 @@ def test_a_run_records_its_ramp_and_the_ledger_shows_its_time_to_peak(hostrun: H
 
 
 def test_merged_rises_show_growth_early_never_late(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dispatch.local import jobwatch
+    from dispatch.local.run import jobwatch
 
     monkeypatch.setattr(jobwatch, "MAX_RISES", 4)
     watch = jobwatch.JobWatch.__new__(jobwatch.JobWatch)

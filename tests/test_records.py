@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dispatch.core.records import NamedTuple
-from dispatch.local.ledgerdb import Booking
+from dispatch.local.store.ledgerdb import Booking
 
 
 class Point(NamedTuple):

@@ -18,9 +18,9 @@ from typing_extensions import ReadOnly
 from dispatch.config.model import validate_file
 from dispatch.core import reportshape
 from dispatch.hosts import slurmshape
-from dispatch.local.gpu import Gpu
-from dispatch.local.ledger import Ledger
-from dispatch.local.ledgerdb import PeakRecord
+from dispatch.local.admission.ledger import Ledger
+from dispatch.local.gpus.gpu import Gpu
+from dispatch.local.store.ledgerdb import PeakRecord
 from tests.conftest import Hostrun
 
 MiB = 1 << 20

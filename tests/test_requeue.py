@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from dispatch.core.units import MiB
-from dispatch.local.booking import MIN_GUESS, Guess, guess, plan_booking
-from dispatch.local.ledger import Ledger
-from dispatch.local.ledgerdb import PeakRecord
+from dispatch.local.admission.booking import MIN_GUESS, Guess, guess, plan_booking
+from dispatch.local.admission.ledger import Ledger
+from dispatch.local.store.ledgerdb import PeakRecord
 from tests.conftest import Hostrun, wait_for
 
 PY = sys.executable
@@ -180,7 +180,7 @@ def test_plan_booking_with_a_guess() -> None:
 
 
 def test_guess_evidence_from_a_real_ledger(tmp_path: Path) -> None:
-    from dispatch.local.ledgerdb import RunRecord
+    from dispatch.local.store.ledgerdb import RunRecord
 
     ledger = Ledger(str(tmp_path), lambda line: None)
     try:

@@ -510,7 +510,7 @@ def test_the_guardian_holds_no_descriptor_but_its_own(tmp_path: Path) -> None:
     held a copy for the whole run, so the job (``cat``) never saw EOF (found as a CI hang)."""
     import select
 
-    from dispatch.local.guardian import Guardian
+    from dispatch.local.run.guardian import Guardian
 
     read_end, write_end = os.pipe()
     class Job:  # the guardian keeps only these of the job's, and touches nothing else until EOF

@@ -1,5 +1,5 @@
 """A running agent session placed into the sessions slice at SessionStart (``[sessions] place``;
-dispatch/local/sessionplace.py, dispatch/hooks/placer.py), with real cgroups (v1 here), the real
+dispatch/local/sessions/sessionplace.py, dispatch/hooks/placer.py), with real cgroups (v1 here), the real
 admission engine and the hook run as Claude Code runs it: ``sh -c "<hook command>"`` from the agent's
 process, the recorded SessionStart event on stdin. The agent is a stand-in (a Python process named
 ``fake-agent`` with a tool child); the real client's tier runs Claude Code itself

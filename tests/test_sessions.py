@@ -1,4 +1,5 @@
-"""Agent sessions under the machine's budget (``hostrun session -- CMD``, dispatch/local/agentsession.py)
+"""Agent sessions under the machine's budget (``hostrun session -- CMD``,
+dispatch/local/sessions/agentsession.py)
 with real runs, real cgroup v1 memory cgroups (the sessions slice inside the test's slice) and the
 real admission engine. The "agent" here is a stand-in process tree (``sh`` and ``python3``); the
 real client's tier runs Claude Code itself (tests/test_claude_client*.py), and the VM runs these on

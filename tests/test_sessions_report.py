@@ -1,4 +1,4 @@
-"""What ``hostrun report`` says of agent sessions (``dispatch.local.sessionties``): a real session
+"""What ``hostrun report`` says of agent sessions (``dispatch.local.sessions.sessionties``): a real session
 with a job started inside it and one started beside it, on real cgroup v1 memory cgroups. The
 session is marked (``role``), its use, cap and booking are there, the job inside names it
 (``in_session``), the one beside it does not, and the ``sessions`` summary adds them up against the
@@ -12,7 +12,7 @@ import os
 from types import SimpleNamespace
 from typing import Any
 
-from dispatch.local.sessionties import is_session, session_at
+from dispatch.local.sessions.sessionties import is_session, session_at
 from tests.conftest import Hostrun, wait_for
 from tests.support.agentsessions import SessionWithJob, configure_sessions
 

@@ -1,6 +1,6 @@
-"""The shared slice's engine (``dispatch.local.sharedd``) here, fast: its rules against real callers.
+"""The shared slice's engine (``dispatch.local.shared.sharedd``) here, fast: its rules against real callers.
 
-What is real: the engine's code and loop (the admission engine's, ``dispatch.local.admitd``), its
+What is real: the engine's code and loop (the admission engine's, ``dispatch.local.engine.admitd``), its
 ledger (SQLite in a private state dir), its Unix socket, the kernel's ``SO_PEERCRED``, real processes
 (a root client and a real second local user's client, ``other_user``), ``/proc`` facts and pidfds.
 What is FAKE: systemd (``tests/fakesystemd.FakeManager`` records the calls; no process is moved, no
@@ -29,7 +29,7 @@ from dispatch.capping.systemd import Manager
 from dispatch.core.procinfo import start_time
 from dispatch.core.settings import Settings
 from dispatch.core.units import MiB
-from dispatch.local.sharedd import SharedEngine, SliceKeeper
+from dispatch.local.shared.sharedd import SharedEngine, SliceKeeper
 from tests.conftest import OtherUser, wait_for
 from tests.support.fakesystemd import FakeManager
 
@@ -113,7 +113,7 @@ class Setup:
         state.mkdir(mode=0o700)
         self.settings = Settings.default(state_dir=str(state))
         if booked:
-            from dispatch.local.ledger import Ledger
+            from dispatch.local.admission.ledger import Ledger
 
             ledger = Ledger(str(state))
             for i, unit in enumerate(booked):
@@ -609,7 +609,7 @@ def test_the_shared_slice_speaks_the_engines_protocol() -> None:
     """A member's probe checks the hello of the shared slice's engine against ``capping.shared``'s
     number (below ``local/``, which it may not import): the two must be one."""
     from dispatch.capping.shared import PROTOCOL as SHARED
-    from dispatch.local.admitclient import PROTOCOL as ENGINE
+    from dispatch.local.engine.admitclient import PROTOCOL as ENGINE
 
     assert SHARED == ENGINE
 

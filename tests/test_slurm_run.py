@@ -298,7 +298,7 @@ def test_the_half_rule_never_asks_more_than_the_largest_node(slurm: SlurmCluster
                                                               tmp_path: Path) -> None:
     """A label that peaked at over half a node: twice its peak is more than any node has, so
     the next run asks for the node's memory (with a warning), instead of 243."""
-    from dispatch.local.ledger import Ledger
+    from dispatch.local.admission.ledger import Ledger
 
     cfg = config(tmp_path, slurm)
     node = sf.parse_nodes(slurm.run(sf.node_command()).stdout)[0]

@@ -21,8 +21,8 @@ from dispatch.hosts.kinds import host_for
 from dispatch.hosts.slurm import SlurmHost
 from dispatch.hosts.slurmcommands import Done
 from dispatch.hosts.slurmreport import cluster_report, judge_cluster, node_entry
+from dispatch.local.admission.ledger import Ledger
 from dispatch.local.capacity import half_rule_cap, host_capacity
-from dispatch.local.ledger import Ledger
 from dispatch.placement.reports import HostReading
 
 RECORDED = Path(__file__).parent / "recorded" / "slurm"

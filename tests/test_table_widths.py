@@ -100,8 +100,8 @@ def test_history_at_80_columns_keeps_peak_duration_end_cap_and_booked(hostrun: H
     long label and command, and a run recorded under a long host name (a peer's). At 80 columns each
     row still shows how long it took, how it ended, its peak, its cap and its booking; the command
     is what gets cut (the README: "peak, duration, how each ended")."""
-    from dispatch.local.ledger import Ledger
-    from dispatch.local.ledgerdb import RunRecord
+    from dispatch.local.admission.ledger import Ledger
+    from dispatch.local.store.ledgerdb import RunRecord
 
     hostrun.run("-l", LABEL, "-m", "20M", "--", "python3", "-c", f"x = bytearray(200 << 20)  # {WORDS}")
     hostrun.run("-l", LABEL, "--", "sh", "-c", f"exit 3; echo {WORDS}")

@@ -17,7 +17,7 @@ from dispatch.config.model import validate_file
 from dispatch.core.units import GiB, MiB
 from dispatch.hosts.kinds import host_for
 from dispatch.hosts.slurmcommands import Done
-from dispatch.local.ledgerdb import RunRecord
+from dispatch.local.store.ledgerdb import RunRecord
 from dispatch.placement.reports import HostReading
 from dispatch.placement.topframe import SORTS, build, meaning
 

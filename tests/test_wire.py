@@ -17,7 +17,7 @@ from dispatch.core.errors import OverPeerCapError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.outcome import Outcome
 from dispatch.core.request import RunRequest
-from dispatch.local.booking import default_label
+from dispatch.local.admission.booking import default_label
 
 ROOT = Path(__file__).resolve().parent.parent
 # Not UTF-8, a NUL-free control byte, a lone surrogate-escaped byte, a shell metacharacter, and 2 MiB.

@@ -267,7 +267,7 @@ def _prepare(spec: RunSpec, prepare: dict[str, Any], session: _Session) -> Setti
         session.background = threading.Thread(
             target=keep_listings, args=(prepared["workdir"], prepared["copy"], walked), daemon=True)
         session.background.start()
-    import dispatch.local.runner  # noqa: F401
+    import dispatch.local.run.runner  # noqa: F401
     from dispatch.agent.prepare import peer_settings
 
     settings, _notes = peer_settings(spec.fallback or {})
@@ -301,8 +301,8 @@ def _run_here(spec: RunSpec, settings: Settings | None, session: _Session) -> di
     """The job through ``run_local``, under the peer's cap rule and the controller's alert and status
     settings: its result frame's payload (an error's, when hostrun itself failed)."""
     from dispatch.agent.prepare import peer_settings
-    from dispatch.local.booking import peer_cap
-    from dispatch.local.localrun import run_local
+    from dispatch.local.admission.booking import peer_cap
+    from dispatch.local.run.localrun import run_local
 
     if settings is None:
         settings, _notes = peer_settings(spec.fallback or {})

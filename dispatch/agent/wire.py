@@ -88,7 +88,7 @@ def outcome_of(result: dict[str, Any], host: str, request: RunRequest) -> Outcom
     history and alerts, so the peer never chooses it: a compromised peer could otherwise write
     another label's peaks or raise alerts under a name of its choosing."""
     from dispatch.core.outcome import FIELDS, Outcome
-    from dispatch.local.booking import default_label
+    from dispatch.local.admission.booking import default_label
 
     fixed = ("exit_code", "outcome", "host", "label", "argv")
     known = {k: result[k] for k in FIELDS if k in result and k not in fixed}

@@ -23,7 +23,7 @@ if MYPY:  # typing is not imported on a run's path
 
     class BookingLink(Protocol):
         """What a job's cgroup asks of the admission engine's booking that holds it
-        (``dispatch.local.admitclient.Link``)."""
+        (``dispatch.local.engine.admitclient.Link``)."""
 
         booking_id: int | None
 
@@ -264,7 +264,7 @@ class JobCgroup(ABC):
 
     def take(self, pids: list[int]) -> None:
         """Move processes that are already running in (an agent session placed after it started,
-        ``dispatch.local.sessionplace``); BackendError naming the first that cannot be moved. A
+        ``dispatch.local.sessions.sessionplace``); BackendError naming the first that cannot be moved. A
         process gone meanwhile is passed over."""
         from dispatch.core.errors import BackendError
 

@@ -6,9 +6,9 @@ can overfill the machine. One slice for everyone must live in the system manager
 may start scopes; a polkit rule letting a group do so would hand that group root (systemd 252 checks
 ``StartTransientUnit`` with the plain ``manage-units`` action, without the unit's contents, and a
 unit may name any command or process). So root runs the slice's admission engine
-(``hostrun-shared``, ``dispatch.local.sharedd``: the engine of a state dir, for every member),
+(``hostrun-shared``, ``dispatch.local.shared.sharedd``: the engine of a state dir, for every member),
 reached through ``/run/hostrun/shared.sock`` (mode 0660, the administrator's group). A member's run
-books there as a run books with its own engine (``dispatch.local.sharedlink``), first come first
+books there as a run books with its own engine (``dispatch.local.shared.sharedlink``), first come first
 served across users; the booking is its connection's (a dead caller unbooks itself, and nobody
 else can unbook it); once admitted, the engine puts two of the caller's own child processes (the
 job and its keeper) in a scope of the slice capped at the booking's cap (``scope``). When the

@@ -33,7 +33,7 @@ def diagnose(settings: Settings) -> dict[str, Any]:
         problems.append("backend forced to none by the configuration: jobs run only with --no-cap")
     elif active == "none":
         problems.append("no memory-cap backend works here: jobs run only with --no-cap")
-    from dispatch.local.recovery import inspect
+    from dispatch.local.store.recovery import inspect
 
     ledger_ok, ledger_check = inspect(settings.state_dir)
     if not ledger_ok:
@@ -106,7 +106,7 @@ def _kernel_log_check() -> dict[str, Any] | None:
 
     if not has_nvidia_gpus():
         return None
-    from dispatch.local.kernlog import KernelLog
+    from dispatch.local.gpus.kernlog import KernelLog
 
     log = KernelLog()
     log.close()

@@ -47,7 +47,7 @@ def cmd_preflight(argv: list[str]) -> int:
     if not command:
         raise UsageError(f"no script given (usage: {PREFLIGHT_USAGE})")
     from dispatch.guards.headers import script_path
-    from dispatch.local.preflight import Script, Verdict, check, declared, report_lines
+    from dispatch.local.run.preflight import Script, Verdict, check, declared, report_lines
 
     script = declared(command)  # a malformed header: UsageError (2) naming SCRIPT:LINE
     if script is None:

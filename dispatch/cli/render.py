@@ -14,7 +14,7 @@ from dispatch.core.records import NamedTuple
 from dispatch.core.text import printable
 from dispatch.core.units import format_duration, format_size
 from dispatch.core.view import Line, Span
-from dispatch.local.ledgerdb import Booking, PeakRecord, RunRecord
+from dispatch.local.store.ledgerdb import Booking, PeakRecord, RunRecord
 
 if TYPE_CHECKING:
     from dispatch.core.view import Block
@@ -108,7 +108,7 @@ QUEUE_SHOWN = 50  # a terminal's worth: a queue of thousands is a count, not a t
 def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
            stale: frozenset[int] | set[int] = frozenset(),
            invalid: frozenset[int] | set[int] = frozenset(), clear_after: int = 3) -> None:
-    from dispatch.local.booking import mark_reasons
+    from dispatch.local.admission.booking import mark_reasons
 
     now = time.time()
     running: list[tuple[str, ...]] = []

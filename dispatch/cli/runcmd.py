@@ -87,14 +87,14 @@ def cmd_run(argv: list[str]) -> int:
             opts = _label_rules(command, opts, long_rule)
             request = request._replace(gpu_memory=_gpu_bytes(opts))
         if enclosing is not None:
-            from dispatch.local.nested import run_inside
+            from dispatch.local.run.nested import run_inside
 
             outcome = run_inside(request, enclosing, keep_outcome=bool(opts.result_file),
                                  settings=lambda: load_config(opts.config), say=say)
         elif opts.peer or opts.auto:
             return _run_elsewhere(options, command, opts, request)
         else:
-            from dispatch.local.localrun import run_local
+            from dispatch.local.run.localrun import run_local
 
             settings = load_config(opts.config)
             outcome = run_local(settings, request, say, _peer_watch(settings, options, command, opts),
@@ -109,7 +109,7 @@ def cmd_run(argv: list[str]) -> int:
 def _own_command_line(argv: list[str]) -> bool:
     """Whether ``argv`` ends this process's own command line (``hostrun [OPTIONS] -- CMD``, not a
     shim's or a library caller's), so that running that line again resumes this run: a waiting run
-    may then park (``dispatch.local.park``)."""
+    may then park (``dispatch.local.engine.park``)."""
     import sys
 
     own = list(getattr(sys, "orig_argv", None) or [])
@@ -126,7 +126,7 @@ def _label_rules(command: list[str], opts: RunOptions, long_rule: bool) -> RunOp
     one line), and with ``long_rule`` the long-job rule's refusal (LongJobError, 244). A run nested
     in a job is not refused: the job around it was admitted as it is."""
     from dispatch.core.text import storable
-    from dispatch.local.booking import default_label
+    from dispatch.local.admission.booking import default_label
     from dispatch.placement import labelrules
 
     settings = load_config(opts.config)
@@ -168,7 +168,7 @@ def _run_elsewhere(options: list[str], command: list[str], opts: RunOptions,
 
     settings = load_config(opts.config)
     if opts.peer:
-        from dispatch.local.booking import default_label
+        from dispatch.local.admission.booking import default_label
 
         placed = place_on_peer(settings, opts.peer, request.label or default_label(command),
                                opts.memory_cap, _gpu_bytes(opts), by_host=opts.host is not None)
@@ -217,7 +217,7 @@ def finish(outcome: Outcome, result_file: str | None) -> int:
 def write_failure(path: str, request: RunRequest, exc: HostrunError) -> None:
     """A caller never has to guess from a number: hostrun's own refusals get a result file too."""
     from dispatch.core.outcome import Outcome, write_result
-    from dispatch.local.booking import default_label
+    from dispatch.local.admission.booking import default_label
 
     argv = list(request.argv)
     try:

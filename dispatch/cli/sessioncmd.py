@@ -1,5 +1,5 @@
 """``hostrun session [OPTIONS] -- CMD``: an agent session under the machine's budget
-(``dispatch.local.agentsession``): parse, run, say what happened, exit with its code."""
+(``dispatch.local.sessions.agentsession``): parse, run, say what happened, exit with its code."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def cmd_session(argv: list[str]) -> int:
         problem = check_result_path(args.result_file)
         if problem is not None:
             raise UsageError(f"--result-file {args.result_file}: cannot write there: {problem}")
-    from dispatch.local.agentsession import run_session
+    from dispatch.local.sessions.agentsession import run_session
 
     settings = load_config(args.config)
     try:

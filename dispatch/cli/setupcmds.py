@@ -73,12 +73,12 @@ def cmd_shared(argv: list[str]) -> int:
         p.add_argument("--slice", default="hostrun.slice", help="the slice unit (default: %(default)s)")
     args = p.parse_args(rest)
     if action == "install":
-        from dispatch.local.sharedinstall import install
+        from dispatch.local.shared.sharedinstall import install
 
         install(args.group, args.size, args.slice, say)
         return 0
     if action == "uninstall":
-        from dispatch.local.sharedinstall import uninstall
+        from dispatch.local.shared.sharedinstall import uninstall
 
         uninstall(say)
         return 0

@@ -74,7 +74,7 @@ def main(tool: str, shim: str) -> NoReturn:
             from dispatch.cli.main import main as hostrun
             from dispatch.core.hostfacts import has_nvidia_gpus
             from dispatch.hooks.rewrite import agent_options
-            from dispatch.local.booking import default_label
+            from dispatch.local.admission.booking import default_label
 
             options = agent_options(verdict.gpu and has_nvidia_gpus())
             leave(hostrun(["--label", default_label([tool, *args]), *options, "--", real, *args]))

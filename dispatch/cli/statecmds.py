@@ -37,9 +37,9 @@ def cmd_codes(argv: list[str]) -> int:
 
 def cmd_ledger(argv: list[str]) -> int:
     args = sub_parser("ledger", "Show running jobs, the queue and the peak table.").parse_args(argv)
-    from dispatch.local.booking import mark_reasons
+    from dispatch.local.admission.booking import mark_reasons
+    from dispatch.local.admission.ledger import Ledger
     from dispatch.local.hostslice import live_jobs_of, outside_the_slice
-    from dispatch.local.ledger import Ledger
 
     settings = load_config(args.config)
     ledger = Ledger(settings.state_dir, say, live_jobs_of(settings))
@@ -55,7 +55,7 @@ def cmd_ledger(argv: list[str]) -> int:
     if args.json:
         import json
 
-        from dispatch.local.ramp import time_to_peak
+        from dispatch.local.store.ramp import time_to_peak
 
         def row(b: Any) -> dict[str, Any]:
             return {**b._asdict(), "stale": b.id in stale,
@@ -94,8 +94,8 @@ def cmd_history(argv: list[str]) -> int:
 
     since = None if args.since is None else option_value("--since", args.since, since_time)
     limit = option_value("--limit", args.limit, history_limit)
+    from dispatch.local.admission.ledger import Ledger
     from dispatch.local.hostslice import live_jobs_of
-    from dispatch.local.ledger import Ledger
 
     settings = load_config(args.config)
     ledger = Ledger(settings.state_dir, say, live_jobs_of(settings))
@@ -167,7 +167,7 @@ def cmd_capacity(argv: list[str]) -> int:
     check_hosts(settings, args.host)
     readings = read_reports(settings, args.host, peaks=True)
     if args.sessions:
-        from dispatch.local.sessioncapacity import host_sessions, session_rules
+        from dispatch.local.sessions.sessioncapacity import host_sessions, session_rules
 
         hosts: list[Any] = [host_sessions(r.host, r.report, r.error, what_if) for r in readings]
         rules = session_rules()

@@ -119,7 +119,7 @@ class DBusError(BackendError):
 
 
 class SharedError(BackendError):
-    """The shared slice's daemon (``dispatch.local.sharedd``) refused a request, or the connection
+    """The shared slice's daemon (``dispatch.local.shared.sharedd``) refused a request, or the connection
     to it failed."""
 
 

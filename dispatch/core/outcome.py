@@ -54,7 +54,7 @@ class Outcome:
         self.vram_evidence = vram_evidence  # what showed a GPU out-of-memory, if anything
         self.vram_peak_bytes = vram_peak_bytes  # --gpu-memory: the most VRAM the job's processes used
         self.requeued = requeued  # times it ran again after a slice-full kill (--requeue)
-        # The run's ramp profile (``dispatch.local.ramp``), for its label's record; kept out of
+        # The run's ramp profile (``dispatch.local.store.ramp``), for its label's record; kept out of
         # FIELDS (the result file, the wire): the host that ran the job records it.
         self.ramp: Optional[list[int]] = None
 

@@ -26,7 +26,7 @@ from typing_extensions import ReadOnly
 
 
 class PeakRecordData(TypedDict):
-    """A label's row in a host's peak table (``dispatch.local.ledgerdb.PeakRecord._asdict()``); an
+    """A label's row in a host's peak table (``dispatch.local.store.ledgerdb.PeakRecord._asdict()``); an
     older peer's agent sends fewer of the later fields."""
 
     label: str
@@ -107,7 +107,7 @@ class MachineSettings(RoomSettings):
 
 
 class Gpu(TypedDict):
-    """One NVIDIA device (``dispatch.local.gpu.Gpu._asdict()``)."""
+    """One NVIDIA device (``dispatch.local.gpus.gpu.Gpu._asdict()``)."""
 
     index: int
     uuid: str
@@ -165,7 +165,7 @@ class PeerNotes(TypedDict):
 
 
 class AdmissionEngine(TypedDict):
-    """Where this host's admission engine runs (``dispatch.local.admitclient.where``)."""
+    """Where this host's admission engine runs (``dispatch.local.engine.admitclient.where``)."""
 
     socket: Optional[str]  # its socket; None when runs do not go through it
     pid: Optional[int]  # what its hello says; None when none answers

@@ -1,6 +1,6 @@
 """What a run asks for, and whether this process already runs inside a hostrun job.
 
-Kept apart from ``dispatch.local.runner`` so that the paths that do not run a job here (``--peer``,
+Kept apart from ``dispatch.local.run.runner`` so that the paths that do not run a job here (``--peer``,
 ``--auto``'s decision, a nested call) do not import the runner's machinery (ledger, cgroups, ...).
 """
 

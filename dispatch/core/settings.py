@@ -142,7 +142,7 @@ class SessionSettings(NamedTuple):
     worst resumed session measured for the design, 1970 MiB: 4608 MiB); ``first_booking``: what a
     session with no recorded peak is booked at; ``high``: its high mark (``MemoryHigh``: reclaim and
     slow down before the kill), as a part of its cap; ``place``: the SessionStart hook places a
-    session started without ``hostrun session`` into the sessions slice (``local.sessionplace``)."""
+    session started without ``hostrun session`` into the sessions slice (``local.sessions.sessionplace``)."""
 
     share: float = 0.5
     cap: int = 4608 << 20

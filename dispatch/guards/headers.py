@@ -1,7 +1,7 @@
 """Declarations a script makes about itself in comment lines near its top: ``# key: value``.
 
 Used for ``# long-job: sharded`` (the dispatcher's 2-hour rule) and the preflight headers
-(``# admission:``, ``# run-condition:``; see ``dispatch.local.preflight``). Only
+(``# admission:``, ``# run-condition:``; see ``dispatch.local.run.preflight``). Only
 the leading comment block is read (a shebang, blank lines and ``#`` lines, at most 50 lines), so a
 string deep inside a program can never be taken for a declaration.
 """
@@ -83,6 +83,6 @@ PREFLIGHT_KEYS = frozenset({"admission", "run-condition"})
 
 def declares_preflight(argv: Sequence[str]) -> bool:
     """Whether the script ``argv`` runs has ``# admission:``/``# run-condition:`` headers: the cheap
-    test that keeps ``dispatch.local.preflight`` off the path of every other command."""
+    test that keeps ``dispatch.local.run.preflight`` off the path of every other command."""
     found = read_script(argv) if argv else None
     return found is not None and any(key in PREFLIGHT_KEYS for _, key, _ in parse_numbered(found[1]))

@@ -72,7 +72,7 @@ def _place(settings: Settings) -> list[str]:
     process (``dispatch.hooks.placer``); what was done, or why it cannot be, said once (at its start
     or resume, not after a compaction)."""
     from dispatch.core.errors import HostrunError
-    from dispatch.local.sessionplace import ALREADY, agent_process, placeable
+    from dispatch.local.sessions.sessionplace import ALREADY, agent_process, placeable
 
     pid = agent_process()
     if pid is None:

@@ -1,4 +1,4 @@
-"""The SessionStart hook's placing of a running agent session (``dispatch.local.sessionplace``): the
+"""The SessionStart hook's placing of a running agent session (``dispatch.local.sessions.sessionplace``): the
 detached process it starts (``start``) and what that process runs (``main``, ``python -m
 dispatch.hooks.placer PID LABEL [--config PATH]``), which logs to ``state_dir/sessions.log``."""
 
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     pid, label = int(argv[0]), argv[1]
     config = argv[3] if argv[2:3] == ["--config"] else None
     from dispatch.config import load_settings
-    from dispatch.local.sessionplace import place
+    from dispatch.local.sessions.sessionplace import place
 
     settings = load_settings(config)
     log = os.path.join(settings.state_dir, "sessions.log")

@@ -39,7 +39,7 @@ def _age(since: float | None) -> str:
 
 def jobs(settings: Settings, session: str) -> list[str]:
     """This session's bookings in this host's ledger, one line each (none when there is no ledger)."""
-    from dispatch.local.ledger import Ledger
+    from dispatch.local.admission.ledger import Ledger
 
     if not os.path.exists(os.path.join(settings.state_dir, "ledger.sqlite3")):
         return []

@@ -26,6 +26,6 @@ class LocalHost(MachineHost):
         return local_report(self.settings, label, peaks)
 
     def run(self, request: RunRequest, say: Callable[[str], None], extras: RunExtras) -> Outcome:
-        from dispatch.local.localrun import run_local
+        from dispatch.local.run.localrun import run_local
 
         return run_local(self.settings, request, say, extras.watch)

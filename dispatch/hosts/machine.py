@@ -13,7 +13,7 @@ if MYPY:
     from dispatch.core.reportshape import MachineJob, MachineReport, Report
     from dispatch.core.view import Block, Gauge
     from dispatch.hosts.judgement import HostPending, Job, Judgement
-    from dispatch.local.ledgerdb import PeakRecord
+    from dispatch.local.store.ledgerdb import PeakRecord
 
 
 def machine_report(report: Report) -> MachineReport:
@@ -43,7 +43,7 @@ class MachineHost(Host):
         (``cap_problem``); with ``--gpu-memory``, one GPU has that much free after pending VRAM."""
         from dispatch.core.errors import NeverFitsError
         from dispatch.hosts.judgement import HostPending, Judgement, gpu_free_after
-        from dispatch.local.booking import plan_booking
+        from dispatch.local.admission.booking import plan_booking
 
         data = machine_report(report)
         s = data["slice"]
@@ -205,7 +205,7 @@ def _session_cell(job: MachineJob, running: list[MachineJob], names: dict[int | 
 
 
 def _peak(report: MachineReport) -> PeakRecord | None:
-    from dispatch.local.ledgerdb import PeakRecord
+    from dispatch.local.store.ledgerdb import PeakRecord
 
     record = report.get("label_peak")
     return PeakRecord(**record) if record else None

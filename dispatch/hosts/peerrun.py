@@ -55,7 +55,7 @@ from dispatch.hosts.sshkeys import options_of
 from dispatch.hosts.sync import protects_args, shell_unsafe, tree_sync_options
 from dispatch.hosts.transport import retry_transient
 from dispatch.local import alertlog
-from dispatch.local.booking import default_label
+from dispatch.local.admission.booking import default_label
 
 MYPY = False
 if MYPY:

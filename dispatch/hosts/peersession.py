@@ -29,8 +29,8 @@ from dispatch.hosts.peer import AGENT_MISSING
 from dispatch.hosts.remotetree import pump_stdin
 from dispatch.hosts.transport import SSH_FAILED, classify
 from dispatch.local import alertlog
-from dispatch.local.booking import default_label
-from dispatch.local.signals import FORWARDED
+from dispatch.local.admission.booking import default_label
+from dispatch.local.run.signals import FORWARDED
 
 MYPY = False
 if MYPY:

@@ -161,7 +161,7 @@ def _age(now: float, since: float | None) -> float | None:
 def _add_peaks(data: ClusterReport, host: SlurmHost, label: str | None, peaks: bool) -> None:
     """The label's record (and with ``peaks`` the whole table) from this machine's ledger, where the
     run path records a cluster's peaks under the cluster's host name."""
-    from dispatch.local.ledger import Ledger
+    from dispatch.local.admission.ledger import Ledger
     from dispatch.local.report import peak_data
 
     ledger = Ledger(host.settings.state_dir)

@@ -39,8 +39,8 @@ from dispatch.hosts.slurmjob import (
     within_nodes,
 )
 from dispatch.hosts.slurmkeys import options_of
-from dispatch.local.guardian import Watcher
-from dispatch.local.signals import ForwardedSignals
+from dispatch.local.run.guardian import Watcher
+from dispatch.local.run.signals import ForwardedSignals
 
 MYPY = False
 if MYPY:
@@ -91,7 +91,7 @@ def end_state(commands: SlurmCommands, job_id: str) -> tuple[str | None, int, sf
 
 
 class SlurmGuardian(Watcher):
-    """A forked watcher (``dispatch.local.guardian.Watcher``): when hostrun dies it kills srun and
+    """A forked watcher (``dispatch.local.run.guardian.Watcher``): when hostrun dies it kills srun and
     cancels the job found by its token, so nothing is left running."""
 
     @classmethod
@@ -146,13 +146,13 @@ class SlurmRun:
         return f"cluster {self.host.name}"
 
     def _label(self) -> str:
-        from dispatch.local.booking import default_label
+        from dispatch.local.admission.booking import default_label
 
         return self.request.label or default_label(self.request.argv)
 
     def _worst_peak(self, label: str) -> int | None:
         """The label's worst recorded peak on this cluster, from this machine's ledger."""
-        from dispatch.local.ledger import Ledger
+        from dispatch.local.admission.ledger import Ledger
 
         ledger = Ledger(self.config.state_dir)
         try:
@@ -193,7 +193,7 @@ class SlurmRun:
         from dispatch.guards.headers import declares_preflight
 
         if declares_preflight(self.request.argv):
-            from dispatch.local.localrun import with_preflight
+            from dispatch.local.run.localrun import with_preflight
 
             return with_preflight(self.config, self.request, self.say, self._run, elsewhere=self.where)
         return self._run()
@@ -477,8 +477,8 @@ class SlurmRun:
                        self.job_status)
 
     def _record(self, outcome: Outcome, kind: str | None) -> None:
-        from dispatch.local.ledger import Ledger
-        from dispatch.local.ledgerdb import record_outcome
+        from dispatch.local.admission.ledger import Ledger
+        from dispatch.local.store.ledgerdb import record_outcome
 
         try:
             ledger = Ledger(self.config.state_dir)

@@ -46,7 +46,7 @@ class SshPeer(MachineHost):
 
     def job_cap(self, cap: int | None, default_cap: int | None) -> int | None:
         """What its agent will run the job under: ``booking.peer_cap``, bounded by ``peer_memory_cap``."""
-        from dispatch.local.booking import peer_cap
+        from dispatch.local.admission.booking import peer_cap
 
         return peer_cap(cap, default_cap, self.options.peer_memory_cap)
 

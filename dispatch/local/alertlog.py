@@ -26,7 +26,7 @@ if MYPY:
 
     from dispatch.core.outcome import Outcome
     from dispatch.core.request import RunRequest
-    from dispatch.local.admitpolicy import Admission
+    from dispatch.local.admission.policy import Admission
 
 FIELDS = ("kind", "time", "host", "label", "session", "pid", "command", "action", "message")
 

@@ -4,7 +4,8 @@ each job should have by the half rule. See docs/capacity.md.
 Pure functions over peak records and slice sizes, so every figure can be checked by hand:
 
 - **fits**: ``floor(slice limit / booking)``, the booking decided exactly as the ledger would book the
-  next run (``dispatch.local.booking.plan_booking``: its recorded peak if it never hit its ceiling, else its
+  next run (``dispatch.local.admission.booking.plan_booking``: its recorded peak if it never hit its
+  ceiling, else its
   cap, else the whole slice or the gamble size), on an otherwise empty slice, and never more than
   ``floor(slice limit / worst recorded peak)`` (a gamble booking can be below the real peak);
 - **half rule**: the worst recorded peak must be at most half the cap, the cap a multiple of
@@ -27,15 +28,15 @@ from dispatch.core.errors import NeverFitsError
 from dispatch.core.records import NamedTuple
 from dispatch.core.settings import SESSION_PREFIX
 from dispatch.core.units import MiB, format_size
-from dispatch.local.booking import plan_booking
-from dispatch.local.ledgerdb import PeakRecord
+from dispatch.local.admission.booking import plan_booking
+from dispatch.local.store.ledgerdb import PeakRecord
 
 MYPY = False
 if MYPY:
     from typing import Any, Optional
 
     from dispatch.core.reportshape import Report
-    from dispatch.local.ledgerdb import PeakRun
+    from dispatch.local.store.ledgerdb import PeakRun
 
 STEP = 512 * MiB  # caps are rounded up to a multiple of this
 HALF_RULE_FACTOR = 2  # the cap must be at least this many times the worst recorded peak

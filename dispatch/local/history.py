@@ -1,8 +1,8 @@
 """The run history (``hostrun history``): what each finished run peaked at, how long it took and how
 it ended, from the ``runs`` table of the ledger (standard library only).
 
-A local run writes its own row, in the transaction that records its peak (``dispatch.local.runner``). A run
-on a peer is written twice: by the peer's agent in the peer's ledger (the same runner), and here by
+A local run writes its own row, in the transaction that records its peak (``dispatch.local.run.runner``). A
+run on a peer is written twice: by the peer's agent in the peer's ledger (the same runner), and here by
 the controller in its own ledger, with the peer's name as the host (``record_peer_run``). Runs that
 never started are not in it: hostrun's own refusals (usage, never-fits, an unmet preflight, a peer
 that cannot be reached, ...) and jobs interrupted while waiting for room.
@@ -22,7 +22,7 @@ if MYPY:
     from dispatch.core.outcome import Outcome
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import Settings
-    from dispatch.local.ledgerdb import RunRecord
+    from dispatch.local.store.ledgerdb import RunRecord
 
 
 def since_time(text: str, now: float | None = None) -> float:
@@ -58,9 +58,9 @@ def record_peer_run(settings: Settings, outcome: Outcome, request: RunRequest,
     """The controller's row for a run on a peer (``outcome.host`` is the peer's name). The job has
     run: a failure here must not change its exit status, so it is one warning."""
     from dispatch.core.errors import HostrunError
+    from dispatch.local.admission.ledger import Ledger
     from dispatch.local.hostslice import live_jobs_of
-    from dispatch.local.ledger import Ledger
-    from dispatch.local.ledgerdb import run_row
+    from dispatch.local.store.ledgerdb import run_row
 
     try:
         ledger = Ledger(settings.state_dir, say, live_jobs_of(settings))

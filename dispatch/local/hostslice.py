@@ -17,7 +17,7 @@ if MYPY:
     from dispatch.capping.base import CapBackend
     from dispatch.core.hostfacts import MemInfo
     from dispatch.core.settings import HostSettings, Settings
-    from dispatch.local.ledgerdb import Booking
+    from dispatch.local.store.ledgerdb import Booking
 
 
 class LocalSlice:
@@ -97,7 +97,7 @@ class LocalSlice:
     def live_jobs(self) -> list[Booking]:
         """The running jobs to re-book, should a ledger read find its file damaged (the recovery
         code is imported only then)."""
-        from dispatch.local.recovery import live_jobs
+        from dispatch.local.store.recovery import live_jobs
 
         return live_jobs(self.backend, self.host.name, self.limit)
 

@@ -11,10 +11,10 @@ import time
 from dispatch import __version__
 from dispatch.core.hostfacts import cores, read_loadavg
 from dispatch.core.settings import Settings
-from dispatch.local.admission import booking_job, slice_room
+from dispatch.local.admission.ledger import Ledger
+from dispatch.local.admission.rooms import booking_job, slice_room
 from dispatch.local.hostslice import LocalSlice
-from dispatch.local.ledger import Ledger
-from dispatch.local.sessionties import ties
+from dispatch.local.sessions.sessionties import ties
 
 MYPY = False
 if MYPY:  # typing stays off the report path (a report is asked before every heavy command)
@@ -26,7 +26,7 @@ if MYPY:  # typing stays off the report path (a report is asked before every hea
         PeakRecordData,
         SessionsNow,
     )
-    from dispatch.local.ledgerdb import PeakRecord
+    from dispatch.local.store.ledgerdb import PeakRecord
 
 
 def local_report(settings: Settings, label: str | None = None, peaks: bool = False) -> MachineReport:
@@ -134,7 +134,7 @@ def admission_engine(settings: Settings) -> AdmissionEngine:
     the engine, and an engine leaves only after a while with no connection."""
     import threading
 
-    from dispatch.local.admitclient import digest_of, socket_path, where
+    from dispatch.local.engine.admitclient import digest_of, socket_path, where
 
     found: list[AdmissionEngine] = []
 
@@ -156,7 +156,7 @@ def admission_engine(settings: Settings) -> AdmissionEngine:
 def _shared_engine(settings: Settings) -> AdmissionEngine | None:
     """The shared slice's engine, when this host's runs book there (``sharedlink.shared_here``)."""
     from dispatch.core.errors import HostrunError
-    from dispatch.local.sharedlink import shared_here
+    from dispatch.local.shared.sharedlink import shared_here
 
     try:
         here = shared_here(settings)
@@ -198,7 +198,7 @@ def _gpus() -> tuple[list[Gpu], str | None]:
     """Per device: index, uuid, name, total/used/free bytes; no nvidia-smi means no GPUs, not an
     error. A failing nvidia-smi is reported, and the rest of the report still stands."""
     from dispatch.core.errors import GpuError
-    from dispatch.local.gpu import read_gpus
+    from dispatch.local.gpus.gpu import read_gpus
 
     try:
         return [g._asdict() for g in read_gpus()], None  # type: ignore[misc]  # Gpu's keys

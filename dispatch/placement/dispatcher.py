@@ -25,7 +25,7 @@ from dispatch.hosts.judgement import HostPending
 from dispatch.hosts.judgement import Job as Job
 from dispatch.hosts.judgement import Judgement as Judgement
 from dispatch.hosts.kinds import hosts_of
-from dispatch.local.ledgerdb import PeakRecord
+from dispatch.local.store.ledgerdb import PeakRecord
 from dispatch.placement.longrule import long_job_rule
 from dispatch.placement.reports import HostReading
 

@@ -18,7 +18,7 @@ if MYPY:
 
     from dispatch.core.settings import Settings
     from dispatch.hosts.base import Host
-    from dispatch.local.ledgerdb import RunRecord
+    from dispatch.local.store.ledgerdb import RunRecord
 
 OUTCOMES = 20  # the history's latest runs a frame may show
 ALERTS = 10  # the alerts a frame may show
@@ -129,8 +129,8 @@ class HostWatch:
     def history_and_alerts(self) -> tuple[list[RunRecord], list[dict[str, Any]], list[str]]:
         """This machine's latest runs and its alerts (the session's unread ones, left unread;
         without ``$HOSTRUN_SESSION``, the latest in the file), and what reading them said."""
+        from dispatch.local.admission.ledger import Ledger
         from dispatch.local.hostslice import live_jobs_of
-        from dispatch.local.ledger import Ledger
 
         notes: list[str] = []
         runs: list[RunRecord] = []

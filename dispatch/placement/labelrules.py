@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dispatch.core.settings import Settings
 from dispatch.core.units import MiB, format_size
-from dispatch.local.ledgerdb import PeakRecord
+from dispatch.local.store.ledgerdb import PeakRecord
 from dispatch.placement.longrule import long_job_rule
 
 MYPY = False
@@ -34,7 +34,7 @@ def record_here(settings: Settings, label: str) -> PeakRecord | None:
     """This host's record of ``label`` (None: never run here, or the ledger cannot be read: the
     rules then act as for a label with no history, and the run itself says what is wrong)."""
     from dispatch.core.errors import LedgerError
-    from dispatch.local.ledger import Ledger
+    from dispatch.local.admission.ledger import Ledger
 
     try:
         ledger = Ledger(settings.state_dir)

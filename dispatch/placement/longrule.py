@@ -15,12 +15,12 @@ from dispatch.core.units import format_duration
 from dispatch.guards.headers import read_headers
 from dispatch.guards.longjob import KEYS, from_headers, missing, parse_spec
 from dispatch.hosts.judgement import Job
-from dispatch.local.booking import default_label
+from dispatch.local.admission.booking import default_label
 
 MYPY = False
 if MYPY:
     from dispatch.core.settings import Settings
-    from dispatch.local.ledgerdb import PeakRecord
+    from dispatch.local.store.ledgerdb import PeakRecord
 
 
 def make_job(argv: Sequence[str], *, label: str | None, cap: int | None, gpu_memory: int | None,

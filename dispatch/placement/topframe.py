@@ -18,7 +18,7 @@ if MYPY:
 
     from dispatch.core.reportshape import RunningJob
     from dispatch.core.view import Gauge
-    from dispatch.local.ledgerdb import RunRecord
+    from dispatch.local.store.ledgerdb import RunRecord
     from dispatch.placement.reports import HostReading
 
 # the orders ``s`` cycles through: name -> (key of a JobRow, largest first)

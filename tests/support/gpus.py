@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from dispatch.core.hostfacts import NVIDIA_PROC_ENV
-from dispatch.local.gpu import (
+from dispatch.local.gpus.gpu import (
     KERNEL_LOG_ENV,
 )
 
