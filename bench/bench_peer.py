@@ -142,9 +142,9 @@ SYNC_FLAGS = ["-a", "--delete", "--modify-window=-1", "--filter=:- .gitignore", 
 INTROSPECT = r"""
 import json, sys
 import dispatch
-from dispatch.hosts import bundle as agent
+from dispatch.hosts.ssh import bundle as agent
 from dispatch.config import load_settings
-from dispatch.hosts.peer import _RUN, PeerClient
+from dispatch.hosts.ssh.peer import _RUN, PeerClient
 settings = load_settings(sys.argv[1])
 host = settings.hosts[sys.argv[2]]
 client = PeerClient(settings, host)
@@ -159,7 +159,7 @@ print(json.dumps({"rsh": client.ssh.rsync_rsh(), "base": client.ssh.base_argv(),
 SPEC_OF = r"""
 import base64, os, sys
 from dispatch.config import load_settings
-from dispatch.hosts.peerrun import PeerRun
+from dispatch.hosts.ssh.peerrun import PeerRun
 from dispatch.core.request import RunRequest
 settings = load_settings(sys.argv[1])
 os.chdir(sys.argv[3])
@@ -196,7 +196,7 @@ print(n, h.hexdigest(), f"{(time.perf_counter() - t0) * 1000:.1f}")
 SYNC_HERE = r"""
 import glob, json, os, sys, time
 from dispatch.agent.treestate import walk
-from dispatch.hosts import syncstate
+from dispatch.hosts.ssh import syncstate
 (record,) = glob.glob(os.path.join(sys.argv[1], "peer-sync", "*"))
 out = []
 def timed(label, fn):
@@ -246,14 +246,15 @@ def step(label, fn):
         return
     out.append([label, (time.perf_counter() - t) * 1000])
 step("import dispatch.cli.main", lambda: __import__("dispatch.cli.main"))
-step("then import dispatch.hosts.peerrun (what --peer adds)", lambda: __import__("dispatch.hosts.peerrun"))
+step("then import dispatch.hosts.ssh.peerrun (what --peer adds)",
+     lambda: __import__("dispatch.hosts.ssh.peerrun"))
 loaded = []
 def settings():
     from dispatch.config import load_settings
     loaded.append(load_settings(sys.argv[1]))
 step("load_settings(config) (from its marshal cache)", settings)
 def name():
-    from dispatch.hosts import bundle as agent
+    from dispatch.hosts.ssh import bundle as agent
     agent.remote_path()
 step("agent.remote_path(): reads + hashes the core sources (every run)", name)
 def probe():
@@ -1264,7 +1265,7 @@ def main() -> int:
         h0, b0 = med["h0"] * 1000, med["b0"] * 1000
         # the local Python before the session: interpreter, imports, config, the agent's name
         local_est = m("py") + sum(step_ms(p) for p in (
-            "import dispatch.cli.main", "then import dispatch.hosts.peerrun", "load_settings",
+            "import dispatch.cli.main", "then import dispatch.hosts.ssh.peerrun", "load_settings",
             "agent.remote_path"))
         to_p, after_g = m(f"session:{TO_P}"), m(f"session:{AFTER_G}")
         print("\nWHERE THE TIME GOES (medians, ms; no-change case)")
@@ -1293,8 +1294,9 @@ def main() -> int:
               f"{m('agent_run'):.1f} here; a local `hostrun -- true` (same run_local) "
               f"{m('local_true'):.1f}; the by-hand ssh 'cd DIR && true' {m('ssh_cd'):.1f}")
         print(f"  local start-up: python -c pass {m('py'):.1f}; import dispatch.cli.main "
-              f"{step_ms('import dispatch.cli.main'):.1f} then dispatch.hosts.peerrun "
-              f"{step_ms('then import dispatch.hosts.peerrun'):.1f}, config {step_ms('load_settings'):.1f}, "
+              f"{step_ms('import dispatch.cli.main'):.1f} then dispatch.hosts.ssh.peerrun "
+              f"{step_ms('then import dispatch.hosts.ssh.peerrun'):.1f}, "
+              f"config {step_ms('load_settings'):.1f}, "
               f"agent name {step_ms('agent.remote_path'):.1f}, probe here "
               f"{step_ms('toolchain probe_here'):.1f} (in-process); with hostrun's bytecode cached [*] "
               f"a whole run took {m('h_cached'):.1f} vs {h0:.1f} as is")

@@ -8,7 +8,7 @@ One real OpenSSH peer is started with ``tests/support/sshd.py``'s ``SshdPeer`` o
 (127.0.0.2 by default): its own sshd, host key, user key, known_hosts, ssh_config, hostrun config,
 state dir and slice cgroup. The controller's private config names ``local`` and that peer.
 
-Warm (a ControlMaster is up; hostrun's own, at ``dispatch.hosts.transport.control_dir(state_dir)/%C``):
+Warm (a ControlMaster is up; hostrun's own, at ``dispatch.hosts.ssh.transport.control_dir(state_dir)/%C``):
 
 * ``hostrun --config C report --json`` (both hosts)            -- the target series
 * ``hostrun --config C report`` (both hosts, rendered with rich) -- shown with its own ratio
@@ -48,7 +48,7 @@ reports in the ``--json`` runs; and the top entries of ``python -X importtime -m
 report [--json]`` (median of 5 runs by total import time). That profile is distorted where the local
 report's worker thread and the event loop import at the same time (``-X importtime`` keeps one
 nesting count for all threads: negative self times), so the same modules are also profiled imported
-in one thread (``-c "import dispatch.cli.main, dispatch.placement.reports, dispatch.hosts.peer,
+in one thread (``-c "import dispatch.cli.main, dispatch.placement.reports, dispatch.hosts.ssh.peer,
 dispatch.local.report"``).
 
 Isolation: a private temporary directory with the controller's config (own ``state_dir``, own slice
@@ -60,9 +60,9 @@ ControlPath is killed by pid), sshd and everything below it is stopped, both sli
 directory are removed. Bookings, job cgroups or processes left behind are reported first as a failure.
 
 Needs root, ``/usr/sbin/sshd`` (openssh-server), the ``ssh`` client and a memory-cap backend (cgroup
-v1 on the reference machines). Standard library only (plus the repository's own ``tests/support/sshd.py`` and
-``dispatch.hosts.transport.control_dir``/``dispatch.hosts.bundle``/``dispatch.hosts.peer`` for the exact
-paths and command hostrun uses). Run by hand, e.g.::
+v1 on the reference machines). Standard library only (plus the repository's own
+``tests/support/sshd.py`` and ``dispatch.hosts.ssh.transport.control_dir``/``dispatch.hosts.ssh.bundle``/
+``dispatch.hosts.ssh.peer`` for the exact paths and command hostrun uses). Run by hand, e.g.::
 
     .venv/bin/python bench/bench_report.py --runs 20
 """
@@ -98,7 +98,7 @@ from _common import (  # noqa: E402 - after the sys.path set-up above
     startup_hooks,
 )
 
-from dispatch.hosts.transport import control_dir, remote_command  # noqa: E402
+from dispatch.hosts.ssh.transport import control_dir, remote_command  # noqa: E402
 from tests.support.sshd import SshdPeer  # noqa: E402
 
 WARM_TARGET = 5.0  # issue 13: warm two-host report --json <= 5x a warm ssh true
@@ -237,7 +237,7 @@ def print_table(title: str, series: list[Series]) -> dict[str, float]:
 
 
 REPORT_PATH_MODULES = (
-    "import dispatch.cli.main, dispatch.placement.reports, dispatch.hosts.peer, dispatch.local.report")
+    "import dispatch.cli.main, dispatch.placement.reports, dispatch.hosts.ssh.peer, dispatch.local.report")
 
 
 def importtime_profile(python: str, args: list[str], shown: str, env: dict[str, str], top: int,
@@ -354,8 +354,9 @@ def main() -> int:
         # The agent's name (content hash of the core hostrun sends) and the remote script that runs
         # it, from the code hostrun runs (the snapshot, with --snapshot).
         agent_rel, run_script = json.loads(subprocess.run(
-            [python, "-c", "import json; from dispatch.hosts.bundle import remote_path; "
-                           "from dispatch.hosts.peer import _RUN; print(json.dumps([remote_path(), _RUN]))"],
+            [python, "-c", "import json; from dispatch.hosts.ssh.bundle import remote_path; "
+                           "from dispatch.hosts.ssh.peer import _RUN; "
+                           "print(json.dumps([remote_path(), _RUN]))"],
             env=env, capture_output=True, text=True, check=True).stdout)
         agent_file = peer.home / agent_rel
         peer_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(peer.home),

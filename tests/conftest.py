@@ -307,7 +307,7 @@ def require_sshd() -> None:
 
 def _stop_masters(state_dir: Path) -> None:
     """ControlMaster processes outlive the commands (ControlPersist): stop this test's ones."""
-    from dispatch.hosts.transport import control_dir
+    from dispatch.hosts.ssh.transport import control_dir
 
     # A master renames itself "ssh: DIR/HASH [mux]"; clients carry "ControlPath=DIR/%C".
     directory = control_dir(str(state_dir))

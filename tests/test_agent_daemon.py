@@ -19,9 +19,9 @@ from typing import Any
 
 from dispatch.core.settings import Settings
 from dispatch.core.units import MiB
-from dispatch.hosts import bundle
-from dispatch.hosts.agentd import ask, local_socket
-from dispatch.hosts.peer import PeerClient
+from dispatch.hosts.ssh import bundle
+from dispatch.hosts.ssh.agentd import ask, local_socket
+from dispatch.hosts.ssh.peer import PeerClient
 from tests.conftest import Hostrun, _stop_masters, pid_alive
 
 

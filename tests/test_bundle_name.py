@@ -1,5 +1,5 @@
 """The agent's name (``<version>-<content hash>``) is remembered under a stamp of the sources' stat
-data (``dispatch.hosts.bundle.name``). Run on a real copy of ``dispatch/`` in a subprocess each time
+data (``dispatch.hosts.ssh.bundle.name``). Run on a real copy of ``dispatch/`` in a subprocess each time
 (the name is kept per process): a changed source must give a new name even when its size and mtime
 are put back, and a remembered name only we could have written is the only one used."""
 
@@ -27,7 +27,7 @@ def copy(tmp_path: Path) -> Path:
 
 def agent_name(src: Path, cache_home: Path) -> str:
     env = dict(os.environ, PYTHONPATH=str(src), XDG_CACHE_HOME=str(cache_home), PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.run([sys.executable, "-c", "from dispatch.hosts import bundle; print(bundle.name())"],
+    proc = subprocess.run([sys.executable, "-c", "from dispatch.hosts.ssh import bundle; print(bundle.name())"],
                           env=env, capture_output=True, text=True, timeout=60, cwd=src)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()

@@ -49,7 +49,7 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
          "hosts.peer: max_runtime of a peer is set in the peer's own config"),
         ("[hosts.local]\nssh = 'p'\n", "hosts.local: ssh is for peers; local is this machine"),
         ("[hosts.box]\nkind = 'pbs'\nssh = 'p'\n",
-         "hosts.box.kind: unknown kind 'pbs' (known: local, ssh, slurm)"),
+         "hosts.box.kind: unknown kind 'pbs' (known: local, slurm, ssh)"),
         ("[hosts.local]\nkind = 'ssh'\n",
          "hosts.local.kind: local is this machine, so its kind is local, not 'ssh'"),
         ("[hosts.box]\nkind = 'local'\n",

@@ -21,7 +21,7 @@ from dispatch.core.errors import (
     ToolchainMismatchError,
 )
 from dispatch.core.exitcodes import ExitCode, outcome_name
-from dispatch.hosts.transport import classify, is_transient
+from dispatch.hosts.ssh.transport import classify, is_transient
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dispatch"
 

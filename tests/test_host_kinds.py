@@ -20,8 +20,8 @@ from dispatch.core.units import GiB, MiB
 from dispatch.hosts import kinds
 from dispatch.hosts.kinds import KINDS, host_for
 from dispatch.hosts.local import LocalHost
-from dispatch.hosts.peer import PeerClient
-from dispatch.hosts.ssh import SshPeer
+from dispatch.hosts.ssh.kind import SshPeer
+from dispatch.hosts.ssh.peer import PeerClient
 from dispatch.placement.dispatcher import Decision, Job, decide
 from dispatch.placement.reports import HostReading
 from tests.support.toykind import ToyHost
@@ -56,7 +56,7 @@ def test_kind_absent_is_inferred_from_the_name_and_explicit_is_the_same(tmp_path
 
 
 @pytest.mark.parametrize(("body", "line"), [
-    ("[hosts.box]\nkind = 'pbs'\n", "hosts.box.kind: unknown kind 'pbs' (known: local, ssh, slurm)"),
+    ("[hosts.box]\nkind = 'pbs'\n", "hosts.box.kind: unknown kind 'pbs' (known: local, slurm, ssh)"),
     ("[hosts.local]\nkind = 'ssh'\nssh = 'x'\n",
      "hosts.local.kind: local is this machine, so its kind is local, not 'ssh'"),
     ("[hosts.box]\nkind = 'local'\n",

@@ -86,7 +86,7 @@ def test_a_peer_run_loads_none_of_the_heavy_modules(hostrun: Hostrun, peers: Any
     _, tree = peer_setup(hostrun, peers, tmp_path)
     assert hostrun.run("--peer", "-m", "64M", "--", "true", cwd=tree / "src").returncode == 0
     names = imported(hostrun, "--peer", "-m", "64M", "--", "true", cwd=tree / "src")
-    assert "dispatch.hosts.peerrun" in names
+    assert "dispatch.hosts.ssh.peerrun" in names
     assert names & PEER_RUN_AVOIDS == set()
 
 

@@ -101,7 +101,7 @@ def _external(module: str) -> set[str]:
 
 
 def _shipped_modules(edges: dict[str, set[str]]) -> set[str]:
-    from dispatch.hosts.bundle import SHIPPED
+    from dispatch.hosts.ssh.bundle import SHIPPED
 
     return {m for m in edges if m == "dispatch" or m.split(".")[1] in SHIPPED}
 
@@ -121,7 +121,7 @@ def test_the_shipped_packages_import_nothing_controller_only_pydantic_or_rich() 
 
 def test_the_bundle_holds_exactly_the_shipped_packages() -> None:
     """The zip a peer gets is built from the folders, so what the test above checks is what ships."""
-    from dispatch.hosts.bundle import _files
+    from dispatch.hosts.ssh.bundle import _files
 
     edges = _graph()
     in_zip = {path for path, _ in _files()}

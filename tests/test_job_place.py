@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dispatch.core.errors import UsageError
-from dispatch.hosts.remotetree import job_place
+from dispatch.hosts.ssh.remotetree import job_place
 
 ROOT = Path(__file__).resolve().parent.parent
 

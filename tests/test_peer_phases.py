@@ -1,4 +1,4 @@
-"""The phases of a peer run (``dispatch.hosts.peerrun.PeerRun``) against a fake peer
+"""The phases of a peer run (``dispatch.hosts.ssh.peerrun.PeerRun``) against a fake peer
 (tests/support/fakepeer.py).
 
 Real: ``PeerRun`` itself, the frames and wire records, a subprocess playing the agent, rsync copying

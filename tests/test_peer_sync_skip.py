@@ -1,4 +1,4 @@
-"""Skip-if-unchanged sync (dispatch/hosts/syncstate.py, dispatch/agent/treestate.py) on the fake peer:
+"""Skip-if-unchanged sync (dispatch/hosts/ssh/syncstate.py, dispatch/agent/treestate.py) on the fake peer:
 the real ``PeerRun``, the real agent-side copy check and manifest, the real rsync copying locally.
 
 rsync is skipped only when this tree AND the peer's copy are as the last sync left them; a change
@@ -274,7 +274,7 @@ def test_the_walk_excludes_only_what_rsync_surely_excludes(tmp_path: Path) -> No
 
 def test_changed_paths_too_long_for_the_go_frame_mean_the_full_sync(tmp_path: Path) -> None:
     from dispatch.agent.frames import MAX_PAYLOAD
-    from dispatch.hosts import syncstate
+    from dispatch.hosts.ssh import syncstate
 
     root = tmp_path / "t"
     (root / ("d" * 200)).mkdir(parents=True)

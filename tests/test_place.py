@@ -14,7 +14,7 @@ from dispatch.core.errors import AcrossDisabledError, OverPeerCapError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.units import GiB
-from dispatch.hosts.sshkeys import SPEC as SSH_KIND
+from dispatch.hosts.ssh.keys import SPEC as SSH_KIND
 from dispatch.placement.auto import Placement, forget_sent, place_on_peer
 from dispatch.placement.pending import Pending
 

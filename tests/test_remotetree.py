@@ -1,4 +1,4 @@
-"""``dispatch.hosts.remotetree``: the one place the ssh peer and the Slurm login node take the tree,
+"""``dispatch.hosts.ssh.remotetree``: the one place the ssh peer and the Slurm login node take the tree,
 the job's place in it, the name of its copy, an rsync failure's line and a failed ``--return``."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from dispatch.core.errors import SyncFailedError, UsageError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.outcome import Outcome
-from dispatch.hosts.remotetree import (
+from dispatch.hosts.ssh.remotetree import (
     LOGIN_RSYNC,
     PEER_RETURN,
     PEER_SYNC,

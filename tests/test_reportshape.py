@@ -1,4 +1,4 @@
-"""The declared report shapes (``dispatch.core.reportshape``, ``dispatch.hosts.slurmshape``) are what
+"""The declared report shapes (``dispatch.core.reportshape``, ``dispatch.hosts.slurm.shape``) are what
 the code really builds: a real report of this machine, a peer agent's report (the same code the agent
 runs there), and a cluster's report from recorded Slurm outputs are each checked key by key and type
 by type against their ``TypedDict`` (no key missing, none undeclared); and the records a report
@@ -17,7 +17,7 @@ from typing_extensions import ReadOnly
 
 from dispatch.config.model import validate_file
 from dispatch.core import reportshape
-from dispatch.hosts import slurmshape
+from dispatch.hosts.slurm import shape as slurmshape
 from dispatch.local.admission.ledger import Ledger
 from dispatch.local.gpus.gpu import Gpu
 from dispatch.local.store.ledgerdb import PeakRecord
@@ -109,8 +109,8 @@ def test_a_peer_agents_report_is_a_machine_report(hostrun: Hostrun, monkeypatch:
 
 def test_a_clusters_report_is_a_cluster_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from dispatch.hosts.kinds import host_for
-    from dispatch.hosts.slurmcommands import Done
-    from dispatch.hosts.slurmreport import cluster_report
+    from dispatch.hosts.slurm.commands import Done
+    from dispatch.hosts.slurm.report import cluster_report
 
     recorded = Path(__file__).parent / "recorded" / "slurm"
     cfg = tmp_path / "hosts.toml"

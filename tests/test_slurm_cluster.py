@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from dispatch.hosts import slurmfacts as sf
+from dispatch.hosts.slurm import facts as sf
 from tests.support.slurmcluster import SlurmCluster
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.units import MiB
-from dispatch.hosts import slurmfacts as sf
+from dispatch.hosts.slurm import facts as sf
 from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.system

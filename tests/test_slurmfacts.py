@@ -1,4 +1,4 @@
-"""The Slurm fact parsers (dispatch/hosts/slurmfacts.py) on outputs recorded from Slurm 22.05 here.
+"""The Slurm fact parsers (dispatch/hosts/slurm/facts.py) on outputs recorded from Slurm 22.05 here.
 
 The files in tests/recorded/slurm were captured from the private one-node cluster of
 tests/support/slurmcluster.py (Slurm 22.05.8, node "vm", 2 CPUs, RealMemory 21695 MiB, no slurmdbd): an idle
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dispatch.core.units import MiB
-from dispatch.hosts import slurmfacts as sf
+from dispatch.hosts.slurm import facts as sf
 
 RECORDED = Path(__file__).parent / "recorded" / "slurm"
 

@@ -14,9 +14,8 @@ from dispatch.core.errors import ConfigError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.request import RunRequest
 from dispatch.hosts.kinds import host_for
-from dispatch.hosts.slurm import SlurmHost
-from dispatch.hosts.slurmfacts import duration_seconds
-from dispatch.hosts.slurmjob import (
+from dispatch.hosts.slurm.facts import duration_seconds
+from dispatch.hosts.slurm.job import (
     MarkerFilter,
     job_mem,
     marker,
@@ -27,7 +26,8 @@ from dispatch.hosts.slurmjob import (
     verdict,
     wrapper_script,
 )
-from dispatch.hosts.slurmkeys import SlurmOptions, options_of
+from dispatch.hosts.slurm.keys import SlurmOptions, options_of
+from dispatch.hosts.slurm.kind import SlurmHost
 
 MiB, GiB = 1 << 20, 1 << 30
 TOKEN = "0123456789abcdef"
@@ -71,7 +71,7 @@ def test_a_bad_slurm_table_is_one_line(tmp_path: Path, body: str, needle: str) -
 
 def test_options_default_to_nothing() -> None:
     from dispatch.core.configfile import make_host
-    from dispatch.hosts.slurmkeys import SPEC
+    from dispatch.hosts.slurm.keys import SPEC
 
     assert options_of(make_host("farm", SPEC)) == SlurmOptions()
 
@@ -241,7 +241,7 @@ def test_slurm_durations(text: str, seconds: float | None) -> None:
 
 
 def test_within_nodes_cuts_the_half_rule_to_the_largest_node() -> None:
-    from dispatch.hosts.slurmjob import within_nodes
+    from dispatch.hosts.slurm.job import within_nodes
 
     assert within_nodes(512 * MiB, 1024 * MiB) == (512 * MiB, None)
     assert within_nodes(512 * MiB, None) == (512 * MiB, None)

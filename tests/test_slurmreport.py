@@ -15,12 +15,12 @@ import pytest
 from dispatch.config.model import validate_file
 from dispatch.core.errors import PeerUnreachableError
 from dispatch.hooks.table import host_line
-from dispatch.hosts import slurmfacts as sf
 from dispatch.hosts.judgement import HostPending, Job
 from dispatch.hosts.kinds import host_for
-from dispatch.hosts.slurm import SlurmHost
-from dispatch.hosts.slurmcommands import Done
-from dispatch.hosts.slurmreport import cluster_report, judge_cluster, node_entry
+from dispatch.hosts.slurm import facts as sf
+from dispatch.hosts.slurm.commands import Done
+from dispatch.hosts.slurm.kind import SlurmHost
+from dispatch.hosts.slurm.report import cluster_report, judge_cluster, node_entry
 from dispatch.local.admission.ledger import Ledger
 from dispatch.local.capacity import half_rule_cap, host_capacity
 from dispatch.placement.reports import HostReading

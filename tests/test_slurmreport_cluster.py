@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from dispatch.core.units import MiB
-from dispatch.hosts import slurmfacts as sf
+from dispatch.hosts.slurm import facts as sf
 from tests.conftest import Hostrun
 from tests.support.slurmcluster import SlurmCluster
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from dispatch.hosts.transport import control_path_option
+from dispatch.hosts.ssh.transport import control_path_option
 from tests.conftest import ON_CI
 
 ODD = ["/tmp/a b", '/tmp/q"x', "/tmp/s'q", "/tmp/p%d", "/tmp/b\\s", "/tmp/all of 'it\" %%\\"]

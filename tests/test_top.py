@@ -16,7 +16,7 @@ from dispatch.cli.toplayout import cells, cut, layout, plain
 from dispatch.config.model import validate_file
 from dispatch.core.units import GiB, MiB
 from dispatch.hosts.kinds import host_for
-from dispatch.hosts.slurmcommands import Done
+from dispatch.hosts.slurm.commands import Done
 from dispatch.local.store.ledgerdb import RunRecord
 from dispatch.placement.reports import HostReading
 from dispatch.placement.topframe import SORTS, build, meaning

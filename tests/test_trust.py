@@ -28,7 +28,7 @@ from dispatch.core.exitcodes import ExitCode
 from dispatch.core.fingerprint import short_hash
 from dispatch.core.settings import Settings
 from dispatch.core.units import GiB
-from dispatch.hosts.transport import control_dir
+from dispatch.hosts.ssh.transport import control_dir
 from tests.conftest import Hostrun, OtherUser
 
 TOP = 'enable_across_machines = true\ntoolchain_probes = ["rsync --version"]'

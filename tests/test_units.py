@@ -27,11 +27,11 @@ from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import check_name, storable
 from dispatch.core.units import GiB, MiB, format_duration, parse_duration, parse_size
 from dispatch.guards.longjob import KEYS, from_headers, missing, parse_spec
-from dispatch.hosts import transport as ssh
 from dispatch.hosts.judgement import HostPending
 from dispatch.hosts.kinds import host_for
-from dispatch.hosts.peers import choose_peer, effective_cap
-from dispatch.hosts.sshkeys import SPEC as SSH_KIND
+from dispatch.hosts.ssh import transport as ssh
+from dispatch.hosts.ssh.keys import SPEC as SSH_KIND
+from dispatch.hosts.ssh.peers import choose_peer, effective_cap
 from dispatch.placement import auto
 from dispatch.placement.dispatcher import Decision, Job, decide, judge
 from dispatch.placement.reports import HostReading

@@ -262,7 +262,7 @@ def test_the_peer_work_directory_claim_names_its_directory(tmp_path: Path) -> No
     ``workdirs`` reads and trusts: same session, and bound to its directory."""
     import sys
 
-    from dispatch.hosts.slurmlogin import MAKE_DIR
+    from dispatch.hosts.slurm.login import MAKE_DIR
 
     target = tmp_path / "work"
     done = subprocess.run([sys.executable, "-c", MAKE_DIR, str(target), SESSION, "slurm work"],
@@ -285,7 +285,7 @@ def test_the_inline_claim_writes_the_owner_file_workdirs_writes(tmp_path: Path) 
     import sys
 
     from dispatch.guards import workdirowner
-    from dispatch.hosts.slurmlogin import MAKE_DIR
+    from dispatch.hosts.slurm.login import MAKE_DIR
 
     target = tmp_path / "work"
     subprocess.run([sys.executable, "-c", MAKE_DIR, str(target), SESSION, "slurm work"],

@@ -2,7 +2,7 @@
 
 A per-call agent costs a Python start on the peer for every report (~47 ms here); a daemon answers
 in a few ms. The controller starts it on demand through its existing ControlMaster (one session, no
-second login) and reaches it through a socket forwarded by that master (``dispatch.hosts.agentd``).
+second login) and reaches it through a socket forwarded by that master (``dispatch.hosts.ssh.agentd``).
 
 - One daemon per agent version: the socket and lock are named after the agent's directory
   (``agent-<version>-<hash>``), so a new controller version starts a new daemon and the old idles out.

@@ -1,5 +1,5 @@
 """The report daemon's framing, one request and one answer per connection (``dispatch.agent.serve``
-on the peer, ``dispatch.hosts.agentd`` here): a 4-byte big-endian length, then JSON."""
+on the peer, ``dispatch.hosts.ssh.agentd`` here): a 4-byte big-endian length, then JSON."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The records that cross ``hostrun --peer``'s wire: the run's spec (``J``) and its result (``R``).
 
-Each field is written once, here, for both sides: the controller (``dispatch.hosts.peerrun``) encodes and
+Each field is written once, here, for both sides: the controller (``dispatch.hosts.ssh.peerrun``) encodes and
 the agent (``dispatch.agent.run``) decodes with the same code, and both ship from the same tree (the
 agent's name is its content hash), so they always agree. The request's own fields travel under their
 ``RunRequest`` names: a field added there travels without a change here. The frames themselves:

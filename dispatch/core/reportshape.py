@@ -11,7 +11,7 @@ must still be read; these ``TypedDict``s declare that contract for the type chec
 - ``MachineReport``: a machine running hostrun's own runner (this machine, an ssh peer's agent):
   its memory, slice, load, heavy threads, GPUs, bookings and queue.
 - A kind with another shape declares it beside its module (the Slurm cluster's:
-  ``dispatch.hosts.slurmshape``).
+  ``dispatch.hosts.slurm.shape``).
 
 Type-checking only: runtime modules import it under ``if MYPY:``, so no report path pays for
 ``typing`` (a report is read before every heavy command).

@@ -47,7 +47,7 @@ class HostSettings(NamedTuple):
 
     The keys every kind shares (``dispatch.core.hostkeys.COMMON``) are fields; the kind's own keys
     are in ``options`` (a plain mapping, so the config cache can marshal it), from which the kind's
-    module builds its typed record (e.g. ``dispatch.hosts.ssh.SshOptions``). ``kind`` empty: the
+    module builds its typed record (e.g. ``dispatch.hosts.ssh.keys.SshOptions``). ``kind`` empty: the
     kind its name implies (``hostkeys.inferred_kind``); the parsers always set it.
     """
 

@@ -2,7 +2,7 @@
 a host's name or kind (docs/design.md, "Where to add a host kind").
 
 A kind is a subclass in its own module (``dispatch.hosts.local.LocalHost``,
-``dispatch.hosts.ssh.SshPeer``, ``dispatch.hosts.slurm.SlurmHost``), its settings declared once as a
+``dispatch.hosts.ssh.kind.SshPeer``, ``dispatch.hosts.slurm.kind.SlurmHost``), its settings declared once as a
 ``KindSpec`` (``dispatch.core.hostkeys``), registered in ``dispatch.hosts.kinds``. A kind whose
 hosts run hostrun's own runner (this machine, an ssh peer's agent) derives from ``MachineHost``
 (``dispatch.hosts.machine``), which reads and describes that runner's report.

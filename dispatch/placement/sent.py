@@ -9,7 +9,7 @@ from __future__ import annotations
 from dispatch.core.errors import AcrossDisabledError
 from dispatch.core.records import NamedTuple
 from dispatch.core.settings import Settings
-from dispatch.hosts.peers import choose_peer
+from dispatch.hosts.ssh.peers import choose_peer
 from dispatch.placement.pending import Pending
 
 MYPY = False

@@ -1,4 +1,4 @@
-"""A fake peer for ``hostrun --peer`` (``dispatch.hosts.peerrun.PeerRun``): no sshd, no root, no cgroups.
+"""A fake peer for ``hostrun --peer`` (``dispatch.hosts.ssh.peerrun.PeerRun``): no sshd, no root, no cgroups.
 
 ``FakeLink`` is a ``PeerLink`` (the seam ``SshLink`` fills for real). Its "session" is a local
 subprocess running this file as a scripted agent: it reads the spec frame and decodes it with the

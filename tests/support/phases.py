@@ -11,9 +11,9 @@ from dispatch.core.configfile import make_host
 from dispatch.core.outcome import Outcome
 from dispatch.core.request import RunRequest
 from dispatch.core.settings import LOCAL, HostSettings, Settings
-from dispatch.hosts.peerrun import PeerRun
-from dispatch.hosts.remotetree import tree_id
-from dispatch.hosts.sshkeys import SPEC as SSH_KIND
+from dispatch.hosts.ssh.keys import SPEC as SSH_KIND
+from dispatch.hosts.ssh.peerrun import PeerRun
+from dispatch.hosts.ssh.remotetree import tree_id
 from tests.support.fakepeer import HOST_SSH, FakeLink, Script
 
 PROBE = "echo faketool 1.0"  # the toolchain probe, run on this host by the controller

@@ -26,7 +26,7 @@ KEYS = (
     Key("qos", "qos", TEXT),
     Key("srun_args", "srun_args", WORDS),  # e.g. ["--constraint=a100"], after hostrun's own flags
     Key("slurm_conf", "slurm_conf", TEXT),  # SLURM_CONF for the client commands (where they run)
-    # A login node: as for an ssh peer (dispatch.hosts.sshkeys), so the SSH transport reads them.
+    # A login node: as for an ssh peer (dispatch.hosts.ssh.keys), so the SSH transport reads them.
     Key("ssh", "ssh", TEXT),
     Key("port", "port", INT, 1, 65535),
     Key("ssh_config", "ssh_config", PATH),

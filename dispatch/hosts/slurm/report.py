@@ -2,7 +2,7 @@
 placement").
 
 The report is read from three bounded client commands (``scontrol -d show node -o``, ``squeue``,
-``scontrol show config``; each within ``report_timeout``) and parsed by ``dispatch.hosts.slurmfacts``.
+``scontrol show config``; each within ``report_timeout``) and parsed by ``dispatch.hosts.slurm.facts``.
 It keeps the keys other readers of a report use, with honest values for a cluster:
 
 - ``slice.limit`` is the largest node's RealMemory (the most one job can ever get) and ``slice.free``
@@ -23,8 +23,8 @@ import time
 
 from dispatch.core.errors import PeerUnreachableError
 from dispatch.core.units import format_size
-from dispatch.hosts import slurmfacts as sf
 from dispatch.hosts.judgement import Judgement
+from dispatch.hosts.slurm import facts as sf
 
 MYPY = False
 if MYPY:
@@ -33,11 +33,11 @@ if MYPY:
     from dispatch.core.reportshape import QueuedJob, Report
     from dispatch.core.settings import HostSettings, Settings
     from dispatch.hosts.judgement import HostPending, Job
-    from dispatch.hosts.slurmkeys import SlurmOptions
-    from dispatch.hosts.slurmshape import ClusterJob, ClusterReport, DefaultMem, NamedSize, Node
+    from dispatch.hosts.slurm.keys import SlurmOptions
+    from dispatch.hosts.slurm.shape import ClusterJob, ClusterReport, DefaultMem, NamedSize, Node
 
     class SlurmHost(Protocol):
-        """What this module asks of ``dispatch.hosts.slurm.SlurmHost`` (which imports this module)."""
+        """What this module asks of ``dispatch.hosts.slurm.kind.SlurmHost`` (which imports this module)."""
 
         settings: Settings
         table: HostSettings
@@ -190,7 +190,7 @@ def judge_cluster(host: SlurmHost, job: Job, report: ClusterReport, waiting: Hos
     threads (``--threads``, else ``heavy_threads``, else 1) free on the node to fit now, that many
     CPUs on some node at all, else it can never start (Slurm would keep it pending for good).
     """
-    from dispatch.hosts.slurmjob import job_mem
+    from dispatch.hosts.slurm.job import job_mem
 
     peak = report.get("label_peak")
     mem, _ = job_mem(job.cap, peak["max_peak"] if peak else None, host.table.default_cap)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dispatch.core import view
 from dispatch.core.units import format_size
-from dispatch.hosts.slurmreport import cluster_of
+from dispatch.hosts.slurm.report import cluster_of
 
 MYPY = False
 if MYPY:

@@ -18,16 +18,16 @@ from collections.abc import Callable, Sequence
 
 from dispatch.core.errors import SyncFailedError
 from dispatch.core.fdio import write_all
-from dispatch.hosts.remotetree import LOGIN_RSYNC, Rsync, pump_stdin, remote_tree_spec, rsync_over
-from dispatch.hosts.slurmcommands import Done, SlurmCommands
-from dispatch.hosts.sync import protects_args, tree_sync_options
+from dispatch.hosts.slurm.commands import Done, SlurmCommands
+from dispatch.hosts.ssh.remotetree import LOGIN_RSYNC, Rsync, pump_stdin, remote_tree_spec, rsync_over
+from dispatch.hosts.ssh.sync import protects_args, tree_sync_options
 
 MYPY = False
 if MYPY:
     from typing import IO
 
     from dispatch.core.settings import HostSettings, Settings
-    from dispatch.hosts.slurmkeys import SlurmOptions
+    from dispatch.hosts.slurm.keys import SlurmOptions
 
 # Reads exactly its header from fd 0 (no buffered stdin: the rest stays for srun), then execs.
 SHIM = ("import os\n"
@@ -92,7 +92,7 @@ class LoginCommands(SlurmCommands):
 
     def __init__(self, name: str, options: SlurmOptions, host: HostSettings, config: Settings) -> None:
         super().__init__(name, options)
-        from dispatch.hosts.transport import SshTransport
+        from dispatch.hosts.ssh.transport import SshTransport
 
         self.config = config
         self.ssh = SshTransport(host, config.state_dir, config.report_timeout, config.control_persist)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+import dispatch
 from dispatch import __version__
 from dispatch.core.configpath import cache_dir
 from dispatch.core.fingerprint import sha256
@@ -29,7 +30,7 @@ _name: str | None = None
 
 def _sources() -> list[tuple[str, str]]:
     """(name in the zip, path here) of every shipped source, in a fixed order."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.abspath(dispatch.__file__))
     found = [("dispatch/__init__.py", os.path.join(root, "__init__.py"))]
     for package in SHIPPED:
         for dirpath, dirnames, filenames in os.walk(os.path.join(root, package)):

@@ -1,9 +1,10 @@
 """``hostrun --peer -- CMD``: the peer driver's seven steps (docs/design.md, "A peer run").
 
 1. ``enable_across_machines`` must be on (248), 2. the cap within the peer's ``peer_memory_cap``
-(249) — both in ``dispatch.hosts.peers``; 3. the toolchain probes agree on both hosts (247); 4. the tree is
-rsynced to a stable per-tree directory under the peer's work root, over the same ControlMaster (252),
-unless neither the tree nor the peer's copy changed since the last sync (``dispatch.hosts.syncstate``);
+(249) — both in ``dispatch.hosts.ssh.peers``; 3. the toolchain probes agree on both hosts (247); 4.
+the tree is rsynced to a stable per-tree directory under the peer's work root, over the same
+ControlMaster (252), unless neither the tree nor the peer's copy changed since the last sync
+(``dispatch.hosts.ssh.syncstate``);
 5-7. the agent books the job on the peer's own ledger, runs it under the peer's cap and reports the
 outcome; output is streamed live (stdout and stderr kept apart), signals are forwarded in-band (sshd
 refuses signal requests for root logins), heartbeats both ways detect a dead link (251), and
@@ -37,10 +38,11 @@ from dispatch.core.errors import (
 from dispatch.core.outcome import Outcome
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.guards.toolchain import compare, probe_here
-from dispatch.hosts import bundle as agent
-from dispatch.hosts.peer import _RUN, PeerClient
-from dispatch.hosts.peersession import AgentMissing, AgentSession
-from dispatch.hosts.remotetree import (
+from dispatch.hosts.ssh import bundle as agent
+from dispatch.hosts.ssh.keys import options_of
+from dispatch.hosts.ssh.peer import _RUN, PeerClient
+from dispatch.hosts.ssh.peersession import AgentMissing, AgentSession
+from dispatch.hosts.ssh.remotetree import (
     PEER_RETURN,
     PEER_SYNC,
     Rsync,
@@ -51,9 +53,8 @@ from dispatch.hosts.remotetree import (
     tree_id,
     work_claim,
 )
-from dispatch.hosts.sshkeys import options_of
-from dispatch.hosts.sync import protects_args, shell_unsafe, tree_sync_options
-from dispatch.hosts.transport import retry_transient
+from dispatch.hosts.ssh.sync import protects_args, shell_unsafe, tree_sync_options
+from dispatch.hosts.ssh.transport import retry_transient
 from dispatch.local import alertlog
 from dispatch.local.admission.booking import default_label
 
@@ -63,7 +64,7 @@ if MYPY:
 
     from dispatch.agent.treestate import Walk
     from dispatch.core.request import RunRequest
-    from dispatch.hosts.syncstate import Loaded
+    from dispatch.hosts.ssh.syncstate import Loaded
 
     class PeerLink(Protocol):
         """What ``PeerRun`` does to its peer (``SshLink`` for real; tests/support/fakepeer.py for a fake)."""
@@ -197,7 +198,7 @@ class PeerRun:
             self._walker.start()
 
     def _walk_and_load(self) -> None:
-        from dispatch.hosts import syncstate
+        from dispatch.hosts.ssh import syncstate
 
         try:
             record = syncstate.record_path(self.settings.state_dir, self.host.name, tree_id(self.tree))
@@ -211,7 +212,7 @@ class PeerRun:
     def sync(self) -> None:
         """Step 4: no rsync when neither this tree nor the peer's copy changed since the last sync;
         only the changed files when just they changed here; else the full rsync."""
-        from dispatch.hosts import syncstate
+        from dispatch.hosts.ssh import syncstate
 
         self._start_walk()
         assert self._walker is not None
@@ -343,7 +344,7 @@ class PeerRun:
 
 
 def _save_record(record: str, key: str, token: str, walked: Walk) -> None:
-    from dispatch.hosts import syncstate
+    from dispatch.hosts.ssh import syncstate
 
     try:
         syncstate.save(record, key, token, walked)

@@ -23,14 +23,14 @@ import time
 from dispatch.agent.socketframes import frame, read_frame
 from dispatch.core.errors import HostrunError
 from dispatch.core.fingerprint import short_hash
-from dispatch.hosts import bundle as agent
+from dispatch.hosts.ssh import bundle as agent
 
 MYPY = False
 if MYPY:
     from collections.abc import Callable
     from typing import Any
 
-    from dispatch.hosts.transport import RemoteResult, SshTransport
+    from dispatch.hosts.ssh.transport import RemoteResult, SshTransport
 
 RETRY_AFTER = 300.0
 MAX_ANSWER = 64 << 20

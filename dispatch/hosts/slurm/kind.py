@@ -1,14 +1,14 @@
 """The ``slurm`` kind: a Slurm cluster behind hostrun's command line, exit codes and peak history
 (docs/slurm.md). Slurm caps (``srun --mem``, enforced by its cgroups) and places the job; hostrun sizes
 ``--mem`` from the label's recorded peak, tells why the job ended, and records its peak. Settings:
-``dispatch.hosts.slurmkeys``; the job as srun sees it: ``dispatch.hosts.slurmjob``."""
+``dispatch.hosts.slurm.keys``; the job as srun sees it: ``dispatch.hosts.slurm.job``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from dispatch.hosts.base import Host, RunExtras
-from dispatch.hosts.slurmkeys import SLURM, SPEC, options_of
+from dispatch.hosts.slurm.keys import SLURM, SPEC, options_of
 
 MYPY = False
 if MYPY:
@@ -20,8 +20,8 @@ if MYPY:
     from dispatch.core.settings import HostSettings, Settings
     from dispatch.core.view import Block, Gauge
     from dispatch.hosts.judgement import HostPending, Job, Judgement
-    from dispatch.hosts.slurmcommands import SlurmCommands
-    from dispatch.hosts.slurmshape import ClusterReport
+    from dispatch.hosts.slurm.commands import SlurmCommands
+    from dispatch.hosts.slurm.shape import ClusterReport
 
 
 class SlurmHost(Host):
@@ -35,20 +35,20 @@ class SlurmHost(Host):
     def commands(self) -> SlurmCommands:
         """Where its client commands run: here, or on its login node (``ssh`` set)."""
         if self.options.ssh:
-            from dispatch.hosts.slurmlogin import LoginCommands
+            from dispatch.hosts.slurm.login import LoginCommands
 
             return LoginCommands(self.name, self.options, self.table, self.settings)
-        from dispatch.hosts.slurmcommands import SlurmCommands
+        from dispatch.hosts.slurm.commands import SlurmCommands
 
         return SlurmCommands(self.name, self.options)
 
     def report(self, label: str | None = None, peaks: bool = False) -> ClusterReport:
-        from dispatch.hosts.slurmreport import cluster_report
+        from dispatch.hosts.slurm.report import cluster_report
 
         return cluster_report(self, label, peaks)
 
     def judge(self, job: Job, report: Report, waiting: HostPending | None) -> Judgement:
-        from dispatch.hosts.slurmreport import cluster_of, judge_cluster
+        from dispatch.hosts.slurm.report import cluster_of, judge_cluster
 
         return judge_cluster(self, job, cluster_of(report), waiting)
 
@@ -58,23 +58,23 @@ class SlurmHost(Host):
         return cap if cap is not None else (self.table.default_cap or 0)
 
     def run(self, request: RunRequest, say: Callable[[str], None], extras: RunExtras) -> Outcome:
-        from dispatch.hosts.slurmrun import SlurmRun
+        from dispatch.hosts.slurm.run import SlurmRun
 
         return SlurmRun(self, self.commands(), request, say, extras).run()
 
     def summary(self, report: Report) -> str:
-        """A cluster has no load or slice of its own (``dispatch.hosts.slurmreport``): its nodes."""
-        from dispatch.hosts.slurmview import summary
+        """A cluster has no load or slice of its own (``dispatch.hosts.slurm.report``): its nodes."""
+        from dispatch.hosts.slurm.view import summary
 
         return summary(report)
 
     def describe(self, report: Report) -> list[Block]:
-        from dispatch.hosts.slurmview import describe
+        from dispatch.hosts.slurm.view import describe
 
         return describe(report)
 
     def gauges(self, report: Report) -> list[Gauge]:
-        from dispatch.hosts.slurmview import gauges
+        from dispatch.hosts.slurm.view import gauges
 
         return gauges(report)
 
@@ -82,7 +82,7 @@ class SlurmHost(Host):
         """Can its commands be read, which Slurm answers (``scontrol --version``), how many nodes
         take jobs; problems: none usable, or a ``partition`` the cluster does not have."""
         from dispatch.core.errors import HostrunError
-        from dispatch.hosts import slurmfacts as sf
+        from dispatch.hosts.slurm import facts as sf
 
         part = f", partition {self.options.partition}" if self.options.partition else ""
         entry: dict[str, Any] = {"host": self.name, "kind": self.kind, "ok": reading.ok,
@@ -114,3 +114,6 @@ class SlurmHost(Host):
             states = ", ".join(f"{n['name']} {n['state']}" for n in report["nodes"]) or "no nodes"
             entry["problems"].append(f"no usable node: jobs would wait ({states})")
         return entry
+
+
+HOST = SlurmHost  # what dispatch.hosts.kinds registers

@@ -26,8 +26,8 @@ from dispatch.core.exitcodes import ExitCode
 from dispatch.core.fdio import forward
 from dispatch.core.outcome import Outcome
 from dispatch.core.request import job_environment
-from dispatch.hosts import slurmfacts as sf
-from dispatch.hosts.slurmjob import (
+from dispatch.hosts.slurm import facts as sf
+from dispatch.hosts.slurm.job import (
     COMMENT_PREFIX,
     MarkerFilter,
     Verdict,
@@ -38,7 +38,7 @@ from dispatch.hosts.slurmjob import (
     verdict,
     within_nodes,
 )
-from dispatch.hosts.slurmkeys import options_of
+from dispatch.hosts.slurm.keys import options_of
 from dispatch.local.run.guardian import Watcher
 from dispatch.local.run.signals import ForwardedSignals
 
@@ -46,8 +46,8 @@ MYPY = False
 if MYPY:
     from dispatch.core.request import RunRequest
     from dispatch.hosts.base import Host, RunExtras
-    from dispatch.hosts.slurmcommands import SlurmCommands
-    from dispatch.hosts.slurmlogin import LoginCommands
+    from dispatch.hosts.slurm.commands import SlurmCommands
+    from dispatch.hosts.slurm.login import LoginCommands
 
 UNFINISHED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
 END_STATE_WAIT = 10.0  # seconds to wait for a job's record to leave COMPLETING after srun ends
@@ -225,7 +225,7 @@ class SlurmRun:
         if request.group or request.when_idle or request.requeue:
             self.say(f"{self.where}: --group, --when-idle and --requeue are queue policies of "
                      "hostrun's own ledger; a cluster's queue is Slurm's: they have no effect there")
-        from dispatch.hosts.remotetree import current_directory
+        from dispatch.hosts.ssh.remotetree import current_directory
 
         directory: str | None = current_directory()
         if self.commands.remote:
@@ -277,7 +277,7 @@ class SlurmRun:
 
     def _sync(self) -> str:
         """Login-node mode: the tree to its work directory there; the job's directory in it."""
-        from dispatch.hosts.remotetree import job_place, work_claim
+        from dispatch.hosts.ssh.remotetree import job_place, work_claim
 
         self.tree, self.rel_cwd = job_place(self.extras.tree)
         self.remote_tree = self._login().sync(self.tree, self.config.sync_excludes,
@@ -285,7 +285,7 @@ class SlurmRun:
         return os.path.join(self.remote_tree, self.rel_cwd)
 
     def _login(self) -> LoginCommands:
-        from dispatch.hosts.slurmlogin import LoginCommands
+        from dispatch.hosts.slurm.login import LoginCommands
 
         assert isinstance(self.commands, LoginCommands)
         return self.commands
@@ -294,7 +294,7 @@ class SlurmRun:
         """``--return`` paths, even after a failed job; a failure after a success is 252."""
         if self._login().bring_back(self.extras.returns, os.path.join(self.remote_tree, self.rel_cwd),
                                     os.path.join(self.tree, self.rel_cwd), self.say):
-            from dispatch.hosts.remotetree import returns_failed
+            from dispatch.hosts.ssh.remotetree import returns_failed
 
             returns_failed(outcome)
 

@@ -1,5 +1,5 @@
 """The ``ssh`` kind: a peer reached over OpenSSH, whose agent books and runs the job on the peer's
-own ledger and slice (docs/peers.md). Its settings are declared in ``dispatch.hosts.sshkeys``."""
+own ledger and slice (docs/peers.md). Its settings are declared in ``dispatch.hosts.ssh.keys``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dispatch.core.errors import OverPeerCapError
 from dispatch.core.units import format_size
 from dispatch.hosts.base import RunExtras
 from dispatch.hosts.machine import MachineHost
-from dispatch.hosts.sshkeys import SPEC, SSH, options_of
+from dispatch.hosts.ssh.keys import SPEC, SSH, options_of
 
 MYPY = False
 if MYPY:
@@ -34,12 +34,12 @@ class SshPeer(MachineHost):
     @classmethod
     def before_reading(cls, config: Settings) -> None:
         """Refuse an untrusted ControlMaster directory once, up front, before any ssh (exit 2)."""
-        from dispatch.hosts.transport import control_dir, ensure_control_dir
+        from dispatch.hosts.ssh.transport import control_dir, ensure_control_dir
 
         ensure_control_dir(control_dir(config.state_dir))
 
     def report(self, label: str | None = None, peaks: bool = False) -> MachineReport:
-        from dispatch.hosts.peer import PeerClient
+        from dispatch.hosts.ssh.peer import PeerClient
 
         return PeerClient(self.settings, self.table).report(label, timeout=self.settings.report_timeout,
                                                             peaks=peaks)
@@ -62,7 +62,7 @@ class SshPeer(MachineHost):
             raise OverPeerCapError(f"--peer={self.name}: {problem}")
 
     def run(self, request: RunRequest, say: Callable[[str], None], extras: RunExtras) -> Outcome:
-        from dispatch.hosts.peerrun import PeerRun
+        from dispatch.hosts.ssh.peerrun import PeerRun
 
         return PeerRun(self.settings, self.table, request, say, tree=extras.tree,
                        returns=extras.returns, forward_stdin=extras.stdin).run()
@@ -73,7 +73,7 @@ class SshPeer(MachineHost):
         import statistics
 
         from dispatch.core.errors import HostrunError
-        from dispatch.hosts.transport import SshTransport
+        from dispatch.hosts.ssh.transport import SshTransport
 
         entry: dict[str, Any] = {"host": self.name, "ssh": self.options.ssh, "problems": [],
                                  "title": f"peer {self.name} ({self.options.ssh})", "details": "",
@@ -109,3 +109,6 @@ class SshPeer(MachineHost):
                 "(~16 ms is normal): its login shell probably does slow work on start (e.g. a "
                 ".bashrc that loads pyenv); keep such set-up out of non-interactive shells")
         return entry
+
+
+HOST = SshPeer  # what dispatch.hosts.kinds registers

@@ -22,7 +22,7 @@ from dispatch.core.errors import HostKeyError, PeerAuthError, PeerUnreachableErr
 from dispatch.core.fingerprint import short_hash
 from dispatch.core.records import NamedTuple
 from dispatch.core.settings import HostSettings
-from dispatch.hosts.sshkeys import options_of
+from dispatch.hosts.ssh.keys import options_of
 
 MYPY = False
 if MYPY:

@@ -1,5 +1,5 @@
 """What a run on another machine needs of this source tree, the same for an ssh peer
-(``dispatch.hosts.peerrun``) and a Slurm login node (``dispatch.hosts.slurmlogin``/``slurmrun``): the
+(``dispatch.hosts.ssh.peerrun``) and a Slurm login node (``dispatch.hosts.slurm.login``/``slurmrun``): the
 tree and the job's place in it, its stable name there under the work root and the owner claim on it,
 rsync to and from there (one runner, one timeout rule, one failure line: exit 252), the ``--return``
 paths brought back (a failure after a successful job is 252), and our stdin pumped to the job.
@@ -16,12 +16,12 @@ from dispatch.core.errors import SyncFailedError, UsageError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.fingerprint import short_hash
 from dispatch.core.records import NamedTuple
-from dispatch.hosts.sync import PROTECT_ARGS, die_with_parent, shell_unsafe
+from dispatch.hosts.ssh.sync import PROTECT_ARGS, die_with_parent, shell_unsafe
 
 MYPY = False
 if MYPY:
     from dispatch.core.outcome import Outcome
-    from dispatch.hosts.transport import SshTransport
+    from dispatch.hosts.ssh.transport import SshTransport
 
 DEFAULT_WORK_ROOT = "~/hostrun-work"  # ``work_root`` of a peer or a login node, when not set
 RETURN_FAILED = "the job succeeded but --return could not bring everything back"

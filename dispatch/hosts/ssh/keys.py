@@ -1,6 +1,6 @@
 """The ``ssh`` kind's settings, declared once: its keys with their type tags (``KEYS``, from which
 the pydantic model, the plain parser and its checks are derived) and, beside them, the typed record
-the kind's code reads (``SshOptions``). Kept apart from ``dispatch.hosts.ssh`` so that the transport,
+the kind's code reads (``SshOptions``). Kept apart from ``dispatch.hosts.ssh.kind`` so that the transport,
 the agent client and the peer driver can read it without importing the kind's ``Host``."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from dispatch.core.errors import NotRunError, PeerUnreachableError
 from dispatch.core.records import NamedTuple
-from dispatch.hosts.slurmkeys import SlurmOptions
+from dispatch.hosts.slurm.keys import SlurmOptions
 
 
 class Done(NamedTuple):
@@ -22,7 +22,7 @@ class Done(NamedTuple):
 
 class SlurmCommands:
     """Runs ``scontrol``, ``squeue``, ``sacct``, ``scancel`` and ``srun`` for one cluster, named
-    ``name``, on this machine (``dispatch.hosts.slurmlogin.LoginCommands``: on a login node)."""
+    ``name``, on this machine (``dispatch.hosts.slurm.login.LoginCommands``: on a login node)."""
 
     remote = False  # the job's directory is this machine's own (a filesystem the nodes share)
 

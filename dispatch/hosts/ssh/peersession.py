@@ -25,9 +25,9 @@ from dispatch.core.errors import ConnectionLostError, HostrunError, PeerUnreacha
 from dispatch.core.exitcodes import SIGNAL_BASE
 from dispatch.core.fdio import forward, write_all
 from dispatch.core.outcome import Outcome
-from dispatch.hosts.peer import AGENT_MISSING
-from dispatch.hosts.remotetree import pump_stdin
-from dispatch.hosts.transport import SSH_FAILED, classify
+from dispatch.hosts.ssh.peer import AGENT_MISSING
+from dispatch.hosts.ssh.remotetree import pump_stdin
+from dispatch.hosts.ssh.transport import SSH_FAILED, classify
 from dispatch.local import alertlog
 from dispatch.local.admission.booking import default_label
 from dispatch.local.run.signals import FORWARDED

@@ -1,4 +1,4 @@
-"""The declared shape of a Slurm cluster's report (``dispatch.hosts.slurmreport``; the keys'
+"""The declared shape of a Slurm cluster's report (``dispatch.hosts.slurm.report``; the keys'
 meanings: docs/slurm.md, "Report and placement"). Its ``slice`` and ``settings`` say what the shared
 rules need of any host (the largest node's memory is the most one job could ever have, the roomiest
 node's free memory is what it could have now), not that a cluster has a slice.

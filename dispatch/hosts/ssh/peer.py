@@ -9,9 +9,9 @@ from dispatch.core.errors import PeerUnreachableError
 from dispatch.core.exitcodes import NOT_FOUND
 from dispatch.core.hostkeys import FALLBACK_FIELDS
 from dispatch.core.settings import HostSettings, Settings
-from dispatch.hosts import bundle as agent
-from dispatch.hosts.sshkeys import options_of
-from dispatch.hosts.transport import RemoteResult, SshTransport
+from dispatch.hosts.ssh import bundle as agent
+from dispatch.hosts.ssh.keys import options_of
+from dispatch.hosts.ssh.transport import RemoteResult, SshTransport
 
 MYPY = False
 if MYPY:
@@ -123,7 +123,7 @@ class PeerClient:
     def report(self, label: str | None = None, timeout: float | None = None,
                peaks: bool = False) -> MachineReport:
         """The peer's report: from its daemon when ``agent_idle`` > 0 (within half of ``timeout``,
-        starting or replacing it as needed: ``dispatch.hosts.agentd``), else, or when that fails,
+        starting or replacing it as needed: ``dispatch.hosts.ssh.agentd``), else, or when that fails,
         from a per-call agent over ssh within what is left. The same JSON either way."""
         timeout = timeout or self.settings.report_timeout
         started = time.monotonic()
@@ -146,7 +146,7 @@ class PeerClient:
                      peaks: bool) -> dict[str, Any]:
         data = None
         if self.settings.agent_idle > 0:
-            from dispatch.hosts.agentd import DaemonPath
+            from dispatch.hosts.ssh.agentd import DaemonPath
 
             request = {"command": "report", "fallback": self.fallback_values(), "label": label,
                        "peaks": peaks}

@@ -26,7 +26,7 @@ if MYPY:
     from typing import Optional
 
     from dispatch.core.request import RunRequest
-    from dispatch.hosts.slurmkeys import SlurmOptions
+    from dispatch.hosts.slurm.keys import SlurmOptions
 
 COMMENT_PREFIX = "hostrun:"  # --comment=hostrun:TOKEN finds the job by its token (squeue %k)
 

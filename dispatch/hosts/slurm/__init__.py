@@ -1,0 +1,2 @@
+"""The ``slurm`` kind: a Slurm cluster behind hostrun's command line, exit codes and peak history
+(docs/slurm.md)."""
