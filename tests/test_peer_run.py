@@ -372,3 +372,18 @@ def test_requeue_travels_with_the_job_to_the_peer(hostrun: Hostrun, peers: Any, 
         r = json.loads(out.read_text())
         assert (proc.stdout.strip(), r["booking_kind"], r["requeued"]) == (adj, kind, 0)
         assert r["booked_bytes"] == (100 if args else 200) * MiB
+
+
+def test_a_misspelt_backend_in_the_peers_own_file_is_refused_there(hostrun: Hostrun, peers: Any,
+                                                                   tmp_path: Path) -> None:
+    """The peer's agent reads the peer's own file without the controller's pydantic check: a
+    misspelt ``backend`` there used to be taken for cgroup1 silently. The one backend registry
+    refuses it on the peer too, naming the value and the known backends; nothing runs."""
+    peer, tree = setup(hostrun, peers, tmp_path)
+    text = peer.peer_config.read_text()
+    peer.peer_config.write_text(text.replace("[hosts.local]\n", '[hosts.local]\nbackend = "cgroupv2"\n'))
+    proc = hostrun.run("--peer", "-m", "64M", "--", "touch", "ran-on-the-peer", cwd=tree)
+    assert proc.returncode == ExitCode.NOT_RUN, proc.stderr
+    assert ("hosts.local.backend = 'cgroupv2' is not a cap backend (known: shared, systemd, cgroup2, "
+            "cgroup1, none)") in proc.stderr, proc.stderr
+    assert not list(peer.root.rglob("ran-on-the-peer"))

@@ -1,20 +1,46 @@
-"""Pick the memory-cap backend: the first of shared, systemd, cgroup2, cgroup1 whose probe succeeds,
-else none. A backend that /proc/self/mountinfo shows cannot work here is not probed, nor imported
-(``candidates``).
+"""Pick the memory-cap backend: the first in ``BACKENDS`` whose probe succeeds, else none. A backend
+that /proc/self/mountinfo shows cannot work here is not probed, nor imported (``candidates``).
 
-A host's ``backend`` key forces one (its probe must still succeed). ``probe_all`` feeds ``hostrun
-doctor``, which shows why each backend is or is not usable.
+``BACKENDS`` is the one registry of backends, for both paths: the controller's configuration check
+(``dispatch.config.model``) and every run, here or in a peer's agent, which reads the peer's own file
+without that check (an unknown name is refused here, never taken for another backend). A new
+backend is one entry: its module and class, whose ``probe`` has the one signature of
+``CapBackend.probe``. A host's ``backend`` key forces one (its probe must still succeed).
+``probe_all`` feeds ``hostrun doctor``, which shows why each backend is or is not usable.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from dispatch.capping.base import CapBackend, Probe
 from dispatch.core.errors import BackendError
 from dispatch.core.settings import HostSettings
 
-ORDER = ("shared", "systemd", "cgroup2", "cgroup1")
+# Each backend's module and class, in the order they are probed; ``none`` is never probed: it is
+# what is left when no other works, or what a host's ``backend`` forces.
+BACKENDS: dict[str, str] = {
+    "shared": "dispatch.capping.shared:SharedBackend",
+    "systemd": "dispatch.capping.systemd:SystemdBackend",
+    "cgroup2": "dispatch.capping.cgroup2:Cgroup2Backend",
+    "cgroup1": "dispatch.capping.cgroup1:Cgroup1Backend",
+    "none": "dispatch.capping.nocap:NoCapBackend",
+}
+NONE = "none"
+ORDER = tuple(name for name in BACKENDS if name != NONE)
+
+
+def backend_class(name: str, host: str = "") -> type[CapBackend]:
+    """The class registered as ``name`` (``__import__``: the ``importlib`` package would load
+    ``warnings`` on every run's path); BackendError naming the known ones when there is none."""
+    if name not in BACKENDS:
+        where = f"hosts.{host}.backend" if host else "backend"
+        raise BackendError(f"{where} = {name!r} is not a cap backend (known: {', '.join(BACKENDS)})")
+    module, _, cls = BACKENDS[name].partition(":")
+    __import__(module)
+    found: type[CapBackend] = getattr(sys.modules[module], cls)
+    return found
 
 
 def _self_files() -> tuple[str, str] | None:
@@ -36,21 +62,7 @@ def _probe(name: str, host: HostSettings,
         problem = cgroup_path_problem(host.cgroup)
         if problem is not None:
             return Probe(False, f"hosts.{host.name}.cgroup: {problem}"), None
-    if name == "shared":
-        from dispatch.capping.shared import SharedBackend
-
-        return SharedBackend.probe(files)
-    if name == "systemd":
-        from dispatch.capping.systemd import SystemdBackend
-
-        return SystemdBackend.probe(host.cgroup, files=files)
-    if name == "cgroup2":
-        from dispatch.capping.cgroup2 import Cgroup2Backend
-
-        return Cgroup2Backend.probe(host.cgroup, files)
-    from dispatch.capping.cgroup1 import Cgroup1Backend
-
-    return Cgroup1Backend.probe(host.cgroup, files)
+    return backend_class(name, host.name).probe(host.cgroup, files)
 
 
 def candidates(files: tuple[str, str] | None) -> tuple[str, ...]:
@@ -86,9 +98,11 @@ def select_backend(host: HostSettings, mem_total: int) -> CapBackend:
     backend, which is then said on stderr (``sharedmember``)."""
     from dispatch.capping.nocap import NoCapBackend
 
+    if host.backend is not None:
+        backend_class(host.backend, host.name)  # an unknown name ends here, before anything is said
     if host.backend not in (None, "shared"):
         _note_outside(host.backend)
-    if host.backend == "none":
+    if host.backend == NONE:
         return NoCapBackend(mem_total)
     reasons = []
     files = _self_files()

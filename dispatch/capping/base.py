@@ -346,6 +346,15 @@ class CapBackend(ABC):
     # The slice's size when it is not this host's settings' to decide (a shared slice: its daemon's).
     fixed_limit: int | None = None
 
+    @classmethod
+    def probe(cls, configured_slice: str | None = None,
+              files: tuple[str, str] | None = None) -> tuple[Probe, CapBackend | None]:
+        """Whether this backend works here and, if so, the backend for ``configured_slice`` (the host's
+        ``cgroup``; None: the default beside this process's cgroup). ``files``: /proc/self/cgroup and
+        /proc/self/mountinfo as already read (None: read them). One signature for every backend
+        (``dispatch.capping.BACKENDS``); a backend's test hooks come after it, keyword-only."""
+        return Probe(False, f"{cls.name or cls.__name__} is never probed"), None
+
     @abstractmethod
     def describe(self) -> str:
         """Where the slice is, for ``hostrun doctor``."""

@@ -188,8 +188,9 @@ class SharedBackend(SystemdBackend):
         self.socket_path = path
 
     @classmethod
-    def probe(  # type: ignore[override]
-        cls, files: tuple[str, str] | None = None, proc_root: str = "/proc",
+    def probe(  # type: ignore[override]  # CapBackend.probe's signature; not systemd's test hooks
+        cls, configured_slice: str | None = None, files: tuple[str, str] | None = None, *,
+        proc_root: str = "/proc",
     ) -> tuple[Probe, SharedBackend | None]:
         path = socket_path()
         if not os.path.exists(path):

@@ -339,10 +339,9 @@ class SystemdBackend(Cgroup2Backend):
         self.session_form = SessionForm(self.sessions_unit, "hostrun-session-", ".scope")
 
     @classmethod
-    def probe(  # type: ignore[override]
-        cls, configured_slice: str | None = None, proc_root: str = "/proc",
-        files: tuple[str, str] | None = None, euid: int | None = None,
-        environ: dict[str, str] | None = None,
+    def probe(
+        cls, configured_slice: str | None = None, files: tuple[str, str] | None = None, *,
+        proc_root: str = "/proc", euid: int | None = None, environ: dict[str, str] | None = None,
     ) -> tuple[Probe, SystemdBackend | None]:
         if not _pid1_is_systemd(proc_root):
             return Probe(False, "systemd is not PID 1"), None

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from dispatch.capping import BACKENDS
 from dispatch.core import hostkeys
 from dispatch.core.configfile import queue_policy_problem, settings_from_dict
 from dispatch.core.errors import ConfigError
@@ -71,7 +72,6 @@ def _number(value: Any) -> Any:
 
 Number = Annotated[float, BeforeValidator(_number)]
 Count = Annotated[int, BeforeValidator(_number)]
-BACKENDS = ("shared", "systemd", "cgroup2", "cgroup1", "none")
 
 
 class _Strict(BaseModel):
@@ -120,7 +120,7 @@ class _HostBase(_Strict):
                                  f"has {format_size(total)} of RAM")
         for key in COMMON:
             if key.type == hostkeys.BACKEND and self.value(key.key) not in (None, *BACKENDS):
-                raise ValueError(f"{key.key} must be one of {', '.join(BACKENDS)}")
+                raise ValueError(f"{key.key} must be one of {', '.join(BACKENDS)}")  # the one registry
         for key in spec.keys:
             if key.required and not self.value(key.key):
                 raise ValueError(key.required)
