@@ -27,7 +27,8 @@ def copy(tmp_path: Path) -> Path:
 
 def agent_name(src: Path, cache_home: Path) -> str:
     env = dict(os.environ, PYTHONPATH=str(src), XDG_CACHE_HOME=str(cache_home), PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.run([sys.executable, "-c", "from dispatch.hosts.ssh import bundle; print(bundle.name())"],
+    code = "from dispatch.hosts.ssh import bundle; print(bundle.name())"
+    proc = subprocess.run([sys.executable, "-c", code],
                           env=env, capture_output=True, text=True, timeout=60, cwd=src)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()

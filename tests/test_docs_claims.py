@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatch.core.runoptions import COMMANDS
+from dispatch.cli.common import COMMANDS
 from tests.conftest import Hostrun
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,6 +16,7 @@ import sys
 
 from dispatch.capping.base import CapBackend, Probe
 from dispatch.core.errors import BackendError
+from dispatch.core.faces import lazy_attributes
 from dispatch.core.settings import HostSettings
 
 # Each backend's module and class, in the order they are probed; ``none`` is never probed: it is
@@ -139,3 +140,16 @@ def _note_outside(backend: str) -> None:
     group = member_group()
     if group is not None:
         print(outside_note(group, backend), file=sys.stderr)
+
+# What the command line may use of this part (dispatch.core.faces), each loaded when first asked for.
+SURFACE: dict[str, str] = {
+    "listing": "dispatch.capping.shared",
+    "listing_lines": "dispatch.capping.shared",
+}
+__all__ = ["listing", "listing_lines"]
+MYPY = False
+if MYPY:
+    from dispatch.capping.shared import listing as listing
+    from dispatch.capping.shared import listing_lines as listing_lines
+
+__getattr__ = lazy_attributes(__name__, SURFACE)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from dispatch.cli.common import load_config, print_lines, say, sub_parser
-from dispatch.core.errors import UsageError
-from dispatch.core.runoptions import checked_name, resolve_session
+from dispatch.core import UsageError, checked_name, resolve_session
 
 MYPY = False
 if MYPY:
@@ -71,7 +70,7 @@ def cmd_watch(argv: list[str]) -> int:
     p.add_argument("--session", metavar="NAME", type=checked_name("--session"),
                    help="only alerts for this session (and for every session)")
     args = p.parse_args(argv)
-    from dispatch.placement.watchdog import parse_exec, watch
+    from dispatch.placement import parse_exec, watch
 
     exec_argv = parse_exec(args.exec_cmd)
     return watch(load_config(args.config), exec_argv, args.session, args.json, say,

@@ -7,10 +7,8 @@ from __future__ import annotations
 import os
 import sys
 
-from dispatch.core.errors import UsageError
-from dispatch.core.exitcodes import ExitCode
-from dispatch.core.runoptions import COMMANDS as COMMANDS
-from dispatch.core.runoptions import PROG, whole_number
+from dispatch.core import PROG, ExitCode, UsageError, whole_number
+from dispatch.core import SUBCOMMANDS as SUBCOMMANDS
 
 MYPY = False
 if MYPY:
@@ -18,13 +16,25 @@ if MYPY:
     from collections.abc import Callable, Sequence
     from typing import Any, NoReturn, TypeVar
 
-    from dispatch.core.settings import Settings
-
+    from dispatch.core import Settings
 
     T = TypeVar("T")
 
-
-SUBCOMMANDS = tuple(COMMANDS)
+# Each subcommand's handler: name -> (module of dispatch.cli, function), in ``SUBCOMMANDS``' order
+# (tests/test_surfaces.py). A command's module is imported only when it runs, so ``hostrun -- CMD``
+# loads ``runcmd`` alone.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("runcmd", "cmd_run"), "doctor": ("statecmds", "cmd_doctor"),
+    "codes": ("statecmds", "cmd_codes"), "ledger": ("statecmds", "cmd_ledger"),
+    "report": ("statecmds", "cmd_report"), "dispatch": ("runcmd", "cmd_dispatch"),
+    "alerts": ("alertcmds", "cmd_alerts"), "capacity": ("statecmds", "cmd_capacity"),
+    "lock": ("guardcmds", "cmd_lock"), "workdir": ("guardcmds", "cmd_workdir"),
+    "preflight": ("guardcmds", "cmd_preflight"), "history": ("statecmds", "cmd_history"),
+    "hook": ("setupcmds", "cmd_hook"), "agents": ("setupcmds", "cmd_agents"),
+    "watch": ("alertcmds", "cmd_watch"), "shims": ("setupcmds", "cmd_shims"),
+    "shared": ("setupcmds", "cmd_shared"), "top": ("topcmd", "cmd_top"),
+    "completion": ("completion", "cmd_completion"), "session": ("sessioncmd", "cmd_session"),
+}
 USAGE = (f"{PROG} [RUN OPTIONS] -- CMD [ARGS...]\n       {PROG} {{{','.join(SUBCOMMANDS[1:])}}} ...")
 
 
@@ -105,14 +115,14 @@ def plain_args(argv: list[str], switches: Sequence[str], repeated: Sequence[str]
 
 
 def say(line: str) -> None:
-    from dispatch.core.text import printable  # a message may quote a label, a path or a peer's words
+    from dispatch.core import printable  # a message may quote a label, a path or a peer's words
 
     print(f"{PROG}: {printable(line)}", file=sys.stderr, flush=True)
 
 
 def print_lines(lines: Sequence[str]) -> None:
     """Lines that quote other sessions' words (lock holders, owners, alerts): escaped first."""
-    from dispatch.core.text import printable
+    from dispatch.core import printable
 
     if lines:
         print("\n".join(printable(line) for line in lines), flush=True)
@@ -169,8 +179,8 @@ def readings_status(settings: Any, readings: list[Any]) -> int:
     """``report``'s and ``capacity``'s exit code: 78 when this host's own report failed (e.g. a forced
     backend), else 246 when a peer's did, else 0. A 78 says why on stderr, as every other 78 does
     (the table or JSON on stdout may be read by a script, or not at all)."""
-    from dispatch.core.text import printable
-    from dispatch.hosts.kinds import host_for
+    from dispatch.core import printable
+    from dispatch.hosts import host_for
 
     own = [r for r in readings if not r.ok and host_for(settings, r.host).is_here]
     if own:

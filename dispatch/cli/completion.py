@@ -20,12 +20,11 @@ import sys
 from contextlib import redirect_stderr, redirect_stdout
 
 from dispatch.cli.common import COMMANDS
-from dispatch.core.errors import HostrunError, UsageError
-from dispatch.core.runoptions import PROG, RUN_OPTIONS
+from dispatch.core import PROG, RUN_OPTIONS, HostrunError, UsageError
 
 MYPY = False
 if MYPY:
-    from dispatch.core.settings import Settings
+    from dispatch.core import Settings
 
 SHELLS = ("bash", "zsh", "fish")
 HOST_OPTIONS = ("--host", "--peer")

@@ -7,15 +7,13 @@ import sys
 
 from dispatch import __version__
 from dispatch.capping import probe_all, select_backend
-from dispatch.core.errors import BackendError
-from dispatch.core.hostfacts import read_meminfo
-from dispatch.core.settings import HostSettings, Settings
+from dispatch.core import BackendError, HostSettings, Settings, read_meminfo
 
 MYPY = False
 if MYPY:
     from typing import Any
 
-    from dispatch.core.reportshape import AdmissionEngine
+    from dispatch.core import AdmissionEngine
 
 
 def diagnose(settings: Settings) -> dict[str, Any]:
@@ -33,7 +31,7 @@ def diagnose(settings: Settings) -> dict[str, Any]:
         problems.append("backend forced to none by the configuration: jobs run only with --no-cap")
     elif active == "none":
         problems.append("no memory-cap backend works here: jobs run only with --no-cap")
-    from dispatch.local.store.recovery import inspect
+    from dispatch.local import inspect
 
     ledger_ok, ledger_check = inspect(settings.state_dir)
     if not ledger_ok:
@@ -42,8 +40,7 @@ def diagnose(settings: Settings) -> dict[str, Any]:
     if kernel_log is not None and not kernel_log["ok"]:
         problems.append(f"this host has NVIDIA GPUs, but {kernel_log['detail']}: jobs are not watched "
                         "for NV_ERR_NO_MEMORY (245 then comes only from a --gpu-memory job's output)")
-    from dispatch.core import sliceadvice
-    from dispatch.core.errors import NoSliceError
+    from dispatch.core import NoSliceError, sliceadvice
 
     config = sliceadvice.config_file(settings.source)
     try:
@@ -80,8 +77,7 @@ def diagnose(settings: Settings) -> dict[str, Any]:
 def _slice_from(host: HostSettings, mem_total: int, fixed: int | None, limit: int | None,
                 config: str) -> str:
     """Where the slice's size comes from, in words: what took the rest of the RAM."""
-    from dispatch.core.sliceadvice import DEFAULT_RESERVE_TEXT, default_reserve
-    from dispatch.core.units import format_size
+    from dispatch.core import DEFAULT_RESERVE_TEXT, default_reserve, format_size
 
     if fixed is not None:
         return "the backend's own slice"
@@ -94,7 +90,7 @@ def _slice_from(host: HostSettings, mem_total: int, fixed: int | None, limit: in
 
 
 def _engine(settings: Settings) -> AdmissionEngine:
-    from dispatch.local.report import admission_engine
+    from dispatch.local import admission_engine
 
     return admission_engine(settings)  # admitclient.where, within report_timeout
 
@@ -102,11 +98,11 @@ def _engine(settings: Settings) -> AdmissionEngine:
 def _kernel_log_check() -> dict[str, Any] | None:
     """On a host with NVIDIA GPUs, whether the kernel log can be watched; jobs do not say so each time
     (every job would repeat it), so this is where an unreadable one is told. None without GPUs."""
-    from dispatch.core.hostfacts import has_nvidia_gpus
+    from dispatch.core import has_nvidia_gpus
 
     if not has_nvidia_gpus():
         return None
-    from dispatch.local.gpus.kernlog import KernelLog
+    from dispatch.local import KernelLog
 
     log = KernelLog()
     log.close()
@@ -117,8 +113,8 @@ def diagnose_peers(settings: Settings) -> list[dict[str, Any]]:
     """Each host that is not this machine, as its kind diagnoses it (``Host.diagnose``) from its
     report read now: for a peer, whether it can be read, its round trip and where its config and
     ours disagree."""
-    from dispatch.hosts.kinds import hosts_of
-    from dispatch.placement.reports import read_reports
+    from dispatch.hosts import hosts_of
+    from dispatch.placement import read_reports
 
     results = []
     for host in hosts_of(settings):

@@ -23,7 +23,7 @@ def entry() -> NoReturn:
     milliseconds every short ``hostrun`` call would otherwise spend."""
     args = sys.argv[1:]
     if args[:1] == ["hook"]:
-        from dispatch.hooks.claude import main as hook_main
+        from dispatch.hooks import hook_main
 
         code = hook_main(args[1:])
     else:

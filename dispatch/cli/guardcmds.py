@@ -6,9 +6,7 @@ from __future__ import annotations
 import os
 
 from dispatch.cli.common import load_config, print_lines, say, sub_parser, subaction
-from dispatch.core.errors import UsageError
-from dispatch.core.exitcodes import ExitCode
-from dispatch.core.runoptions import PROG, checked_name, duration, resolve_session
+from dispatch.core import PROG, ExitCode, UsageError, checked_name, duration, resolve_session
 
 PREFLIGHT_USAGE = f"{PROG} preflight [--json] [--force] [--config PATH] SCRIPT [ARGS...]"
 
@@ -46,8 +44,8 @@ def cmd_preflight(argv: list[str]) -> int:
     command = argv[i:]
     if not command:
         raise UsageError(f"no script given (usage: {PREFLIGHT_USAGE})")
-    from dispatch.guards.headers import script_path
-    from dispatch.local.run.preflight import Script, Verdict, check, declared, report_lines
+    from dispatch.guards import script_path
+    from dispatch.local import Script, Verdict, check, declared, report_lines
 
     script = declared(command)  # a malformed header: UsageError (2) naming SCRIPT:LINE
     if script is None:

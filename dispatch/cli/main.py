@@ -3,7 +3,7 @@ exit code. Nothing else lives here.
 
 Each subcommand is a ``cmd_*`` function in a module of its kind (``runcmd``: a run and ``dispatch``;
 ``statecmds``; ``alertcmds``; ``guardcmds``; ``setupcmds``; ``topcmd``; ``completion``), found through
-the one registry ``dispatch.core.runoptions.COMMANDS`` and imported only when it runs. Each parses
+the one registry ``dispatch.cli.common.COMMANDS`` and imported only when it runs. Each parses
 its arguments, calls the library, renders, and returns its exit code.
 
 Errors raised by the library are translated to one ``hostrun: error: …`` line and their exit code
@@ -16,9 +16,7 @@ from __future__ import annotations
 import sys
 
 from dispatch.cli.common import COMMANDS
-from dispatch.core.errors import HostrunError
-from dispatch.core.exitcodes import ExitCode, interrupted
-from dispatch.core.runoptions import PROG
+from dispatch.core import PROG, ExitCode, HostrunError, interrupted
 
 MYPY = False
 if MYPY:
@@ -39,8 +37,7 @@ def error_line(exc: HostrunError, name: str) -> str:
     usage error proper (a bad command line or input, not a configuration or trust refusal, which
     name their own fix) ends with where help is, once, for every command: ``(see 'hostrun lock
     --help')``."""
-    from dispatch.core.errors import UsageError
-    from dispatch.core.text import printable
+    from dispatch.core import UsageError, printable
 
     message = printable(str(exc))
     if type(exc) is UsageError and not message.endswith("--help')"):
@@ -76,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         import errno
 
-        from dispatch.core.text import printable
+        from dispatch.core import printable
 
         if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM, errno.ENOSPC):
             raise

@@ -10,14 +10,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dispatch.core.records import NamedTuple
-from dispatch.core.text import printable
-from dispatch.core.units import format_duration, format_size
-from dispatch.core.view import Line, Span
-from dispatch.local.store.ledgerdb import Booking, PeakRecord, RunRecord
+from dispatch.core import Line, NamedTuple, Span, format_duration, format_size, printable
+from dispatch.local import Booking, PeakRecord, RunRecord
 
 if TYPE_CHECKING:
-    from dispatch.core.view import Block
+    from dispatch.core import Block
 
 # a line of text is never broken here: a terminal wraps it, a pipe gets it whole
 console = Console(soft_wrap=True)
@@ -108,7 +105,7 @@ QUEUE_SHOWN = 50  # a terminal's worth: a queue of thousands is a count, not a t
 def ledger(bookings: Sequence[Booking], peaks: Sequence[PeakRecord],
            stale: frozenset[int] | set[int] = frozenset(),
            invalid: frozenset[int] | set[int] = frozenset(), clear_after: int = 3) -> None:
-    from dispatch.local.admission.booking import mark_reasons
+    from dispatch.local import mark_reasons
 
     now = time.time()
     running: list[tuple[str, ...]] = []
@@ -370,7 +367,7 @@ def workdirs(data: dict[str, Any]) -> None:
                 Col("age", 1), Col("size", 4), Col("open by", 5, flex=True))
         console.print(fitted(f"claimed directories under {shown_root}", cols, rows))
     if data["hidden_processes"]:
-        from dispatch.guards.workdirs import hidden_note
+        from dispatch.guards import hidden_note
 
         console.print(_t(hidden_note(data["hidden_processes"])))
 

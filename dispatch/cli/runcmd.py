@@ -8,27 +8,29 @@ import os
 
 from dispatch import __version__
 from dispatch.cli.common import SUBCOMMANDS, USAGE, argparser, load_config, say
-from dispatch.core.errors import HostrunError, LongJobError, UsageError
-from dispatch.core.exitcodes import ExitCode, outcome_name
-from dispatch.core.runoptions import (
+from dispatch.core import (
     GPU_AUTO,
+    LOCAL,
     PROG,
     RUN_OPTIONS,
+    ExitCode,
+    HostrunError,
+    LongJobError,
     RunOptions,
+    UsageError,
+    outcome_name,
     parse_run_options,
     resolve_session,
     split_command,
 )
-from dispatch.core.settings import LOCAL
 
 MYPY = False
 if MYPY:
     from collections.abc import Callable
     from typing import Any
 
-    from dispatch.core.outcome import Outcome
-    from dispatch.core.request import RunRequest
-    from dispatch.hosts.judgement import Job
+    from dispatch.core import Outcome, RunRequest
+    from dispatch.hosts import Job
 
 
 def print_run_help() -> None:
@@ -49,7 +51,7 @@ def print_run_help() -> None:
 
 
 def cmd_run(argv: list[str]) -> int:
-    from dispatch.core.request import RunRequest, enclosing_job
+    from dispatch.core import RunRequest, enclosing_job
 
     options, command = split_command(argv)
     if "-h" in options or "--help" in options:
@@ -75,7 +77,7 @@ def cmd_run(argv: list[str]) -> int:
         force=opts.force, group=opts.group, when_idle=opts.when_idle, requeue=opts.requeue,
     )
     if opts.result_file:
-        from dispatch.core.outcome import check_result_path
+        from dispatch.core import check_result_path
 
         problem = check_result_path(opts.result_file)
         if problem is not None:  # before anything runs: the caller would lose the outcome
@@ -87,14 +89,14 @@ def cmd_run(argv: list[str]) -> int:
             opts = _label_rules(command, opts, long_rule)
             request = request._replace(gpu_memory=_gpu_bytes(opts))
         if enclosing is not None:
-            from dispatch.local.run.nested import run_inside
+            from dispatch.local import run_inside
 
             outcome = run_inside(request, enclosing, keep_outcome=bool(opts.result_file),
                                  settings=lambda: load_config(opts.config), say=say)
         elif opts.peer or opts.auto:
             return _run_elsewhere(options, command, opts, request)
         else:
-            from dispatch.local.run.localrun import run_local
+            from dispatch.local import run_local
 
             settings = load_config(opts.config)
             outcome = run_local(settings, request, say, _peer_watch(settings, options, command, opts),
@@ -125,8 +127,8 @@ def _label_rules(command: list[str], opts: RunOptions, long_rule: bool) -> RunOp
     """What the label's record here decides before the run: ``--gpu-memory auto``'s size (said in
     one line), and with ``long_rule`` the long-job rule's refusal (LongJobError, 244). A run nested
     in a job is not refused: the job around it was admitted as it is."""
-    from dispatch.core.text import storable
-    from dispatch.local.admission.booking import default_label
+    from dispatch.core import storable
+    from dispatch.local import default_label
     from dispatch.placement import labelrules
 
     settings = load_config(opts.config)
@@ -147,14 +149,14 @@ def _peer_watch(settings: Any, options: list[str], command: list[str], opts: Run
     """While a local job waits, alert once if a peer could take it (only with peers enabled)."""
     if not settings.enable_across_machines or len(settings.hosts) < 2:
         return None  # the common case: no import of the dispatcher on the hot path
-    from dispatch.placement.auto import PeerWatch
+    from dispatch.placement import PeerWatch
 
     return PeerWatch(settings, _job(command, opts), options, command, say,
                      session=resolve_session(opts.session))
 
 
 def _job(command: list[str], opts: RunOptions) -> Job:
-    from dispatch.placement.longrule import make_job
+    from dispatch.placement import make_job
 
     return make_job(command, label=opts.label, cap=opts.memory_cap,
                     gpu_memory=_gpu_bytes(opts), expect_duration=opts.expect_duration,
@@ -164,16 +166,16 @@ def _job(command: list[str], opts: RunOptions) -> Job:
 def _run_elsewhere(options: list[str], command: list[str], opts: RunOptions,
                    request: RunRequest) -> int:
     """``--auto`` (run where the dispatcher decides) and ``--peer``: the library places, we run."""
-    from dispatch.placement.sent import forget_sent, place_on_peer
+    from dispatch.placement import forget_sent, place_on_peer
 
     settings = load_config(opts.config)
     if opts.peer:
-        from dispatch.local.admission.booking import default_label
+        from dispatch.local import default_label
 
         placed = place_on_peer(settings, opts.peer, request.label or default_label(command),
                                opts.memory_cap, _gpu_bytes(opts), by_host=opts.host is not None)
     else:
-        from dispatch.placement.auto import place
+        from dispatch.placement import place
 
         placed = place(settings, _job(command, opts))
         for reason in placed.reasons:
@@ -182,7 +184,7 @@ def _run_elsewhere(options: list[str], command: list[str], opts: RunOptions,
             code = ExitCode(placed.refused)
             say(f"exit {code.value} ({code.outcome}): {code.meaning}")
             return code.value
-    from dispatch.hosts.base import RunExtras
+    from dispatch.hosts import RunExtras
 
     host = placed.host
     assert host is not None
@@ -205,7 +207,7 @@ def finish(outcome: Outcome, result_file: str | None) -> int:
         except ValueError:
             pass
     if result_file:
-        from dispatch.core.outcome import write_result
+        from dispatch.core import write_result
 
         try:
             write_result(result_file, outcome)
@@ -216,8 +218,8 @@ def finish(outcome: Outcome, result_file: str | None) -> int:
 
 def write_failure(path: str, request: RunRequest, exc: HostrunError) -> None:
     """A caller never has to guess from a number: hostrun's own refusals get a result file too."""
-    from dispatch.core.outcome import Outcome, write_result
-    from dispatch.local.admission.booking import default_label
+    from dispatch.core import Outcome, write_result
+    from dispatch.local import default_label
 
     argv = list(request.argv)
     try:
@@ -241,7 +243,7 @@ def cmd_dispatch(argv: list[str]) -> int:
     opts = parse_run_options(options)
     if not command:
         raise UsageError(f"no command given (usage: {PROG} dispatch [--json] [OPTIONS] -- CMD)")
-    from dispatch.placement.auto import consider
+    from dispatch.placement import consider
 
     if opts.gpu_memory == GPU_AUTO:
         opts = _label_rules(command, opts, long_rule=False)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 
 from dispatch.cli.common import load_config, option_value, say, sub_parser
-from dispatch.core.errors import HostrunError, UsageError
-from dispatch.core.runoptions import cap_size, split_command
+from dispatch.core import HostrunError, UsageError, cap_size, split_command
 
 
 def cmd_session(argv: list[str]) -> int:
@@ -31,21 +30,21 @@ def cmd_session(argv: list[str]) -> int:
     cap = None if args.memory_cap is None else option_value("-m", args.memory_cap, cap_size)
     label = None
     if args.label is not None:
-        from dispatch.core.text import check_name
+        from dispatch.core import check_name
 
         label = option_value("--label", args.label, lambda v: check_name(v, "--label"))
-    from dispatch.core.request import RunRequest, enclosing_job
+    from dispatch.core import RunRequest, enclosing_job
 
     request = RunRequest(argv=command, label=label, cap=cap, role="session")
     if enclosing_job(os.environ) is not None:
         raise UsageError("hostrun session inside a hostrun job: a session runs beside jobs, not in one")
     if args.result_file:
-        from dispatch.core.outcome import check_result_path
+        from dispatch.core import check_result_path
 
         problem = check_result_path(args.result_file)
         if problem is not None:
             raise UsageError(f"--result-file {args.result_file}: cannot write there: {problem}")
-    from dispatch.local.sessions.agentsession import run_session
+    from dispatch.local import run_session
 
     settings = load_config(args.config)
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from dispatch.cli.common import print_lines, say, subaction
-from dispatch.core.runoptions import cap_size
+from dispatch.core import cap_size
 
 
 def cmd_shims(argv: list[str]) -> int:
@@ -73,16 +73,16 @@ def cmd_shared(argv: list[str]) -> int:
         p.add_argument("--slice", default="hostrun.slice", help="the slice unit (default: %(default)s)")
     args = p.parse_args(rest)
     if action == "install":
-        from dispatch.local.shared.sharedinstall import install
+        from dispatch.local import install
 
         install(args.group, args.size, args.slice, say)
         return 0
     if action == "uninstall":
-        from dispatch.local.shared.sharedinstall import uninstall
+        from dispatch.local import uninstall
 
         uninstall(say)
         return 0
-    from dispatch.capping.shared import listing, listing_lines
+    from dispatch.capping import listing, listing_lines
 
     data = listing()
     if args.json:
@@ -96,13 +96,13 @@ def cmd_shared(argv: list[str]) -> int:
 
 def cmd_hook(argv: list[str]) -> int:
     """``hostrun hook EVENT``: a coding agent's hook (dispatch.hooks.claude); always exits 0."""
-    from dispatch.hooks.claude import main as hook_main
+    from dispatch.hooks import hook_main
 
     return hook_main(argv)
 
 
 def cmd_agents(argv: list[str]) -> int:
     """``hostrun agents install|uninstall|status``: the hooks in Claude Code's settings."""
-    from dispatch.hooks.install import main as agents_main
+    from dispatch.hooks import agents_main
 
     return agents_main(argv, say)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 
-from dispatch.hooks.shimpath import find_real
+from dispatch.hooks import find_real
 
 MYPY = False
 if MYPY:
@@ -41,7 +41,7 @@ def _patterns() -> tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]
 
         agents = load_settings().agents
     except Exception as exc:  # a broken config must not stop a light tool
-        from dispatch.core.text import printable
+        from dispatch.core import printable
 
         text = printable(" ".join(str(exc).split()) or type(exc).__name__)
         return ((), (), ()), f"configuration not usable ({text})"
@@ -53,14 +53,14 @@ def main(tool: str, shim: str) -> NoReturn:
     args = sys.argv[1:]
     real = find_real(tool, os.path.dirname(os.path.abspath(shim)))
     if real is None:
-        from dispatch.core.exitcodes import NOT_FOUND  # failure paths only: exitcodes loads enum
+        from dispatch.core import NOT_FOUND  # failure paths only: exitcodes loads enum
 
         sys.stderr.write(f"hostrun shim: {tool}: no {tool} on PATH after {os.path.dirname(shim)}\n")
         os._exit(NOT_FOUND)
-    from dispatch.core.request import enclosing_job
+    from dispatch.core import enclosing_job
 
     if enclosing_job(os.environ) is None:
-        from dispatch.hooks.classify import classify_argv
+        from dispatch.hooks import classify_argv
 
         patterns, problem = _patterns()
         heavy, light, gpu = patterns
@@ -72,16 +72,16 @@ def main(tool: str, shim: str) -> NoReturn:
         if verdict.heavy and not verdict.through_hostrun:
             from dispatch.cli.entry import leave
             from dispatch.cli.main import main as hostrun
-            from dispatch.core.hostfacts import has_nvidia_gpus
-            from dispatch.hooks.rewrite import agent_options
-            from dispatch.local.admission.booking import default_label
+            from dispatch.core import has_nvidia_gpus
+            from dispatch.hooks import agent_options
+            from dispatch.local import default_label
 
             options = agent_options(verdict.gpu and has_nvidia_gpus())
             leave(hostrun(["--label", default_label([tool, *args]), *options, "--", real, *args]))
     try:
         os.execv(real, [tool, *args])
     except OSError as exc:
-        from dispatch.core.exitcodes import exec_failure
+        from dispatch.core import exec_failure
 
         code, reason = exec_failure(exc)  # as a shell says it: 127 not found, 126 not executable
         sys.stderr.write(f"hostrun shim: {tool}: cannot run {real}: {reason}\n")

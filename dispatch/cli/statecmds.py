@@ -13,8 +13,7 @@ from dispatch.cli.common import (
     say,
     sub_parser,
 )
-from dispatch.core.exitcodes import ExitCode
-from dispatch.core.runoptions import cap_size
+from dispatch.core import ExitCode, cap_size
 
 MYPY = False
 if MYPY:
@@ -37,9 +36,7 @@ def cmd_codes(argv: list[str]) -> int:
 
 def cmd_ledger(argv: list[str]) -> int:
     args = sub_parser("ledger", "Show running jobs, the queue and the peak table.").parse_args(argv)
-    from dispatch.local.admission.booking import mark_reasons
-    from dispatch.local.admission.ledger import Ledger
-    from dispatch.local.hostslice import live_jobs_of, outside_the_slice
+    from dispatch.local import Ledger, live_jobs_of, mark_reasons, outside_the_slice
 
     settings = load_config(args.config)
     ledger = Ledger(settings.state_dir, say, live_jobs_of(settings))
@@ -47,7 +44,7 @@ def cmd_ledger(argv: list[str]) -> int:
         bookings, peaks = ledger.bookings(), ledger.peaks()
     finally:
         ledger.close()
-    from dispatch.core.procinfo import is_alive
+    from dispatch.core import is_alive
 
     # Read only: a booking whose holder is gone is shown as stale; the next admission reclaims it.
     stale = {b.id for b in bookings if not is_alive(b.pid, b.pid_start)}
@@ -55,7 +52,7 @@ def cmd_ledger(argv: list[str]) -> int:
     if args.json:
         import json
 
-        from dispatch.local.store.ramp import time_to_peak
+        from dispatch.local import time_to_peak
 
         def row(b: Any) -> dict[str, Any]:
             return {**b._asdict(), "stale": b.id in stale,
@@ -90,12 +87,11 @@ def cmd_history(argv: list[str]) -> int:
     p.add_argument("--limit", metavar="N", default="50",
                    help="only the latest N runs (default: %(default)s; 0: all)")
     args = p.parse_args(argv)
-    from dispatch.local.history import since_time
+    from dispatch.local import since_time
 
     since = None if args.since is None else option_value("--since", args.since, since_time)
     limit = option_value("--limit", args.limit, history_limit)
-    from dispatch.local.admission.ledger import Ledger
-    from dispatch.local.hostslice import live_jobs_of
+    from dispatch.local import Ledger, live_jobs_of
 
     settings = load_config(args.config)
     ledger = Ledger(settings.state_dir, say, live_jobs_of(settings))
@@ -107,7 +103,7 @@ def cmd_history(argv: list[str]) -> int:
     if args.json:
         import json
 
-        from dispatch.local.history import as_dict
+        from dispatch.local import as_dict
 
         print(json.dumps([as_dict(r) for r in runs], indent=2))
         return 0
@@ -124,7 +120,7 @@ def cmd_report(argv: list[str]) -> int:
                                  "queue, read in parallel within the configured deadlines.")
         p.add_argument("--host", action="append", metavar="NAME", help="only this host (repeatable)")
         args = p.parse_args(argv)
-    from dispatch.placement.reports import read_reports
+    from dispatch.placement import read_reports
 
     settings = load_config(args.config)
     check_hosts(settings, args.host)
@@ -132,8 +128,8 @@ def cmd_report(argv: list[str]) -> int:
     here = [r.report for r in readings if r.report is not None and r.source is not None
             and r.source.is_here]
     if here:  # this host's engine; a peer's would be its agent's to say
-        from dispatch.hosts.machine import machine_report
-        from dispatch.local.report import admission_engine
+        from dispatch.hosts import machine_report
+        from dispatch.local import admission_engine
 
         machine_report(here[0])["admission_engine"] = admission_engine(settings)
     if args.json:
@@ -161,19 +157,18 @@ def cmd_capacity(argv: list[str]) -> int:
                         "cap by the half rule and how many fit in the host's sessions slice")
     args = p.parse_args(argv)
     what_if = None if args.slice is None else option_value("--slice", args.slice, cap_size)
-    from dispatch.placement.reports import read_reports
+    from dispatch.placement import read_reports
 
     settings = load_config(args.config)
     check_hosts(settings, args.host)
     readings = read_reports(settings, args.host, peaks=True)
     if args.sessions:
-        from dispatch.local.sessions.sessioncapacity import host_sessions, session_rules
+        from dispatch.local import host_sessions, session_rules
 
         hosts: list[Any] = [host_sessions(r.host, r.report, r.error, what_if) for r in readings]
         rules = session_rules()
     else:
-        from dispatch.local.capacity import host_capacity
-        from dispatch.local.capacity import rules as job_rules
+        from dispatch.local import host_capacity, job_rules
 
         hosts = [host_capacity(r.host, r.report, r.error, what_if) for r in readings]
         rules = job_rules()

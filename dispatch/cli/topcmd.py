@@ -13,17 +13,15 @@ import sys
 import time
 
 from dispatch.cli.common import check_hosts, load_config, option_value, plain_args, sub_parser
-from dispatch.core.errors import UsageError
-from dispatch.core.exitcodes import interrupted
+from dispatch.core import UsageError, interrupted
 
 MYPY = False
 if MYPY:
     from typing import Any
 
     from dispatch.cli.topkeys import KeyState
-    from dispatch.core.view import Line
-    from dispatch.placement.hostwatch import HostWatch
-    from dispatch.placement.topframe import Frame
+    from dispatch.core import Line
+    from dispatch.placement import Frame, HostWatch
 
 
 SOON = 3.0  # seconds from the start in which a frame is redrawn as soon as a first reading comes
@@ -31,7 +29,7 @@ SOON = 3.0  # seconds from the start in which a frame is redrawn as soon as a fi
 
 def interval_seconds(text: str) -> float:
     """``--interval``: seconds (``0.5``, ``2``) or a duration (``2s``), from 0.1 s to an hour."""
-    from dispatch.core.units import parse_duration
+    from dispatch.core import parse_duration
 
     try:
         value = float(text)
@@ -64,7 +62,7 @@ def cmd_top(argv: list[str]) -> int:
     interval = option_value("--interval", args.interval or "1", interval_seconds)
     settings = load_config(args.config)
     check_hosts(settings, args.host)
-    from dispatch.placement.hostwatch import HostWatch
+    from dispatch.placement import HostWatch
 
     watch = HostWatch(settings, interval, args.host)
     if args.once:
@@ -87,8 +85,7 @@ def _lines(frame: Frame, keys: KeyState | None, size: tuple[int, int] | None) ->
 
 def _once(watch: HostWatch) -> int:
     """One frame: every host read once within the deadline, then printed."""
-    from dispatch.placement.reports import read_reports
-    from dispatch.placement.topframe import build
+    from dispatch.placement import build, read_reports
 
     readings = read_reports(watch.settings, watch.names)
     now = time.time()
@@ -117,7 +114,7 @@ def _live(watch: HostWatch) -> int:
     back (alternate screen left, cursor shown, echo on) on ``q``, Ctrl-C, SIGTERM or a hang-up."""
     from dispatch.cli import render
     from dispatch.cli.topkeys import KeyState, Terminal
-    from dispatch.placement.topframe import build
+    from dispatch.placement import build
 
     keys = KeyState()
     terminal = Terminal(sys.stdin.fileno())

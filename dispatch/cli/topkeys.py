@@ -11,7 +11,7 @@ import signal
 import termios
 import tty
 
-from dispatch.placement.topframe import SORTS
+from dispatch.placement import SORTS
 
 MYPY = False
 if MYPY:

@@ -9,18 +9,15 @@ from __future__ import annotations
 import time
 import unicodedata
 
-from dispatch.core import view
-from dispatch.core.records import NamedTuple
-from dispatch.core.units import format_duration, format_size
-from dispatch.core.view import Line, Span
+from dispatch.core import Line, NamedTuple, Span, format_duration, format_size, view
 
 MYPY = False
 if MYPY:
     from collections.abc import Sequence
     from typing import Optional
 
-    from dispatch.core.view import Gauge
-    from dispatch.placement.topframe import Frame, HostPanel, JobRow
+    from dispatch.core import Gauge
+    from dispatch.placement import Frame, HostPanel, JobRow
 
 HINTS = ("   s sort  / filter  h help  q quit", "   h help")  # the keys in the header, the most that fit
 STALE = 5.0  # seconds: a panel older than this says when it was read

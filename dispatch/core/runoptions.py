@@ -134,22 +134,12 @@ def resolve_session(explicit: str | None) -> str | None:
     return check_name(named, "HOSTRUN_SESSION")
 
 
-# The subcommands, in the order --help lists them: name -> (module of dispatch.cli, function). A
-# command's module is imported only when it runs, so ``hostrun -- CMD`` loads ``runcmd`` alone.
-# Declared here, below the CLI, because the hooks' classifier reads the names too (``hostrun top``
-# is a subcommand, not a heavy command).
-COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("runcmd", "cmd_run"), "doctor": ("statecmds", "cmd_doctor"),
-    "codes": ("statecmds", "cmd_codes"), "ledger": ("statecmds", "cmd_ledger"),
-    "report": ("statecmds", "cmd_report"), "dispatch": ("runcmd", "cmd_dispatch"),
-    "alerts": ("alertcmds", "cmd_alerts"), "capacity": ("statecmds", "cmd_capacity"),
-    "lock": ("guardcmds", "cmd_lock"), "workdir": ("guardcmds", "cmd_workdir"),
-    "preflight": ("guardcmds", "cmd_preflight"), "history": ("statecmds", "cmd_history"),
-    "hook": ("setupcmds", "cmd_hook"), "agents": ("setupcmds", "cmd_agents"),
-    "watch": ("alertcmds", "cmd_watch"), "shims": ("setupcmds", "cmd_shims"),
-    "shared": ("setupcmds", "cmd_shared"), "top": ("topcmd", "cmd_top"),
-    "completion": ("completion", "cmd_completion"), "session": ("sessioncmd", "cmd_session"),
-}
+# The subcommands' names, in the order --help lists them. Their handlers are the command line's
+# (``dispatch.cli.common.COMMANDS``); the names are declared here, below it, because the hooks'
+# classifier reads them too (``hostrun top`` is a subcommand, not a heavy command).
+SUBCOMMANDS = ("run", "doctor", "codes", "ledger", "report", "dispatch", "alerts", "capacity", "lock",
+               "workdir", "preflight", "history", "hook", "agents", "watch", "shims", "shared", "top",
+               "completion", "session")
 
 
 class Option:

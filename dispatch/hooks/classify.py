@@ -331,11 +331,11 @@ def _cd(frame: Frame, words: list[str], home: str | None) -> None:
 
 # -------------------------------------------------------------------- hostrun
 def _hostrun(ctx: Context, args: list[str], frame: Frame, gpu_env: bool) -> None:
-    from dispatch.core.runoptions import COMMANDS, split_command  # their own tables, read only here
+    from dispatch.core.runoptions import SUBCOMMANDS, split_command  # their own tables, read only here
 
     while args and (args[0] == "--config" or args[0].startswith("--config=")):
         args = args[2:] if args[0] == "--config" else args[1:]
-    if args and args[0] in COMMANDS:
+    if args and args[0] in SUBCOMMANDS:
         sub, args = args[0], args[1:]
         if sub == "lock" and "--" in args:  # the lock holds a directory, it does not cap the command
             _argv(ctx, args[args.index("--") + 1 :], frame, None, None, gpu_env)
