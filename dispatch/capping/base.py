@@ -345,6 +345,9 @@ class CapBackend(ABC):
     job_affixes: tuple[str, str] = (JOB_PREFIX, "")  # what a job cgroup's name starts and ends with
     # The slice's size when it is not this host's settings' to decide (a shared slice: its daemon's).
     fixed_limit: int | None = None
+    # The socket of the engine that admits this slice's jobs when that is the backend's own (a
+    # shared slice: root's engine); None: the state dir's own engine admits them.
+    engine_socket: str | None = None
 
     @classmethod
     def probe(cls, configured_slice: str | None = None,

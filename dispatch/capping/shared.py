@@ -185,7 +185,7 @@ class SharedBackend(SystemdBackend):
         super().__init__(mount, unit, None, keeper_program)
         self.shared_limit = self.fixed_limit = int(facts["limit"])
         self.group = str(facts.get("group", ""))
-        self.socket_path = path
+        self.socket_path = self.engine_socket = path
 
     @classmethod
     def probe(  # type: ignore[override]  # CapBackend.probe's signature; not systemd's test hooks

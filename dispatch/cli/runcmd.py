@@ -95,12 +95,13 @@ def cmd_run(argv: list[str]) -> int:
                                  settings=lambda: load_config(opts.config), say=say)
         elif opts.peer or opts.auto:
             return _run_elsewhere(options, command, opts, request)
-        else:
-            from dispatch.local import run_local
+        else:  # the door of every run: its host's ``run``, here this machine's
+            from dispatch.hosts import LocalHost, RunExtras
 
             settings = load_config(opts.config)
-            outcome = run_local(settings, request, say, _peer_watch(settings, options, command, opts),
-                                park=_own_command_line(argv))
+            extras = RunExtras(watch=_peer_watch(settings, options, command, opts),
+                               park=_own_command_line(argv))
+            outcome = LocalHost(settings, settings.local).run(request, say, extras)
     except HostrunError as exc:
         if opts.result_file:
             write_failure(opts.result_file, request, exc)

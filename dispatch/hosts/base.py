@@ -11,13 +11,13 @@ hosts run hostrun's own runner (this machine, an ssh peer's agent) derives from 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 
 from dispatch.core.hostkeys import KindSpec
 from dispatch.core.records import NamedTuple
 
 MYPY = False
 if MYPY:
+    from collections.abc import Callable
     from typing import Any, Optional
 
     from dispatch.core.outcome import Outcome
@@ -31,12 +31,14 @@ if MYPY:
 class RunExtras(NamedTuple):
     """What a run needs besides the ``RunRequest``: for a run sent elsewhere, the tree to sync, the
     paths to bring back and whether stdin goes along; for a run here, the callback a waiting job
-    calls (``dispatch.placement.auto.PeerWatch``)."""
+    calls (``dispatch.placement.auto.PeerWatch``) and whether a long wait may park this process
+    (the run is its own command line, so running that line again resumes it)."""
 
     tree: Optional[str] = None
     returns: tuple[str, ...] = ()
     stdin: bool = False
     watch: Optional[Callable[[Any], None]] = None
+    park: bool = False
 
 
 class Host(ABC):

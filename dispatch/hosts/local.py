@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from dispatch.core.hostkeys import LOCAL, LOCAL_KIND
 from dispatch.hosts.base import RunExtras
 from dispatch.hosts.machine import MachineHost
 
 MYPY = False
 if MYPY:
+    from collections.abc import Callable
+
     from dispatch.core.outcome import Outcome
     from dispatch.core.reportshape import MachineReport
     from dispatch.core.request import RunRequest
@@ -28,4 +28,4 @@ class LocalHost(MachineHost):
     def run(self, request: RunRequest, say: Callable[[str], None], extras: RunExtras) -> Outcome:
         from dispatch.local.run.localrun import run_local
 
-        return run_local(self.settings, request, say, extras.watch)
+        return run_local(self.settings, request, say, extras.watch, park=extras.park)

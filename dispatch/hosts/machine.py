@@ -4,7 +4,6 @@ hooks' table and ``hostrun report`` say of such a host is said here, once for bo
 
 from __future__ import annotations
 
-from dispatch.core import view
 from dispatch.core.units import format_duration, format_size
 from dispatch.hosts.base import Host
 
@@ -97,6 +96,8 @@ class MachineHost(Host):
 
     def describe(self, report: Report) -> list[Block]:
         """Its memory, slice, bookings, load, heavy threads and GPUs; then its running jobs."""
+        from dispatch.core import view  # not on a run's path: LocalHost is its door
+
         data = machine_report(report)
         s, mem = data["slice"], data["memory"]
         version = data.get("agent_version") or data["version"]
@@ -146,6 +147,8 @@ class MachineHost(Host):
         """Memory (used, and booked not yet at peak), the slice (used, booked), load against its
         cores with the heavy threads, the sessions slice while agent sessions run (their use and
         bookings against its limit), and each GPU's VRAM."""
+        from dispatch.core import view
+
         data = machine_report(report)
         s, mem = data["slice"], data["memory"]
         total, available = int(mem["total"]), int(mem["available"])
@@ -197,6 +200,8 @@ def _sessions(report: MachineReport) -> str:
 
 def _session_cell(job: MachineJob, running: list[MachineJob], names: dict[int | str, str]) -> str:
     """A session's own cell ("session, 2 jobs"), a job's (the session it was started in), or "-"."""
+    from dispatch.core import view
+
     if job.get("role") == "session":
         key = view.report_id(job.get("id"))
         return f"session, {_jobs(sum(1 for j in running if key is not None and j.get('in_session') == key))}"

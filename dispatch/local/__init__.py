@@ -31,7 +31,6 @@ SURFACE: dict[str, str] = {
     "outside_the_slice": "dispatch.local.hostslice",
     "report_lines": "dispatch.local.run.preflight",
     "run_inside": "dispatch.local.run.nested",
-    "run_local": "dispatch.local.run.localrun",
     "run_session": "dispatch.local.sessions.agentsession",
     "session_rules": "dispatch.local.sessions.sessioncapacity",
     "since_time": "dispatch.local.history",
@@ -41,7 +40,7 @@ SURFACE: dict[str, str] = {
 __all__ = ["Booking", "KernelLog", "Ledger", "PeakRecord", "RunRecord", "Script", "Verdict",
            "admission_engine", "as_dict", "check", "declared", "default_label", "host_capacity",
            "host_sessions", "inspect", "install", "job_rules", "live_jobs_of", "mark_reasons",
-           "outside_the_slice", "report_lines", "run_inside", "run_local", "run_session", "session_rules",
+           "outside_the_slice", "report_lines", "run_inside", "run_session", "session_rules",
            "since_time", "time_to_peak", "uninstall"]
 MYPY = False
 if MYPY:
@@ -56,7 +55,6 @@ if MYPY:
     from dispatch.local.hostslice import live_jobs_of as live_jobs_of
     from dispatch.local.hostslice import outside_the_slice as outside_the_slice
     from dispatch.local.report import admission_engine as admission_engine
-    from dispatch.local.run.localrun import run_local as run_local
     from dispatch.local.run.nested import run_inside as run_inside
     from dispatch.local.run.preflight import Script as Script
     from dispatch.local.run.preflight import Verdict as Verdict

@@ -164,15 +164,15 @@ def _shared_engine(settings: Settings) -> AdmissionEngine | None:
         return {"socket": None, "pid": None, "detail": str(exc)}
     if here is None:
         return None
-    from dispatch.capping.shared import SharedBackend, hello
+    from dispatch.capping.shared import hello
 
-    backend = here.backend
-    assert isinstance(backend, SharedBackend)
+    socket = here.backend.engine_socket
+    assert socket is not None  # shared_here's slices have their own engine
     try:
-        pid = hello(backend.socket_path).get("pid")
+        pid = hello(socket).get("pid")
     except HostrunError as exc:
-        return {"socket": backend.socket_path, "pid": None, "detail": str(exc)}
-    return {"socket": backend.socket_path, "pid": pid if isinstance(pid, int) else None,
+        return {"socket": socket, "pid": None, "detail": str(exc)}
+    return {"socket": socket, "pid": pid if isinstance(pid, int) else None,
             "detail": f"the shared slice's, running as root, pid {pid}"}
 
 

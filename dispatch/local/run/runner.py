@@ -92,7 +92,6 @@ def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], Non
     label = storable(request.label or default_label(request.argv))
     requeue = settings.may_requeue(label, request.group, request.requeue)
     place: int | None = None
-    shared = here.backend.name == "shared"  # its engine books every run (``sharedlink.shared_here``)
     for requeued in range(MAX_REQUEUES + 1):
         if booked is None:  # a requeue (or a caller that did not book it): booked by the engine now
             from dispatch.local.shared.sharedlink import engine_link
@@ -100,7 +99,7 @@ def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], Non
             watch = watch_for(settings, here.host.name, label, request, say, on_wait, alerts, wait_alert)
             try:
                 booked = enginebook.book(settings, request, label, requeue, place, say, watch,
-                                         link=engine_link(settings, say, here if shared else None),
+                                         link=engine_link(settings, say, here),
                                          gpu=enginebook.gpu_want(request))
             except enginebook.Interrupted as exc:
                 return enginebook.interrupted_outcome(settings, request, label, exc.signum)

@@ -109,17 +109,12 @@ def shared_here(settings: Settings) -> LocalSlice | None:
     from dispatch.local.hostslice import LocalSlice
 
     here = LocalSlice(settings)
-    return here if here.backend.name == "shared" else None
+    return here if here.backend.engine_socket is not None else None
 
 
 def engine_link(settings: Settings, say: Callable[[str], None], here: LocalSlice | None) -> Link:
-    """The connection a run books on: the shared slice's engine's (``here``), else its own
-    state dir's engine's."""
-    if here is None:
-        return Link(settings, say)
-    from dispatch.capping.shared import SharedBackend
-
-    backend = here.backend
-    assert isinstance(backend, SharedBackend)
-    return SharedLink(settings, say, backend.socket_path)
+    """The connection a run books on: the engine of ``here``'s backend when it has its own
+    (``CapBackend.engine_socket``: a shared slice's), else its own state dir's engine's."""
+    socket = here.backend.engine_socket if here is not None else None
+    return Link(settings, say) if socket is None else SharedLink(settings, say, socket)
 
