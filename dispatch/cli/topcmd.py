@@ -21,7 +21,7 @@ if MYPY:
 
     from dispatch.cli.topkeys import KeyState
     from dispatch.core import Line
-    from dispatch.placement import Frame, HostWatch
+    from dispatch.placement import HostWatch, TopFrame
 
 
 SOON = 3.0  # seconds from the start in which a frame is redrawn as soon as a first reading comes
@@ -73,7 +73,7 @@ def cmd_top(argv: list[str]) -> int:
     return _live(watch)
 
 
-def _lines(frame: Frame, keys: KeyState | None, size: tuple[int, int] | None) -> list[Line]:
+def _lines(frame: TopFrame, keys: KeyState | None, size: tuple[int, int] | None) -> list[Line]:
     from dispatch.cli.toplayout import layout
 
     if size is None or keys is None:

@@ -1,4 +1,4 @@
-"""How a frame of ``hostrun top`` (``dispatch.placement.topframe.Frame``) fits a terminal: lines of
+"""How a frame of ``hostrun top`` (``dispatch.placement.topframe.TopFrame``) fits a terminal: lines of
 styled spans (``dispatch.core.view``), none wider than the terminal and no more of them than its
 height. A narrow terminal loses columns, a short one rows and then sections, never by wrapping:
 each row is one line, long text cut with an ellipsis. Plain text, so ``--once`` prints the same
@@ -17,7 +17,7 @@ if MYPY:
     from typing import Optional
 
     from dispatch.core import Gauge
-    from dispatch.placement import Frame, HostPanel, JobRow
+    from dispatch.placement import HostPanel, JobRow, TopFrame
 
 HINTS = ("   s sort  / filter  h help  q quit", "   h help")  # the keys in the header, the most that fit
 STALE = 5.0  # seconds: a panel older than this says when it was read
@@ -177,7 +177,7 @@ def _jobs(jobs: Sequence[JobRow], width: int, ellipsis: str) -> list[Line]:
     return table(columns, rows, width, ellipsis)
 
 
-def sections(frame: Frame, width: int, ellipsis: str) -> list[tuple[Line, list[Line]]]:
+def sections(frame: TopFrame, width: int, ellipsis: str) -> list[tuple[Line, list[Line]]]:
     """Below the hosts: each section's title line and its lines (header and rows)."""
     def title(text: str, count: int, none: str) -> Line:
         return fitted((Span(f"{text} ({count})" if count else f"{text}: {none}", view.BOLD),),
@@ -216,7 +216,7 @@ def sections(frame: Frame, width: int, ellipsis: str) -> list[tuple[Line, list[L
     return found
 
 
-def header(frame: Frame, width: int, ellipsis: str, typing: Optional[str]) -> Line:
+def header(frame: TopFrame, width: int, ellipsis: str, typing: Optional[str]) -> Line:
     """The time, the sort, the filter (``/text_`` while it is typed) and the keys, as many as fit."""
     shown = f"/{typing}_" if typing is not None else (frame.filter or "-")
     spans = (Span("hostrun top", view.BOLD), Span(f"  {clock(frame.time)}  sort: "),
@@ -248,7 +248,7 @@ def share(hosts: Sequence[int], sections: Sequence[int], room: int) -> list[int]
     return given + below
 
 
-def layout(frame: Frame, width: int, height: Optional[int] = None, help_shown: bool = False,
+def layout(frame: TopFrame, width: int, height: Optional[int] = None, help_shown: bool = False,
            typing: Optional[str] = None, ellipsis: str = "…") -> list[Line]:
     """The frame as at most ``height`` lines (None: as many as it takes) of at most ``width`` cells:
     the header; each host's panel; running jobs, the queue, the last outcomes, alerts. Short of

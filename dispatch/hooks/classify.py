@@ -37,7 +37,7 @@ import os
 
 from dispatch.core.records import NamedTuple
 from dispatch.hooks import rules
-from dispatch.hooks.classifystate import SHELLS, Context, Done, Frame, Walk, at, is_python, shown
+from dispatch.hooks.classifystate import SHELLS, Context, Done, Site, Walk, at, is_python, shown
 from dispatch.hooks.prefixes import PREFIXES
 from dispatch.hooks.shellwords import Simple, parse
 
@@ -108,17 +108,17 @@ def _run(command: str | None, argv: list[str] | None, cwd: str, extra_heavy: Ite
     ctx = Context(rules.patterns(extra_heavy, extra_light, extra_gpu), env, deadline_s, max_depth,
                   max_bytes, unknown_heavy, _WALK)
     inside_job = bool(env.get("HOSTRUN_JOB"))
-    frame = Frame(cwd, 0, "", inside_job)
+    site = Site(cwd, 0, "", inside_job)
     try:
         if argv is not None:
-            _simple(ctx, Simple(list(argv), 1, []), frame, None)
+            _simple(ctx, Simple(list(argv), 1, []), site, None)
         else:
-            _text(ctx, command or "", frame)
+            _text(ctx, command or "", site)
     except Done:
         pass
     except RecursionError:  # pathological nesting of $( … ) / -c strings
         try:
-            ctx.give_up("nesting too deep to read", frame)
+            ctx.give_up("nesting too deep to read", site)
         except Done:
             pass
     return _verdict(ctx, inside_job)
@@ -141,26 +141,26 @@ def _verdict(ctx: Context, inside_job: bool) -> Verdict:
 
 
 # -------------------------------------------------------------------- walking the commands
-def _text(ctx: Context, text: str, frame: Frame, line_base: str | None = None) -> None:
+def _text(ctx: Context, text: str, site: Site, line_base: str | None = None) -> None:
     """Every simple command of ``text`` (a command line or a script's contents)."""
     parsed = parse(text, ctx.deadline)
     commands = parsed.commands
     for k, cmd in enumerate(commands):
-        if ctx.late(frame):
+        if ctx.late(site):
             return
-        if line_base is not None:  # a script's own frame: where its current line is
-            frame.where = f"{line_base} line {cmd.line}"
+        if line_base is not None:  # a script's own site: where its current line is
+            site.where = f"{line_base} line {cmd.line}"
         piped = commands[k - 1] if cmd.after_pipe and k > 0 else None
-        _simple(ctx, cmd, frame, piped)
+        _simple(ctx, cmd, site, piped)
     if parsed.stopped:
-        ctx.late(frame)
+        ctx.late(site)
 
 
-def _simple(ctx: Context, cmd: Simple, frame: Frame, piped: Simple | None) -> None:
+def _simple(ctx: Context, cmd: Simple, site: Site, piped: Simple | None) -> None:
     for sub in cmd.subs:  # $( … ) runs first, wherever it stands
-        _text(ctx, sub, frame)
-    _remember_writes(ctx, cmd, frame, piped)
-    _argv(ctx, list(cmd.words), frame, cmd, piped, gpu_env=False)
+        _text(ctx, sub, site)
+    _remember_writes(ctx, cmd, site, piped)
+    _argv(ctx, list(cmd.words), site, cmd, piped, gpu_env=False)
 
 
 def _written_text(cmd: Simple) -> str | None:
@@ -176,7 +176,7 @@ def _written_text(cmd: Simple) -> str | None:
     return None
 
 
-def _remember_writes(ctx: Context, cmd: Simple, frame: Frame, piped: Simple | None) -> None:
+def _remember_writes(ctx: Context, cmd: Simple, site: Site, piped: Simple | None) -> None:
     """A script written and run in the same line (``cat > t.sh <<EOF … EOF; bash t.sh``, ``echo …
     > f; sh f``, ``printf … | tee f; bash f``) does not exist yet when the line is judged: remember
     what is written, so that running it judges that text."""
@@ -186,14 +186,14 @@ def _remember_writes(ctx: Context, cmd: Simple, frame: Frame, piped: Simple | No
         text = _written_text(piped)
         targets += [w for w in cmd.words[1:] if not w.startswith("-")]
     for target in targets:
-        path = os.path.normpath(os.path.join(frame.cwd, target))
+        path = os.path.normpath(os.path.join(site.cwd, target))
         if text is None:
             ctx.written.pop(path, None)
         else:
             ctx.written[path] = text
 
 
-def _argv(ctx: Context, words: list[str], frame: Frame, cmd: Simple | None, piped: Simple | None,
+def _argv(ctx: Context, words: list[str], site: Site, cmd: Simple | None, piped: Simple | None,
           gpu_env: bool) -> None:
     """Judge one simple command's words (after its substitutions): prefixes, then the command."""
     i = 0
@@ -215,63 +215,63 @@ def _argv(ctx: Context, words: list[str], frame: Frame, cmd: Simple | None, pipe
     if words[0] in ctx.aliases:
         words = [*ctx.aliases[words[0]], *words[1:]]
     if "$" in words[0] or "`" in words[0]:  # `$(echo cargo) build`, `$TOOL build`
-        ctx.give_up(f"{shown(words)} names a command only known when it runs", frame)
+        ctx.give_up(f"{shown(words)} names a command only known when it runs", site)
         return
     name = rules.tool_name(words[0])
     if name == "alias":
         _alias(ctx, words[1:])
-        ctx.found(False, False, f"{shown(words)} [defines an alias]{at(frame)}", frame.through)
+        ctx.found(False, False, f"{shown(words)} [defines an alias]{at(site)}", site.through)
         return
     if name == "cd" or name == "pushd":
-        _cd(frame, words, ctx.env.get("HOME"))
+        _cd(site, words, ctx.env.get("HOME"))
         return
     if name == "hostrun":
-        _hostrun(ctx, words[1:], frame, gpu_env)
+        _hostrun(ctx, words[1:], site, gpu_env)
         return
     handler = PREFIXES.get(name)
-    if handler is not None and handler(ctx, words, frame, gpu_env):
+    if handler is not None and handler(ctx, words, site, gpu_env):
         return
     if name in SHELLS or name in ("source", ".", "eval"):
         from dispatch.hooks import scripts  # here and below: only a command that needs it loads it
 
-        scripts.shell(ctx, name, words, frame, cmd, piped)
+        scripts.shell(ctx, name, words, site, cmd, piped)
         return
     if is_python(name):
         from dispatch.hooks import scripts
 
-        if scripts.python(ctx, words, frame, gpu_env):
+        if scripts.python(ctx, words, site, gpu_env):
             return
-    _decide(ctx, words, frame, gpu_env)
+    _decide(ctx, words, site, gpu_env)
 
 
-def _decide(ctx: Context, words: list[str], frame: Frame, gpu_env: bool,
+def _decide(ctx: Context, words: list[str], site: Site, gpu_env: bool,
             read_script: bool = True) -> None:
     """The patterns decide; a script named by path with no pattern of its own is read instead."""
     best = rules.best_match(words, ctx.table)
     if best is not None and best.kind == rules.LIGHT:
-        ctx.found(False, False, f"{shown(words)} [light: {best.text}]{at(frame)}", frame.through)
+        ctx.found(False, False, f"{shown(words)} [light: {best.text}]{at(site)}", site.through)
         return
     if best is not None:
-        heavy_why = f"{shown(words)} [{best.kind}: {best.text}]{at(frame)}"
-        if best.text == "rustc" and not best.project and _small_rustc(words, frame.cwd):
-            ctx.found(False, False, f"{shown(words)} [light: rustc on small input]{at(frame)}",
-                      frame.through)
+        heavy_why = f"{shown(words)} [{best.kind}: {best.text}]{at(site)}"
+        if best.text == "rustc" and not best.project and _small_rustc(words, site.cwd):
+            ctx.found(False, False, f"{shown(words)} [light: rustc on small input]{at(site)}",
+                      site.through)
             return
-        ctx.found(True, best.kind == rules.GPU or gpu_env, heavy_why, frame.through)
+        ctx.found(True, best.kind == rules.GPU or gpu_env, heavy_why, site.through)
         return
     if "/" in words[0] and _experiment(words):
         ctx.found(True, gpu_env, f"{shown(words)} [heavy: a built program run with a workload "
-                                 f"option]{at(frame)}", frame.through)
+                                 f"option]{at(site)}", site.through)
         return
     if read_script and "/" in words[0]:
         from dispatch.hooks import scripts
 
-        if scripts.script(ctx, words[0], words[1:], frame, gpu_env, False):
+        if scripts.script(ctx, words[0], words[1:], site, gpu_env, False):
             return
     if gpu_env:
-        ctx.found(True, True, f"{shown(words)} [gpu: CUDA_VISIBLE_DEVICES=…]{at(frame)}", frame.through)
+        ctx.found(True, True, f"{shown(words)} [gpu: CUDA_VISIBLE_DEVICES=…]{at(site)}", site.through)
         return
-    ctx.found(False, False, f"{shown(words)} [no heavy pattern]{at(frame)}", frame.through)
+    ctx.found(False, False, f"{shown(words)} [no heavy pattern]{at(site)}", site.through)
 
 
 def _small_rustc(words: list[str], cwd: str) -> bool:
@@ -320,17 +320,17 @@ def _experiment(words: list[str]) -> bool:
     return False
 
 
-def _cd(frame: Frame, words: list[str], home: str | None) -> None:
+def _cd(site: Site, words: list[str], home: str | None) -> None:
     """``cd DIR`` moves the directory the next commands (and the scripts they name) run in."""
     target = next((w for w in words[1:] if not w.startswith("-")), home)
     if target and target.startswith("~") and home:
         target = home + target[1:] if target in ("~",) or target.startswith("~/") else target
     if target and "$" not in target and "`" not in target:
-        frame.cwd = os.path.normpath(os.path.join(frame.cwd, target))
+        site.cwd = os.path.normpath(os.path.join(site.cwd, target))
 
 
 # -------------------------------------------------------------------- hostrun
-def _hostrun(ctx: Context, args: list[str], frame: Frame, gpu_env: bool) -> None:
+def _hostrun(ctx: Context, args: list[str], site: Site, gpu_env: bool) -> None:
     from dispatch.core.runoptions import SUBCOMMANDS, split_command  # their own tables, read only here
 
     while args and (args[0] == "--config" or args[0].startswith("--config=")):
@@ -338,23 +338,23 @@ def _hostrun(ctx: Context, args: list[str], frame: Frame, gpu_env: bool) -> None
     if args and args[0] in SUBCOMMANDS:
         sub, args = args[0], args[1:]
         if sub == "lock" and "--" in args:  # the lock holds a directory, it does not cap the command
-            _argv(ctx, args[args.index("--") + 1 :], frame, None, None, gpu_env)
+            _argv(ctx, args[args.index("--") + 1 :], site, None, None, gpu_env)
             return
         if sub != "run":
-            ctx.found(False, False, f"hostrun {sub} [hostrun subcommand]{at(frame)}", frame.through)
+            ctx.found(False, False, f"hostrun {sub} [hostrun subcommand]{at(site)}", site.through)
             return
     if args and args[0] in ("-h", "--help"):
-        ctx.found(False, False, f"hostrun {args[0]}{at(frame)}", frame.through)
+        ctx.found(False, False, f"hostrun {args[0]}{at(site)}", site.through)
         return
     options, command = split_command(list(args))
     if not command:
-        ctx.found(False, False, f"hostrun {shown(options)} [no command]{at(frame)}", frame.through)
+        ctx.found(False, False, f"hostrun {shown(options)} [no command]{at(site)}", site.through)
         return
     ctx.hostrun_job = True
     gpu_memory = any(o == "--gpu-memory" or o.startswith("--gpu-memory=") for o in options)
     if gpu_memory:
-        ctx.found(False, True, f"hostrun --gpu-memory {shown(command)}{at(frame)}", True)
-    _argv(ctx, command, frame.child(through=True, deeper=False), None, None, gpu_env)
+        ctx.found(False, True, f"hostrun --gpu-memory {shown(command)}{at(site)}", True)
+    _argv(ctx, command, site.child(through=True, deeper=False), None, None, gpu_env)
 
 
 # the steps prefixes and scripts call back into (classifystate.Walk)

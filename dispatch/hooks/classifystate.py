@@ -41,10 +41,10 @@ class Walk(NamedTuple):
     pattern is read); ``hostrun``: the arguments after ``hostrun``.
     """
 
-    text: Callable[[Context, str, Frame, str | None], None]
-    argv: Callable[[Context, list[str], Frame, Simple | None, Simple | None, bool], None]
-    decide: Callable[[Context, list[str], Frame, bool, bool], None]
-    hostrun: Callable[[Context, list[str], Frame, bool], None]
+    text: Callable[[Context, str, Site, str | None], None]
+    argv: Callable[[Context, list[str], Site, Simple | None, Simple | None, bool], None]
+    decide: Callable[[Context, list[str], Site, bool, bool], None]
+    hostrun: Callable[[Context, list[str], Site, bool], None]
 
 
 class Context:
@@ -78,56 +78,56 @@ class Context:
         if self.heavy_direct and self.gpu:
             raise Done
 
-    def give_up(self, why: str, frame: Frame) -> None:
+    def give_up(self, why: str, site: Site) -> None:
         """Reading stopped at a limit: unknown, which counts heavy when ``unknown_heavy``."""
         self.unknown = self.unknown or why
         if self.unknown_heavy:
-            self.found(True, False, f"unknown, counted heavy: {why}{at(frame)}", frame.through)
+            self.found(True, False, f"unknown, counted heavy: {why}{at(site)}", site.through)
 
-    def late(self, frame: Frame) -> bool:
+    def late(self, site: Site) -> bool:
         if time.monotonic() > self.deadline:
             if not self.unknown:
-                self.give_up(f"time limit of {self.deadline_s * 1000:.0f} ms reached", frame)
+                self.give_up(f"time limit of {self.deadline_s * 1000:.0f} ms reached", site)
             return True
         return False
 
-    def text(self, text: str, frame: Frame, line_base: str | None = None) -> None:
+    def text(self, text: str, site: Site, line_base: str | None = None) -> None:
         """Judge every simple command of ``text`` (the walk's ``text``)."""
-        self.walk.text(self, text, frame, line_base)
+        self.walk.text(self, text, site, line_base)
 
-    def words(self, words: list[str], frame: Frame, gpu_env: bool) -> None:
+    def words(self, words: list[str], site: Site, gpu_env: bool) -> None:
         """Judge one command given as words, prefixes and all (the walk's ``argv``)."""
-        self.walk.argv(self, words, frame, None, None, gpu_env)
+        self.walk.argv(self, words, site, None, None, gpu_env)
 
-    def decide(self, words: list[str], frame: Frame, gpu_env: bool, read_script: bool = True) -> None:
+    def decide(self, words: list[str], site: Site, gpu_env: bool, read_script: bool = True) -> None:
         """Let the patterns judge ``words`` (the walk's ``decide``)."""
-        self.walk.decide(self, words, frame, gpu_env, read_script)
+        self.walk.decide(self, words, site, gpu_env, read_script)
 
-    def hostrun(self, args: list[str], frame: Frame, gpu_env: bool) -> None:
+    def hostrun(self, args: list[str], site: Site, gpu_env: bool) -> None:
         """Judge ``hostrun ARGS`` (the walk's ``hostrun``)."""
-        self.walk.hostrun(self, args, frame, gpu_env)
+        self.walk.hostrun(self, args, site, gpu_env)
 
 
-class Frame:
+class Site:
     """Where a command runs: its directory (``cd`` moves it for the commands after), how deep in
     scripts, the location shown in ``why``, and whether it runs inside a hostrun job."""
 
     def __init__(self, cwd: str, depth: int, where: str, through: bool) -> None:
         self.cwd, self.depth, self.where, self.through = cwd, depth, where, through
 
-    def child(self, where: str | None = None, through: bool | None = None, deeper: bool = True) -> Frame:
-        return Frame(self.cwd, self.depth + deeper, self.where if where is None else where,
+    def child(self, where: str | None = None, through: bool | None = None, deeper: bool = True) -> Site:
+        return Site(self.cwd, self.depth + deeper, self.where if where is None else where,
                      self.through if through is None else through)
 
 
-def at(frame: Frame) -> str:
+def at(site: Site) -> str:
     """`` in WHERE`` for a ``why``: the script line or ``-c`` string the command stands in."""
-    return f" in {frame.where}" if frame.where else ""
+    return f" in {site.where}" if site.where else ""
 
 
-def inside(frame: Frame, what: str) -> Frame:
-    """A frame for a command string run by ``what`` (``bash -c``), shown as where it stands."""
-    return frame.child(f"{what}{at(frame)}")
+def inside(site: Site, what: str) -> Site:
+    """A site for a command string run by ``what`` (``bash -c``), shown as where it stands."""
+    return site.child(f"{what}{at(site)}")
 
 
 def shown(argv: list[str]) -> str:

@@ -17,10 +17,10 @@ MYPY = False
 if MYPY:
     from collections.abc import Callable, Iterable
 
-    from dispatch.hooks.classifystate import Context, Frame
+    from dispatch.hooks.classifystate import Context, Site
 
     # a prefix's handler: judges what ``words`` runs; False when ``words`` is not that prefix after all
-    Handler = Callable[[Context, list[str], Frame, bool], bool]
+    Handler = Callable[[Context, list[str], Site, bool], bool]
 
 
 def _skip_options(words: list[str], values: frozenset[str], positional: int = 0,
@@ -46,30 +46,30 @@ def _prefix(values: Iterable[str] = (), positional: int = 0, words_in_name: int 
     value_set = frozenset(values)
     light = frozenset(light_flags)
 
-    def handler(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
+    def handler(ctx: Context, words: list[str], site: Site, gpu_env: bool) -> bool:
         if words_in_name > 1 and (len(words) < words_in_name or
                                   words[words_in_name - 1] != _TWO_WORD.get(rules.tool_name(words[0]))):
             return False
         i = _skip_options(words, value_set, positional, start=words_in_name)
         rest = words[i:]
         if any(w in light for w in words[1:i]):
-            ctx.found(False, False, f"{shown(words)} [looks a command up]{at(frame)}", frame.through)
+            ctx.found(False, False, f"{shown(words)} [looks a command up]{at(site)}", site.through)
             return True
         if not rest:
-            ctx.found(False, False, f"{shown(words)} [no command]{at(frame)}", frame.through)
+            ctx.found(False, False, f"{shown(words)} [no command]{at(site)}", site.through)
             return True
-        ctx.words(rest, frame, gpu_env)
+        ctx.words(rest, site, gpu_env)
         return True
 
     return handler
 
 
-def _env(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
+def _env(ctx: Context, words: list[str], site: Site, gpu_env: bool) -> bool:
     i = 1
     while i < len(words):
         word = words[i]
         if word in ("-S", "--split-string") and i + 1 < len(words):
-            ctx.text(" ".join(words[i + 1 :]), frame)
+            ctx.text(" ".join(words[i + 1 :]), site)
             return True
         if word in ("-u", "--unset", "-C", "--chdir"):
             i += 2
@@ -82,13 +82,13 @@ def _env(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
             break
     rest = words[i:]
     if not any("=" not in w for w in rest):
-        ctx.found(False, False, f"{shown(words)} [prints the environment]{at(frame)}", frame.through)
+        ctx.found(False, False, f"{shown(words)} [prints the environment]{at(site)}", site.through)
         return True
-    ctx.words(rest, frame, gpu_env)
+    ctx.words(rest, site, gpu_env)
     return True
 
 
-def _find(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
+def _find(ctx: Context, words: list[str], site: Site, gpu_env: bool) -> bool:
     ran = False
     i = 1
     while i < len(words):
@@ -97,7 +97,7 @@ def _find(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
             while j < len(words) and words[j] not in (";", "+"):
                 j += 1
             if j > i + 1:
-                ctx.words(words[i + 1 : j], frame, gpu_env)
+                ctx.words(words[i + 1 : j], site, gpu_env)
                 ran = True
             i = j
         i += 1
@@ -106,34 +106,34 @@ def _find(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
 
 def _string_runner(option: str) -> Handler:
     """A prefix whose ``option`` takes a whole command line (``flock F -c '…'``, ``su -c '…'``)."""
-    def handler(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
+    def handler(ctx: Context, words: list[str], site: Site, gpu_env: bool) -> bool:
         if option in words[1:-1]:
-            ctx.text(words[words.index(option, 1) + 1], inside(frame, f"{words[0]} {option}"))
+            ctx.text(words[words.index(option, 1) + 1], inside(site, f"{words[0]} {option}"))
             return True
         return False
 
     return handler
 
 
-def _every_positional(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
+def _every_positional(ctx: Context, words: list[str], site: Site, gpu_env: bool) -> bool:
     """``hyperfine 'cargo build' 'make'``: each positional is a command line."""
     positionals, _ = rules.split_args("", words[1:])
     for text in positionals:
-        ctx.text(text, frame)
+        ctx.text(text, site)
     return bool(positionals)
 
 
-def _nix(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
+def _nix(ctx: Context, words: list[str], site: Site, gpu_env: bool) -> bool:
     for flag in ("-c", "--command"):
         if flag in words:
             rest = words[words.index(flag) + 1 :]
             if rest:
-                ctx.words(rest, frame, gpu_env)
+                ctx.words(rest, site, gpu_env)
                 return True
     if rules.tool_name(words[0]) == "nix-shell":
         for flag in ("--run", "--command"):
             if flag in words[:-1]:
-                ctx.text(words[words.index(flag) + 1], frame)
+                ctx.text(words[words.index(flag) + 1], site)
                 return True
     return False
 
@@ -143,15 +143,15 @@ _TMUX_RUNS = frozenset(("new", "new-session", "new-window", "neww", "split-windo
 _TMUX_VALUES = frozenset(("-s", "-n", "-c", "-t", "-x", "-y", "-e", "-f", "-F", "-l", "-L", "-S", "-T"))
 
 
-def _command_words(ctx: Context, rest: list[str], frame: Frame, gpu_env: bool) -> None:
+def _command_words(ctx: Context, rest: list[str], site: Site, gpu_env: bool) -> None:
     """A command given as one shell string (``tmux new -d 'cargo build'``) or as words."""
     if len(rest) == 1:
-        ctx.text(rest[0], frame)
+        ctx.text(rest[0], site)
     else:
-        ctx.words(rest, frame, gpu_env)
+        ctx.words(rest, site, gpu_env)
 
 
-def _tmux(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
+def _tmux(ctx: Context, words: list[str], site: Site, gpu_env: bool) -> bool:
     """A detached tmux session, window or pane runs its command (``tmux new -d '…'``), and
     ``send-keys`` types one into a shell: both are work started from this line."""
     i = _skip_options(words, frozenset(("-L", "-S", "-f", "-c", "-T")))
@@ -162,7 +162,7 @@ def _tmux(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
         keys = [w for w in rest if w not in ("Enter", "C-m", "KPEnter")]
         j = _skip_options(["send-keys", *keys], frozenset(("-t", "-N")))
         if j - 1 < len(keys):
-            ctx.text(" ".join(keys[j - 1 :]), inside(frame, "tmux send-keys"))
+            ctx.text(" ".join(keys[j - 1 :]), inside(site, "tmux send-keys"))
             return True
         return False
     if sub not in _TMUX_RUNS:
@@ -170,13 +170,13 @@ def _tmux(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
     j = _skip_options([sub, *rest], _TMUX_VALUES)
     command = rest[j - 1 :]
     if not command:
-        ctx.found(False, False, f"{shown(words)} [a shell, no command]{at(frame)}", frame.through)
+        ctx.found(False, False, f"{shown(words)} [a shell, no command]{at(site)}", site.through)
         return True
-    _command_words(ctx, command, inside(frame, f"tmux {sub}"), gpu_env)
+    _command_words(ctx, command, inside(site, f"tmux {sub}"), gpu_env)
     return True
 
 
-def _screen(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
+def _screen(ctx: Context, words: list[str], site: Site, gpu_env: bool) -> bool:
     """``screen -dmS name cmd args``: a detached screen runs its command."""
     i = 1
     while i < len(words) and words[i].startswith("-") and words[i] != "--":
@@ -186,7 +186,7 @@ def _screen(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool
         i += 1
     if i >= len(words):
         return False
-    _command_words(ctx, words[i:], inside(frame, "screen"), gpu_env)
+    _command_words(ctx, words[i:], inside(site, "screen"), gpu_env)
     return True
 
 
@@ -196,7 +196,7 @@ _PARALLEL_VALUES = frozenset(("-j", "--jobs", "-P", "--max-procs", "-S", "--sshl
                               "--delay", "--tag-string", "-n", "--max-args", "-N", "-E", "--eof"))
 
 
-def _parallel(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
+def _parallel(ctx: Context, words: list[str], site: Site, gpu_env: bool) -> bool:
     """GNU ``parallel [options] COMMAND ::: args``: each job runs COMMAND."""
     i = _skip_options(words, _PARALLEL_VALUES)
     command = []
@@ -205,15 +205,15 @@ def _parallel(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bo
             break
         command.append(word)
     if not command:
-        ctx.give_up(f"{shown(words)}: the commands come from its input", frame)
+        ctx.give_up(f"{shown(words)}: the commands come from its input", site)
         return True
-    _command_words(ctx, command, inside(frame, "parallel"), gpu_env)
+    _command_words(ctx, command, inside(site, "parallel"), gpu_env)
     return True
 
 
 def _first_of(*handlers: Handler) -> Handler:
-    def handler(ctx: Context, words: list[str], frame: Frame, gpu_env: bool) -> bool:
-        return any(h(ctx, words, frame, gpu_env) for h in handlers)
+    def handler(ctx: Context, words: list[str], site: Site, gpu_env: bool) -> bool:
+        return any(h(ctx, words, site, gpu_env) for h in handlers)
 
     return handler
 

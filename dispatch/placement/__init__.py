@@ -9,7 +9,7 @@ from dispatch.core.faces import lazy_attributes
 
 # What the command line may use of this part (dispatch.core.faces), each loaded when first asked for.
 SURFACE: dict[str, str] = {
-    "Frame": "dispatch.placement.topframe",
+    "TopFrame": "dispatch.placement.topframe",
     "HostPanel": "dispatch.placement.topframe",
     "HostWatch": "dispatch.placement.hostwatch",
     "JobRow": "dispatch.placement.topframe",
@@ -27,11 +27,11 @@ SURFACE: dict[str, str] = {
 }
 __all__ = [
     "SORTS",
-    "Frame",
     "HostPanel",
     "HostWatch",
     "JobRow",
     "PeerWatch",
+    "TopFrame",
     "build",
     "consider",
     "forget_sent",
@@ -53,9 +53,9 @@ if MYPY:
     from dispatch.placement.sent import forget_sent as forget_sent
     from dispatch.placement.sent import place_on_peer as place_on_peer
     from dispatch.placement.topframe import SORTS as SORTS
-    from dispatch.placement.topframe import Frame as Frame
     from dispatch.placement.topframe import HostPanel as HostPanel
     from dispatch.placement.topframe import JobRow as JobRow
+    from dispatch.placement.topframe import TopFrame as TopFrame
     from dispatch.placement.topframe import build as build
     from dispatch.placement.watchdog import parse_exec as parse_exec
     from dispatch.placement.watchdog import watch as watch

@@ -77,7 +77,7 @@ class OutcomeRow(NamedTuple):
     duration: Optional[float]
 
 
-class Frame(NamedTuple):
+class TopFrame(NamedTuple):
     time: float
     hosts: tuple[HostPanel, ...]
     jobs: tuple[JobRow, ...]
@@ -220,7 +220,7 @@ def matches(text: str, row: JobRow | QueueRow | OutcomeRow) -> bool:
 
 def build(readings: Sequence[HostReading], read_at: dict[str, float], runs: Sequence[RunRecord],
           alerts: Sequence[dict[str, Any]], alerts_title: str, now: float, sort: str = SORTS[0],
-          filter_text: str = "", notes: Sequence[str] = ()) -> Frame:
+          filter_text: str = "", notes: Sequence[str] = ()) -> TopFrame:
     """The frame: each reading's panel (``read_at``: each host's last good read), jobs sorted by
     ``sort`` and, like the queue and the outcomes, filtered by ``filter_text``; ``alerts`` as one
     line each (``dispatch.placement.alerts.describe``)."""
@@ -229,7 +229,7 @@ def build(readings: Sequence[HostReading], read_at: dict[str, float], runs: Sequ
     jobs, sessions, queue = jobs_of(readings)
     jobs = sorted((j for j in jobs if matches(filter_text, j)), key=sort_key(sort))
     sessions = sorted((j for j in sessions if matches(filter_text, j)), key=sort_key(sort))
-    return Frame(
+    return TopFrame(
         time=now, hosts=tuple(panel(r, read_at.get(r.host)) for r in readings), jobs=tuple(jobs),
         sessions=tuple(sessions),
         queue=tuple(q for q in queue if matches(filter_text, q)),
