@@ -44,15 +44,9 @@ from dispatch.local.store.ledgerdb import (
 )
 from dispatch.local.store.ledgerfile import LedgerFile, guarded, rollback
 from dispatch.local.store.ramp import decode as decode_ramp
+from dispatch.local.store.sqlitec import sqlite3
 
 MYPY = False
-if MYPY:
-    import sqlite3
-else:
-    try:  # the C module alone: the sqlite3 package adds datetime adapters hostrun never uses, and
-        import _sqlite3 as sqlite3  # its imports (datetime: ~2.5 ms of every run); the same classes
-    except ImportError:
-        import sqlite3
 if MYPY:
     from typing import Any
 

@@ -31,15 +31,9 @@ from dispatch.local.store.ledgerdb import (
     peak_rows,
     peak_run_rows,
 )
+from dispatch.local.store.sqlitec import sqlite3
 
 MYPY = False
-if MYPY:
-    import sqlite3
-else:
-    try:  # the C module alone: the sqlite3 package adds datetime adapters hostrun never uses, and
-        import _sqlite3 as sqlite3  # its imports (datetime: ~2.5 ms of every run); the same classes
-    except ImportError:
-        import sqlite3
 if MYPY:
     from typing import ParamSpec, TypeVar
 
