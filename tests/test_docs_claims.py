@@ -170,3 +170,10 @@ def test_a_silent_peer_reads_as_the_report_timeout_set(tmp_path: Path) -> None:
         listener.close()
     assert done.returncode == 246, done.stderr
     assert done.stdout + done.stderr == "peer1: could not read: peer peer1: no answer within 2 s\n"
+
+
+def test_every_page_of_docs_the_code_cites_exists() -> None:
+    """A docstring's ``docs/NAME.md`` is where a maintainer goes next: it must be there."""
+    cited = {(path.relative_to(ROOT), name) for path in (ROOT / "dispatch").rglob("*.py")
+             for name in re.findall(r"docs/([\w-]+\.md)", path.read_text())}
+    assert cited and [c for c in cited if not (ROOT / "docs" / c[1]).exists()] == []

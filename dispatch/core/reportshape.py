@@ -1,5 +1,5 @@
 """The declared shape of a host's report: what ``Host.report()`` returns and ``hostrun report
---json`` prints (docs/design.md, "Concepts"; the keys' meanings: docs/operations.md).
+--json`` prints (docs/design.md, "Concepts"; the keys' meanings: docs/cli.md, "hostrun report").
 
 A report is plain JSON data, because a peer's agent sends it over ssh and an older agent's report
 must still be read; these ``TypedDict``s declare that contract for the type checker.
@@ -52,7 +52,7 @@ class Room(TypedDict):
 
 
 class SliceRoom(Room):
-    """A machine's shared slice (docs/operations.md, "Reading a report")."""
+    """A machine's shared slice (docs/backends.md, "Several users, one machine")."""
 
     used: int
     usage_with_cache: int
