@@ -1,9 +1,9 @@
 """Run one job on a Slurm cluster through ``srun``, to its end (docs/slurm.md, "Running a job").
 
-Order of events: size ``--mem`` from the label's recorded peak on the cluster (``slurmjob.job_mem``);
+Order of events: size ``--mem`` from the label's recorded peak on the cluster (``job.job_mem``);
 start a guardian (it cancels the job if hostrun dies, even by SIGKILL); start ``srun`` with the
 job's stdout passed straight through and its stderr read here, so the wrapper's one line (the job id
-and the step's memory peak, ``slurmjob.MarkerFilter``) is taken out; when srun ends, read the job's
+and the step's memory peak, ``job.MarkerFilter``) is taken out; when srun ends, read the job's
 end state from Slurm (``scontrol show job`` while slurmctld keeps the record, else ``sacct``) and turn
 it into hostrun's exit code; record the peak and the history row under the cluster's host name.
 

@@ -1,5 +1,5 @@
 """What a run on another machine needs of this source tree, the same for an ssh peer
-(``dispatch.hosts.ssh.peerrun``) and a Slurm login node (``dispatch.hosts.slurm.login``/``slurmrun``): the
+(``dispatch.hosts.ssh.peerrun``) and a Slurm login node (``dispatch.hosts.slurm.login``/``run``): the
 tree and the job's place in it, its stable name there under the work root and the owner claim on it,
 rsync to and from there (one runner, one timeout rule, one failure line: exit 252), the ``--return``
 paths brought back (a failure after a successful job is 252), and our stdin pumped to the job.
