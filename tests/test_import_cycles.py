@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.support.parts import PART_ORDER
+
 PACKAGE = Path(__file__).resolve().parent.parent / "dispatch"
 
 
@@ -140,10 +142,6 @@ def test_the_core_imports_only_itself() -> None:
                      for t in edges[m] if not t.startswith("dispatch.core") and t != "dispatch")
     assert leaning == []
 
-
-# docs/design.md, "Parts and imports": each part imports only itself and the parts before it.
-PART_ORDER = ("core", "guards", "capping", "local", "agent", "hosts", "placement", "config", "hooks",
-              "cli")
 
 
 def _part(module: str) -> str | None:

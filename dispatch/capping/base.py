@@ -163,7 +163,7 @@ def remove_dir(path: str, settle: float = 2.0) -> None:
 
 
 JOB_PREFIX = "job-"
-SESSION_PREFIX = "session-"  # an agent session's cgroup (``hostrun session``), in the sessions slice
+SESSION_CGROUP_PREFIX = "session-"  # an agent session's cgroup (``hostrun session``), in the sessions slice
 
 
 def make_job_dir(slice_dir: str, job_id: str, cap: int,

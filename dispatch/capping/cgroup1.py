@@ -14,7 +14,7 @@ import os
 
 from dispatch.capping import eventfd
 from dispatch.capping.base import (
-    SESSION_PREFIX,
+    SESSION_CGROUP_PREFIX,
     OomVerdict,
     make_job_dir,
     read_int,
@@ -126,7 +126,7 @@ class Cgroup1Backend(DirectBackend):
         """A session's cgroup in the sessions slice. cgroup v1 has no high mark (its soft limit only
         acts under the whole machine's pressure): the cap alone holds it. Its OOM is told apart from
         the sessions slice's (and, through it, the slice's) as a job's is from the slice's."""
-        directory = make_job_dir(self.sessions_dir, job_id, cap, set_limit, SESSION_PREFIX)
+        directory = make_job_dir(self.sessions_dir, job_id, cap, set_limit, SESSION_CGROUP_PREFIX)
         try:
             return Cgroup1Job(directory, cap, self.sessions_dir)
         except OSError as exc:

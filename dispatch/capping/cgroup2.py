@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from dispatch.capping.base import (
-    SESSION_PREFIX,
+    SESSION_CGROUP_PREFIX,
     OomVerdict,
     make_job_dir,
     read_int,
@@ -151,7 +151,7 @@ class Cgroup2Backend(DirectBackend):
         """A session's cgroup in the sessions slice, limited to ``cap`` and held back (reclaim,
         throttling) above ``high``; a kill there takes the whole session (``memory.oom.group``):
         an agent left without the processes it started cannot go on."""
-        directory = make_job_dir(self.sessions_dir, job_id, cap, set_limit, SESSION_PREFIX)
+        directory = make_job_dir(self.sessions_dir, job_id, cap, set_limit, SESSION_CGROUP_PREFIX)
         try:
             write_text(os.path.join(directory, "memory.high"), str(page_rounded(high)))
             write_text(os.path.join(directory, "memory.oom.group"), "1")

@@ -11,7 +11,7 @@ import os
 from abc import abstractmethod
 
 from dispatch.capping.base import (
-    SESSION_PREFIX,
+    SESSION_CGROUP_PREFIX,
     CapBackend,
     JobCgroup,
     OomVerdict,
@@ -217,7 +217,7 @@ class DirectBackend(CapBackend):
         except OSError as exc:
             raise BackendError(f"cannot prepare slice {self.slice_dir}: {exc.strerror}") from None
 
-    session_form = SessionForm("sessions", SESSION_PREFIX, "")
+    session_form = SessionForm("sessions", SESSION_CGROUP_PREFIX, "")
 
     def take_problem(self, cgroup: str) -> str | None:
         return self.move_problem(self.mount, cgroup, self.slice_path)

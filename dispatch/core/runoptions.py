@@ -111,13 +111,13 @@ def checked_name(what: str) -> Callable[[str], str]:
 def job_label(text: str) -> str:
     """A job's ``--label``: a name (``checked_name``), and not ``session:…``, which is an agent
     session's (``hostrun session --label``): its peaks size sessions, and it is booked as one."""
-    from dispatch.core.settings import SESSION_PREFIX
+    from dispatch.core.settings import SESSION_LABEL_PREFIX
 
     label = checked_name("--label")(text)
-    if label.startswith(SESSION_PREFIX):
+    if label.startswith(SESSION_LABEL_PREFIX):
         from dispatch.core.errors import UsageError
 
-        raise UsageError(f"--label {label}: labels {SESSION_PREFIX}NAME are agent sessions' "
+        raise UsageError(f"--label {label}: labels {SESSION_LABEL_PREFIX}NAME are agent sessions' "
                          f"(hostrun session --label NAME -- CMD)")
     return label
 

@@ -159,7 +159,7 @@ class SessionSettings(NamedTuple):
         return int(cap * self.high) // 4096 * 4096
 
 
-SESSION_PREFIX = "session:"  # a session's label: ``session:NAME`` (its peaks apart from any job's)
+SESSION_LABEL_PREFIX = "session:"  # a session's label: ``session:NAME`` (its peaks apart from any job's)
 
 
 class Settings(NamedTuple):

@@ -17,7 +17,7 @@ MYPY = False
 if MYPY:
     from dispatch.core.settings import Settings
 
-SESSION_PREFIX = "claude-"
+CLAUDE_SESSION_PREFIX = "claude-"
 LOCK_NAMES = (".hostrun-lock", "hostrun-lock")  # dispatch.guards.lock: LOCK_NAME, GIT_LOCK_NAME
 
 
@@ -28,7 +28,7 @@ def claude_session(session_id: object) -> str | None:
     if not isinstance(session_id, str) or not session_id.strip():
         return None
     safe = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-") else "_" for ch in session_id)
-    return SESSION_PREFIX + safe[:100]
+    return CLAUDE_SESSION_PREFIX + safe[:100]
 
 
 def _age(since: float | None) -> str:

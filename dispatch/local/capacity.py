@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from dispatch.core.errors import NeverFitsError
 from dispatch.core.records import NamedTuple
-from dispatch.core.settings import SESSION_PREFIX
+from dispatch.core.settings import SESSION_LABEL_PREFIX
 from dispatch.core.units import MiB, format_size
 from dispatch.local.admission.booking import plan_booking
 from dispatch.local.store.ledgerdb import PeakRecord
@@ -303,7 +303,7 @@ class HostCapacity(NamedTuple):
 
 def is_session(label: str) -> bool:
     """A ``hostrun session`` label: its runs live in the sessions slice, not the jobs'."""
-    return label.startswith(SESSION_PREFIX)
+    return label.startswith(SESSION_LABEL_PREFIX)
 
 
 def host_capacity(host: str, report: Report | None, error: str | None = None,

@@ -127,7 +127,7 @@ def runs_of(host: str, running: Sequence[RunningJob]) -> tuple[list[JobRow], lis
     """A host's running jobs and its agent sessions (``role``), each job with the name of the
     session it was started in (``in_session``), each session with how many of them it started.
     A report without these keys (an older peer's agent, another kind) has jobs alone."""
-    from dispatch.core.settings import SESSION_PREFIX
+    from dispatch.core.settings import SESSION_LABEL_PREFIX
     from dispatch.core.view import report_id, session_names
 
     names = session_names(running)
@@ -145,7 +145,7 @@ def runs_of(host: str, running: Sequence[RunningJob]) -> tuple[list[JobRow], lis
                                                      else row.label), jobs=started))
         else:
             jobs.append(row if inside is None else row._replace(  # under "agent session": no prefix
-                in_session=_text(names.get(inside, f"#{inside}")).removeprefix(SESSION_PREFIX)))
+                in_session=_text(names.get(inside, f"#{inside}")).removeprefix(SESSION_LABEL_PREFIX)))
     return jobs, sessions
 
 

@@ -1,5 +1,5 @@
 """docs/design.md's table of parts and list of modules, made from the code: each part's and module's
-docstring (its first sentence), the part order of ``tests/test_import_cycles.py`` and the bundle's
+docstring (its first sentence), the part order (``tests/support/parts.py``) and the bundle's
 shipped packages. ``tests/test_design_parts.py`` fails when the document differs; then run
 ``python -m tests.support.partstable --write`` and read the diff.
 """
@@ -44,7 +44,7 @@ def _name(module: Path, part: Path) -> str:
 def render() -> str:
     sys.path.insert(0, str(ROOT))
     from dispatch.hosts.ssh.bundle import SHIPPED
-    from tests.test_import_cycles import PART_ORDER
+    from tests.support.parts import PART_ORDER
 
     rows = ["| folder | modules | what it is | shipped to peers |", "|---|---|---|---|"]
     listing = []

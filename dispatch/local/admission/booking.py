@@ -23,7 +23,7 @@ from __future__ import annotations
 from dispatch.core.errors import NeverFitsError
 from dispatch.core.records import NamedTuple
 from dispatch.core.request import default_label as default_label  # where the callers found it
-from dispatch.core.settings import SESSION_PREFIX
+from dispatch.core.settings import SESSION_LABEL_PREFIX
 from dispatch.core.units import format_size
 
 MYPY = False
@@ -144,7 +144,7 @@ def plan_for(ledger: Ledger, host: str, label: str, program: str, cap: int | Non
     booked by the admission engine and one taking the ledger's lock itself."""
     peak = ledger.peak(label, host)
     first_guess = None
-    if peak is None and label.startswith(SESSION_PREFIX):  # an agent session's first: the run's guess
+    if peak is None and label.startswith(SESSION_LABEL_PREFIX):  # an agent session's first: the run's guess
         first_guess = Guess(gamble_size, f"a session's first booking, {format_size(gamble_size)} "
                                          "([sessions] first_booking)")
     elif requeue and peak is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from dispatch.core.records import NamedTuple
-from dispatch.core.settings import SESSION_PREFIX
+from dispatch.core.settings import SESSION_LABEL_PREFIX
 from dispatch.core.units import format_size
 from dispatch.local.store.ledgerdb import Booking
 
@@ -102,8 +102,8 @@ def policy_block(b: Booking, running: Sequence[Booking], groups: Mapping[str, in
     others = [r for r in running if r.id != b.id]
     if b.when_idle and others:
         return f"when-idle {b.label} — {len(others)} running"
-    if sessions is not None and b.label.startswith(SESSION_PREFIX):
-        mine = [r for r in others if r.label.startswith(SESSION_PREFIX)]
+    if sessions is not None and b.label.startswith(SESSION_LABEL_PREFIX):
+        mine = [r for r in others if r.label.startswith(SESSION_LABEL_PREFIX)]
         held = sum(r.size for r in mine)
         if held + b.size > sessions:
             return (f"sessions slice {format_size(held)} of {format_size(sessions)} booked by "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 
 from dispatch.core.errors import BackendError, NeverFitsError, UsageError
-from dispatch.core.settings import SESSION_PREFIX
+from dispatch.core.settings import SESSION_LABEL_PREFIX
 from dispatch.core.text import storable
 
 MYPY = False
@@ -35,10 +35,10 @@ if MYPY:
 def session_label(argv: list[str], label: str | None) -> str:
     """``session:NAME``: the label the session's peaks are kept under."""
     name = label if label else os.path.basename(argv[0]) if argv else ""
-    name = storable(name).removeprefix(SESSION_PREFIX)
+    name = storable(name).removeprefix(SESSION_LABEL_PREFIX)
     if not name:
         raise UsageError("a session needs a name: --label NAME or a command")
-    return SESSION_PREFIX + name
+    return SESSION_LABEL_PREFIX + name
 
 
 def session_cap(settings: Settings, here: LocalSlice, label: str, asked: int | None) -> tuple[int, str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dispatch.core.records import NamedTuple
-from dispatch.core.settings import SESSION_PREFIX, SessionSettings
+from dispatch.core.settings import SESSION_LABEL_PREFIX, SessionSettings
 from dispatch.core.units import format_size
 from dispatch.local.capacity import (
     OVER_SLICE,
@@ -157,7 +157,7 @@ def running_sessions(running: Sequence[RunningJob]) -> tuple[int, int]:
     """(how many, bytes held) of the sessions running now, told apart by their label's prefix; each
     held at its cap, else at its booking."""
     held = [int(j.get("cap") or j.get("booked") or 0) for j in running
-            if (j.get("label") or "").startswith(SESSION_PREFIX)]
+            if (j.get("label") or "").startswith(SESSION_LABEL_PREFIX)]
     return len(held), sum(held)
 
 
@@ -202,4 +202,4 @@ def host_sessions(host: str, report: Report | None, error: str | None = None,
 
 def session_rules() -> dict[str, Any]:
     """``rules()`` and what tells a session apart, for ``--json`` readers."""
-    return {**rules(), "session_prefix": SESSION_PREFIX}
+    return {**rules(), "session_prefix": SESSION_LABEL_PREFIX}

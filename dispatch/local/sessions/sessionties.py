@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from dispatch.core.settings import SESSION_PREFIX
+from dispatch.core.settings import SESSION_LABEL_PREFIX
 
 MYPY = False
 if MYPY:
@@ -32,7 +32,7 @@ def is_session(backend: CapBackend, booking: Booking, job: JobCgroup | None) -> 
         return False  # a backend that runs no sessions
     if job is not None:
         return os.path.dirname(os.path.normpath(job.path)) == os.path.normpath(sessions)
-    return not booking.cgroup and booking.label.startswith(SESSION_PREFIX)
+    return not booking.cgroup and booking.label.startswith(SESSION_LABEL_PREFIX)
 
 
 def holder_cgroup(pid: int) -> str | None:
