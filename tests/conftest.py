@@ -225,7 +225,7 @@ class Hostrun:
 
     def ledger_closed(self, timeout: float = 15) -> None:
         """Wait until no admission engine of this state dir holds the ledger open. An engine keeps
-        it open while it holds bookings and for a grace after the last one (``admitd.GRACE``); a
+        it open while it holds bookings and for a grace after the last one (``holdings.GRACE``); a
         test that damages, fills or remounts the state dir as it is between runs (the ledger closed,
         its WAL checkpointed into the file and gone) waits for this first."""
         ledger = str(self.state_dir / "ledger.sqlite3")

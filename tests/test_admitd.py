@@ -245,7 +245,7 @@ def _hello(path: str) -> dict[str, Any]:
     """The engine's own answer to ``hello`` on its socket (not through ``admitclient.where``)."""
     import socket
 
-    from dispatch.local.engine.admitclient import unix_address
+    from dispatch.local.engine.reach import unix_address
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)

@@ -37,7 +37,7 @@ LIMIT = 400 * MiB
 
 
 def run_fields(label: str, cap: int, pid: int | None = None) -> dict[str, Any]:
-    """A run's ``plan`` fields (``admitd.RUN_FIELDS``), as hostrun sends them."""
+    """A run's ``plan`` fields (``requests.RUN_FIELDS``), as hostrun sends them."""
     pid = os.getpid() if pid is None else pid
     return {"host": "local", "label": label, "pid": pid, "pid_start": start_time(pid) or 0, "cap": cap,
             "no_cap": False, "program": "sh", "command": "sh -c x", "session": None, "group": None,
@@ -609,7 +609,7 @@ def test_the_shared_slice_speaks_the_engines_protocol() -> None:
     """A member's probe checks the hello of the shared slice's engine against ``capping.shared``'s
     number (below ``local/``, which it may not import): the two must be one."""
     from dispatch.capping.shared import PROTOCOL as SHARED
-    from dispatch.local.engine.admitclient import PROTOCOL as ENGINE
+    from dispatch.local.engine.reach import PROTOCOL as ENGINE
 
     assert SHARED == ENGINE
 

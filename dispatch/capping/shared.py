@@ -37,7 +37,7 @@ if MYPY:
 
     from dispatch.capping.base import BookingLink
 
-PROTOCOL = 2  # the admission engine's (``admitclient.PROTOCOL``, checked equal by a test); 1 was a daemon's
+PROTOCOL = 2  # the admission engine's (``reach.PROTOCOL``, checked equal by a test); 1 was a daemon's
 MAX_LINE = 1 << 20
 JOB_AFFIXES = ("hostrun-shared-", ".scope")
 

@@ -134,7 +134,8 @@ def admission_engine(settings: Settings) -> AdmissionEngine:
     the engine, and an engine leaves only after a while with no connection."""
     import threading
 
-    from dispatch.local.engine.admitclient import digest_of, socket_path, where
+    from dispatch.local.engine.admitclient import where
+    from dispatch.local.engine.reach import digest_of, socket_path
 
     found: list[AdmissionEngine] = []
 

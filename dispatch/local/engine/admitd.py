@@ -46,217 +46,35 @@ import sys
 import time
 from collections.abc import Callable
 
-from dispatch.core.errors import HostrunError, LedgerError
-from dispatch.core.procinfo import is_alive, is_stopped
+from dispatch.core.errors import LedgerError
+from dispatch.core.procinfo import is_stopped
 from dispatch.local.admission.booking import plan_of
-from dispatch.local.admission.ledger import Ledger
-from dispatch.local.engine.admitclient import PROTOCOL, lock_path, log_path, socket_path, unix_address
-from dispatch.local.engine.lineserver import Connection, LineServer, raise_descriptor_limit
-from dispatch.local.store.ledgerfile import put_back_line
+from dispatch.local.engine.holdings import MAX_CLIENTS, TICK, Holder, Holdings
+from dispatch.local.engine.lineserver import raise_descriptor_limit
+from dispatch.local.engine.reach import PROTOCOL, lock_path, socket_path, unix_address
+from dispatch.local.engine.requests import (
+    RUN_FIELDS,
+    admission_dict,
+    checked_fields,
+    checked_interval,
+    checked_record,
+    gpu_want,
+    positive_int,
+)
 
 MYPY = False
 if MYPY:
     from typing import Any
 
-    from dispatch.core.settings import Settings
-    from dispatch.local.admission.policy import Admission, GpuRoom, RoomFunction
-    from dispatch.local.gpus.gpu import GpuSnapshot
-    from dispatch.local.hostslice import LocalSlice
+    from dispatch.local.admission.policy import Admission
     from dispatch.local.store.ledgerdb import Booking
 
-IDLE_AFTER = 30.0  # seconds with no connection before the engine leaves (HOSTRUN_ENGINE_IDLE)
-IDLE_ENV = "HOSTRUN_ENGINE_IDLE"
-TICK = 1.0  # seconds between re-evaluations while bookings wait (usage and MemAvailable move)
-GRACE = 2.0  # seconds the ledger stays open after the last booking is released (``settle``)
-ORPHAN_WATCH = 10.0  # seconds a dropped running booking's holder is looked at again (``orphans``)
-NEAR = 16  # waiters this close to the head of the queue stay (or are made) whole: see ``park``
-NEAR_ENV = "HOSTRUN_ENGINE_NEAR"  # another NEAR (tests: park with a few waiters)
-MAX_CLIENTS = 8192  # a swarm's waiters, each one connection
-PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: no process id is larger
-TEXT_MAX = 8192  # characters of a run's text fields (its command line is cut at 4,096 by the run)
 MIN_DESCRIPTORS = 32  # its own (listener, selector, signal pipe, ledger and log) and a few runs
-# What ``plan`` takes: a run before anything of it is made; the engine checks its cap against the
-# slice, plans its booking from the ledger (``booking.plan_for``) and queues it (``admitclient``).
-RUN_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "host": str, "label": str, "pid": int, "pid_start": int, "cap": (int, type(None)), "no_cap": bool,
-    "program": str, "command": str, "session": (str, type(None)), "group": (str, type(None)),
-    "when_idle": bool, "booking_id": (int, type(None)), "requeue": bool, "gamble": int,
-    "gpu": (list, type(None)),
-}
-GPU_DEVICES_MAX = 64  # device indices a --gpu-memory run may name (its CUDA_VISIBLE_DEVICES)
 
 
-def admission_dict(adm: Admission) -> dict[str, Any]:
-    """An ``Admission`` as JSON (its bookings as lists of their fields)."""
-    data = adm._asdict()
-    data["holders"] = [list(b) for b in adm.holders]
-    data["reclaimed"] = [list(b) for b in adm.reclaimed]
-    return data
-
-
-class Holder(Connection):
-    """A client: the bookings it holds (ids), and when each waiter was last told its status.
-    Answers go out as ``marshal`` after their length (``admitclient.Link.receive``)."""
-
-    @staticmethod
-    def encode(message: dict[str, Any]) -> bytes:
-        import marshal
-
-        data = marshal.dumps(message)
-        return len(data).to_bytes(4, "big") + data
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.bookings: dict[int, str] = {}  # id -> "waiting" | "running"
-        self.interval: dict[int, float] = {}  # id -> its status_interval
-        self.told: dict[int, float] = {}  # id -> when its last status line went out
-        self.parked: set[int] = set()  # its waiters parked (``dispatch.local.engine.park``)
-        self.told_soon: set[int] = set()  # its waiters told their turn is near
-
-
-class Engine(LineServer):
-    name = "admission engine"
-    max_clients = MAX_CLIENTS
-    max_per_uid = MAX_CLIENTS
-    tick = TICK
-    request_errors = (HostrunError, OSError, ValueError, TypeError)
-    frame = staticmethod(Holder.encode)
-    shared = False  # the engine of a shared slice (``dispatch.local.shared.sharedd``)
-
-    def __init__(self, listener: socket.socket, settings: Settings, path: str, lock: str) -> None:
-        super().__init__(listener)
-        self.settings = settings
-        self.path = path
-        self.lock = lock
-        self.host = settings.local.name
-        self._here: LocalSlice | None = None
-        self._room: RoomFunction | None = None
-        self._ledger: EngineLedger | None = None  # open only while it holds bookings (``settle``)
-        self._unheld_since: float | None = None  # when the open ledger's last booking went
-        self.log_path = log_path(settings.state_dir)
-        self.waiting: set[int] = set()  # the held bookings that wait
-        # Running bookings whose connection dropped: their job ended once the holder is gone
-        # (``_end_orphan``), looked at at once and each tick (a killed holder's socket closes before
-        # it is a zombie).
-        self.orphans: dict[int, tuple[Booking, float]] = {}
-        self.pids: dict[int, int] = {}  # each held booking's holder (its pid)
-        # A --gpu-memory booking's devices (its CUDA_VISIBLE_DEVICES; None: any), and the GPUs'
-        # figures, read by nvidia-smi at most once a second while such a booking waits.
-        self.gpu_wants: dict[int, frozenset[int] | None] = {}
-        self.gpus: GpuSnapshot | None = None
-        self.gpu_error: str | None = None
-        self.owner = os.geteuid()
-        self.clients: dict[int, Holder] = {}
-        self.asking: Holder | None = None  # the client whose request is being handled
-        self.holders: dict[int, Holder] = {}  # booking id -> its client
-        self.changed = True
-        self.last_evaluation = 0.0
-        self.idle_after = float(os.environ.get(IDLE_ENV) or IDLE_AFTER)
-        self.near = int(os.environ.get(NEAR_ENV) or NEAR)
-        self.listener_ino = os.stat(path).st_ino
-
-    @property
-    def here(self) -> LocalSlice:
-        """This host's slice and cap backend, found at the first request that needs them: a
-        backend that does not work here, or a reserve that leaves no slice, is that run's refusal
-        in its own words (78), not an engine that cannot start."""
-        if self._here is None:
-            from dispatch.local.hostslice import LocalSlice
-
-            self._here = LocalSlice(self.settings)
-        return self._here
-
-    @property
-    def sessions_limit(self) -> int | None:
-        """The sessions slice's limit, which holds agent sessions back (``policy_block``); None
-        where the backend runs no sessions."""
-        here = self.here
-        if here.backend.session_form is None:
-            return None
-        return self.settings.sessions.limit(here.limit)
-
-    @property
-    def room(self) -> RoomFunction:
-        if self._room is None:
-            from dispatch.local.admission.rooms import room_function
-
-            self._room = room_function(self.here.backend, self.here.limit)
-        return self._room
-
-    @property
-    def ledger(self) -> EngineLedger:
-        """The ledger, opened when a request needs it (its damage found and recovered then, as any
-        run's open would) and closed by ``settle`` once no booking has been held for ``GRACE``
-        seconds: a file held open would hide damage from the next run (a live WAL), and keep a
-        read-only remount busy. The grace spares a run right after another the open, the trust
-        checks and the WAL set-up (and the close its checkpoint)."""
-        if self._ledger is None:
-            self._ledger = EngineLedger(self.settings.state_dir, self._ledger_said,
-                                        lambda: self.here.live_jobs(), self)
-        return self._ledger
-
-    def settle(self, now: bool = False) -> None:
-        """Close the ledger once no booking has been held for ``GRACE`` seconds (at once with
-        ``now``: the engine leaves); ``busy`` wakes the loop until then."""
-        if self._ledger is None or self.holders:
-            self._unheld_since = None
-            return
-        since = self._unheld_since
-        if since is None:
-            since = self._unheld_since = time.monotonic()
-        if now or time.monotonic() - since >= GRACE:
-            self._ledger.close()
-            self._ledger = None
-            self._unheld_since = None
-
-    def _ledger_said(self, line: str) -> None:
-        """What the ledger says (a recovery) goes to the log, to every run holding a booking, and
-        to the run whose request opened it (a run booked here opens no ledger of its own)."""
-        self.log(line)
-        told = [*self.holders.values(), *([self.asking] if self.asking is not None else [])]
-        for client in {id(c): c for c in told}.values():
-            client.send({"op": "say", "line": line})
-
-    def put_back(self, booking_ids: list[int], path: str) -> None:
-        """Each run whose booking was put back after another process replaced the file is told so."""
-        self.log(put_back_line(path, booking_ids))
-        mine: dict[int, list[int]] = {}
-        for booking_id in booking_ids:
-            client = self.holders.get(booking_id)
-            if client is not None:
-                mine.setdefault(id(client), []).append(booking_id)
-        for ids in mine.values():
-            self.holders[ids[0]].send({"op": "say", "line": put_back_line(path, ids)})
-
-    def refusal(self, exc: Exception) -> dict[str, Any]:
-        answer = super().refusal(exc)
-        if isinstance(exc, LedgerError):  # the state dir's own words: the run says them as its own
-            answer["kind"] = "ledger"
-        elif isinstance(exc, HostrunError):  # a refusal of the run (243, 78): raised as it is there
-            answer["class"] = type(exc).__name__
-        return answer
-
-    def log(self, text: str) -> None:
-        """One line appended to the engine's log (opened per line: no descriptor held in the state dir)."""
-        try:
-            fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600)
-        except OSError:
-            return
-        try:
-            line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {self.name}: {text}\n"
-            os.write(fd, line.encode(errors="replace"))
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-    def connection(self, sock: socket.socket, uid: int, pid: int, seq: int) -> Holder:
-        if uid not in (self.owner, 0):
-            raise ValueError(f"uid {uid} may not use the admission engine of uid {self.owner}")
-        return Holder(sock, uid, pid, seq, self.dirty)
-
-    # -- requests ---------------------------------------------------------------------------------
+class Engine(Holdings):
+    """The admission engine: its requests (``plan``, ``cgroup``, ``park``, ``attach``, ``release``)
+    and its admission rounds (``evaluate``)."""
 
     def handle(self, client: Holder, message: dict[str, Any]) -> dict[str, Any] | None:
         self.asking = client
@@ -279,7 +97,7 @@ class Engine(LineServer):
         if op == "cgroup":
             return self.cgroup(client, message)
         if op == "park":
-            booking_id = _int(message.get("id"), "id")
+            booking_id = positive_int(message.get("id"), "id")
             if client.bookings.get(booking_id) != "waiting":
                 raise ValueError(f"booking {booking_id} is not a waiting booking of this connection")
             if sum(1 for b in self.waiting if b < booking_id) < self.near:  # its turn came near
@@ -294,27 +112,14 @@ class Engine(LineServer):
         raise ValueError(f"unknown request {op[:40]!r}" if isinstance(op, str) else
                          "unknown request (op: hello, plan, cgroup, park, attach or release)")
 
-    def _fields(self, client: Holder, message: dict[str, Any], key: str,
-                spec: dict[str, type | tuple[type, ...]]) -> dict[str, Any]:
-        fields = message.get(key)
-        if not isinstance(fields, dict) or set(fields) != set(spec):
-            raise ValueError(f"{key}: an object with {', '.join(sorted(spec))}")
-        for name, kind in spec.items():
-            value = fields[name]
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise ValueError(f"{key}: {name} of the wrong type")
-        for name, value in fields.items():
-            if isinstance(value, bool) and spec[name] is not bool:
-                raise ValueError(f"{key}: {name} of the wrong type")
-            if isinstance(value, int) and not isinstance(value, bool) and not (
-                    (0 if name == "pid_start" else 1) <= value < (PID_MAX if name == "pid" else 1 << 62)):
-                raise ValueError(f"{key}: {name} out of range")
-            if isinstance(value, str) and len(value) > TEXT_MAX:
-                raise ValueError(f"{key}: {name} longer than {TEXT_MAX} characters")
+    def _fields(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
+        """A ``plan``'s run fields (``requests.RUN_FIELDS``), for this engine's host and, but from
+        root, the caller's own process."""
+        fields = checked_fields(message, "run", RUN_FIELDS)
         if fields["host"] != self.host:
-            raise ValueError(f"{key}: this engine admits for host {self.host!r}")
+            raise ValueError(f"run: this engine admits for host {self.host!r}")
         if fields["pid"] != client.pid and client.uid != 0:
-            raise ValueError(f"{key}: pid must be the caller's own")
+            raise ValueError("run: pid must be the caller's own")
         return fields
 
     def _orphan(self, client: Holder, message: dict[str, Any], fields: dict[str, Any]) -> Booking | None:
@@ -336,9 +141,9 @@ class Engine(LineServer):
         slice's engine (``dispatch.local.shared.sharedd``), not this one."""
         from dispatch.local.admission.booking import gamble_line, plan_for
 
-        fields = self._fields(client, message, "run", RUN_FIELDS)
+        fields = self._fields(client, message)
         interval = self._interval(message)  # checked before anything is queued
-        gpu = _gpu_want(fields["gpu"])
+        gpu = gpu_want(fields["gpu"])
         if gpu is not None and self.shared:
             raise ValueError("gpu: the shared slice's engine books memory only")
         here = self.here
@@ -349,7 +154,7 @@ class Engine(LineServer):
         orphan = self._orphan(client, message, fields)
         if orphan is not None:
             if gpu is not None:
-                self.gpu_wants[orphan.id] = gpu[1]
+                self.gpu.wants[orphan.id] = gpu.devices
             return {"op": "queued", "id": orphan.id, "plan": list(plan_of(orphan))}
         label, host = self.stored_label(client, fields["label"]), self.host
         plan = plan_for(self.ledger, host, label, fields["program"], cap, limit,
@@ -359,9 +164,9 @@ class Engine(LineServer):
             cap=plan.limit, kind=plan.kind, command=fields["command"], session=fields["session"],
             cgroup=None, group=fields["group"], when_idle=fields["when_idle"],
             booking_id=fields["booking_id"], requeue=fields["requeue"],
-            gpu_bytes=gpu[0] if gpu is not None else None)
+            gpu_bytes=gpu.need if gpu is not None else None)
         if gpu is not None:
-            self.gpu_wants[booking_id] = gpu[1]
+            self.gpu.wants[booking_id] = gpu.devices
         if plan.why is not None:
             self.ledger.log([gamble_line(label, booking_id, plan)])
         self._hold(client, booking_id, "waiting", interval, fields["pid"])
@@ -376,7 +181,7 @@ class Engine(LineServer):
         the ledger refuses (a full disk) is one warning said to the run; the release goes on."""
         from dispatch.local.store.ledgerdb import unrecorded_line
 
-        booking_id = _int(message.get("id"), "id")
+        booking_id = positive_int(message.get("id"), "id")
         state = client.bookings.get(booking_id)
         if state is None:
             raise ValueError(f"booking {booking_id} is not this connection's")
@@ -397,47 +202,14 @@ class Engine(LineServer):
 
     def _record(self, client: Holder, booking_id: int, state: str, fields: object
                 ) -> Callable[[], None] | None:
-        """A finished run's record (``Link.record_peak``/``record_run``), checked: what writes it,
-        or None (said to the run) when its booking's row is gone."""
-        from dispatch.local.store.ledgerdb import (
-            CLEAN,
-            FAILED,
-            NO_EVENT,
-            OOM_KILLED,
-            SLICE_FULL,
-            RunRecord,
-            unrecorded_line,
-        )
+        """A finished run's record (``requests.checked_record``) for its booking's label and host:
+        what writes it, or None (said to the run) when the booking's row is gone."""
+        from dispatch.local.store.ledgerdb import unrecorded_line
 
         if state != "running":
             raise ValueError(f"record: booking {booking_id} is not a running booking of this connection")
-        if not isinstance(fields, dict):
-            raise ValueError("record: an object")
-        run_fields = fields.get("run")
-        run = None if run_fields is None else RunRecord(*_checked_list(run_fields, RUN_RECORD_TYPES, "run"))
+        run, peak = checked_record(fields)
         keep = self.settings.history_keep
-        call = fields.get("call")
-        peak_args: tuple[int, bool, float, int | None, str, int | None, list[int] | None] | None = None
-        if call == "run":
-            if run is None:
-                raise ValueError("run: a history row")
-        elif call == "peak":
-            peak, duration, cap, vram = (fields.get(k) for k in ("peak", "duration", "cap", "vram"))
-            event, ramp, hit = fields.get("event"), fields.get("ramp"), fields.get("hit_ceiling")
-            if not isinstance(peak, int) or not _size(peak) or not (cap is None or _size(cap)) \
-                    or not (vram is None or _size(vram)):
-                raise ValueError("peak, cap, vram: bytes")
-            if isinstance(duration, bool) or not isinstance(duration, (int, float)) \
-                    or not 0 <= duration < 1e9:
-                raise ValueError("duration: seconds")
-            if event not in (CLEAN, FAILED, NO_EVENT, OOM_KILLED, SLICE_FULL) or not isinstance(hit, bool):
-                raise ValueError("event, hit_ceiling: of the wrong kind")
-            if ramp is not None and not (isinstance(ramp, list) and len(ramp) <= 64
-                                         and all(_size(v) for v in ramp)):
-                raise ValueError("ramp: up to 64 sizes")
-            peak_args = (peak, hit, float(duration), cap, str(event), vram, ramp)
-        else:
-            raise ValueError("call: run or peak")
         row = self.ledger.booking(booking_id)
         if row is None:
             client.send({"op": "say", "line": unrecorded_line(f"booking {booking_id} is gone")})
@@ -446,18 +218,18 @@ class Engine(LineServer):
             raise ValueError("run: not the label and host of this connection's booking")
         if run is not None:
             run = run._replace(label=row.label)
-        if peak_args is None:
+        if peak is None:
             assert run is not None
             return lambda: self.ledger.record_run(run, keep)
-        peak, hit, duration, cap, event, vram, ramp = peak_args
         return lambda: self.ledger.record_peak(
-            row.label, row.host, peak, hit, duration, cap=cap, event=event,
-            clear_after=self.settings.clear_mark_after, run=run, keep=keep, vram=vram, ramp=ramp)
+            row.label, row.host, peak.peak, peak.hit_ceiling, peak.duration, cap=peak.cap,
+            event=peak.event, clear_after=self.settings.clear_mark_after, run=run, keep=keep,
+            vram=peak.vram, ramp=peak.ramp)
 
     def cgroup(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
         """An admitted run made its job's cgroup: the booking names it (its usage counts from now,
         and a recovery re-books it by it)."""
-        booking_id = _int(message.get("id"), "id")
+        booking_id = positive_int(message.get("id"), "id")
         path = message.get("path")
         if client.bookings.get(booking_id) != "running":
             raise ValueError(f"booking {booking_id} is not a running booking of this connection")
@@ -468,7 +240,7 @@ class Engine(LineServer):
 
     def attach(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
         """A client of an engine that died takes its booking back; a waiting one keeps its place."""
-        booking_id = _int(message.get("id"), "id")
+        booking_id = positive_int(message.get("id"), "id")
         row = self.ledger.booking(booking_id)
         if row is None:
             return {"op": "attached", "id": booking_id, "state": "gone"}
@@ -477,134 +249,17 @@ class Engine(LineServer):
         other = self.holders.get(booking_id)
         if other is not None and other is not client:
             raise ValueError(f"booking {booking_id} is held by another connection")
-        gpu = _gpu_want(message.get("gpu"))
+        gpu = gpu_want(message.get("gpu"))
         self._hold(client, booking_id, row.state, self._interval(message), row.pid)
         if row.gpu_bytes:  # the devices it may have: as the run names them again (all, if it does not)
-            self.gpu_wants[booking_id] = gpu[1] if gpu is not None else None
+            self.gpu.wants[booking_id] = gpu.devices if gpu is not None else None
         client.parked.discard(booking_id)  # a parked run, whole again on the same connection
         self.changed = True
         return {"op": "attached", "id": booking_id, "state": row.state, "plan": list(plan_of(row)),
                 "gpu_index": row.gpu_index}
 
-    def released(self, client: Holder, booking_id: int) -> None:
-        """A booking its holder gave back (what a subclass does then: a shared slice's scope)."""
-
-    def stored_label(self, client: Holder, label: str) -> str:
-        """A run's label as this engine's ledger keeps it (a shared slice's: after its user's name)."""
-        return label
-
-    def owns(self, client: Holder, row: Booking) -> bool:
-        """Whether the caller may take ``row`` back (``attach``): its own process's, or root."""
-        return row.pid == client.pid or client.uid == 0
-
     def _interval(self, message: dict[str, Any]) -> float:
-        interval = message.get("status_interval", self.settings.status_interval)
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
-                or not 0.05 <= interval <= 86400:
-            raise ValueError("status_interval: seconds, 0.05 to 86400")
-        return float(interval)
-
-    def _hold(self, client: Holder, booking_id: int, state: str, interval: float, pid: int) -> None:
-        client.bookings[booking_id] = state
-        self.pids[booking_id] = pid
-        if state == "waiting":
-            self.waiting.add(booking_id)
-        client.interval[booking_id] = interval
-        self.holders[booking_id] = client
-        self.ledger.track(booking_id)
-
-    def _forget(self, client: Holder, booking_id: int) -> None:
-        self.waiting.discard(booking_id)
-        self.gpu_wants.pop(booking_id, None)
-        self.pids.pop(booking_id, None)
-        client.parked.discard(booking_id)
-        client.told_soon.discard(booking_id)
-        client.interval.pop(booking_id, None)
-        client.told.pop(booking_id, None)
-        if self.holders.get(booking_id) is client:
-            del self.holders[booking_id]
-
-    def dropped(self, client: Holder) -> None:
-        """Its client is gone (ended, killed, its machine gone): what it held is released, and an
-        admitted run's job cgroup removed if it is still empty (the run was killed, by SIGKILL,
-        between its admission and its job's start: there is no guardian yet; once the job runs, its
-        guardian ends it and removes the cgroup)."""
-        if self.stopping:  # the engine ends (a restart): its bookings stay for the next one
-            client.bookings.clear()
-            return
-        for booking_id, state in list(client.bookings.items()):
-            self._forget(client, booking_id)
-            try:
-                row = self.ledger.booking(booking_id) if state == "running" else None
-                self.ledger.release(booking_id)
-            except HostrunError as exc:
-                self.log(f"cannot release booking {booking_id}: {exc}")
-                continue
-            if row is not None:
-                if not self.shared:  # its holder may be dying: its job ends with it (``orphans``)
-                    self.orphans[booking_id] = (row, time.monotonic() + ORPHAN_WATCH)
-                self._remove_if_empty(row)
-        if self.orphans:
-            self._check_orphans()
-        if client.bookings:  # a run that released before it closed changes nothing here
-            self.changed = True
-        client.bookings.clear()
-        self.settle()
-
-    def _end_orphan(self, row: Booking) -> None:
-        """A running booking whose holder died: its job is ended and its cgroup removed, as its
-        guardian would; the guardian may have died with it (a session's whole cgroup killed takes
-        the holders and guardians of the jobs the session started: they run in it), and a job left
-        running would run on unbooked."""
-        from dispatch.local.admission.rooms import booking_job
-
-        try:
-            job = booking_job(self.here.backend, row)
-            if job is not None:
-                job.kill_all()
-                job.remove()
-        except (OSError, HostrunError):
-            pass  # gone already (its guardian was quicker), or not this slice's
-        self._remove_if_empty(row)
-
-    def _remove_if_empty(self, row: Booking) -> None:
-        """The job cgroup of ``row``'s holder, removed when empty: the one the row names, or, when
-        the run died before it could say (its ``cgroup`` is sent without waiting), the one its
-        holder makes by name (``create_job("<pid>-<start>")``); only ever that holder's own
-        (``admission.booking_job``: a row naming another's cgroup gets nothing removed)."""
-        from dispatch.local.admission.rooms import booking_job
-
-        backend = self.here.backend
-        rows = [row]
-        if not row.cgroup and backend.slice_dir:  # a job's name in the slice, a session's in its own
-            holder = f"{row.pid}-{row.pid_start}"
-            rows = [row._replace(cgroup=os.path.join(backend.slice_dir, backend.job_name(holder)))]
-            if backend.sessions_dir:
-                rows.append(row._replace(cgroup=os.path.join(backend.sessions_dir,
-                                                              backend.session_name(holder))))
-        for named in rows:
-            try:
-                job = booking_job(backend, named)
-                if job is not None and not job.pids():
-                    job.remove()
-            except (OSError, HostrunError):
-                pass  # not empty after all, or already gone
-
-    # -- admission --------------------------------------------------------------------------------
-
-    def busy(self) -> bool:
-        """Waiters to try, a ledger to close once its grace is over (``settle``), or holders that
-        dropped their connection to look at again (``orphans``)."""
-        return bool(self.waiting) or (self._ledger is not None and not self.holders) or bool(self.orphans)
-
-    def _check_orphans(self) -> None:
-        now = time.monotonic()
-        for booking_id, (row, until) in list(self.orphans.items()):
-            if not is_alive(row.pid, row.pid_start):
-                del self.orphans[booking_id]
-                self._end_orphan(row)
-            elif now > until:  # alive after all: it closed its connection and lives on
-                del self.orphans[booking_id]
+        return checked_interval(message, self.settings.status_interval)
 
     def evaluate(self) -> None:
         """The waiters this engine holds, in queue order, each tried as ``Ledger.try_admit`` would
@@ -625,8 +280,9 @@ class Engine(LineServer):
         from dispatch.local.admission.rooms import stop_reclaimed, wait_reason
 
         waiting = sorted(self.waiting)  # queue order: a booking's id (a requeued one keeps its own)
-        if any(b in self.gpu_wants for b in waiting):
-            self._read_gpus()
+        if any(b in self.gpu.wants for b in waiting):
+            self.gpu.read(lambda: any(self.holders[b].bookings.get(b) == "running"
+                                      for b in self.gpu.wants if b in self.holders))
         groups = self.settings.groups
         backfill = self.settings.queue_policy == "backfill"
         sessions = self.sessions_limit
@@ -643,8 +299,9 @@ class Engine(LineServer):
             if is_stopped(self.pids[booking_id]):  # Ctrl-Z'd while it waits: passed over, holds nobody up
                 continue
             try:
-                adm = self.ledger.try_admit(booking_id, self.host, self.room, self._gpu_room(booking_id),
-                                            groups, self._reason(booking_id), backfill, sessions)
+                gpu_room = self.gpu.room(booking_id, self.here.backend)
+                adm = self.ledger.try_admit(booking_id, self.host, self.room, gpu_room, groups,
+                                            self._reason(booking_id), backfill, sessions)
             except LookupError:  # its row is not in the ledger (put back at the next operation)
                 continue
             if adm.reclaimed:
@@ -687,143 +344,15 @@ class Engine(LineServer):
 
         client = self.holders[booking_id]
         client.told[booking_id] = now
-        gpu_error = self.gpu_error if booking_id in self.gpu_wants else None
+        gpu_error = self.gpu.error_for(booking_id)
         client.send({"op": "wait", "id": booking_id, "adm": admission_dict(adm),
                      "line": printable(status_line(adm, gpu_error=gpu_error)), "near": near})
-
-    # -- GPUs -------------------------------------------------------------------------------------
-
-    def _read_gpus(self) -> None:
-        """The GPUs' figures, re-read at most once a second (``GpuSnapshot``), and per process when a
-        running GPU booking could use them; a failed read is each GPU waiter's status."""
-        from dispatch.core.errors import GpuError
-        from dispatch.local.gpus.gpu import GpuSnapshot, read_gpus
-
-        if self.gpus is None:
-            try:
-                self.gpus = GpuSnapshot(0, read_gpus())
-            except GpuError as exc:
-                self.gpu_error = str(exc)
-                return
-        self.gpus.refresh(lambda: any(self.holders[b].bookings.get(b) == "running"
-                                      for b in self.gpu_wants if b in self.holders))
-        self.gpu_error = self.gpus.error
-
-    def _gpu_room(self, booking_id: int) -> GpuRoom | None:
-        """A --gpu-memory booking's VRAM room per device, on the devices it may have."""
-        if booking_id not in self.gpu_wants:
-            return None
-        allowed = self.gpu_wants[booking_id]
-        snapshot = self.gpus
-        if snapshot is None:
-            return lambda running: {}
-        from dispatch.local.admission.rooms import gpu_room_function
-
-        rooms = gpu_room_function(self.here.backend, snapshot)
-        return lambda running: {i: r for i, r in rooms(running).items()
-                                if allowed is None or i in allowed}
 
     def _reason(self, booking_id: int) -> Callable[[Admission], str]:
         from dispatch.local.admission.rooms import wait_reason
 
-        gpu_error = self.gpu_error if booking_id in self.gpu_wants else None
+        gpu_error = self.gpu.error_for(booking_id)
         return lambda adm: wait_reason(adm, gpu_error)
-
-    # -- leaving when idle ------------------------------------------------------------------------
-
-    def idle(self) -> bool:
-        """Leave, unless a client is on its way: under the start lock (a starting client holds it)
-        the socket is unlinked only when nothing waits in its backlog."""
-        import fcntl
-
-        try:
-            fd = os.open(self.lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return True
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            self._accept()
-            if self.clients:
-                return False
-            try:
-                if os.stat(self.path).st_ino == self.listener_ino:
-                    os.unlink(self.path)
-            except OSError:
-                pass
-            return True
-        finally:
-            os.close(fd)
-
-
-class EngineLedger(Ledger):
-    """The ledger as the engine writes it: every booking it holds is put back after another process
-    replaced a damaged file (each run told its own), and its holders are alive without a look at
-    ``/proc`` (their connections are open)."""
-
-    def __init__(self, state_dir: str, say: Callable[[str], None],
-                 live_jobs: Callable[[], list[Booking]], engine: Engine) -> None:
-        self.engine = engine
-        super().__init__(state_dir, say, live_jobs)
-
-    def known_alive(self) -> set[int] | dict[int, Any]:
-        """The bookings this engine holds: each one's connection is open, so its holder lives (its
-        death closes the connection, and the engine releases it then): no ``/proc`` read for them."""
-        return self.engine.holders
-
-    def track(self, booking_id: int) -> None:
-        """A booking this engine holds though another made it (an attach, an orphan's)."""
-        self._do(lambda: self._track(booking_id))
-
-    def put_back_said(self, booking_ids: list[int]) -> None:
-        self.engine.put_back(booking_ids, self.path)
-
-    def release(self, booking_id: int) -> None:
-        self._mine.pop(booking_id, None)  # a booking ending is not put back if the file was replaced
-        super().release(booking_id)
-
-
-_NUMBER = (int, float)
-_TEXT = (str, type(None))
-# RunRecord's fields as a run sends them, in order (ledgerdb.RunRecord, its id left out).
-RUN_RECORD_TYPES: list[type | tuple[type, ...]] = [
-    _NUMBER, _NUMBER, (int, float, type(None)), (int, float, type(None)), str, str, _TEXT, str,
-    (int, type(None)), _TEXT, (int, type(None)), (int, type(None)), int, str, bool,
-]
-
-
-def _checked_list(value: object, types: list[type | tuple[type, ...]], what: str) -> list[Any]:
-    if not isinstance(value, list) or len(value) != len(types):
-        raise ValueError(f"{what}: a list of {len(types)} fields")
-    for item, kind in zip(value, types):
-        if not isinstance(item, kind) or (isinstance(item, bool) and kind is not bool):
-            raise ValueError(f"{what}: a field of the wrong type")
-    return value
-
-
-def _gpu_want(value: object) -> tuple[int, frozenset[int] | None] | None:
-    """A run's ``gpu`` field (``[need, [device index, ...]]``, None: no GPU) checked: the VRAM it
-    books and the devices it may have."""
-    if value is None:
-        return None
-    if not (isinstance(value, list) and len(value) == 2 and type(value[0]) is int
-            and 0 < value[0] < 1 << 62 and isinstance(value[1], list)
-            and 0 < len(value[1]) <= GPU_DEVICES_MAX
-            and all(type(i) is int and 0 <= i < 1 << 16 for i in value[1])):
-        raise ValueError(f"gpu: [VRAM in bytes, [up to {GPU_DEVICES_MAX} device indices]]")
-    return value[0], frozenset(value[1])
-
-
-def _size(value: object) -> bool:
-    return type(value) is int and 0 <= value < 1 << 62
-
-
-def _int(value: object, what: str) -> int:
-    if type(value) is not int or value <= 0:
-        raise ValueError(f"{what}: a positive whole number")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ parked, a waiting run is a ``python3 -I -S`` running ``parked.py``, which import
 in a read.
 
 How: when a run has waited ``HOSTRUN_PARK_AFTER`` seconds (``PARK_AFTER``) and the admission engine
-last said it is not near the head of the queue (``admitd.NEAR`` waiters), the run tells the engine
+last said it is not near the head of the queue (``holdings.NEAR`` waiters), the run tells the engine
 (``park``; declined when its turn is near by then) and execs ``parked.py`` with its connection's
 descriptor. A short wait stays whole: a burst whose runs start within seconds would otherwise start
 an interpreter twice more for each run far back in it. The parked process prints the engine's

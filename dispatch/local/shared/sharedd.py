@@ -40,8 +40,10 @@ from dispatch.capping.shared import JOB_AFFIXES, SOCKET_PATH
 from dispatch.capping.systemd import SYSTEM_MANAGER, Manager, SystemdBackend, scope_properties
 from dispatch.core.errors import BackendError
 from dispatch.core.exitcodes import ExitCode
-from dispatch.local.engine.admitclient import PROTOCOL
-from dispatch.local.engine.admitd import PID_MAX, Engine, Holder, _int
+from dispatch.local.engine.admitd import Engine
+from dispatch.local.engine.holdings import Holder
+from dispatch.local.engine.reach import PROTOCOL
+from dispatch.local.engine.requests import PID_MAX, positive_int
 from dispatch.local.hostslice import LocalSlice
 
 MYPY = False
@@ -184,7 +186,7 @@ class SharedEngine(Engine):
                 "slice": self.slice_unit, "group": self.group, "bookings": bookings}
 
     def scope(self, client: Member, message: dict[str, Any]) -> dict[str, Any]:
-        booking_id = _int(message.get("id"), "id")
+        booking_id = positive_int(message.get("id"), "id")
         if client.bookings.get(booking_id) != "running":
             raise ValueError(f"booking {booking_id} is not an admitted booking of this connection")
         if booking_id in client.units:
@@ -232,7 +234,7 @@ class SharedEngine(Engine):
 
     def attach(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
         answer = super().attach(client, message)
-        row = self.ledger.booking(_int(message.get("id"), "id"))
+        row = self.ledger.booking(positive_int(message.get("id"), "id"))
         if isinstance(client, Member) and row is not None and row.state == "running" and row.cgroup:
             client.units[row.id] = os.path.basename(row.cgroup)  # killed if this connection drops
         return answer

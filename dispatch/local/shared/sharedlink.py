@@ -16,7 +16,8 @@ import os
 import time
 
 from dispatch.core.errors import EngineError, HostrunError, SharedError
-from dispatch.local.engine.admitclient import REACH_TRIES, Link, _try_connect
+from dispatch.local.engine.admitclient import REACH_TRIES, Link
+from dispatch.local.engine.reach import try_connect
 
 MYPY = False
 if MYPY:
@@ -45,7 +46,7 @@ class SharedLink(Link):
         for attempt in range(REACH_TRIES):
             self.close()
             try:
-                sock = _try_connect(self.path)
+                sock = try_connect(self.path)
             except EngineError as exc:
                 raise SharedError(f"cannot reach the shared slice's engine: {exc}") from None
             if sock is not None:
