@@ -14,7 +14,7 @@ from dispatch.core.procinfo import is_stopped, start_time
 from dispatch.core.units import GiB, MiB
 from dispatch.local.admission.ledger import Ledger
 from dispatch.local.admission.policy import Room
-from dispatch.local.store.ledgerdb import Booking
+from dispatch.local.store.ledgerdb import Booking, NewBooking
 from tests.conftest import Hostrun, pid_alive, wait_for
 
 
@@ -62,8 +62,10 @@ def test_stale_booking_with_reused_pid_is_reclaimed(hostrun: Hostrun) -> None:
     hostrun.state_dir.mkdir(mode=0o700, exist_ok=True)
     ledger = Ledger(str(hostrun.state_dir))
     me = os.getpid()
-    stale = ledger.enqueue(host="local", label="ghost", pid=me, pid_start=(start_time(me) or 0) + 12345,
-                           size=250 * MiB, cap=250 * MiB, kind="cap", command="ghost", session=None)
+    stale = ledger.enqueue(NewBooking(host="local", label="ghost", pid=me,
+                                      pid_start=(start_time(me) or 0) + 12345,
+                                      size=250 * MiB, cap=250 * MiB, kind="cap", command="ghost",
+                                      session=None))
     ledger.db.execute("UPDATE bookings SET state = 'running', since = 0 WHERE id = ?", (stale,))
     ledger.close()
     proc = hostrun.run("-m", "100M", "--", "true", timeout=30)
@@ -81,8 +83,8 @@ def test_a_try_reclaims_the_stale_bookings_its_verdict_rests_on(hostrun: Hostrun
     alive, gone = start_time(me) or 0, (start_time(me) or 0) + 12345
 
     def book(label: str, started: int) -> int:
-        return ledger.enqueue(host="local", label=label, pid=me, pid_start=started, size=MiB,
-                              cap=MiB, kind="cap", command=label, session=None)
+        return ledger.enqueue(NewBooking(host="local", label=label, pid=me, pid_start=started, size=MiB,
+                              cap=MiB, kind="cap", command=label, session=None))
 
     running, ahead, mine, behind, last = (book("running", gone), book("ahead", gone),
                                           book("mine", alive), book("behind", gone), book("last", alive))
@@ -113,8 +115,9 @@ def test_reclaim_stops_a_dead_holders_job(hostrun: Hostrun) -> None:
     orphan = subprocess.Popen(["sleep", "300"])
     (job_dir / "cgroup.procs").write_text(str(orphan.pid))
     ledger = Ledger(str(hostrun.state_dir))
-    bid = ledger.enqueue(host="local", label="dead-holder", pid=dead.pid, pid_start=1, size=200 * MiB,
-                         cap=200 * MiB, kind="cap", command="x", session=None)
+    bid = ledger.enqueue(NewBooking(host="local", label="dead-holder", pid=dead.pid, pid_start=1,
+                                    size=200 * MiB,
+                                    cap=200 * MiB, kind="cap", command="x", session=None))
     ledger.db.execute("UPDATE bookings SET state = 'running', cgroup = ? WHERE id = ?", (str(job_dir), bid))
     ledger.close()
     proc = hostrun.run("-m", "100M", "--", "true", timeout=30)
@@ -136,8 +139,8 @@ def test_a_stale_row_naming_another_live_job_never_gets_it_killed(hostrun: Hostr
     (own,) = [b for b in ledger.bookings() if b.label == "live"]
     dead = subprocess.Popen(["true"])
     dead.wait()
-    bid = ledger.enqueue(host="local", label="stale", pid=dead.pid, pid_start=1, size=64 * MiB,
-                         cap=64 * MiB, kind="cap", command="x", session=None)
+    bid = ledger.enqueue(NewBooking(host="local", label="stale", pid=dead.pid, pid_start=1, size=64 * MiB,
+                         cap=64 * MiB, kind="cap", command="x", session=None))
     ledger.db.execute("UPDATE bookings SET state = 'running', cgroup = ? WHERE id = ?", (own.cgroup, bid))
     ledger.close()
     assert hostrun.run("-m", "64M", "--", "true", timeout=30).returncode == 0  # reclaims the stale row
@@ -217,8 +220,9 @@ def test_ledger_shows_a_dead_holders_booking_as_stale(hostrun: Hostrun) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
     ledger = Ledger(str(hostrun.state_dir))
-    ledger.enqueue(host="local", label="ghost", pid=dead.pid, pid_start=1, size=64 * MiB, cap=64 * MiB,
-                   kind="cap", command="x", session=None)
+    ledger.enqueue(NewBooking(host="local", label="ghost", pid=dead.pid, pid_start=1, size=64 * MiB,
+                              cap=64 * MiB,
+                              kind="cap", command="x", session=None))
     ledger.close()
     shown = json.loads(hostrun.run("ledger", "--json").stdout)
     (entry,) = shown["queue"]
@@ -237,8 +241,8 @@ def test_ledger_shows_the_head_of_a_long_queue_and_counts_the_rest(hostrun: Host
     ledger = Ledger(str(hostrun.state_dir))
     me = os.getpid()
     for i in range(60):
-        ledger.enqueue(host="local", label=f"w{i:02d}", pid=me, pid_start=start_time(me) or 0,
-                       size=64 * MiB, cap=64 * MiB, kind="cap", command="x", session=None)
+        ledger.enqueue(NewBooking(host="local", label=f"w{i:02d}", pid=me, pid_start=start_time(me) or 0,
+                       size=64 * MiB, cap=64 * MiB, kind="cap", command="x", session=None))
     ledger.close()
     shown = hostrun.run("ledger", env={**os.environ, "COLUMNS": "200"}).stdout
     assert "w49" in shown and "w50" not in shown

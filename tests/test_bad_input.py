@@ -20,6 +20,7 @@ from dispatch.core.procinfo import start_time
 from dispatch.core.text import check_name, printable
 from dispatch.core.units import MiB
 from dispatch.local.admission.ledger import Ledger
+from dispatch.local.store.ledgerdb import NewBooking
 from tests.conftest import Hostrun, wait_for
 
 FORGED = "x\nhostrun: exit 250 (own-cap): the job was OOM-killed at its own cap"
@@ -73,9 +74,9 @@ def _hostile_holder(hostrun: Hostrun, holder: subprocess.Popen[bytes], size: int
     hostrun.state_dir.mkdir(mode=0o700, exist_ok=True)
     ledger = Ledger(str(hostrun.state_dir))
     try:
-        bid = ledger.enqueue(host="local", label=FORGED + " [red]x[/red]", pid=holder.pid,
+        bid = ledger.enqueue(NewBooking(host="local", label=FORGED + " [red]x[/red]", pid=holder.pid,
                              pid_start=start_time(holder.pid) or 0, size=size, cap=size, kind="cap",
-                             command="sleep", session="s\x1b[2J")
+                             command="sleep", session="s\x1b[2J"))
         ledger.db.execute("UPDATE bookings SET state = 'running', since = 0 WHERE id = ?", (bid,))
     finally:
         ledger.close()

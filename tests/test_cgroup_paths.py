@@ -22,6 +22,7 @@ from dispatch.core.errors import ConfigError
 from dispatch.core.exitcodes import ExitCode
 from dispatch.core.units import MiB
 from dispatch.local.admission.ledger import Ledger
+from dispatch.local.store.ledgerdb import NewBooking
 from tests.conftest import Hostrun, pid_alive
 
 
@@ -71,8 +72,9 @@ def _book(hostrun: Hostrun, cgroup: str) -> int:
     """A running booking of a dead holder whose row names ``cgroup``, written straight to the ledger."""
     ledger = Ledger(str(hostrun.state_dir))
     try:
-        bid = ledger.enqueue(host="local", label="forged", pid=_dead_pid(), pid_start=1, size=64 * MiB,
-                             cap=64 * MiB, kind="cap", command="x", session=None)
+        bid = ledger.enqueue(NewBooking(host="local", label="forged", pid=_dead_pid(), pid_start=1,
+                                        size=64 * MiB,
+                                        cap=64 * MiB, kind="cap", command="x", session=None))
         ledger.db.execute("UPDATE bookings SET state = 'running', since = 0, cgroup = ? WHERE id = ?",
                           (cgroup, bid))
     finally:

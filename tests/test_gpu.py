@@ -55,7 +55,7 @@ from dispatch.local.gpus.gpu import (
     read_gpus,
     visible,
 )
-from dispatch.local.store.ledgerdb import SCHEMA_VERSION, Booking
+from dispatch.local.store.ledgerdb import SCHEMA_VERSION, Booking, NewBooking
 from tests.conftest import Hostrun, wait_for
 from tests.support.gpus import FakeGpus
 
@@ -628,8 +628,9 @@ def test_a_version_1_ledger_is_migrated_in_place(tmp_path: Path) -> None:
         peak = ledger.peak("old-job", "local")
         assert peak is not None and peak.max_peak == 5
         me = os.getpid()
-        new = ledger.enqueue(host="local", label="gpu", pid=me, pid_start=start_time(me) or 0, size=MiB,
-                             cap=MiB, kind="cap", command="x", session=None, gpu_bytes=2 * GiB)
+        new = ledger.enqueue(NewBooking(host="local", label="gpu", pid=me, pid_start=start_time(me) or 0,
+                                        size=MiB,
+                                        cap=MiB, kind="cap", command="x", session=None, gpu_bytes=2 * GiB))
         assert ledger.booking(new) == ledger.bookings()[-1]
         assert ledger.bookings()[-1].gpu_bytes == 2 * GiB
     finally:
@@ -643,8 +644,8 @@ def test_try_admit_records_the_chosen_gpu_in_the_same_transaction(tmp_path: Path
     mine = start_time(me) or 0
 
     def book(label: str, gpu: int | None) -> int:
-        return ledger.enqueue(host="local", label=label, pid=me, pid_start=mine, size=MiB, cap=MiB,
-                              kind="cap", command=label, session=None, gpu_bytes=gpu)
+        return ledger.enqueue(NewBooking(host="local", label=label, pid=me, pid_start=mine, size=MiB, cap=MiB,
+                              kind="cap", command=label, session=None, gpu_bytes=gpu))
 
     def room(running: list[Booking]) -> Room:
         return Room(GiB - sum(b.size for b in running))

@@ -24,6 +24,7 @@ from dispatch.core.settings import HostSettings
 from dispatch.core.units import GiB, MiB
 from dispatch.local.admission.ledger import Ledger
 from dispatch.local.admission.rooms import room_function, status_line, wait_reason
+from dispatch.local.store.ledgerdb import NewBooking
 
 
 class _Job:
@@ -65,8 +66,9 @@ class FakeBackend(CapBackend):
 
 def book(ledger: Ledger, label: str, size: int, cgroup: str | None = None) -> int:
     me = os.getpid()
-    return ledger.enqueue(host="local", label=label, pid=me, pid_start=start_time(me) or 0, size=size,
-                          cap=size, kind="cap", command=label, session=None, cgroup=cgroup)
+    return ledger.enqueue(NewBooking(host="local", label=label, pid=me, pid_start=start_time(me) or 0,
+                                     size=size,
+                                     cap=size, kind="cap", command=label, session=None, cgroup=cgroup))
 
 
 def test_the_slice_decides_while_the_machine_has_more(tmp_path: Path) -> None:

@@ -55,11 +55,12 @@ RECLAIM = textwrap.dedent("""
     from dispatch.core.units import GiB, MiB
     from dispatch.local.admission.policy import Room
     from dispatch.local.admission.ledger import Ledger
+    from dispatch.local.store.ledgerdb import NewBooking
     ledger = Ledger(sys.argv[1])
     holder, me = os.getppid(), os.getpid()
     def book(pid, label):
-        return ledger.enqueue(host="local", label=label, pid=pid, pid_start=start_time(pid) or 0,
-                              size=MiB, cap=MiB, kind="cap", command=label, session=None)
+        return ledger.enqueue(NewBooking(host="local", label=label, pid=pid, pid_start=start_time(pid) or 0,
+                                         size=MiB, cap=MiB, kind="cap", command=label, session=None))
     running, mine = book(holder, "running"), book(me, "mine")
     ledger.db.execute("UPDATE bookings SET state = 'running', since = 0 WHERE id = ?", (running,))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -30,6 +30,7 @@ from dispatch.core.procinfo import start_time
 from dispatch.core.settings import Settings
 from dispatch.core.units import MiB
 from dispatch.local.shared.sharedd import SharedEngine, SliceKeeper
+from dispatch.local.store.ledgerdb import NewBooking
 from tests.conftest import OtherUser, wait_for
 from tests.support.fakesystemd import FakeManager
 
@@ -118,10 +119,9 @@ class Setup:
             ledger = Ledger(str(state))
             for i, unit in enumerate(booked):
                 me = os.getpid()
-                booking_id = ledger.enqueue(
-                    host="local", label=f"root:old{i}", pid=me, pid_start=start_time(me) or 0,
-                    size=MiB, cap=MiB, kind="cap", command="old", session=None,
-                    cgroup=str(self.slice / unit))
+                booking_id = ledger.enqueue(NewBooking(
+                    host="local", label=f"root:old{i}", pid=me, pid_start=start_time(me) or 0, size=MiB,
+                    cap=MiB, kind="cap", command="old", session=None, cgroup=str(self.slice / unit)))
                 ledger.db.execute("UPDATE bookings SET state = 'running' WHERE id = ?", (booking_id,))
             ledger.close()
         self.path = str(root / "shared.sock")

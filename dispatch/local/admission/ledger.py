@@ -32,6 +32,7 @@ from dispatch.local.store.ledgerdb import (
     PEAK_COLUMNS,
     RUN_COLUMNS,
     Booking,
+    NewBooking,
     PeakRecord,
     PeakRun,
     RunRecord,
@@ -65,15 +66,11 @@ class Ledger(LedgerFile):
 
     # -- bookings --
     @guarded
-    def enqueue(
-        self, *, host: str, label: str, pid: int, pid_start: int, size: int, cap: int, kind: str,
-        command: str, session: str | None, cgroup: str | None = None, gpu_bytes: int | None = None,
-        group: str | None = None, when_idle: bool = False, booking_id: int | None = None,
-        requeue: bool = False,
-    ) -> int:
+    def enqueue(self, new: NewBooking, booking_id: int | None = None) -> int:
         """A waiting booking, at the back of the queue; ``booking_id``: at the place of that
-        released booking instead (a requeued job: AUTOINCREMENT never gives its id to another);
-        ``requeue``: it may be requeued, so admission may lend it room (``lending``)."""
+        released booking instead (a requeued job: AUTOINCREMENT never gives its id to another)."""
+        (host, label, pid, pid_start, size, cap, kind, command, session, cgroup, gpu_bytes, group,
+         when_idle, requeue) = new
         cur = self.db.execute(
             "INSERT INTO bookings (id, host, label, state, pid, pid_start, size, cap, kind, command,"
             " session, queued, cgroup, gpu_bytes, grp, when_idle, requeue)"

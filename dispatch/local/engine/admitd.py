@@ -140,6 +140,7 @@ class Engine(Holdings):
         would (``booking.plan_for``), queued. A host whose slice is a shared one books through that
         slice's engine (``dispatch.local.shared.sharedd``), not this one."""
         from dispatch.local.admission.booking import gamble_line, plan_for
+        from dispatch.local.store.ledgerdb import NewBooking
 
         fields = self._fields(client, message)
         interval = self._interval(message)  # checked before anything is queued
@@ -159,12 +160,11 @@ class Engine(Holdings):
         label, host = self.stored_label(client, fields["label"]), self.host
         plan = plan_for(self.ledger, host, label, fields["program"], cap, limit,
                         fields["gamble"], fields["requeue"])
-        booking_id = self.ledger.enqueue(
+        booking_id = self.ledger.enqueue(NewBooking(
             host=host, label=label, pid=fields["pid"], pid_start=fields["pid_start"], size=plan.size,
             cap=plan.limit, kind=plan.kind, command=fields["command"], session=fields["session"],
-            cgroup=None, group=fields["group"], when_idle=fields["when_idle"],
-            booking_id=fields["booking_id"], requeue=fields["requeue"],
-            gpu_bytes=gpu.need if gpu is not None else None)
+            gpu_bytes=gpu.need if gpu is not None else None, group=fields["group"],
+            when_idle=fields["when_idle"], requeue=fields["requeue"]), fields["booking_id"])
         if gpu is not None:
             self.gpu.wants[booking_id] = gpu.devices
         if plan.why is not None:

@@ -133,6 +133,26 @@ PEAK_COLUMNS = ("label, host, max_peak, runs, last_peak, hit_ceiling, last_durat
 CLEAR_MARK_AFTER = 3  # the default of ``clear_mark_after``
 
 
+class NewBooking(NamedTuple):
+    """A booking as a run asks for it, before the ledger gives it an id and a place in the queue
+    (``Ledger.enqueue``): who holds it, what it books, and how admission treats it."""
+
+    host: str
+    label: str
+    pid: int
+    pid_start: int
+    size: int  # what the ledger books
+    cap: int  # the job cgroup's limit
+    kind: str  # the plan's kind (peak, cap, gamble, ...)
+    command: str
+    session: Optional[str] = None
+    cgroup: Optional[str] = None
+    gpu_bytes: Optional[int] = None
+    group: Optional[str] = None
+    when_idle: bool = False
+    requeue: bool = False  # it may be requeued, so admission may lend it room (``lending``)
+
+
 class Booking(NamedTuple):
     id: int
     host: str
