@@ -16,7 +16,7 @@ What is measured, in the same run:
   the session's cgroup (a detached process books, waits for admission and moves them).
 
 Isolation: a private config, state dir and slice cgroup (removed at the end). Standard library only
-(the stand-in agent comes from tests/test_session_place.py). Run as root on a cgroup v1 or v2
+(the stand-in agent comes from tests/system/test_session_place.py). Run as root on a cgroup v1 or v2
 machine::
 
     .venv/bin/python bench/bench_session.py --runs 20

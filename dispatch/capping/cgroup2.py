@@ -6,7 +6,7 @@ cap; killed, own ``oom`` 0 and the slice's ``memory.events.local`` ``oom`` rose 
 ``memory.oom.group`` is never set on the slice (it would kill every job when one overflows it).
 
 Tested against a faithful fake cgroupfs here (these machines bind memory to v1), and against a real
-kernel with cgroup v2 in the test VM (tests/test_vm_*.py).
+kernel with cgroup v2 in the test VM (tests/vm/test_vm_*.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ if MYPY:
     T = TypeVar("T")
 
 # Each subcommand's handler: name -> (module of dispatch.cli, function), in ``SUBCOMMANDS``' order
-# (tests/test_surfaces.py). A command's module is imported only when it runs, so ``hostrun -- CMD``
+# (tests/fast/test_surfaces.py). A command's module is imported only when it runs, so ``hostrun -- CMD``
 # loads ``runcmd`` alone.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("runcmd", "cmd_run"), "doctor": ("statecmds", "cmd_doctor"),

@@ -1,6 +1,6 @@
 """A part's face: the names the command line may use of it (``SURFACE``: name → ``module`` or
 ``module:attribute``), loaded only when first asked for (PEP 562's module ``__getattr__``), so that
-importing a part costs nothing on the hot path. ``tests/test_surfaces.py`` holds every face to its
+importing a part costs nothing on the hot path. ``tests/fast/test_surfaces.py`` holds every face to its
 ``__all__`` and typing block, and ``dispatch.cli`` to importing faces only."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``NamedTuple`` for our records, without importing ``typing`` on the hot path.
 
 mypy sees ``typing.NamedTuple`` (it treats ``MYPY`` as true). At run time the same class syntax builds
-a tuple class that behaves as a ``collections.namedtuple`` (tests/test_records.py holds them side by
+a tuple class that behaves as a ``collections.namedtuple`` (tests/fast/test_records.py holds them side by
 side): importing ``typing`` (which pulls in ``re``) costs every ``hostrun`` call several milliseconds,
 dataclasses compile their methods with ``exec``, and ``collections.namedtuple`` ``eval``s a
 ``__new__`` for each class (~0.1 ms each, ~20 classes a run). Every module that defines a record

@@ -2,7 +2,7 @@
 
 The 78 of a default reserve that leaves no slice, the 243 of a cap larger than the slice and
 ``doctor``'s slice problems all say the line to add and the file to add it to from here, and the
-README's figures are checked against it (tests/test_slice_advice.py), so they never disagree.
+README's figures are checked against it (tests/system/test_slice_advice.py), so they never disagree.
 Standard library only: a peer's agent gives the same advice about its own machine.
 """
 

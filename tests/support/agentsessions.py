@@ -1,6 +1,6 @@
 """A real agent session (``hostrun session``) with a job started inside it, and a job started beside
 it, running until ``stop``: what ``hostrun report`` and ``hostrun top`` are checked against
-(tests/test_sessions_report.py, tests/test_top_screen.py)."""
+(tests/system/test_sessions_report.py, tests/system/test_top_screen.py)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class SessionWithJob:
             proc.wait(timeout=60)
 
 
-# A stand-in agent (tests/test_session_place.py, tests/test_vm_sessions.py, bench/bench_session.py):
+# A stand-in agent (tests/system/test_session_place.py, tests/vm/test_vm_sessions.py, bench/bench_session.py):
 # named as the client's process is, with a tool child, it runs the SessionStart hook as Claude Code
 # does (``sh -c``), then writes where it and its tool are until told to end (or to balloon).
 AGENT = textwrap.dedent("""\

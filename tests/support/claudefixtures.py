@@ -1,4 +1,4 @@
-"""The fixtures of the real-client tier (tests/test_claude_*.py): the pinned client, a fake Messages
+"""The fixtures of the real-client tier (tests/client/test_claude_*.py): the pinned client, a fake Messages
 API per test, the client with a home of its own, and a checkout with hostrun's hooks installed.
 A test module imports the fixtures it uses by name."""
 

@@ -9,7 +9,7 @@ controller sends is logged so that a test can see what was (not) sent. It speaks
 real rsync copying locally (the ``<ssh>:`` prefix of remote paths dropped, no remote shell), or a
 scripted failure. The "peer" is a local directory.
 
-What this does not cover (the sshd tests do: tests/test_peer_run.py, test_peer_failures.py): ssh
+What this does not cover (the sshd tests do: tests/system/test_peer_run.py, test_peer_failures.py): ssh
 itself, the ControlMaster, the real agent (probing, the peer's ledger, caps), the bundle's install,
 and rsync over ssh.
 """

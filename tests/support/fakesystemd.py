@@ -9,7 +9,7 @@ job's end before its reply, to end a start job as "failed", or never to answer.
 
 What it is not: systemd. It moves no process and makes no cgroup; it decodes with hostrun's own
 codec, so it cannot catch a wire-format mistake both sides share. The real conversation (a real
-systemd 252, system and user managers) is tested in the VM (tests/test_vm_systemd.py).
+systemd 252, system and user managers) is tested in the VM (tests/vm/test_vm_systemd.py).
 """
 
 from __future__ import annotations

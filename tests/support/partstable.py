@@ -1,6 +1,6 @@
 """docs/design.md's table of parts and list of modules, made from the code: each part's and module's
 docstring (its first sentence), the part order (``tests/support/parts.py``) and the bundle's
-shipped packages. ``tests/test_design_parts.py`` fails when the document differs; then run
+shipped packages. ``tests/fast/test_design_parts.py`` fails when the document differs; then run
 ``python -m tests.support.partstable --write`` and read the diff.
 """
 

@@ -1,6 +1,6 @@
 """The attacker's script against the shared slice's engine (malformed, oversized, deeply nested and
 out-of-range requests, connection and pipelined floods), run as a member in the VM
-(tests/test_vm_shared_hostile.py) and locally (tests/test_shared_daemon.py)."""
+(tests/vm/test_vm_shared_hostile.py) and locally (tests/system/test_shared_daemon.py)."""
 
 from __future__ import annotations
 

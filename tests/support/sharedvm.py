@@ -1,4 +1,4 @@
-"""The shared slice in the test VM, for tests/test_vm_shared.py and tests/test_vm_shared_hostile.py:
+"""The shared slice in the test VM, for tests/vm/test_vm_shared.py and tests/vm/test_vm_shared_hostile.py:
 its real users (``User``: one user's hostrun under ``runuser``), the module fixture ``shared`` that
 installs the daemon and uninstalls it at the end, and a booked job that holds until released."""
 

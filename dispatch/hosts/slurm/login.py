@@ -52,7 +52,7 @@ SHIM = ("import os\n"
 
 # Makes the work directory (private) and claims it for the session unless claimed already: the
 # owner file of ``dispatch.guards.workdirs`` (same fields, 0644, never over a link or another's;
-# tests/test_workdir_clean_trust.py fails when the two differ).
+# tests/system/test_workdir_clean_trust.py fails when the two differ).
 MAKE_DIR = ("import json, os, pwd, socket, sys, time\n"
             "d = os.path.abspath(os.path.expanduser(sys.argv[1]))\n"
             "os.makedirs(d, mode=0o700, exist_ok=True)\n"

@@ -18,7 +18,7 @@ from dispatch.core.configpath import cache_dir
 from dispatch.core.fingerprint import sha256
 
 # The packages a peer runs: the agent and what it imports. Each imports only standard library modules
-# and these packages (tests/test_import_cycles.py checks it), so nothing controller-only is shipped.
+# and these packages (tests/fast/test_import_cycles.py checks it), so nothing controller-only is shipped.
 SHIPPED = ("core", "capping", "local", "guards", "agent")
 REMOTE_DIR = ".cache/hostrun"
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
