@@ -53,7 +53,7 @@ class SliceUsage(NamedTuple):
         return self.held
 
 
-class OomVerdict(NamedTuple):
+class OomEvidence(NamedTuple):
     """What the kernel counters say happened to one job."""
 
     killed: bool = False  # the kernel OOM-killed a process of this job
@@ -322,7 +322,7 @@ class JobCgroup(ABC):
         """SIGKILL every process until none is left; True when empty."""
 
     @abstractmethod
-    def verdict(self) -> OomVerdict:
+    def oom_evidence(self) -> OomEvidence:
         """Read the OOM counters; call after the job's processes are gone, before ``remove``."""
 
     @abstractmethod

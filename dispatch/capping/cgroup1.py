@@ -15,7 +15,7 @@ import os
 from dispatch.capping import eventfd
 from dispatch.capping.base import (
     SESSION_CGROUP_PREFIX,
-    OomVerdict,
+    OomEvidence,
     make_job_dir,
     read_int,
     read_keyed,
@@ -89,7 +89,7 @@ class Cgroup1Job(DirectJob):
         machines, 0.15 ms this way (an older kernel takes the lock either way)."""
         write_text(os.path.join(self.path, "tasks"), "0")
 
-    def verdict(self) -> OomVerdict:
+    def oom_evidence(self) -> OomEvidence:
         oom_kill = read_keyed(os.path.join(self.path, "memory.oom_control")).get("oom_kill", 0)
         job_events = self._job_watch.read() if self._job_watch else 0
         slice_events = self._slice_watch.read() if self._slice_watch else 0

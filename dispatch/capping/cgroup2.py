@@ -15,7 +15,7 @@ import os
 
 from dispatch.capping.base import (
     SESSION_CGROUP_PREFIX,
-    OomVerdict,
+    OomEvidence,
     make_job_dir,
     read_int,
     read_keyed,
@@ -78,7 +78,7 @@ class Cgroup2Job(DirectJob):
                 pass
         return super().kill_all()
 
-    def verdict(self) -> OomVerdict:
+    def oom_evidence(self) -> OomEvidence:
         events = read_keyed(os.path.join(self.path, "memory.events"))
         oom, oom_kill = events.get("oom", 0), events.get("oom_kill", 0)
         slice_oom = self._slice_oom() - self._slice_oom_before

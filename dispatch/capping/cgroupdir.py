@@ -14,7 +14,7 @@ from dispatch.capping.base import (
     SESSION_CGROUP_PREFIX,
     CapBackend,
     JobCgroup,
-    OomVerdict,
+    OomEvidence,
     Probe,
     SessionForm,
     SliceUsage,
@@ -73,13 +73,13 @@ class MemoryFiles(NamedTuple):
         return flat_value(data, self.anon) + flat_value(data, self.shmem)
 
 
-def attribute(oom_kills: int, own_ooms: int, slice_ooms: int, counters: dict[str, int]) -> OomVerdict:
+def attribute(oom_kills: int, own_ooms: int, slice_ooms: int, counters: dict[str, int]) -> OomEvidence:
     """The attribution rule both versions apply to their own counters: a process of the job was
     OOM-killed and the job's own limit was hit → own cap; killed, not its own, the slice's hit → slice
     full (docs/design.md, "Cap backends and OOM attribution")."""
     killed = oom_kills > 0
     own = killed and own_ooms > 0
-    return OomVerdict(killed=killed, own=own, slice_full=killed and not own and slice_ooms > 0,
+    return OomEvidence(killed=killed, own=own, slice_full=killed and not own and slice_ooms > 0,
                       counters=counters)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from dispatch.capping.base import CapBackend, JobCgroup, OomVerdict, SliceUsage
+from dispatch.capping.base import CapBackend, JobCgroup, OomEvidence, SliceUsage
 
 MYPY = False
 if MYPY:
@@ -57,8 +57,8 @@ class NoCapJob(JobCgroup):
         self.signal_all(signal.SIGKILL)
         return True
 
-    def verdict(self) -> OomVerdict:
-        return OomVerdict()
+    def oom_evidence(self) -> OomEvidence:
+        return OomEvidence()
 
     def remove(self) -> None:
         pass

@@ -24,7 +24,7 @@ import os
 import signal
 import time
 
-from dispatch.capping.base import OomVerdict, Probe, SessionForm, read_keyed, read_pids, read_text
+from dispatch.capping.base import OomEvidence, Probe, SessionForm, read_keyed, read_pids, read_text
 from dispatch.capping.cgroup2 import Cgroup2Backend, Cgroup2Job
 from dispatch.capping.cgroupfs import parse_mountinfo, read_self_files
 from dispatch.core.errors import BackendError
@@ -233,10 +233,10 @@ class SystemdJob(Cgroup2Job):
     def charged_peak(self) -> int:
         return max(self._peak, super().charged_peak())
 
-    def verdict(self) -> OomVerdict:
+    def oom_evidence(self) -> OomEvidence:
         self._remember()
         if not self._events:
-            return super().verdict()
+            return super().oom_evidence()
         oom, oom_kill = self._events.get("oom", 0), self._events.get("oom_kill", 0)
         slice_oom = self._slice_oom() - self._slice_oom_before
         from dispatch.capping.cgroupdir import attribute

@@ -45,7 +45,7 @@ def cmd_preflight(argv: list[str]) -> int:
     if not command:
         raise UsageError(f"no script given (usage: {PREFLIGHT_USAGE})")
     from dispatch.guards import script_path
-    from dispatch.local import Script, Verdict, check, declared, report_lines
+    from dispatch.local import PreflightResult, Script, check, declared, report_lines
 
     script = declared(command)  # a malformed header: UsageError (2) naming SCRIPT:LINE
     if script is None:
@@ -53,7 +53,7 @@ def cmd_preflight(argv: list[str]) -> int:
         if path is None:
             raise UsageError(f"preflight: {command[0]!r} is not a script file (nor is its first argument)")
         first = 0 if command[0] == path else 1
-        verdict = Verdict(Script(path, tuple(command[first + 1 :]), ()), ())
+        verdict = PreflightResult(Script(path, tuple(command[first + 1 :]), ()), ())
     else:
         verdict, _ = check(load_config(config), script, os.environ, force=force)
     if json_out:

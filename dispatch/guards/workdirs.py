@@ -80,7 +80,7 @@ class Claimed(NamedTuple):
         }
 
 
-class Verdict(NamedTuple):
+class CleanAction(NamedTuple):
     """What ``clean`` did with one claimed directory: removed, would-remove (dry run) or kept."""
 
     path: str
@@ -287,7 +287,7 @@ def clean(root: str, session: str, depth: int = DEFAULT_DEPTH, dry_run: bool = F
                          "or pass --session NAME")
     paths, unclaimed = find_claimed(root, depth)
     opened, hidden = openers(paths)
-    verdicts: list[Verdict] = []
+    verdicts: list[CleanAction] = []
     for path in paths:
         owner = read_owner(path)
         if owner is None:
@@ -301,7 +301,7 @@ def clean(root: str, session: str, depth: int = DEFAULT_DEPTH, dry_run: bool = F
 
 
 def _clean_one(path: str, seen: Owner, session: str, opened: list[Opener], dry_run: bool
-               ) -> Verdict | None:
+               ) -> CleanAction | None:
     """What ``clean`` does with one claimed directory (None: its claim was released meanwhile).
 
     Everything that decides the removal, and the removal itself, goes through one descriptor of the
@@ -315,24 +315,24 @@ def _clean_one(path: str, seen: Owner, session: str, opened: list[Opener], dry_r
         parent_fd, dir_fd = fdtree.open_dir(path)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            return Verdict(path, seen, "kept", "it, or a directory above it, is now a symbolic link "
+            return CleanAction(path, seen, "kept", "it, or a directory above it, is now a symbolic link "
                                                "or not a directory")
-        return Verdict(path, seen, "kept", f"cannot open it: {exc.strerror or exc}")
+        return CleanAction(path, seen, "kept", f"cannot open it: {exc.strerror or exc}")
     mine = f"owned by this session ({session}) and not open"
     try:
         parent, here = os.fstat(parent_fd), os.fstat(dir_fd)
         if parent.st_mode & stat.S_IWOTH and here.st_uid not in (os.geteuid(),):
             # Anyone can add entries beside it, and someone else owns it: whatever its owner file
             # says, that user could have arranged what is in it and around it. Theirs to remove.
-            return Verdict(path, seen, "kept", f"it belongs to uid {here.st_uid}, not you, and "
+            return CleanAction(path, seen, "kept", f"it belongs to uid {here.st_uid}, not you, and "
                                                f"{os.path.dirname(path)} is writable by anyone")
         owner, reason = _keep_reason_at(dir_fd, path, session, opened)
         if owner is None:  # released meanwhile
             return None
         if reason is not None:
-            return Verdict(path, owner, "kept", reason)
+            return CleanAction(path, owner, "kept", reason)
         if dry_run:
-            return Verdict(path, owner, "would-remove", mine)
+            return CleanAction(path, owner, "would-remove", mine)
         # Look again right before removing: the owner file and the processes, for this one.
         owner, reason = _keep_reason_at(dir_fd, path, session, openers([path])[0][path])
         if owner is None:
@@ -342,7 +342,9 @@ def _clean_one(path: str, seen: Owner, session: str, opened: list[Opener], dry_r
                 _remove_tree(parent_fd, dir_fd, os.path.basename(path))
             except OSError as exc:
                 reason = f"could not remove it: {exc.strerror or exc}"
-        return Verdict(path, owner, "kept", reason) if reason else Verdict(path, owner, "removed", mine)
+        if reason:
+            return CleanAction(path, owner, "kept", reason)
+        return CleanAction(path, owner, "removed", mine)
     finally:
         os.close(dir_fd)
         os.close(parent_fd)

@@ -22,7 +22,7 @@ How a command line is read (docs/agents.md, "Which commands are heavy"):
   other interpreters' scripts are never read as shell), all within ``deadline_s``.
 - What could not be read to the end (a limit hit: size, depth, time) is *unknown*; unknown counts as
   heavy by default (``unknown_heavy``): routing a light command through hostrun costs a booking,
-  letting a heavy one past costs the machine. ``Verdict.incomplete`` says so and ``why`` names it.
+  letting a heavy one past costs the machine. ``Classification.incomplete`` says so and ``why`` names it.
 
 This module is the walk: a line's simple commands, their assignments, aliases, ``cd`` and
 ``hostrun``, and the patterns' decision. ``prefixes`` holds the commands that run another command
@@ -56,7 +56,7 @@ SKIPPED_KEYWORDS = frozenset(("!", "if", "then", "elif", "else", "do", "while", 
 HEADER_KEYWORDS = frozenset(("for", "select", "case", "function", "in"))
 
 
-class Verdict(NamedTuple):
+class Classification(NamedTuple):
     """What ``classify`` decided.
 
     ``heavy``: some command in it does heavy work (directly or through hostrun), or could not be read
@@ -77,7 +77,7 @@ class Verdict(NamedTuple):
 def classify(command: str, cwd: str, *, extra_heavy: Iterable[str] = (), extra_light: Iterable[str] = (),
              extra_gpu: Iterable[str] = (), env: Mapping[str, str] | None = None,
              deadline_s: float = DEADLINE_S, max_depth: int = MAX_DEPTH,
-             max_script_bytes: int = MAX_SCRIPT_BYTES, unknown_heavy: bool = True) -> Verdict:
+             max_script_bytes: int = MAX_SCRIPT_BYTES, unknown_heavy: bool = True) -> Classification:
     """Classify the shell command line ``command`` as run in directory ``cwd``.
 
     ``extra_heavy``/``extra_light``/``extra_gpu``: the project's patterns (``rules`` for the syntax;
@@ -95,7 +95,7 @@ def classify_argv(argv: list[str], cwd: str, *, extra_heavy: Iterable[str] = (),
                   extra_light: Iterable[str] = (), extra_gpu: Iterable[str] = (),
                   env: Mapping[str, str] | None = None, deadline_s: float = DEADLINE_S,
                   max_depth: int = MAX_DEPTH, max_script_bytes: int = MAX_SCRIPT_BYTES,
-                  unknown_heavy: bool = True) -> Verdict:
+                  unknown_heavy: bool = True) -> Classification:
     """``classify`` for one command already split into words (a PATH shim's own argv)."""
     return _run(None, argv, cwd, extra_heavy, extra_light, extra_gpu, env, deadline_s, max_depth,
                 max_script_bytes, unknown_heavy)
@@ -103,7 +103,7 @@ def classify_argv(argv: list[str], cwd: str, *, extra_heavy: Iterable[str] = (),
 
 def _run(command: str | None, argv: list[str] | None, cwd: str, extra_heavy: Iterable[str],
          extra_light: Iterable[str], extra_gpu: Iterable[str], env: Mapping[str, str] | None,
-         deadline_s: float, max_depth: int, max_bytes: int, unknown_heavy: bool) -> Verdict:
+         deadline_s: float, max_depth: int, max_bytes: int, unknown_heavy: bool) -> Classification:
     env = os.environ if env is None else env
     ctx = Context(rules.patterns(extra_heavy, extra_light, extra_gpu), env, deadline_s, max_depth,
                   max_bytes, unknown_heavy, _WALK)
@@ -124,7 +124,7 @@ def _run(command: str | None, argv: list[str] | None, cwd: str, extra_heavy: Ite
     return _verdict(ctx, inside_job)
 
 
-def _verdict(ctx: Context, inside_job: bool) -> Verdict:
+def _verdict(ctx: Context, inside_job: bool) -> Classification:
     heavy = bool(ctx.heavy_direct or ctx.heavy_through)
     through = inside_job or (ctx.hostrun_job and not ctx.heavy_direct)
     if ctx.heavy_direct:
@@ -137,7 +137,7 @@ def _verdict(ctx: Context, inside_job: bool) -> Verdict:
             why = f"{why}; unknown: {ctx.unknown}"
     if inside_job and heavy:
         why += " (inside a hostrun job: $HOSTRUN_JOB)"
-    return Verdict(heavy, bool(ctx.gpu), through, why, ctx.unknown is not None)
+    return Classification(heavy, bool(ctx.gpu), through, why, ctx.unknown is not None)
 
 
 # -------------------------------------------------------------------- walking the commands

@@ -19,7 +19,7 @@ if MYPY:
     from typing import Any, TextIO
 
     from dispatch.core.settings import Settings
-    from dispatch.hooks.classify import Verdict
+    from dispatch.hooks.classify import Classification
     from dispatch.hooks.claudeevent import HookArgs
 
 MAX_ECHO = 2000  # characters of a command repeated in a denial (a 10 MB command gave a 10 MB answer)
@@ -60,7 +60,7 @@ def pre_tool_use(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str,
 
 
 def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: str, cwd: str,
-           verdict: Verdict) -> dict[str, Any]:
+           verdict: Classification) -> dict[str, Any]:
     """A heavy or GPU command: the table, and by the mode the table alone, a rewrite or a refusal."""
     from dispatch.hooks import rewrite
     from dispatch.hooks.session import claude_session
@@ -86,7 +86,7 @@ def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: st
     return _guard(data, settings, command, verdict, context, instead)
 
 
-def _wrap(data: dict[str, Any], command: str, verdict: Verdict, context: list[str], instead: str
+def _wrap(data: dict[str, Any], command: str, verdict: Classification, context: list[str], instead: str
           ) -> dict[str, Any]:
     """``wrap``: the command rewritten to ``instead``, decided as the user's own rules would have
     decided the original (dispatch.hooks.permissions): allowed runs without a prompt, would-prompt
@@ -112,7 +112,7 @@ def _wrap(data: dict[str, Any], command: str, verdict: Verdict, context: list[st
                   updatedInput=tool_input, additionalContext="\n".join(context))
 
 
-def _guard(data: dict[str, Any], settings: Settings, command: str, verdict: Verdict,
+def _guard(data: dict[str, Any], settings: Settings, command: str, verdict: Classification,
            context: list[str], instead: str) -> dict[str, Any]:
     """``guard``: refused with ``instead`` to run, unless a person declared its scope in front of
     it (``[agents] escape_env``; never inside a subagent)."""

@@ -15,7 +15,7 @@ SURFACE: dict[str, str] = {
     "PeakRecord": "dispatch.local.store.ledgerdb",
     "RunRecord": "dispatch.local.store.ledgerdb",
     "Script": "dispatch.local.run.preflight",
-    "Verdict": "dispatch.local.run.preflight",
+    "PreflightResult": "dispatch.local.run.preflight",
     "admission_engine": "dispatch.local.report",
     "as_dict": "dispatch.local.history",
     "check": "dispatch.local.run.preflight",
@@ -37,11 +37,35 @@ SURFACE: dict[str, str] = {
     "time_to_peak": "dispatch.local.store.ramp",
     "uninstall": "dispatch.local.shared.sharedinstall",
 }
-__all__ = ["Booking", "KernelLog", "Ledger", "PeakRecord", "RunRecord", "Script", "Verdict",
-           "admission_engine", "as_dict", "check", "declared", "default_label", "host_capacity",
-           "host_sessions", "inspect", "install", "job_rules", "live_jobs_of", "mark_reasons",
-           "outside_the_slice", "report_lines", "run_inside", "run_session", "session_rules",
-           "since_time", "time_to_peak", "uninstall"]
+__all__ = [
+    "Booking",
+    "KernelLog",
+    "Ledger",
+    "PeakRecord",
+    "PreflightResult",
+    "RunRecord",
+    "Script",
+    "admission_engine",
+    "as_dict",
+    "check",
+    "declared",
+    "default_label",
+    "host_capacity",
+    "host_sessions",
+    "inspect",
+    "install",
+    "job_rules",
+    "live_jobs_of",
+    "mark_reasons",
+    "outside_the_slice",
+    "report_lines",
+    "run_inside",
+    "run_session",
+    "session_rules",
+    "since_time",
+    "time_to_peak",
+    "uninstall",
+]
 MYPY = False
 if MYPY:
     from dispatch.local.admission.booking import default_label as default_label
@@ -56,8 +80,8 @@ if MYPY:
     from dispatch.local.hostslice import outside_the_slice as outside_the_slice
     from dispatch.local.report import admission_engine as admission_engine
     from dispatch.local.run.nested import run_inside as run_inside
+    from dispatch.local.run.preflight import PreflightResult as PreflightResult
     from dispatch.local.run.preflight import Script as Script
-    from dispatch.local.run.preflight import Verdict as Verdict
     from dispatch.local.run.preflight import check as check
     from dispatch.local.run.preflight import declared as declared
     from dispatch.local.run.preflight import report_lines as report_lines

@@ -373,7 +373,7 @@ def test_a_scope_copy_without_a_keeper_kills_and_reads_the_cgroup_files(tmp_path
     (slice_dir / "memory.events.local").write_text("low 0\nhigh 0\nmax 0\noom 2\noom_kill 0\n")
     job = SystemdJob(str(scope), 0, str(slice_dir))
     (scope / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
-    v = job.verdict()
+    v = job.oom_evidence()
     assert (v.killed, v.own, v.slice_full) == (True, True, False)
     job.remove()
     assert scope.exists()
@@ -394,7 +394,7 @@ def test_the_counters_seen_last_stand_when_the_scope_is_gone(tmp_path: Path) -> 
     for name in ("memory.events", "memory.peak", "memory.stat"):
         (scope / name).unlink()
     scope.rmdir()
-    v = job.verdict()
+    v = job.oom_evidence()
     assert (v.killed, v.own) == (True, True)
     assert job.charged_peak() == 64 * MiB
 

@@ -460,7 +460,7 @@ def test_verdict_own_cap(fake: FakeCgroup2) -> None:
     backend = ready(fake)
     job = backend.create_job("1-1", 64 * MiB)
     (Path(job.path) / "memory.events").write_text(events(max=40, oom=1, oom_kill=1))
-    v = job.verdict()
+    v = job.oom_evidence()
     assert (v.killed, v.own, v.slice_full) == (True, True, False)
     assert v.counters == {"oom": 1, "oom_kill": 1, "slice_oom": 0}
 
@@ -470,7 +470,7 @@ def test_verdict_slice_full(fake: FakeCgroup2) -> None:
     job = backend.create_job("1-1", 4 * GiB)
     (Path(job.path) / "memory.events").write_text(events(oom_kill=1))
     (Path(backend.slice_dir) / "memory.events.local").write_text(events(max=12, oom=1))
-    v = job.verdict()
+    v = job.oom_evidence()
     assert (v.killed, v.own, v.slice_full) == (True, False, True)
     assert v.counters == {"oom": 0, "oom_kill": 1, "slice_oom": 1}
 
@@ -481,23 +481,23 @@ def test_verdict_slice_oom_before_the_job_does_not_count(fake: FakeCgroup2) -> N
     slice_events.write_text(events(oom=3, oom_kill=0))  # an earlier job filled the slice
     job = backend.create_job("2-2", 4 * GiB)
     (Path(job.path) / "memory.events").write_text(events(oom_kill=1))
-    v = job.verdict()
+    v = job.oom_evidence()
     assert (v.killed, v.own, v.slice_full) == (True, False, False)
     assert v.counters["slice_oom"] == 0
     slice_events.write_text(events(oom=4))  # ... and now it rises while this job runs
-    assert job.verdict().slice_full is True
+    assert job.oom_evidence().slice_full is True
 
 
 def test_verdict_not_killed(fake: FakeCgroup2) -> None:
     backend = ready(fake)
     job = backend.create_job("3-3", 64 * MiB)
-    v = job.verdict()
+    v = job.oom_evidence()
     assert (v.killed, v.own, v.slice_full) == (False, False, False)
     assert v.counters == {"oom": 0, "oom_kill": 0, "slice_oom": 0}
     # hitting the limit without a kill (reclaim won) is not an OOM kill either
     (Path(job.path) / "memory.events").write_text(events(max=9, oom=1, oom_kill=0))
     (Path(backend.slice_dir) / "memory.events.local").write_text(events(oom=1))
-    v = job.verdict()
+    v = job.oom_evidence()
     assert (v.killed, v.own, v.slice_full) == (False, False, False)
 
 
@@ -507,7 +507,7 @@ def test_verdict_uses_the_local_slice_counter_not_the_hierarchical_one(fake: Fak
     job = backend.create_job("4-4", 4 * GiB)
     (Path(backend.slice_dir) / "memory.events").write_text(events(oom=5, oom_kill=5))
     (Path(job.path) / "memory.events").write_text(events(oom_kill=1))
-    v = job.verdict()
+    v = job.oom_evidence()
     assert (v.killed, v.slice_full) == (True, False)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatch.hooks.classify import Verdict, classify, classify_argv
+from dispatch.hooks.classify import Classification, classify, classify_argv
 from dispatch.hooks.shellwords import parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -411,7 +411,7 @@ ROWS: list[tuple[str, str, str]] = [
 def test_table(tree: Path, command: str, flags: str, why: str) -> None:
     env = {"HOME": str(tree)}
     verdict = classify(command, str(tree), env=env)
-    assert isinstance(verdict, Verdict)
+    assert isinstance(verdict, Classification)
     got = ("H" if verdict.heavy else "L") + ("G" if verdict.gpu else "") + \
         ("T" if verdict.through_hostrun else "")
     assert (got, why in verdict.why) == (flags, True), verdict

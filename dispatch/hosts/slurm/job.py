@@ -18,12 +18,11 @@ from __future__ import annotations
 import os
 
 from dispatch.core.exitcodes import SIGNAL_BASE, ExitCode
-from dispatch.core.records import NamedTuple
 from dispatch.core.units import MiB
+from dispatch.core.verdicts import Verdict
 
 MYPY = False
 if MYPY:
-    from typing import Optional
 
     from dispatch.core.request import RunRequest
     from dispatch.hosts.slurm.keys import SlurmOptions
@@ -229,18 +228,6 @@ def _partial_suffix(buf: bytes, mark: bytes) -> int:
     return 0
 
 
-class Verdict(NamedTuple):
-    exit_code: int
-    outcome: str  # "exit", "signal", or an exit code's outcome name
-    message: Optional[str] = None
-    oom_note: Optional[str] = None  # a process OOM-killed at --mem, the job exited 0: said, 0 stands
-
-    @classmethod
-    def of(cls, code: ExitCode, message: str | None = None) -> Verdict:
-        """hostrun's own verdict: the code and its outcome name together."""
-        return cls(int(code), code.outcome, message)
-
-
 LOST = ("NODE_FAIL", "BOOT_FAIL", "PREEMPTED")
 OVER_TIME = ("TIMEOUT", "DEADLINE")
 
@@ -258,8 +245,8 @@ def verdict(state: str | None, srun_status: int, exit_signal: int = 0, interrupt
     local one does, even though Slurm calls the step CANCELLED.
     """
     if state == "OUT_OF_MEMORY" and finished and job_status == 0:
-        return Verdict(0, "exit", None, f"a process of the job was OOM-killed at its --mem on {where} "
-                       "(state OUT_OF_MEMORY), but the job exited 0; passing 0 through")
+        return Verdict(0, "exit", None, (f"a process of the job was OOM-killed at its --mem on {where} "
+                                         "(state OUT_OF_MEMORY), but the job exited 0; passing 0 through",))
     if state == "OUT_OF_MEMORY":
         return Verdict.of(ExitCode.OWN_CAP,
                        f"Slurm killed the job at its --mem on {where} (state OUT_OF_MEMORY)")

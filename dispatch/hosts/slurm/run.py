@@ -26,11 +26,11 @@ from dispatch.core.exitcodes import ExitCode
 from dispatch.core.fdio import forward
 from dispatch.core.outcome import Outcome
 from dispatch.core.request import job_environment
+from dispatch.core.verdicts import Verdict
 from dispatch.hosts.slurm import facts as sf
 from dispatch.hosts.slurm.job import (
     COMMENT_PREFIX,
     MarkerFilter,
-    Verdict,
     job_mem,
     new_token,
     srun_argv,
@@ -253,9 +253,9 @@ class SlurmRun:
         finally:
             guardian.dismiss()
         outcome.exit_code, outcome.outcome, outcome.message = judged[:3]
-        if judged.oom_note is not None:  # as locally: the job's 0 stands, its label is marked
-            self.say(f"warning: {judged.oom_note}")
-        if outcome.is_verdict(ExitCode.OWN_CAP) or judged.oom_note is not None:  # Slurm's OOM
+        for line in judged.warnings:  # as locally: the job's 0 stands, its label is marked
+            self.say(f"warning: {line}")
+        if outcome.is_verdict(ExitCode.OWN_CAP) or judged.warnings:  # Slurm's OOM
             outcome.hit_ceiling = True
             outcome.counters = {"oom_kill": 1}
             peak = max(peak or 0, outcome.cap_bytes or 0) or peak

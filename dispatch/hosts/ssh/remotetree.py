@@ -13,7 +13,6 @@ import subprocess
 from collections.abc import Callable, Sequence
 
 from dispatch.core.errors import SyncFailedError, UsageError
-from dispatch.core.exitcodes import ExitCode
 from dispatch.core.fingerprint import short_hash
 from dispatch.core.records import NamedTuple
 from dispatch.hosts.ssh.sync import PROTECT_ARGS, die_with_parent, shell_unsafe
@@ -109,10 +108,12 @@ def rsync_failure(what: str, where: str, returncode: int, stderr: str) -> SyncFa
 
 
 def returns_failed(outcome: Outcome) -> None:
-    """A ``--return`` that failed: 252 when the job itself succeeded (its output is not all here);
-    a failed job keeps its own code (the failure to bring files back is said, not counted)."""
-    if outcome.exit_code == 0:
-        outcome.mark(ExitCode.SYNC_FAILED)
+    """A ``--return`` that failed, judged (``verdicts.after_failed_return``) into ``outcome``."""
+    from dispatch.core.verdicts import after_failed_return
+
+    code = after_failed_return(outcome.exit_code)
+    if code is not None:
+        outcome.mark(code)
         outcome.message = RETURN_FAILED
 
 

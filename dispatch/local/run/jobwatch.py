@@ -192,7 +192,7 @@ class JobWatch:
             if self.kill_at is not None and now >= self.kill_at:
                 self.job.kill_all()
                 self.kill_at = now + 3600
-            if self.whole and self.kill_at is None and self.job.verdict().own:
+            if self.whole and self.kill_at is None and self.job.oom_evidence().own:
                 self.job.kill_all()  # killed at its own cap: the whole session ends (250)
                 self.kill_at = now + 3600
 

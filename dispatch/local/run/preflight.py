@@ -62,7 +62,7 @@ class Check(NamedTuple):
     detail: str
 
 
-class Verdict(NamedTuple):
+class PreflightResult(NamedTuple):
     script: Script
     checks: tuple[Check, ...]
     forced: bool = False
@@ -113,7 +113,7 @@ class Verdict(NamedTuple):
         }
 
 
-def report_lines(verdict: Verdict) -> list[str]:
+def report_lines(verdict: PreflightResult) -> list[str]:
     """``hostrun preflight``'s text: a headline, then one line per condition."""
     v, name = verdict, verdict.script.path
     if not v.checks:
@@ -131,7 +131,7 @@ def report_lines(verdict: Verdict) -> list[str]:
 
 # ----------------------------------------------------------------------------------------- checking
 def check(settings: Settings, script: Script, environ: Mapping[str, str], *, force: bool = False,
-          hold: bool = False) -> tuple[Verdict, Guard | None]:
+          hold: bool = False) -> tuple[PreflightResult, Guard | None]:
     """Evaluate every condition, in the order declared. With ``hold``, a verdict that runs comes
     with a Guard: the single-instance lock, held until ``release``, and the fingerprint
     ``succeeded`` records. Without it (a dry run) nothing is held or written."""
@@ -157,7 +157,7 @@ def check(settings: Settings, script: Script, environ: Mapping[str, str], *, for
                 checks.append(Check(condition, fd is not None or detail.startswith("held by this"),
                                     detail))
                 lock_fd = fd
-        verdict = Verdict(script, tuple(checks), force)
+        verdict = PreflightResult(script, tuple(checks), force)
         if not (hold and verdict.runs):
             return verdict, None
         guard = Guard(state, script, inputs, lock_fd)

@@ -25,7 +25,7 @@ import time
 
 from dispatch.capping.base import CapBackend, JobCgroup
 from dispatch.core.errors import BackendError, LedgerError, UsageError
-from dispatch.core.exitcodes import ExitCode, from_wait_status
+from dispatch.core.exitcodes import ExitCode
 from dispatch.core.hostfacts import has_nvidia_gpus
 from dispatch.core.outcome import Outcome
 from dispatch.core.procinfo import start_time
@@ -33,6 +33,7 @@ from dispatch.core.request import JOB_ENV, SESSION_ENV, RunRequest, job_environm
 from dispatch.core.settings import HostSettings, Settings
 from dispatch.core.text import storable
 from dispatch.core.units import format_size
+from dispatch.core.verdicts import JobEvidence, job_verdict
 from dispatch.local.admission.booking import (
     Plan,
     as_admitted_kind,
@@ -322,40 +323,23 @@ def _run(
 
 def _judge(result: Outcome, job: JobCgroup, status: int, peak: int, timed_out: bool, vram: str | None,
            say: Callable[[str], None], whole: bool = False) -> None:
-    """The ended job's verdict into ``result``, first cause first: its max runtime (253), its own cap
-    (250), a full slice (254), a GPU out-of-memory (245), else its own wait status. An OOM kill or a
-    GPU OOM that did not fail the job, or a machine-wide OOM kill, is said as a warning. ``whole``:
-    an agent session, which a kill at its own cap ends whole (``JobWatch``): 250 even when its main
-    process ended first, on its own, after the tool it ran was killed."""
-    verdict = job.verdict()
-    result.counters = verdict.counters
+    """The ended job's evidence gathered (the cap backend's counters, its peak) and judged
+    (``dispatch.core.verdicts.job_verdict``) into ``result``; its warnings said. ``whole``: an agent
+    session, which a kill at its own cap ends whole (``JobWatch``)."""
+    oom = job.oom_evidence()
+    result.counters = oom.counters
     # Sampling can miss a short spike; the kernel's high-water mark less the page cache still
     # charged catches it. At its own cap the job used everything reclaim could not free.
     peak = max(peak, job.peak_estimate())
-    if verdict.own:
+    if oom.own:
         peak = max(peak, job.charged_peak())
     result.peak_bytes = peak
-    result.hit_ceiling = verdict.own
-    failed_run = not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
-    if timed_out:
-        result.mark(ExitCode.MAX_RUNTIME)
-    elif verdict.own and (failed_run or whole):
-        result.mark(ExitCode.OWN_CAP)
-    elif verdict.slice_full and failed_run:
-        result.mark(ExitCode.SLICE_FULL)
-    elif vram is not None and failed_run:
-        result.mark(ExitCode.VRAM)
+    result.hit_ceiling = oom.own
+    found = job_verdict(JobEvidence(status, timed_out, oom.own, oom.slice_full, oom.killed, vram, whole))
+    result.exit_code, result.outcome = found.exit_code, found.outcome
+    if found.message is not None:
+        result.message = found.message
+    if vram is not None:
         result.vram_evidence = vram
-        result.message = f"GPU out of memory: {vram}"
-    else:
-        result.exit_code, result.outcome = from_wait_status(status)
-    if verdict.killed and not failed_run and not (whole and verdict.own):
-        say("warning: a process of the job was OOM-killed, but the job exited 0; passing 0 through")
-    elif verdict.killed and not (verdict.own or verdict.slice_full or timed_out):
-        # Neither its cap nor the slice: the whole machine ran out (memory used outside the slice).
-        result.message = ("a process of the job was OOM-killed by a machine-wide out-of-memory, not at "
-                          "its cap or the slice's; the job's own status passes through")
-        say(f"warning: {result.message}")
-    if vram is not None and not failed_run:
-        result.vram_evidence = vram
-        say(f"warning: {vram} (a GPU out-of-memory), but the job exited 0; passing 0 through")
+    for line in found.warnings:
+        say(f"warning: {line}")

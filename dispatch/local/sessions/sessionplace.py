@@ -185,7 +185,7 @@ def place(settings: Settings, pid: int, label: str, say: Callable[[str], None]) 
         began = time.monotonic()
         peak = _watch(job, pidfd)
         job.kill_all()  # what it left running (an MCP server, a tool) ends with it
-        verdict = job.verdict()
+        verdict = job.oom_evidence()
         outcome.duration_s = round(time.monotonic() - began, 3)
         outcome.peak_bytes = max(peak, job.peak_estimate(), job.charged_peak() if verdict.own else 0)
         outcome.hit_ceiling = verdict.own
@@ -219,7 +219,7 @@ def _watch(job: JobCgroup, pidfd: int) -> int:
     ending = False
     while not select.select([pidfd], [], [], SAMPLE_EVERY)[0]:
         peak = max(peak, job.sample())
-        if not ending and job.verdict().own:
+        if not ending and job.oom_evidence().own:
             job.kill_all()
             ending = True
     return max(peak, job.sample())
