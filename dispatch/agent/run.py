@@ -25,6 +25,7 @@ if MYPY:
     from typing import Any
 
     from dispatch.agent.treestate import Walk
+    from dispatch.core.alertshape import WaitFigures
     from dispatch.core.settings import Settings
 
 
@@ -154,7 +155,7 @@ class _Session:
         except OSError:
             pass
 
-    def alert(self, figures: dict[str, Any]) -> None:
+    def alert(self, figures: WaitFigures) -> None:
         try:
             self.writer.send(Frame.ALERT, json.dumps(figures).encode())
         except OSError:

@@ -7,7 +7,8 @@ from dispatch.core import UsageError, checked_name, resolve_session
 
 MYPY = False
 if MYPY:
-    from typing import Any
+
+    from dispatch.core import Alert
 
 
 def cmd_alerts(argv: list[str]) -> int:
@@ -77,7 +78,7 @@ def cmd_watch(argv: list[str]) -> int:
                  lambda line: print(line, flush=True))
 
 
-def alert_line(record: dict[str, Any]) -> str:
+def alert_line(record: Alert) -> str:
     import time as _time
 
     when = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(record.get("time", 0)))

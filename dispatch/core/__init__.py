@@ -9,6 +9,7 @@ from dispatch.core.faces import lazy_attributes
 
 # What the command line may use of this part (dispatch.core.faces), each loaded when first asked for.
 SURFACE: dict[str, str] = {
+    "Alert": "dispatch.core.alertshape",
     "AdmissionEngine": "dispatch.core.reportshape",
     "BackendError": "dispatch.core.errors",
     "Block": "dispatch.core.view",
@@ -66,6 +67,7 @@ __all__ = [
     "RUN_OPTIONS",
     "SUBCOMMANDS",
     "AdmissionEngine",
+    "Alert",
     "BackendError",
     "Block",
     "ExitCode",
@@ -108,6 +110,7 @@ __all__ = [
 ]
 MYPY = False
 if MYPY:
+    from dispatch.core.alertshape import Alert as Alert
     from dispatch.core.errors import BackendError as BackendError
     from dispatch.core.errors import HostrunError as HostrunError
     from dispatch.core.errors import LongJobError as LongJobError

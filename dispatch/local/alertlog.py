@@ -24,6 +24,7 @@ if MYPY:
     from collections.abc import Callable, Sequence
     from typing import Any
 
+    from dispatch.core.alertshape import Alert, WaitFigures
     from dispatch.core.outcome import Outcome
     from dispatch.core.request import RunRequest
     from dispatch.local.admission.policy import Admission
@@ -39,14 +40,16 @@ KINDS = (PEER_COULD_TAKE, WAITING, OWN_CAP, SLICE_FULL, PEER_UNREACHABLE)
 
 
 def record(kind: str, *, host: str, label: str, session: str | None, command: str, action: str,
-           message: str, pid: int | None = None, **extra: Any) -> dict[str, Any]:
+           message: str, pid: int | None = None, **extra: Any) -> Alert:
     """An alert with every common field set (``pid``: this process unless given)."""
-    return {"kind": kind, "time": time.time(), "host": host, "label": label, "session": session,
-            "pid": os.getpid() if pid is None else pid, "command": command, "action": action,
-            "message": message, **extra}
+    alert: Alert = {"kind": kind, "time": time.time(), "host": host, "label": label, "session": session,
+                    "pid": os.getpid() if pid is None else pid, "command": command, "action": action,
+                    "message": message}
+    alert.update(extra)  # type: ignore[typeddict-item]  # each kind's own fields (Alert's others)
+    return alert
 
 
-def append(path: str, data: dict[str, Any]) -> None:
+def append(path: str, data: Alert) -> None:
     """Append one record (its directory created 0700 if missing, the file 0600); OSError on failure."""
     import json
 
@@ -61,7 +64,7 @@ def append(path: str, data: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def write(path: str, data: dict[str, Any] | None, say: Callable[[str], None]) -> bool:
+def write(path: str, data: Alert | None, say: Callable[[str], None]) -> bool:
     """``append``, but a failure is one warning line (``say``), never an exception: the job goes on.
     ``data`` None (``for_outcome``'s answer for a run that raises no alert): nothing to write."""
     if data is None:
@@ -132,7 +135,7 @@ def resume_argv(argv: Sequence[str]) -> tuple[list[str], bool]:
     return list(argv), False
 
 
-def _for_session(outcome: Outcome, base: dict[str, Any], slice_limit: int | None) -> dict[str, Any]:
+def _for_session(outcome: Outcome, base: dict[str, Any], slice_limit: int | None) -> Alert:
     """A session killed at its cap (250) or because the sessions slice (or the slice) filled (254):
     how to resume it, with the cap the half rule gives for its peak (at most the sessions slice)."""
     import shlex
@@ -164,7 +167,7 @@ def _for_session(outcome: Outcome, base: dict[str, Any], slice_limit: int | None
 
 def for_outcome(outcome: Outcome, session: str | None, peer: str | None = None,
                 slice_limit: int | None = None, request: RunRequest | None = None
-                ) -> dict[str, Any] | None:
+                ) -> Alert | None:
     """The alert for a run that hostrun saw killed at its own cap (250) or in a full slice (254),
     else None: the verdict decides (the OOM counters), never the exit number, which a job may
     return by itself.
@@ -212,7 +215,7 @@ def for_outcome(outcome: Outcome, session: str | None, peer: str | None = None,
 
 
 def for_unreachable(host: str, label: str, session: str | None, argv: Sequence[str],
-                    error: str, request: RunRequest | None = None) -> dict[str, Any]:
+                    error: str, request: RunRequest | None = None) -> Alert:
     """A ``--peer`` run that could not start because ``host`` could not be reached (246)."""
     import shlex
 
@@ -228,7 +231,7 @@ def for_unreachable(host: str, label: str, session: str | None, argv: Sequence[s
                           f"{host}'): {action}")
 
 
-def wait_figures(adm: Admission, waited: float) -> dict[str, Any]:
+def wait_figures(adm: Admission, waited: float) -> WaitFigures:
     """What a waiting job knows about its wait: the fields of a ``waiting`` alert of its own, and
     what a peer's agent sends its controller (``Frame.ALERT``), which writes the alert."""
     return {"waited_s": round(waited, 1), "need": adm.need, "free": adm.free,
@@ -237,7 +240,7 @@ def wait_figures(adm: Admission, waited: float) -> dict[str, Any]:
                         for b in adm.holders]}
 
 
-def checked_figures(data: object) -> dict[str, Any] | None:
+def checked_figures(data: object) -> WaitFigures | None:
     """``wait_figures`` as read from a peer: every field of the right type (a text too long is
     cut), else None. What a peer sends is data to show, never to act on."""
     def text(value: object) -> str | None:
@@ -262,8 +265,8 @@ def checked_figures(data: object) -> dict[str, Any] | None:
                          "size": int(h["size"]), "pid": int(h["pid"])} for h in holders]}
 
 
-def for_wait(figures: dict[str, Any], *, host: str, label: str, session: str | None,
-             argv: Sequence[str], peer: bool = False, pid: int | None = None) -> dict[str, Any]:
+def for_wait(figures: WaitFigures, *, host: str, label: str, session: str | None,
+             argv: Sequence[str], peer: bool = False, pid: int | None = None) -> Alert:
     """The ``waiting`` alert from ``wait_figures``; ``peer``: the job waits on ``host``, a peer,
     so "elsewhere" is here (else it is a peer, named ``NAME`` in the action)."""
     import shlex
@@ -298,7 +301,7 @@ class WaitAlert:
     def __init__(self, path: str, after: float, host: str, label: str, session: str | None,
                  argv: Sequence[str], say: Callable[[str], None],
                  then: Callable[[Admission], None] | None = None, started: float | None = None,
-                 deliver: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 deliver: Callable[[WaitFigures], None] | None = None) -> None:
         self.path = path
         self.after = after
         self.host = host

@@ -34,16 +34,16 @@ from dispatch.local.alertlog import write as write
 
 MYPY = False
 if MYPY:
-    from typing import Any
 
+    from dispatch.core.alertshape import Alert
     from dispatch.core.settings import Settings
 
 CURSOR_DIR = "alert-cursors"
 
 
-def parse_lines(data: bytes) -> list[dict[str, Any]]:
+def parse_lines(data: bytes) -> list[Alert]:
     """The records in ``data`` (complete lines); a line that is not a JSON object is skipped."""
-    records = []
+    records: list[Alert] = []
     for line in data.split(b"\n"):
         if not line.strip():
             continue
@@ -51,12 +51,12 @@ def parse_lines(data: bytes) -> list[dict[str, Any]]:
             item = loads(line.decode("utf-8"))
         except ValueError:  # UnicodeDecodeError is one too
             continue
-        if isinstance(item, dict):
-            records.append(item)
+        if isinstance(item, dict):  # read as an Alert: every field through .get, each type checked
+            records.append(item)  # type: ignore[arg-type]
     return records
 
 
-def read_all(path: str) -> list[dict[str, Any]]:
+def read_all(path: str) -> list[Alert]:
     try:
         with open(path, "rb") as fh:
             return parse_lines(fh.read())
@@ -74,7 +74,7 @@ def end_of(path: str) -> int:
 
 def follow(path: str, poll: float = 0.2, from_start: bool = False,
            stop: Callable[[], bool] | None = None, offset: int | None = None
-           ) -> Iterator[dict[str, Any]]:
+           ) -> Iterator[Alert]:
     """Yield alerts as they are appended, until ``stop()`` (forever without one). Starts at the end
     as it is when first read (at ``offset`` if given, at 0 with ``from_start``). Survives rotation: a
     file replaced under the same name (another inode) is read from its start once the old one is
@@ -121,7 +121,7 @@ def follow(path: str, poll: float = 0.2, from_start: bool = False,
             fh.close()
 
 
-def addressed_to(item: dict[str, Any], session: str | None) -> bool:
+def addressed_to(item: Alert, session: str | None) -> bool:
     """An alert without a session is for every session; with one, for that session only."""
     target = item.get("session")
     return target is None or session is None or target == session
@@ -177,7 +177,7 @@ def _cursor_text(ident: object, offset: int, since: float) -> bytes:
     return f'{{"file": {file}, "offset": {int(offset)}, "since": {float(since)!r}}}'.encode()
 
 
-def unread(settings: Settings, session: str, mark: bool = True) -> list[dict[str, Any]]:
+def unread(settings: Settings, session: str, mark: bool = True) -> list[Alert]:
     """The alerts for ``session`` that it has not read yet, oldest first; with ``mark`` its cursor
     moves past them (and past every alert for other sessions), so each is returned once."""
     from dispatch.core.flocking import flock_wait
@@ -197,7 +197,7 @@ def unread(settings: Settings, session: str, mark: bool = True) -> list[dict[str
             since = time.time()
         stored = state.get("offset")
         offset = stored if isinstance(stored, int) and stored >= 0 else 0
-        found: list[dict[str, Any]] = []
+        found: list[Alert] = []
         try:
             fh = open(settings.alerts_path, "rb")
         except FileNotFoundError:
@@ -226,14 +226,14 @@ def unread(settings: Settings, session: str, mark: bool = True) -> list[dict[str
         os.close(fd)
 
 
-def when(item: dict[str, Any]) -> str:
+def when(item: Alert) -> str:
     try:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(item.get("time") or 0)))
     except (TypeError, ValueError, OverflowError):
         return "????-??-?? ??:??:??"
 
 
-def describe(item: dict[str, Any]) -> str:
+def describe(item: Alert) -> str:
     """One line for people and agents: when, what, about which job, and the suggested action;
     escaped (``printable``), since an alert quotes labels, sessions and commands of other users."""
     from dispatch.core.text import printable

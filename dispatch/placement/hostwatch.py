@@ -14,8 +14,9 @@ from dispatch.placement.reports import HostReading, read_host
 
 MYPY = False
 if MYPY:
-    from typing import Any, Optional
+    from typing import Optional
 
+    from dispatch.core.alertshape import Alert
     from dispatch.core.settings import Settings
     from dispatch.hosts.base import Host
     from dispatch.local.store.ledgerdb import RunRecord
@@ -46,7 +47,7 @@ class HostWatch:
         self._read_at: dict[str, float] = {}
         self._asked: dict[str, Optional[float]] = {}
         self._runs: list[RunRecord] = []
-        self._alerts: list[dict[str, Any]] = []
+        self._alerts: list[Alert] = []
         self._notes: list[str] = []
         self._here_read = False
         self._here_thread: threading.Thread | None = None
@@ -118,7 +119,7 @@ class HostWatch:
                     found.append(self._latest[host.name])
             return found, dict(self._read_at)
 
-    def here(self) -> tuple[list[RunRecord], list[dict[str, Any]], list[str]]:
+    def here(self) -> tuple[list[RunRecord], list[Alert], list[str]]:
         """The latest history rows, alerts and notes read by the background thread."""
         with self._lock:
             return list(self._runs), list(self._alerts), list(self._notes)
@@ -126,7 +127,7 @@ class HostWatch:
     def alerts_title(self) -> str:
         return f"unread alerts for session {self.session}" if self.session else "recent alerts"
 
-    def history_and_alerts(self) -> tuple[list[RunRecord], list[dict[str, Any]], list[str]]:
+    def history_and_alerts(self) -> tuple[list[RunRecord], list[Alert], list[str]]:
         """This machine's latest runs and its alerts (the session's unread ones, left unread;
         without ``$HOSTRUN_SESSION``, the latest in the file), and what reading them said."""
         from dispatch.local.admission.ledger import Ledger
@@ -149,7 +150,7 @@ class HostWatch:
             alerts = []
         return runs, alerts[-ALERTS:], notes
 
-    def _alerts_now(self) -> list[dict[str, Any]]:
+    def _alerts_now(self) -> list[Alert]:
         from dispatch.placement import alerts
 
         if self.session:

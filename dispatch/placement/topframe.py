@@ -16,6 +16,7 @@ if MYPY:
     from collections.abc import Sequence
     from typing import Any, Optional
 
+    from dispatch.core.alertshape import Alert
     from dispatch.core.reportshape import RunningJob
     from dispatch.core.view import Gauge
     from dispatch.local.store.ledgerdb import RunRecord
@@ -219,7 +220,7 @@ def matches(text: str, row: JobRow | QueueRow | OutcomeRow) -> bool:
 
 
 def build(readings: Sequence[HostReading], read_at: dict[str, float], runs: Sequence[RunRecord],
-          alerts: Sequence[dict[str, Any]], alerts_title: str, now: float, sort: str = SORTS[0],
+          alerts: Sequence[Alert], alerts_title: str, now: float, sort: str = SORTS[0],
           filter_text: str = "", notes: Sequence[str] = ()) -> TopFrame:
     """The frame: each reading's panel (``read_at``: each host's last good read), jobs sorted by
     ``sort`` and, like the queue and the outcomes, filtered by ``filter_text``; ``alerts`` as one

@@ -24,8 +24,8 @@ from dispatch.placement import alerts
 MYPY = False
 if MYPY:
     from collections.abc import Callable, Sequence
-    from typing import Any
 
+    from dispatch.core.alertshape import Alert
     from dispatch.core.settings import Settings
 
 PID_FILE = "watch.pid"
@@ -68,7 +68,7 @@ def parse_exec(text: str | None) -> list[str] | None:
     return argv
 
 
-def hand_on(item: dict[str, Any], argv: Sequence[str], say: Callable[[str], None]) -> None:
+def hand_on(item: Alert, argv: Sequence[str], say: Callable[[str], None]) -> None:
     """Run ``argv`` with the alert's JSON on stdin; its failure is one warning line."""
     data = (json.dumps(item, sort_keys=True) + "\n").encode()
     try:

@@ -63,6 +63,7 @@ if MYPY:
     from typing import Any, Protocol
 
     from dispatch.agent.treestate import Walk
+    from dispatch.core.alertshape import Alert
     from dispatch.core.request import RunRequest
     from dispatch.hosts.ssh.syncstate import Loaded
 
@@ -307,7 +308,7 @@ class PeerRun:
             record_peer_run(self.settings, outcome, self.request, self.say)
         return outcome
 
-    def _alert(self, record: dict[str, Any] | None) -> None:
+    def _alert(self, record: Alert | None) -> None:
         alertlog.write(self.settings.alerts_path, record, self.say)
 
     def _session(self) -> Outcome:

@@ -11,8 +11,8 @@ import time
 MYPY = False
 if MYPY:
     from collections.abc import Callable
-    from typing import Any
 
+    from dispatch.core.alertshape import WaitFigures
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import Settings
     from dispatch.local.admission.policy import Admission
@@ -23,7 +23,7 @@ class WaitWatch:
 
     def __init__(self, settings: Settings, host: str, label: str, request: RunRequest,
                  say: Callable[[str], None], then: Callable[[Admission], None] | None,
-                 deliver: Callable[[dict[str, Any]], None] | None, alert_after: float,
+                 deliver: Callable[[WaitFigures], None] | None, alert_after: float,
                  started: float | None = None) -> None:
         self.settings, self.host, self.label, self.request, self.say = settings, host, label, request, say
         self.then, self.deliver, self.alert_after = then, deliver, alert_after
@@ -52,7 +52,7 @@ class WaitWatch:
 
 def watch_for(settings: Settings, host: str, label: str, request: RunRequest, say: Callable[[str], None],
               on_wait: Callable[[Admission], None] | None, alerts: bool,
-              wait_alert: Callable[[dict[str, Any]], None] | None,
+              wait_alert: Callable[[WaitFigures], None] | None,
               started: float | None = None) -> WaitWatch | None:
     """The wait's watch: with ``alerts`` (or ``wait_alert``, a peer's agent handing the figures to
     its controller) and ``alert_wait_after`` > 0, a long wait alerts once; ``on_wait`` (the peer

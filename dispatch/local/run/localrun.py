@@ -23,15 +23,15 @@ from dispatch.core.settings import Settings
 MYPY = False
 if MYPY:
     from collections.abc import Callable
-    from typing import Any
 
+    from dispatch.core.alertshape import WaitFigures
     from dispatch.local.admission.policy import Admission
     from dispatch.local.hostslice import LocalSlice
 
 
 def run_local(settings: Settings, request: RunRequest, say: Callable[[str], None],
               on_wait: Callable[[Admission], None] | None = None, alerts: bool = True,
-              wait_alert: Callable[[dict[str, Any]], None] | None = None, park: bool = False) -> Outcome:
+              wait_alert: Callable[[WaitFigures], None] | None = None, park: bool = False) -> Outcome:
     """Book, wait, run and judge one job on this host; the Outcome carries the exit code.
 
     A script declaring preflight conditions is checked first (``with_preflight``). With ``alerts``
@@ -106,7 +106,7 @@ def with_preflight(settings: Settings, request: RunRequest, say: Callable[[str],
 
 def _booked_run(settings: Settings, request: RunRequest, say: Callable[[str], None],
                 on_wait: Callable[[Admission], None] | None, alerts: bool,
-                wait_alert: Callable[[dict[str, Any]], None] | None, park: bool) -> Outcome:
+                wait_alert: Callable[[WaitFigures], None] | None, park: bool) -> Outcome:
     """Booked by the engine and waited for here, then run by the runner. A run its parked process
     handed back carries on where it was."""
     if not request.argv:

@@ -58,6 +58,7 @@ if MYPY:
     from collections.abc import Callable
     from typing import Any
 
+    from dispatch.core.alertshape import WaitFigures
     from dispatch.local.admission.ledger import Ledger
     from dispatch.local.admission.policy import Admission
     from dispatch.local.gpus.gpu import GpuRun
@@ -67,7 +68,7 @@ else:  # the C module: signal's enums would load enum, functools and collections
 
 def run_booked(settings: Settings, request: RunRequest, say: Callable[[str], None],
                on_wait: Callable[[Admission], None] | None = None, alerts: bool = True,
-               wait_alert: Callable[[dict[str, Any]], None] | None = None,
+               wait_alert: Callable[[WaitFigures], None] | None = None,
                booked: Booked | None = None, here: LocalSlice | None = None) -> Outcome:
     """The steps of a local run in their order (docs/design.md, "A local run"); what each step
     takes is held by a ``_LocalRun`` and given back by its ``release``, however the run ends.
