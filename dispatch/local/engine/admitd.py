@@ -8,7 +8,7 @@ no wake FIFO, no retry loop). A waiting run blocks in a read on its connection.
 
 - **The store stays the ledger** (``Ledger``, SQLite): the engine is its writer for its clients, so
   ``hostrun status``, ``top`` and the other readers see what they saw, the rules are the same code
-  (``admitpolicy``: FIFO with backfill, groups, when-idle, lending, marks, the machine's available
+  (``admission.policy``: FIFO with backfill, groups, when-idle, lending, marks, the machine's available
   memory, a ``--gpu-memory`` run's GPUs: nvidia-smi read here at most once a second while such a
   run waits). Every run of the state dir books here; the shared slice's engine is this one, run by
   root for several users (``dispatch.local.shared.sharedd``: its hooks ``stored_label``, ``owns``,
