@@ -148,7 +148,7 @@ class Engine(Holdings):
         if gpu is not None and self.shared:
             raise ValueError("gpu: the shared slice's engine books memory only")
         here = self.here
-        if here.backend.name == "shared" and not self.shared:
+        if here.backend.engine_socket is not None and not self.shared:  # root's engine books it
             raise ValueError("this host's slice is a shared slice: a run books through its engine")
         cap = here.checked_cap(fields["cap"], fields["no_cap"])
         limit = here.limit_for(cap)
