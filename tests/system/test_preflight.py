@@ -6,7 +6,7 @@ job cgroup or a booking behind. "Nothing ran" is proved by a side-effect file th
 written (every script here appends a line to ``$LOG`` first thing), "nothing booked" by the ledger
 and the slice not even existing yet in a fresh state directory.
 
-GPU: FAKES, NOT A DRIVER. ``device gpu`` is checked against ``tests.test_gpu.FakeGpus``, a small
+GPU: FAKES, NOT A DRIVER. ``device gpu`` is checked against ``tests.support.gpus.FakeGpus``, a small
 shell-script ``nvidia-smi`` put first on PATH that prints devices from a file the test writes; no
 real GPU or driver is involved.
 """
@@ -126,7 +126,7 @@ def test_result_file_says_not_run(hostrun: Hostrun, tmp_path: Path) -> None:
 
 # -------------------------------------------------------------------------- run-condition: device gpu
 def test_device_gpu_with_a_fake_nvidia_smi(hostrun: Hostrun, tmp_path: Path) -> None:
-    """FAKE nvidia-smi (tests.test_gpu.FakeGpus): no real GPU is involved."""
+    """FAKE nvidia-smi (tests.support.gpus.FakeGpus): no real GPU is involved."""
     fake = FakeGpus(tmp_path)
     log = tmp_path / "log"
     job = write_script(tmp_path / "job.sh", "# run-condition: device gpu")
