@@ -14,10 +14,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import _unavailable
 from tests.support.slurmcluster import ClusterError, SlurmCluster, missing_parts
 
 
+@pytest.mark.system  # starts the private Slurm cluster: root, though it uses no system fixture
 def test_tear_down_leaves_another_slurmstepd_alone(tmp_path: Path) -> None:
     problem = missing_parts()
     if problem:
