@@ -14,6 +14,7 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.agent.prepareshape import PrepareReply, PrepareSpec
     from dispatch.core.reportshape import MachineReport, PeerNotes
     from dispatch.core.settings import Settings
 
@@ -78,14 +79,14 @@ def peer_settings(fallback: dict[str, Any]) -> tuple[Settings, PeerNotes]:
     return settings, notes
 
 
-def probe(spec: dict[str, Any]) -> dict[str, Any]:
+def probe(spec: PrepareSpec) -> PrepareReply:
     """The job's work directory made ready (and claimed), then the toolchain probe outputs, taken in
     the job's directory there with the tree's toolchain files seeded first (the sync comes later)."""
     from dispatch.core.configpath import cache_dir
     from dispatch.guards.toolchain import probe_here, seed
 
     workdir = spec.get("workdir")
-    data: dict[str, Any] = {"agent_version": __version__}
+    data: PrepareReply = {"agent_version": __version__}
     where = None
     if workdir:
         path = os.path.abspath(os.path.expanduser(workdir))

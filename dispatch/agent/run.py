@@ -24,6 +24,7 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.agent.prepareshape import GoToken, PrepareSpec
     from dispatch.agent.treestate import Walk
     from dispatch.core.alertshape import WaitFigures
     from dispatch.core.settings import Settings
@@ -243,7 +244,7 @@ def run_job(spec: RunSpec) -> int:
     return session.send_result(result)
 
 
-def _prepare(spec: RunSpec, prepare: dict[str, Any], session: _Session) -> Settings | None:
+def _prepare(spec: RunSpec, prepare: PrepareSpec, session: _Session) -> Settings | None:
     """Steps 3-4 in this same session: report probes and the work directory, then wait while the
     controller compares and syncs (it keeps beating), for go or abort. The peer's settings once it
     said go; None when it did not."""
@@ -287,7 +288,7 @@ def _record_copy(workdir: str, excludes: list[str], walked: Walk | None, session
     from dispatch.agent.treestate import state_after_go, write_manifest
 
     try:
-        go = json.loads(session.link.go_payload)
+        go: GoToken = json.loads(session.link.go_payload)  # each field checked where it is read
     except ValueError:
         go = {}
     session.join_background()  # one writer of the manifest at a time

@@ -30,6 +30,8 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.agent.prepareshape import CopyState, GoToken, ManifestHeader
+
     Entry = tuple[Any, ...]
     # per directory ("" the top, else "a/b/"): its own entry, and its names: None for a directory
     # below (its own entry is under its name), the entry of anything else
@@ -335,7 +337,7 @@ def entry_of(root: str, rel: str) -> tuple[Any, ...] | None:
         return None
 
 
-def dumps(header: dict[str, Any], walked: Walk) -> bytes:
+def dumps(header: ManifestHeader, walked: Walk) -> bytes:
     """A walk and its header (the sync's token, ...) as a state file's bytes: marshal, tagged with
     this Python's version (another one may not read it; then it is no state)."""
     import marshal
@@ -347,7 +349,7 @@ def dumps(header: dict[str, Any], walked: Walk) -> bytes:
     return _MAGIC + tag + marshal.dumps(state)
 
 
-def loads(data: bytes | None) -> tuple[dict[str, Any], Walk] | None:
+def loads(data: bytes | None) -> tuple[ManifestHeader, Walk] | None:
     """``dumps``' header and walk; None for anything else (another version, damage)."""
     import marshal
     import sys
@@ -402,7 +404,7 @@ def write_private(path: str, data: bytes) -> None:
 
 # -- the agent's side: the copy checked in the prepare step, its manifest saved after go --
 
-def check_copy(workdir: str, patterns: list[str]) -> tuple[dict[str, Any], Walk | None]:
+def check_copy(workdir: str, patterns: list[str]) -> tuple[CopyState, Walk | None]:
     """Whether the copy is as the last sync left it: ``{"token": T, "clean": bool}`` for the P
     frame (token None without a usable manifest), and the walk (kept for ``save_after_go``)."""
     loaded = loads(read_private(os.path.join(workdir, MANIFEST)))
@@ -413,7 +415,7 @@ def check_copy(workdir: str, patterns: list[str]) -> tuple[dict[str, Any], Walk 
     return {"token": token, "clean": walked is not None and walked.same_as(loaded[1])}, walked
 
 
-def keep_listings(workdir: str, copy: dict[str, Any], walked: Walk | None) -> None:
+def keep_listings(workdir: str, copy: CopyState, walked: Walk | None) -> None:
     """After a clean check that read directories again: the same manifest with their listings, so
     that the next check need not read them (written while the controller decides, or the job runs:
     the walk was taken before)."""
@@ -422,7 +424,7 @@ def keep_listings(workdir: str, copy: dict[str, Any], walked: Walk | None) -> No
 
 
 def state_after_go(workdir: str, patterns: list[str], walked: Walk | None,
-                   go: dict[str, Any]) -> tuple[str, Walk] | None:
+                   go: GoToken) -> tuple[str, Walk] | None:
     """The copy as the controller's go left it, taken before the job runs: after a full sync a
     fresh walk; after a sync of known paths (the copy was clean) the prepare walk with those paths
     re-read; after no sync, None (nothing to record). Any failure removes the manifest (the next
@@ -431,9 +433,10 @@ def state_after_go(workdir: str, patterns: list[str], walked: Walk | None,
     if not token:
         return None
     try:
-        if go.get("paths") is not None and walked is not None:
+        paths = go.get("paths")
+        if paths is not None and walked is not None:
             content = dict(walked.content)
-            for rel in go["paths"]:
+            for rel in paths:  # a path not in the walk: KeyError below, no manifest
                 parent, _, name = str(rel).rpartition("/")
                 own, names = content[f"{parent}/" if parent else ""]  # KeyError: no manifest
                 names = dict(names)
@@ -458,7 +461,7 @@ def state_after_go(workdir: str, patterns: list[str], walked: Walk | None,
 
 
 def save_after_go(workdir: str, patterns: list[str], walked: Walk | None,
-                  go: dict[str, Any]) -> None:
+                  go: GoToken) -> None:
     """``state_after_go`` written as the manifest (the agent writes it while the job runs)."""
     state = state_after_go(workdir, patterns, walked, go)
     if state is not None:

@@ -19,6 +19,7 @@ MYPY = False
 if MYPY:
     from typing import Any, Optional
 
+    from dispatch.agent.prepareshape import PrepareSpec
     from dispatch.core.outcome import Outcome
 
 # What of the request travels as a JSON value. The arguments travel as their bytes (``argv_b64``:
@@ -37,7 +38,7 @@ class RunSpec(NamedTuple):
     cap_if_none: Optional[int] = None  # the controller's peer_memory_cap for this peer
     stdin: bool = False  # --stdin: the controller forwards its stdin (D and Z frames)
     fallback: Optional[dict[str, Any]] = None  # the controller's [hosts.NAME] values, for unset keys
-    prepare: Optional[dict[str, Any]] = None  # probes and work directory first (a P frame), then wait
+    prepare: Optional[PrepareSpec] = None  # probes and work directory first (a P frame), then wait
     alert_wait_after: float = 0.0  # the controller's: a wait this long sends an A frame (0: never)
     status_interval: float = 0.0  # the controller's (its user reads the waiting lines); 0: the peer's
 

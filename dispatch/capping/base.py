@@ -19,7 +19,9 @@ MYPY = False
 if MYPY:  # typing is not imported on a run's path
     import signal
     from collections.abc import Callable
-    from typing import Any, Protocol
+    from typing import Protocol
+
+    from dispatch.core.engineshape import Reply, Request
 
     class BookingLink(Protocol):
         """What a job's cgroup asks of the admission engine's booking that holds it
@@ -29,7 +31,7 @@ if MYPY:  # typing is not imported on a run's path
 
         def set_cgroup(self, path: str) -> None: ...
 
-        def ask(self, message: dict[str, Any]) -> dict[str, Any]: ...
+        def ask(self, message: Request) -> Reply: ...
 else:  # the C module: signal's enums would load enum, functools and collections (~3 ms a run)
     import _signal as signal
 

@@ -33,31 +33,33 @@ from dispatch.core.errors import BackendError, HostrunError, SharedError
 
 MYPY = False
 if MYPY:
-    from typing import Any
+
+    from collections.abc import Mapping
 
     from dispatch.capping.base import BookingLink
+    from dispatch.core.engineshape import Reply, Request
 
 PROTOCOL = 2  # the admission engine's (``reach.PROTOCOL``, checked equal by a test); 1 was a daemon's
 MAX_LINE = 1 << 20
 JOB_AFFIXES = ("hostrun-shared-", ".scope")
 
 
-def encode(message: dict[str, Any]) -> bytes:
+def encode(message: Mapping[str, object]) -> bytes:
     import json
 
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
-def decode(line: bytes) -> dict[str, Any]:
+def decode(line: bytes) -> Request:
     import json
 
     try:
-        value = json.loads(line)
+        value: Request = json.loads(line)
     except RecursionError:  # nested deeper than the parser's stack: not a message either
         raise ValueError("nested too deep") from None
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
-    return value
+    return value  # its fields unchecked: each is, where the engine reads it (engine/requests.py)
 
 
 def root_only(path: str) -> str | None:
@@ -93,7 +95,7 @@ def trusted_socket(path: str) -> str | None:
     return root_only(path)
 
 
-def ask_once(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+def ask_once(path: str, message: Request, timeout: float = 10.0) -> Reply:
     """One request on a connection of its own, its answer (the engine's frame: the length in 4
     bytes, then ``marshal``; it is root's, checked by ``trusted_socket``); an ``error`` answer, or
     no engine there, raised as SharedError."""
@@ -123,7 +125,7 @@ def ask_once(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[
     finally:
         sock.close()
     try:
-        answer = marshal.loads(data[4:4 + int.from_bytes(data[:4], "big")])
+        answer: Reply | None = marshal.loads(data[4:4 + int.from_bytes(data[:4], "big")])
     except (EOFError, ValueError, TypeError):
         answer = None
     if not isinstance(answer, dict):
@@ -133,12 +135,12 @@ def ask_once(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[
     return answer
 
 
-def hello(path: str | None = None) -> dict[str, Any]:
+def hello(path: str | None = None) -> Reply:
     """The engine's facts (slice unit, its cgroup, limit, group), on a connection of its own."""
     return ask_once(path or socket_path(), {"op": "hello", "protocol": PROTOCOL})
 
 
-def listing(path: str | None = None) -> dict[str, Any]:
+def listing(path: str | None = None) -> Reply:
     """Every booking on the shared slice, every user's (``hostrun shared``)."""
     return ask_once(path or socket_path(), {"op": "list"})
 
@@ -156,7 +158,7 @@ class SharedJob(SystemdJob):
         self.link = booking
 
     def adopt(self, pid: int) -> None:
-        if self.link is None:
+        if self.link is None or self.link.booking_id is None:
             raise SharedError("a job on the shared slice runs only once its engine admitted it")
         self.keeper, self._keeper_fd = _spawn_keeper(self._keeper_program or "cat")
         try:
@@ -180,7 +182,7 @@ class SharedBackend(SystemdBackend):
     name = "shared"
     job_affixes = JOB_AFFIXES
 
-    def __init__(self, mount: str, facts: dict[str, Any], path: str, keeper_program: str) -> None:
+    def __init__(self, mount: str, facts: Reply, path: str, keeper_program: str) -> None:
         unit = str(facts["slice"])
         super().__init__(mount, unit, None, keeper_program)
         self.shared_limit = self.fixed_limit = int(facts["limit"])
@@ -245,7 +247,7 @@ def slice_dir_of(mount: str, unit: str) -> str:
     return mount.rstrip("/") + slice_cgroup_path(unit)
 
 
-def listing_lines(data: dict[str, Any], now: float | None = None) -> list[str]:
+def listing_lines(data: Reply, now: float | None = None) -> list[str]:
     """``hostrun shared``: the slice, then one line per booking, every user's, escaped (a label is
     whatever its user typed)."""
     from dispatch.core.text import printable

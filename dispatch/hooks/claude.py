@@ -45,9 +45,10 @@ from dispatch.hooks.claudeevent import (
 
 MYPY = False
 if MYPY:
-    from typing import Any, TextIO
+    from typing import TextIO
 
     from dispatch.core.settings import Settings
+    from dispatch.hooks.hookshape import HookAnswer, HookEvent
 
 EVENTS = {"pre-tool-use": PRE_TOOL_USE, "session-start": SESSION_START, "post-tool-use": POST_TOOL_USE,
           "post-tool-use-failure": POST_TOOL_USE_FAILURE, "stop": STOP}
@@ -119,7 +120,7 @@ def main(argv: list[str], stdin: TextIO | None = None, stdout: TextIO | None = N
 
 
 def run(argv: list[str], text: str, err: TextIO, settings: Settings | None = None
-        ) -> dict[str, Any] | None:
+        ) -> HookAnswer | None:
     """The answer to the event in ``text`` (None: no answer), saying on ``err`` why there is none
     when that is not the normal outcome. ``settings``: use these instead of loading the config."""
     try:
@@ -131,7 +132,7 @@ def run(argv: list[str], text: str, err: TextIO, settings: Settings | None = Non
     try:
         from dispatch.core.jsontext import loads
 
-        data = loads(text) if text.strip() else None
+        data: HookEvent | None = loads(text) if text.strip() else None
     except ValueError as exc:
         note(f"the event on stdin is not JSON ({exc}): nothing done", err)
         return None
@@ -149,7 +150,7 @@ def run(argv: list[str], text: str, err: TextIO, settings: Settings | None = Non
     return _handle(event, data, args, err)
 
 
-def _handle(event: str, data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | None:
+def _handle(event: str, data: HookEvent, args: HookArgs, err: TextIO) -> HookAnswer | None:
     """The event's handler, its module imported only now: each path loads only its own."""
     if args.rewake:
         from dispatch.hooks.claudealerts import rewake

@@ -30,10 +30,11 @@ from dispatch.hooks.session import claude_session
 
 MYPY = False
 if MYPY:
-    from typing import Any, TextIO
+    from typing import TextIO
 
     from dispatch.core.settings import Settings
     from dispatch.hooks.claudeevent import HookArgs
+    from dispatch.hooks.hookshape import HookAnswer, HookEvent
 
 MAX_ALERTS = 20  # alerts shown per delivery; older ones are counted and named where to read
 MAX_ALERT_LINE = 420  # characters of one alert's line: MAX_ALERTS of them fit in MAX_CONTEXT
@@ -78,8 +79,8 @@ def alert_lines(settings: Settings, session: str, event: str, err: TextIO) -> li
     return lines
 
 
-def post_tool_use(data: dict[str, Any], args: HookArgs, err: TextIO, event: str = POST_TOOL_USE
-                  ) -> dict[str, Any] | None:
+def post_tool_use(data: HookEvent, args: HookArgs, err: TextIO, event: str = POST_TOOL_USE
+                  ) -> HookAnswer | None:
     """The session's unread alerts, once, as ``additionalContext``; nothing unread: no answer.
 
     ``PostToolUseFailure`` (a tool call that failed: a Bash command that exited non-zero, as a job
@@ -93,7 +94,7 @@ def post_tool_use(data: dict[str, Any], args: HookArgs, err: TextIO, event: str 
     return answer(event, additionalContext="\n".join(lines)) if lines else None
 
 
-def stop(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | None:
+def stop(data: HookEvent, args: HookArgs, err: TextIO) -> HookAnswer | None:
     """Unread alerts block the stop once, with the alerts as the reason Claude continues with. Never
     while ``stop_hook_active``: Claude Code is then already continuing because of a Stop hook, and
     blocking again could loop; the alerts stay unread for the next event."""
@@ -110,7 +111,7 @@ def stop(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | 
     return {"decision": "block", "reason": reason}
 
 
-def _unread(data: dict[str, Any], args: HookArgs, err: TextIO, event: str) -> list[str]:
+def _unread(data: HookEvent, args: HookArgs, err: TextIO, event: str) -> list[str]:
     """The lines of the event's session's unread alerts (marked read), or none."""
     name = claude_session(data.get("session_id"))
     if name is None:
@@ -120,7 +121,7 @@ def _unread(data: dict[str, Any], args: HookArgs, err: TextIO, event: str) -> li
     return [] if settings is None else alert_lines(settings, name, event, err)
 
 
-def rewake(data: dict[str, Any], args: HookArgs, err: TextIO) -> None:
+def rewake(data: HookEvent, args: HookArgs, err: TextIO) -> None:
     """``hostrun hook rewake`` (installed on Stop with ``asyncRewake``: Claude Code runs it in the
     background once the main agent has stopped): wait for an alert addressed to the now idle session
     and wake it with the alert (``Rewake``: exit 2, the alert on stderr), so a job killed or a room

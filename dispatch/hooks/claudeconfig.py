@@ -14,13 +14,14 @@ from dispatch.hooks.claudeevent import event_cwd, note, short
 MYPY = False
 if MYPY:
     from collections.abc import Mapping
-    from typing import Any, TextIO
+    from typing import TextIO
 
     from dispatch.core.settings import Settings
     from dispatch.hooks.claudeevent import HookArgs
+    from dispatch.hooks.hookshape import HookAnswer, HookEvent
 
 
-def project_root(data: dict[str, Any], environ: Mapping[str, str] | None = None) -> str:
+def project_root(data: HookEvent, environ: Mapping[str, str] | None = None) -> str:
     """Where the project is: ``$CLAUDE_PROJECT_DIR`` (set by Claude Code for hook commands), else
     the git top level of the event's ``cwd``."""
     env = os.environ if environ is None else environ
@@ -37,7 +38,7 @@ def project_root(data: dict[str, Any], environ: Mapping[str, str] | None = None)
     return path
 
 
-def project_config(data: dict[str, Any], environ: Mapping[str, str] | None = None) -> str | None:
+def project_config(data: HookEvent, environ: Mapping[str, str] | None = None) -> str | None:
     """The project's ``hosts.toml``, found from the project rather than from the hook's working
     directory (which follows the agent's ``cd``): ``$CLAUDE_PROJECT_DIR`` (Claude Code sets it for
     hook commands), else the git top level of the event's ``cwd``. None: the usual search applies
@@ -49,7 +50,7 @@ def project_config(data: dict[str, Any], environ: Mapping[str, str] | None = Non
     return candidate if os.path.isfile(candidate) else None
 
 
-def hook_settings(args: HookArgs, err: TextIO, data: dict[str, Any] | None = None) -> Settings | None:
+def hook_settings(args: HookArgs, err: TextIO, data: HookEvent | None = None) -> Settings | None:
     """The settings the hook runs with (``args.settings`` when given); None when the configuration
     is broken, with ``args.problem`` saying why."""
     if args.settings is not None:
@@ -66,7 +67,7 @@ def hook_settings(args: HookArgs, err: TextIO, data: dict[str, Any] | None = Non
         return None
 
 
-def problem_answer(args: HookArgs) -> dict[str, Any] | None:
+def problem_answer(args: HookArgs) -> HookAnswer | None:
     """A broken configuration reaches the user, not only the debug log: a ``systemMessage`` (shown
     to the user) at the first event after the problem appears, once per problem; the hooks do
     nothing until it is fixed, and in guard mode that means heavy commands run unguarded, which is

@@ -12,9 +12,10 @@ import os
 
 MYPY = False
 if MYPY:
-    from typing import Any, TextIO
+    from typing import TextIO
 
     from dispatch.core.settings import Settings
+    from dispatch.hooks.hookshape import HookAnswer, HookEvent, HookOutput, ToolInput
 
 PRE_TOOL_USE, SESSION_START = "PreToolUse", "SessionStart"
 POST_TOOL_USE, POST_TOOL_USE_FAILURE, STOP = "PostToolUse", "PostToolUseFailure", "Stop"
@@ -49,19 +50,27 @@ def note(line: str, err: TextIO) -> None:
         pass
 
 
-def event_cwd(data: dict[str, Any]) -> str:
+def event_cwd(data: HookEvent) -> str:
     """The event's ``cwd`` (the agent's shell directory), else this process's."""
     cwd = data.get("cwd")
     return cwd if isinstance(cwd, str) and os.path.isdir(cwd) else os.getcwd()
 
 
-def answer(event: str, **fields: Any) -> dict[str, Any]:
+def answer(event: str, *, additionalContext: str | None = None,
+           permissionDecision: str | None = None, permissionDecisionReason: str | None = None,
+           updatedInput: ToolInput | None = None) -> HookAnswer:
     """``hookSpecificOutput`` for ``event`` with the fields given (None left out), its
     ``additionalContext`` cut to ``MAX_CONTEXT``."""
-    output = {"hookEventName": event}
-    output.update({k: v for k, v in fields.items() if v is not None})
-    if isinstance(output.get("additionalContext"), str) and len(output["additionalContext"]) > MAX_CONTEXT:
-        output["additionalContext"] = output["additionalContext"][: MAX_CONTEXT - 3] + "..."
+    output: HookOutput = {"hookEventName": event}
+    if additionalContext is not None:
+        output["additionalContext"] = additionalContext if len(additionalContext) <= MAX_CONTEXT \
+            else additionalContext[: MAX_CONTEXT - 3] + "..."
+    if permissionDecision is not None:
+        output["permissionDecision"] = permissionDecision
+    if permissionDecisionReason is not None:
+        output["permissionDecisionReason"] = permissionDecisionReason
+    if updatedInput is not None:
+        output["updatedInput"] = updatedInput
     return {"hookSpecificOutput": output}
 
 

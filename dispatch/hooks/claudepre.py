@@ -21,11 +21,12 @@ if MYPY:
     from dispatch.core.settings import Settings
     from dispatch.hooks.classify import Classification
     from dispatch.hooks.claudeevent import HookArgs
+    from dispatch.hooks.hookshape import HookAnswer, HookEvent, ToolInput
 
 MAX_ECHO = 2000  # characters of a command repeated in a denial (a 10 MB command gave a 10 MB answer)
 
 
-def pre_tool_use(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | None:
+def pre_tool_use(data: HookEvent, args: HookArgs, err: TextIO) -> HookAnswer | None:
     """The answer to a ``Bash`` tool call: none for a light command."""
     if data.get("tool_name") != "Bash":
         note(f"tool {data.get('tool_name')!r} is not Bash: nothing to do", err)
@@ -59,8 +60,8 @@ def pre_tool_use(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str,
     return _heavy(data, args, settings, command, cwd, verdict)
 
 
-def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: str, cwd: str,
-           verdict: Classification) -> dict[str, Any]:
+def _heavy(data: HookEvent, args: HookArgs, settings: Settings, command: str, cwd: str,
+           verdict: Classification) -> HookAnswer:
     """A heavy or GPU command: the table, and by the mode the table alone, a rewrite or a refusal."""
     from dispatch.hooks import rewrite
     from dispatch.hooks.session import claude_session
@@ -86,8 +87,8 @@ def _heavy(data: dict[str, Any], args: HookArgs, settings: Settings, command: st
     return _guard(data, settings, command, verdict, context, instead)
 
 
-def _wrap(data: dict[str, Any], command: str, verdict: Classification, context: list[str], instead: str
-          ) -> dict[str, Any]:
+def _wrap(data: HookEvent, command: str, verdict: Classification, context: list[str], instead: str
+          ) -> HookAnswer:
     """``wrap``: the command rewritten to ``instead``, decided as the user's own rules would have
     decided the original (dispatch.hooks.permissions): allowed runs without a prompt, would-prompt
     prompts, would-be-refused is left as it is."""
@@ -102,8 +103,7 @@ def _wrap(data: dict[str, Any], command: str, verdict: Classification, context: 
     # ``ask`` becomes a denial whose only text is this reason, so nothing here may say it ran.
     context.insert(1, f"hostrun wrap: rewritten to run through hostrun; if it is allowed, it runs "
                       f"as: {instead}")
-    tool_input = dict(data["tool_input"])
-    tool_input["command"] = instead
+    tool_input: ToolInput = {**data["tool_input"], "command": instead}  # the tool's other keys kept
     reason = (f"hostrun wrap: heavy ({verdict.why}); if you allow it, it runs through hostrun, "
               f"under a memory cap and booked in hostrun's ledger, as: {instead}")
     if decision == "ask":
@@ -112,8 +112,8 @@ def _wrap(data: dict[str, Any], command: str, verdict: Classification, context: 
                   updatedInput=tool_input, additionalContext="\n".join(context))
 
 
-def _guard(data: dict[str, Any], settings: Settings, command: str, verdict: Classification,
-           context: list[str], instead: str) -> dict[str, Any]:
+def _guard(data: HookEvent, settings: Settings, command: str, verdict: Classification,
+           context: list[str], instead: str) -> HookAnswer:
     """``guard``: refused with ``instead`` to run, unless a person declared its scope in front of
     it (``[agents] escape_env``; never inside a subagent)."""
     subagent = bool(data.get("agent_id"))

@@ -18,10 +18,11 @@ from dispatch.hooks.session import claude_session
 MYPY = False
 if MYPY:
     from collections.abc import Callable
-    from typing import Any, TextIO
+    from typing import TextIO
 
     from dispatch.core.settings import Settings
     from dispatch.hooks.claudeevent import HookArgs
+    from dispatch.hooks.hookshape import HookAnswer, HookEvent
 
 MODE_LINES = {
     "remind": "before each heavy command you see every host's resources; run heavy work as "
@@ -32,7 +33,7 @@ MODE_LINES = {
 }
 
 
-def session_start(data: dict[str, Any], args: HookArgs, err: TextIO) -> dict[str, Any] | None:
+def session_start(data: HookEvent, args: HookArgs, err: TextIO) -> HookAnswer | None:
     """The session's context (always answered, given a ``session_id``); each part that cannot be
     read is said so, and the rest shown."""
     from dispatch.hooks import rewrite, session

@@ -60,8 +60,9 @@ from dispatch.local.admission.booking import default_label
 
 MYPY = False
 if MYPY:
-    from typing import Any, Protocol
+    from typing import Protocol
 
+    from dispatch.agent.prepareshape import CopyState, PrepareReply, PrepareSpec, WorkClaim
     from dispatch.agent.treestate import Walk
     from dispatch.core.alertshape import Alert
     from dispatch.core.request import RunRequest
@@ -126,7 +127,7 @@ class PeerRun:
         self._walker: threading.Thread | None = None
         self._walked: list[tuple[Walk | None, str | None, Loaded | None]] = []
         self._saver: threading.Thread | None = None
-        self._copy: dict[str, Any] | None = None
+        self._copy: CopyState | None = None
         self._probes: list[str] | None = None
         self.go_payload = b""  # with G: the new sync's token (and paths) for the agent's manifest
         self.sync_how = ""  # "skip", "paths" or "full", once synced
@@ -155,18 +156,21 @@ class PeerRun:
                                       self.settings.toolchain_probes, self.settings.toolchain_programs)
         return self._probes
 
-    def prepare_spec(self) -> dict[str, Any]:
+    def prepare_spec(self) -> PrepareSpec:
         """What the agent checks first, in the run session itself: probes and the work directory."""
         from dispatch.guards.toolchain import selector_files
 
+        made = work_claim(self.tree, self.request.session)
+        claim: WorkClaim = {"session": made["session"], "purpose": made["purpose"]}
         return {"probes": self.probes, "workdir": self.remote_tree_spec,
-                "owner": work_claim(self.tree, self.request.session), "job_dir": self.rel_cwd,
+                "owner": claim, "job_dir": self.rel_cwd,
                 "toolchain_files": selector_files(self.tree, self.rel_cwd),
                 # The agent checks its copy against the manifest of the last sync (hosts/syncstate).
                 "copy": {"excludes": list(self.settings.sync_excludes)}}
 
-    def check_prepared(self, remote: dict[str, Any]) -> None:
+    def check_prepared(self, answer: object) -> None:
         """Step 3 (toolchain, 247) and the start of step 4 (work directory, 252)."""
+        remote = checked_prepared(answer, self.host.name)
         here = probe_here(self.probes, self.settings.state_dir, os.path.join(self.tree, self.rel_cwd))
         differences = compare(here, remote["probes"], self.host.name)
         if differences:
@@ -351,3 +355,26 @@ def _save_record(record: str, key: str, token: str, walked: Walk) -> None:
         syncstate.save(record, key, token, walked)
     except OSError:
         pass  # no record: the next run syncs in full
+
+
+def checked_prepared(answer: object, host: str) -> PrepareReply:
+    """The agent's ``P`` frame, from the peer: an object whose ``probes`` is an object, ``workdir``
+    (or ``workdir_error``) a text, ``copy`` absent or ``{"token", "clean"}``; else SyncFailedError
+    naming what is wrong, one line."""
+    def bad(what: str) -> SyncFailedError:
+        return SyncFailedError(f"{host}'s agent answered the prepare step with {what}; nothing was "
+                               "synced or run")
+
+    if not isinstance(answer, dict):
+        raise bad("something that is not an object")
+    if not isinstance(answer.get("probes"), dict):
+        raise bad("no probes object")
+    for key in ("workdir", "workdir_error"):
+        if key in answer and not isinstance(answer[key], str):
+            raise bad(f"a {key} that is not a text")
+    copy = answer.get("copy")
+    if copy is not None and not (isinstance(copy, dict) and isinstance(copy.get("clean"), bool)
+                                 and isinstance(copy.get("token"), (str, type(None)))):
+        raise bad("a copy that is not {token, clean}")
+    checked: PrepareReply = answer  # type: ignore[assignment]  # the fields it reads, checked above
+    return checked

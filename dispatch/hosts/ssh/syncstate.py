@@ -22,11 +22,11 @@ from dispatch.agent.treestate import GITIGNORE, Walk, dumps, loads, read_private
 
 MYPY = False
 if MYPY:
-    from typing import Any
 
+    from dispatch.agent.prepareshape import CopyState, ManifestHeader
     from dispatch.agent.treestate import Content
 
-    Loaded = tuple[dict[str, Any], Walk]  # the header, the walk recorded
+    Loaded = tuple[ManifestHeader, Walk]  # the header, the walk recorded
 
 MAX_PATHS = 1000  # more changed paths than this: the full rsync (its walk is then worth it)
 MAX_PATHS_BYTES = 256 << 10  # the paths travel in the go frame (at most 1 MiB): well below it
@@ -55,7 +55,7 @@ def load(path: str) -> Loaded | None:
 
 
 def plan(loaded: Loaded | None, key: str, walked: Walk | None,
-         copy: dict[str, Any] | None) -> tuple[str, list[str]]:
+         copy: CopyState | None) -> tuple[str, list[str]]:
     """``("skip", [])``, ``("paths", changed)`` or ``("full", [])``."""
     if walked is None or loaded is None or not isinstance(copy, dict) or not copy.get("clean") \
             or not copy.get("token"):

@@ -32,6 +32,14 @@ if MYPY:
     from collections.abc import Callable, Sequence
     from typing import Any
 
+    from dispatch.core.engineshape import (
+        AdmissionFields,
+        EngineWhere,
+        RecordFields,
+        Reply,
+        Request,
+        RunFields,
+    )
     from dispatch.core.settings import Settings
     from dispatch.local.admission.ledger import Ledger
     from dispatch.local.admission.policy import Admission
@@ -43,7 +51,7 @@ COMMAND_MAX = 4096  # characters of a run's command line kept in its booking (sh
 
 
 
-def encode_request(message: dict[str, Any]) -> bytes:
+def encode_request(message: Request) -> bytes:
     """One request as a JSON line, ASCII only, without the ``json`` module (and its ``re``: a plain
     run imports neither): ``jsontext.dumps``."""
     from dispatch.core.jsontext import dumps
@@ -51,7 +59,7 @@ def encode_request(message: dict[str, Any]) -> bytes:
     return dumps(message, line=True).encode("ascii") + b"\n"
 
 
-def where(settings: Settings) -> dict[str, Any]:
+def where(settings: Settings) -> EngineWhere:
     """Where the engine of these settings runs (``hostrun doctor``): its socket, and the pid it
     answers with, or None when none answers (the next run starts it)."""
     path = socket_path(settings.state_dir, digest_of(settings)[0])
@@ -85,10 +93,10 @@ class Link:
         self.admitted_kind: str | None = None  # the kind the engine admitted it as (lent: gamble)
         self.gpu: list[Any] | None = None  # a --gpu-memory run's [VRAM, device indices], as planned
         self.gpu_index: int | None = None  # the GPU the engine admitted it on
-        self.attached: dict[str, Any] | None = None  # the last attach's answer
+        self.attached: Reply | None = None  # the last attach's answer
         self.greeting = False  # a new connection: its hello goes with the first request (``send``)
         self.owed = 0  # answers not yet read (a ``cgroup``'s): read before the next one (``ask``)
-        self.record: tuple[dict[str, Any], Callable[[Ledger], None]] | None = None  # for ``release``
+        self.record: tuple[RecordFields, Callable[[Ledger], None]] | None = None  # for ``release``
 
     # -- reaching the engine ----------------------------------------------------------------------
 
@@ -143,7 +151,7 @@ class Link:
 
     # -- messages ---------------------------------------------------------------------------------
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: Request) -> None:
         """On a new connection, the ``hello`` goes first in the same write, and its answer (the
         first on a connection) is read and checked before anything else."""
         if self.sock is None:
@@ -158,7 +166,7 @@ class Link:
             raise EngineError(f"the admission engine at {self.address()} speaks another protocol: "
                               f"{hello}")
 
-    def _receive(self, timeout: float | None = None) -> dict[str, Any]:
+    def _receive(self, timeout: float | None = None) -> Reply:
         """The next message (``marshal``, after its length in 4 bytes: the engine is this user's own
         process, and a run needs no JSON parser); ConnectionError when the engine is gone.
         ``timeout``: seconds to wait for it at most (``_socket.timeout`` then; what came of it so
@@ -179,7 +187,7 @@ class Link:
             if timeout is not None and self.sock is not None:
                 self.sock.settimeout(None)
         size = int.from_bytes(self.buf[:4], "big")
-        message = marshal.loads(self.buf[4:4 + size])
+        message: Reply = marshal.loads(self.buf[4:4 + size])
         self.buf = self.buf[4 + size:]
         if not isinstance(message, dict):
             raise ConnectionError("the admission engine sent something that is not a message")
@@ -192,7 +200,7 @@ class Link:
             raise EngineError(f"the admission engine refused: {message['error']}")
         return message
 
-    def receive(self, timeout: float | None = None) -> dict[str, Any]:
+    def receive(self, timeout: float | None = None) -> Reply:
         """The next message for this run; what the engine has to say meanwhile (a ledger recovered
         and this run's booking put back) is said on the way. ``timeout``: as ``_receive``'s."""
         while True:
@@ -201,7 +209,7 @@ class Link:
                 return message
             self.say(str(message.get("line", "")))
 
-    def ask(self, message: dict[str, Any]) -> dict[str, Any]:
+    def ask(self, message: Request) -> Reply:
         """Send, and read the answer (after those owed: a ``cgroup``'s, whose refusal changes
         nothing, as ``set_cgroup`` says)."""
         self.send(message)
@@ -215,13 +223,13 @@ class Link:
 
     # -- a run's booking --------------------------------------------------------------------------
 
-    def plan(self, fields: dict[str, Any]) -> dict[str, Any]:
+    def plan(self, fields: RunFields) -> Reply:
         """Queue the run before anything of it is made: the engine checks its cap (raising the
         run's 243 or 78 here), plans its booking and answers ``queued`` with the booking id and the
         plan (``booking.Plan`` as a list)."""
         if len(fields["command"]) > COMMAND_MAX:  # an ARG_MAX-long line would pass the request bound
             fields = {**fields, "command": fields["command"][:COMMAND_MAX - 1] + "…"}
-        request = {"op": "plan", "run": fields, "status_interval": self.settings.status_interval}
+        request: Request = {"op": "plan", "run": fields, "status_interval": self.settings.status_interval}
         for attempt in range(REACH_TRIES):
             try:
                 answer = self.ask(request)
@@ -310,7 +318,7 @@ class Link:
         ``admitted`` or ``soon`` came first, put back for ``wait`` to read. Every answer to this
         request is read here, so none is taken later for another's."""
         self.send({"op": "park", "id": booking_id})
-        first: dict[str, Any] | None = None
+        first: Reply | None = None
         parked = False
         while True:
             try:
@@ -338,7 +346,7 @@ class Link:
         self.buf, self.booking_id, self.greeting = b"", booking_id, False
         return self
 
-    def attach(self) -> dict[str, Any]:
+    def attach(self) -> Reply:
         """This connection's booking, as the engine has it (``state``: waiting, running or gone;
         ``plan``), its status interval set again. On a connection a parked run handed on, what the
         engine sent before the answer is read first: waiting lines said, the rest dropped (the
@@ -356,7 +364,7 @@ class Link:
             if message.get("op") == "wait" and isinstance(message.get("line"), str):
                 self.say(str(message["line"]))
 
-    def reattached(self) -> dict[str, Any]:
+    def reattached(self) -> Reply:
         """The booking through the next engine (this one went), tried as a waiting run tries
         (engines may die as they are reached); its ``attach`` answer."""
         last: Exception | None = None
@@ -398,7 +406,7 @@ class Link:
                                               event=event, clear_after=clear_after, run=run, keep=keep,
                                               vram=vram, ramp=ramp))
 
-    def _record(self, fields: dict[str, Any], direct: Callable[[Ledger], None]) -> None:
+    def _record(self, fields: RecordFields, direct: Callable[[Ledger], None]) -> None:
         """The run's peak and history row, kept for its ``release``, which carries it to the engine:
         written there in the ledger it holds open (a finished run neither opens the ledger nor
         waits on its lock), then the booking released, in one answer; when the engine has gone,
@@ -412,7 +420,7 @@ class Link:
         record, self.record = self.record, None
         if booking_id is None:
             return
-        message: dict[str, Any] = {"op": "release", "id": booking_id}
+        message: Request = {"op": "release", "id": booking_id}
         if record is not None:
             message["record"] = record[0]
         try:
@@ -452,11 +460,11 @@ class Link:
         self.greeting, self.owed = False, 0
 
 
-def _framed(message: dict[str, Any]) -> bytes:
+def _framed(message: Reply) -> bytes:
     """A message as the engine sends it: its length in 4 bytes, then ``marshal``."""
     import marshal
 
-    data = marshal.dumps(message)
+    data = marshal.dumps(dict(message))
     return len(data).to_bytes(4, "big") + data
 
 
@@ -476,11 +484,9 @@ def _refusal_class(name: object) -> type[HostrunError] | None:
     return found if isinstance(found, type) and issubclass(found, HostrunError) else None
 
 
-def _admission(data: dict[str, Any]) -> Admission:
+def _admission(data: AdmissionFields) -> Admission:
     from dispatch.local.admission.policy import Admission
     from dispatch.local.store.ledgerdb import Booking
 
-    fields = dict(data)
-    fields["holders"] = [Booking(*b) for b in data.get("holders", [])]
-    fields["reclaimed"] = [Booking(*b) for b in data.get("reclaimed", [])]
-    return Admission(**fields)
+    return Admission(**data)._replace(holders=[Booking(*b) for b in data["holders"]],
+                                      reclaimed=[Booking(*b) for b in data["reclaimed"]])

@@ -53,19 +53,17 @@ from dispatch.local.engine.holdings import MAX_CLIENTS, TICK, Holder, Holdings
 from dispatch.local.engine.lineserver import raise_descriptor_limit
 from dispatch.local.engine.reach import PROTOCOL, lock_path, socket_path, unix_address
 from dispatch.local.engine.requests import (
-    RUN_FIELDS,
     admission_dict,
-    checked_fields,
     checked_interval,
     checked_record,
+    checked_run,
     gpu_want,
     positive_int,
 )
 
 MYPY = False
 if MYPY:
-    from typing import Any
-
+    from dispatch.core.engineshape import Reply, Request, RunFields
     from dispatch.local.admission.policy import Admission
     from dispatch.local.store.ledgerdb import Booking
 
@@ -76,7 +74,7 @@ class Engine(Holdings):
     """The admission engine: its requests (``plan``, ``cgroup``, ``park``, ``attach``, ``release``)
     and its admission rounds (``evaluate``)."""
 
-    def handle(self, client: Holder, message: dict[str, Any]) -> dict[str, Any] | None:
+    def handle(self, client: Holder, message: Request) -> Reply | None:
         self.asking = client
         failed = False
         try:
@@ -88,7 +86,7 @@ class Engine(Holdings):
             self.asking = None
             self.settle(now=failed)
 
-    def _handle(self, client: Holder, message: dict[str, Any]) -> dict[str, Any] | None:
+    def _handle(self, client: Holder, message: Request) -> Reply | None:
         op = message.get("op")
         if op == "hello":
             return {"op": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "host": self.host}
@@ -112,17 +110,17 @@ class Engine(Holdings):
         raise ValueError(f"unknown request {op[:40]!r}" if isinstance(op, str) else
                          "unknown request (op: hello, plan, cgroup, park, attach or release)")
 
-    def _fields(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
+    def _fields(self, client: Holder, message: Request) -> RunFields:
         """A ``plan``'s run fields (``requests.RUN_FIELDS``), for this engine's host and, but from
         root, the caller's own process."""
-        fields = checked_fields(message, "run", RUN_FIELDS)
+        fields = checked_run(message.get("run"))
         if fields["host"] != self.host:
             raise ValueError(f"run: this engine admits for host {self.host!r}")
         if fields["pid"] != client.pid and client.uid != 0:
             raise ValueError("run: pid must be the caller's own")
         return fields
 
-    def _orphan(self, client: Holder, message: dict[str, Any], fields: dict[str, Any]) -> Booking | None:
+    def _orphan(self, client: Holder, message: Request, fields: RunFields) -> Booking | None:
         """The booking an engine that died before it answered made for this run (by its pid), now
         held by this connection: the same booking, its place kept."""
         label = self.stored_label(client, fields["label"])
@@ -134,7 +132,7 @@ class Engine(Holdings):
             self.changed = True
         return orphan
 
-    def plan(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
+    def plan(self, client: Holder, message: Request) -> Reply:
         """A run asks to be booked before it has made anything: its cap checked against this host's
         slice (78, 243 as the run would say them), its booking planned from the ledger as the run
         would (``booking.plan_for``), queued. A host whose slice is a shared one books through that
@@ -173,7 +171,7 @@ class Engine(Holdings):
         self.changed = True
         return {"op": "queued", "id": booking_id, "plan": list(plan)}
 
-    def release(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
+    def release(self, client: Holder, message: Request) -> Reply:
         """A run gives its booking back (one answer). A run that ran sends its peak and history
         row with it (``admitclient.Link.release``), checked whole, then written before the release,
         for the label and host of the booking, with this engine's own ``clear_mark_after`` and
@@ -226,7 +224,7 @@ class Engine(Holdings):
             event=peak.event, clear_after=self.settings.clear_mark_after, run=run, keep=keep,
             vram=peak.vram, ramp=peak.ramp)
 
-    def cgroup(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
+    def cgroup(self, client: Holder, message: Request) -> Reply:
         """An admitted run made its job's cgroup: the booking names it (its usage counts from now,
         and a recovery re-books it by it)."""
         booking_id = positive_int(message.get("id"), "id")
@@ -238,7 +236,7 @@ class Engine(Holdings):
         self.ledger.set_cgroup(booking_id, path)
         return {"op": "cgroup", "id": booking_id}
 
-    def attach(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
+    def attach(self, client: Holder, message: Request) -> Reply:
         """A client of an engine that died takes its booking back; a waiting one keeps its place."""
         booking_id = positive_int(message.get("id"), "id")
         row = self.ledger.booking(booking_id)
@@ -258,7 +256,7 @@ class Engine(Holdings):
         return {"op": "attached", "id": booking_id, "state": row.state, "plan": list(plan_of(row)),
                 "gpu_index": row.gpu_index}
 
-    def _interval(self, message: dict[str, Any]) -> float:
+    def _interval(self, message: Request) -> float:
         return checked_interval(message, self.settings.status_interval)
 
     def evaluate(self) -> None:

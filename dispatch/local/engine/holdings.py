@@ -24,8 +24,10 @@ from dispatch.local.store.ledgerfile import put_back_line
 
 MYPY = False
 if MYPY:
+    from collections.abc import Mapping
     from typing import Any
 
+    from dispatch.core.engineshape import Reply
     from dispatch.core.settings import Settings
     from dispatch.local.admission.policy import RoomFunction
     from dispatch.local.hostslice import LocalSlice
@@ -46,10 +48,10 @@ class Holder(Connection):
     Answers go out as ``marshal`` after their length (``admitclient.Link.receive``)."""
 
     @staticmethod
-    def encode(message: dict[str, Any]) -> bytes:
+    def encode(message: Mapping[str, object]) -> bytes:
         import marshal
 
-        data = marshal.dumps(message)
+        data = marshal.dumps(dict(message))
         return len(data).to_bytes(4, "big") + data
 
     def __init__(self, *args: Any) -> None:
@@ -173,7 +175,7 @@ class Holdings(LineServer):
         for ids in mine.values():
             self.holders[ids[0]].send({"op": "say", "line": put_back_line(path, ids)})
 
-    def refusal(self, exc: Exception) -> dict[str, Any]:
+    def refusal(self, exc: Exception) -> Reply:
         answer = super().refusal(exc)
         if isinstance(exc, LedgerError):  # the state dir's own words: the run says them as its own
             answer["kind"] = "ledger"

@@ -36,6 +36,8 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.core.engineshape import Reply, Request
+
 MAX_REQUEST = 64 << 10  # bytes in one request line (hostrun's are under 1 KiB)
 MAX_OUTPUT = 256 << 10  # bytes of answers queued for a caller that does not read them
 BATCH = 64  # one caller's requests handled in a row before the others get their turn
@@ -76,7 +78,7 @@ class Connection:
 
     encode = staticmethod(encode)  # how answers are written (a server may frame them otherwise)
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: Reply) -> None:
         if self.gone:
             return
         data = self.encode(message)
@@ -146,7 +148,7 @@ class LineServer:
         """The object for a new caller (a ``Connection``), or raise ValueError to refuse it."""
         return Connection(sock, uid, pid, seq, self.dirty)
 
-    def handle(self, client: Any, message: dict[str, Any]) -> dict[str, Any] | None:
+    def handle(self, client: Any, message: Request) -> Reply | None:
         raise NotImplementedError
 
     def dropped(self, client: Any) -> None:
@@ -163,7 +165,7 @@ class LineServer:
         """No connection for ``idle_after`` seconds: True ends the loop."""
         return False
 
-    def refusal(self, exc: Exception) -> dict[str, Any]:
+    def refusal(self, exc: Exception) -> Reply:
         """The answer to a request that raised one of ``request_errors``."""
         return {"error": str(exc)[:500]}
 

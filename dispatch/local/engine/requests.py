@@ -14,6 +14,7 @@ MYPY = False
 if MYPY:
     from typing import Any, Optional
 
+    from dispatch.core.engineshape import AdmissionFields, Request, RunFields
     from dispatch.local.admission.policy import Admission
     from dispatch.local.store.ledgerdb import RunRecord
 
@@ -82,11 +83,10 @@ def checked_list(value: object, types: list[type | tuple[type, ...]], what: str)
     return value
 
 
-def checked_fields(message: dict[str, Any], key: str, spec: dict[str, type | tuple[type, ...]]
-                   ) -> dict[str, Any]:
-    """``message[key]``: an object with exactly ``spec``'s fields, each of its type, numbers and
+def checked_run(fields: object) -> RunFields:
+    """A ``plan``'s ``run``: an object with exactly ``RUN_FIELDS``, each of its type, numbers and
     texts in range."""
-    fields = message.get(key)
+    key, spec = "run", RUN_FIELDS
     if not isinstance(fields, dict) or set(fields) != set(spec):
         raise ValueError(f"{key}: an object with {', '.join(sorted(spec))}")
     for name, kind in spec.items():
@@ -101,10 +101,10 @@ def checked_fields(message: dict[str, Any], key: str, spec: dict[str, type | tup
             raise ValueError(f"{key}: {name} out of range")
         if isinstance(value, str) and len(value) > TEXT_MAX:
             raise ValueError(f"{key}: {name} longer than {TEXT_MAX} characters")
-    return fields
+    return fields  # type: ignore[return-value]  # each of RunFields' fields checked above
 
 
-def checked_interval(message: dict[str, Any], default: float) -> float:
+def checked_interval(message: Request, default: float) -> float:
     """How often a waiter is told its status (``status_interval``), in seconds."""
     interval = message.get("status_interval", default)
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
@@ -156,9 +156,9 @@ def checked_record(fields: object) -> RecordCall:
     return RecordCall(run, PeakCall(peak, hit, float(duration), cap, str(event), vram, ramp))
 
 
-def admission_dict(adm: Admission) -> dict[str, Any]:
+def admission_dict(adm: Admission) -> AdmissionFields:
     """An ``Admission`` as the engine sends it (its bookings as lists of their fields)."""
-    data = adm._asdict()
+    data: AdmissionFields = adm._asdict()  # type: ignore[assignment]  # the same fields, by name
     data["holders"] = [list(b) for b in adm.holders]
     data["reclaimed"] = [list(b) for b in adm.reclaimed]
     return data

@@ -50,6 +50,7 @@ MYPY = False
 if MYPY:
     from typing import Any
 
+    from dispatch.core.engineshape import Reply, Request, SharedBooking
     from dispatch.core.settings import Settings
     from dispatch.local.store.ledgerdb import Booking
 
@@ -158,7 +159,7 @@ class SharedEngine(Engine):
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def _handle(self, client: Holder, message: dict[str, Any]) -> dict[str, Any] | None:
+    def _handle(self, client: Holder, message: Request) -> Reply | None:
         op = message.get("op")
         if op == "hello":
             return {"op": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "host": self.host,
@@ -173,10 +174,10 @@ class SharedEngine(Engine):
             raise ValueError("a shared slice's job cgroup is the scope this engine starts (scope)")
         return super()._handle(client, message)
 
-    def listing(self) -> dict[str, Any]:
+    def listing(self) -> Reply:
         """Every booking on the slice, every user's (``hostrun shared``)."""
         rows = [b for b in self.ledger.bookings(self.host) if b.state in ("running", "waiting")]
-        bookings = []
+        bookings: list[SharedBooking] = []
         for b in rows:
             user, _, label = b.label.partition(":")
             bookings.append({"user": user, "pid": b.pid, "label": label, "size": b.size, "cap": b.cap,
@@ -185,7 +186,7 @@ class SharedEngine(Engine):
         return {"op": "list", "limit": self.limit, "used": self.backend.slice_usage().used,
                 "slice": self.slice_unit, "group": self.group, "bookings": bookings}
 
-    def scope(self, client: Member, message: dict[str, Any]) -> dict[str, Any]:
+    def scope(self, client: Member, message: Request) -> Reply:
         booking_id = positive_int(message.get("id"), "id")
         if client.bookings.get(booking_id) != "running":
             raise ValueError(f"booking {booking_id} is not an admitted booking of this connection")
@@ -232,7 +233,7 @@ class SharedEngine(Engine):
         self.ledger.set_cgroup(booking_id, path)
         return {"op": "scope", "id": booking_id, "unit": unit, "cgroup": path}
 
-    def attach(self, client: Holder, message: dict[str, Any]) -> dict[str, Any]:
+    def attach(self, client: Holder, message: Request) -> Reply:
         answer = super().attach(client, message)
         row = self.ledger.booking(positive_int(message.get("id"), "id"))
         if isinstance(client, Member) and row is not None and row.state == "running" and row.cgroup:

@@ -22,8 +22,8 @@ from dispatch.local.engine.reach import try_connect
 MYPY = False
 if MYPY:
     from collections.abc import Callable
-    from typing import Any
 
+    from dispatch.core.engineshape import Request
     from dispatch.core.settings import Settings
     from dispatch.local.hostslice import LocalSlice
 
@@ -66,7 +66,7 @@ class SharedLink(Link):
         self.record = None
         if booking_id is None:
             return
-        message: dict[str, Any] = {"op": "release", "id": booking_id}
+        message: Request = {"op": "release", "id": booking_id}
         if record is not None:
             message["record"] = record[0]
         done = False
@@ -85,7 +85,7 @@ class SharedLink(Link):
                      "were not recorded")
         self.booking_id = None
 
-    def _again(self, message: dict[str, Any]) -> bool:
+    def _again(self, message: Request) -> bool:
         """``message`` asked of the next engine, this booking attached to it first: whether it was."""
         try:
             self._reattach()
