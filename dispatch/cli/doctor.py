@@ -11,12 +11,45 @@ from dispatch.core import BackendError, HostSettings, Settings, read_meminfo
 
 MYPY = False
 if MYPY:
-    from typing import Any
+    from typing import NotRequired, Optional, TypedDict
 
     from dispatch.core import AdmissionEngine
+    from dispatch.hosts import HostDiagnosis
+
+    class Check(TypedDict):
+        ok: bool
+        detail: Optional[str]
+
+    class ProbeLine(TypedDict):
+        backend: str
+        ok: bool
+        detail: str
+
+    class Diagnosis(TypedDict):
+        """``hostrun doctor``'s answer for this machine (``--json`` prints it), and ``peers``: each
+        other host's entry, as its kind diagnoses it."""
+
+        version: str
+        python: str
+        config: Optional[str]
+        state_dir: str
+        ledger: str
+        ledger_check: Check
+        admission_engine: AdmissionEngine
+        backend: str
+        forced_backend: Optional[str]
+        slice: str
+        slice_limit: Optional[int]
+        slice_from: str
+        memory_total: int
+        heavy_threads: int
+        probes: list[ProbeLine]
+        gpu_kernel_log: Optional[Check]
+        problems: list[str]
+        peers: NotRequired[list[HostDiagnosis]]
 
 
-def diagnose(settings: Settings) -> dict[str, Any]:
+def diagnose(settings: Settings) -> Diagnosis:
     host = settings.local
     mem = read_meminfo()
     problems: list[str] = []
@@ -95,7 +128,7 @@ def _engine(settings: Settings) -> AdmissionEngine:
     return admission_engine(settings)  # admitclient.where, within report_timeout
 
 
-def _kernel_log_check() -> dict[str, Any] | None:
+def _kernel_log_check() -> Check | None:
     """On a host with NVIDIA GPUs, whether the kernel log can be watched; jobs do not say so each time
     (every job would repeat it), so this is where an unreadable one is told. None without GPUs."""
     from dispatch.core import has_nvidia_gpus
@@ -109,7 +142,7 @@ def _kernel_log_check() -> dict[str, Any] | None:
     return {"ok": log.error is None, "detail": log.error or log.path}
 
 
-def diagnose_peers(settings: Settings) -> list[dict[str, Any]]:
+def diagnose_peers(settings: Settings) -> list[HostDiagnosis]:
     """Each host that is not this machine, as its kind diagnoses it (``Host.diagnose``) from its
     report read now: for a peer, whether it can be read, its round trip and where its config and
     ours disagree."""

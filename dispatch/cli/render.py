@@ -14,6 +14,7 @@ from dispatch.core import Line, NamedTuple, Span, format_duration, format_size, 
 from dispatch.local import Booking, PeakRecord, RunRecord
 
 if TYPE_CHECKING:
+    from dispatch.cli.doctor import Diagnosis
     from dispatch.core import Block
 
 # a line of text is never broken here: a terminal wraps it, a pipe gets it whole
@@ -218,7 +219,7 @@ def decision(d: Any) -> None:
                                        Col("why", 0, flex=True)), rows))
 
 
-def doctor(data: dict[str, Any]) -> None:
+def doctor(data: Diagnosis) -> None:
     console.print(f"hostrun {data['version']} (python {data['python']})")
     console.print(f"config:   {_t(data['config'])}")
     console.print(f"ledger:   {_t(data['ledger'])}")

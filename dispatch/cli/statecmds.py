@@ -17,6 +17,7 @@ from dispatch.core import ExitCode, cap_size
 
 MYPY = False
 if MYPY:
+    from collections.abc import Mapping
     from typing import Any
 
 
@@ -166,7 +167,7 @@ def cmd_capacity(argv: list[str]) -> int:
         from dispatch.local import host_sessions, session_rules
 
         hosts: list[Any] = [host_sessions(r.host, r.report, r.error, what_if) for r in readings]
-        rules = session_rules()
+        rules: Mapping[str, object] = session_rules()
     else:
         from dispatch.local import host_capacity, job_rules
 

@@ -25,6 +25,7 @@ if MYPY:
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import HostSettings, Settings
     from dispatch.core.view import Block, Gauge
+    from dispatch.hosts.diagnosis import HostDiagnosis
     from dispatch.hosts.judgement import HostPending, Job, Judgement
 
 
@@ -123,7 +124,7 @@ class Host(ABC):
 
         return [Gauge("", self.summary(report))]
 
-    def diagnose(self, reading: Any) -> dict[str, Any] | None:
+    def diagnose(self, reading: Any) -> HostDiagnosis | None:
         """``hostrun doctor``'s entry for this host from its report just read (a ``HostReading``), or
         None when doctor's own checks of this machine cover it. Besides ``ok`` and ``problems``, the
         entry carries how doctor names it: ``title``, ``details`` (what it found, when it could read

@@ -33,10 +33,17 @@ from dispatch.local.store.ledgerdb import PeakRecord
 
 MYPY = False
 if MYPY:
-    from typing import Any, Optional
+    from typing import Any, Optional, TypedDict
 
     from dispatch.core.reportshape import Report
     from dispatch.local.store.ledgerdb import PeakRun
+
+    class CapacityRules(TypedDict):
+        """The constants behind ``hostrun capacity``'s figures (its ``--json`` ``rules``)."""
+
+        half_rule_factor: int
+        round_to: int
+        wide_variation_cv: float
 
 STEP = 512 * MiB  # caps are rounded up to a multiple of this
 HALF_RULE_FACTOR = 2  # the cap must be at least this many times the worst recorded peak
@@ -326,6 +333,6 @@ def host_capacity(host: str, report: Report | None, error: str | None = None,
                         len(table) - len(jobs))
 
 
-def rules() -> dict[str, Any]:
+def rules() -> CapacityRules:
     """The constants behind the figures, for ``--json`` readers."""
     return {"half_rule_factor": HALF_RULE_FACTOR, "round_to": STEP, "wide_variation_cv": WIDE_CV}

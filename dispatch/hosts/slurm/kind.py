@@ -12,15 +12,27 @@ from dispatch.hosts.slurm.keys import SLURM, SPEC, options_of
 
 MYPY = False
 if MYPY:
-    from typing import Any
+    from typing import Any, Optional
 
     from dispatch.core.outcome import Outcome
     from dispatch.core.reportshape import Report
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import HostSettings, Settings
     from dispatch.core.view import Block, Gauge
+    from dispatch.hosts.diagnosis import HostDiagnosis
     from dispatch.hosts.judgement import HostPending, Job, Judgement
     from dispatch.hosts.slurm.commands import SlurmCommands
+
+    class ClusterDiagnosis(HostDiagnosis, total=False):
+        """A cluster's doctor entry: its partition, the Slurm version its commands answer with,
+        its name and how many of its nodes take jobs."""
+
+        kind: str
+        partition: Optional[str]
+        slurm_version: Optional[str]
+        cluster: Optional[str]
+        nodes: int
+        nodes_up: int
     from dispatch.hosts.slurm.shape import ClusterReport
 
 
@@ -78,14 +90,14 @@ class SlurmHost(Host):
 
         return gauges(report)
 
-    def diagnose(self, reading: Any) -> dict[str, Any] | None:
+    def diagnose(self, reading: Any) -> ClusterDiagnosis | None:
         """Can its commands be read, which Slurm answers (``scontrol --version``), how many nodes
         take jobs; problems: none usable, or a ``partition`` the cluster does not have."""
         from dispatch.core.errors import HostrunError
         from dispatch.hosts.slurm import facts as sf
 
         part = f", partition {self.options.partition}" if self.options.partition else ""
-        entry: dict[str, Any] = {"host": self.name, "kind": self.kind, "ok": reading.ok,
+        entry: ClusterDiagnosis = {"host": self.name, "kind": self.kind, "ok": reading.ok,
                                  "partition": self.options.partition, "problems": [],
                                  "title": f"cluster {self.name}{part}", "details": "",
                                  "unread": "could not read"}
@@ -102,7 +114,8 @@ class SlurmHost(Host):
             entry["slurm_version"] = None
             entry["problems"].append(str(exc))
         totals = report["totals"]
-        entry.update(cluster=report.get("hostname"), nodes=totals["nodes"], nodes_up=totals["nodes_up"])
+        entry["cluster"], entry["nodes"], entry["nodes_up"] = (report.get("hostname"), totals["nodes"],
+                                                                totals["nodes_up"])
         entry["details"] = (f", Slurm {entry.get('slurm_version') or '?'}, {entry['nodes_up']} of "
                             f"{entry['nodes']} nodes usable")
         partition = self.options.partition

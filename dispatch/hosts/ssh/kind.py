@@ -13,12 +13,24 @@ from dispatch.hosts.ssh.keys import SPEC, SSH, options_of
 
 MYPY = False
 if MYPY:
-    from typing import Any
+    from typing import Any, Optional
 
     from dispatch.core.outcome import Outcome
     from dispatch.core.reportshape import MachineReport
     from dispatch.core.request import RunRequest
     from dispatch.core.settings import HostSettings, Settings
+    from dispatch.hosts.diagnosis import HostDiagnosis
+
+    class PeerDiagnosis(HostDiagnosis, total=False):
+        """A peer's doctor entry: its ssh destination, the agent's version, python and backend
+        there, its config file, and a no-op's round trip through the warm connection."""
+
+        ssh: Optional[str]
+        agent_version: Optional[str]
+        python: Optional[str]
+        backend: Optional[str]
+        config: Optional[str]
+        round_trip_ms: float
 
 SLOW_ROUND_TRIP = 0.08  # a no-op through a warm ControlMaster costs ~16 ms on these machines
 
@@ -67,7 +79,7 @@ class SshPeer(MachineHost):
         return PeerRun(self.settings, self.table, request, say, tree=extras.tree,
                        returns=extras.returns, forward_stdin=extras.stdin).run()
 
-    def diagnose(self, reading: Any) -> dict[str, Any] | None:
+    def diagnose(self, reading: Any) -> PeerDiagnosis | None:
         """Can it be read, how long a no-op takes through the warm connection (a login shell that
         loads e.g. pyenv adds that to every command), and where its config and ours disagree."""
         import statistics
@@ -75,16 +87,15 @@ class SshPeer(MachineHost):
         from dispatch.core.errors import HostrunError
         from dispatch.hosts.ssh.transport import SshTransport
 
-        entry: dict[str, Any] = {"host": self.name, "ssh": self.options.ssh, "problems": [],
-                                 "title": f"peer {self.name} ({self.options.ssh})", "details": "",
-                                 "unread": "unreachable"}
-        entry["ok"] = reading.ok
+        entry: PeerDiagnosis = {"host": self.name, "ssh": self.options.ssh, "problems": [],
+                                "title": f"peer {self.name} ({self.options.ssh})", "details": "",
+                                "unread": "unreachable", "ok": reading.ok}
         if reading.report is None:
             entry["problems"].append(f"could not read: {reading.error}")
             return entry
         report = reading.report
-        entry.update(agent_version=report.get("agent_version"), python=report.get("python"),
-                     backend=report.get("backend"), config=report.get("config"))
+        entry["agent_version"], entry["python"] = report.get("agent_version"), report.get("python")
+        entry["backend"], entry["config"] = report.get("backend"), report.get("config")
         entry["details"] = (f", agent {entry['agent_version']} on python {entry['python']}, backend "
                             f"{entry['backend']}")
         if report.get("config_error"):

@@ -40,6 +40,10 @@ if MYPY:
     from typing import Any, Optional
 
     from dispatch.core.reportshape import Report, RunningJob, SessionFigures
+    from dispatch.local.capacity import CapacityRules
+
+    class SessionRules(CapacityRules):
+        session_prefix: str  # what a session's label starts with
 
 HALF_RULE = "half-rule"  # cap_source: 2 x its worst recorded peak, rounded up to 512 MiB
 DEFAULT = "default"  # cap_source: the host's sessions.cap (no usable peak, or no session yet)
@@ -200,6 +204,8 @@ def host_sessions(host: str, report: Report | None, error: str | None = None,
                        counts(default_cap, DEFAULT, room), labels, notes)
 
 
-def session_rules() -> dict[str, Any]:
+def session_rules() -> SessionRules:
     """``rules()`` and what tells a session apart, for ``--json`` readers."""
-    return {**rules(), "session_prefix": SESSION_LABEL_PREFIX}
+    job = rules()
+    return {"half_rule_factor": job["half_rule_factor"], "round_to": job["round_to"],
+            "wide_variation_cv": job["wide_variation_cv"], "session_prefix": SESSION_LABEL_PREFIX}
