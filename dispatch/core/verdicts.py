@@ -8,6 +8,8 @@ Standard library only: it is shipped to peers, whose agent judges its jobs with 
 
 from __future__ import annotations
 
+import os
+
 from dispatch.core.exitcodes import ExitCode, from_wait_status
 from dispatch.core.records import NamedTuple
 
@@ -55,8 +57,6 @@ def job_verdict(ev: JobEvidence) -> Verdict:
     out-of-memory (245), else its own wait status. An OOM kill or a GPU OOM that did not fail the
     job, or a machine-wide OOM kill, is a warning. A whole run (an agent session) killed at its own
     cap is 250 even when its main process then ended on its own."""
-    import os
-
     failed = not (os.WIFEXITED(ev.status) and os.WEXITSTATUS(ev.status) == 0)
     if ev.timed_out:
         found = Verdict.of(ExitCode.MAX_RUNTIME)
